@@ -1,0 +1,44 @@
+# svt: `make demo` and `make test` each work from a fresh clone (they run `make setup` first).
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+# torch is installed first so a CPU-only machine can pick a CPU build, e.g.
+#   make setup TORCH_SPEC='torch==2.13.0'
+TORCH_SPEC ?= torch>=2.4
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export HF_HUB_DISABLE_TELEMETRY := 1
+
+.PHONY: setup test demo bench lint models workloads clean
+
+setup: $(VENV)/.svt-installed
+
+$(VENV)/.svt-installed: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q "$(TORCH_SPEC)"
+	$(PIP) install -q -e '.[dev]'
+	touch $@
+
+test: setup
+	$(PY) -m pytest
+
+demo: setup
+	$(VENV)/bin/svt collect configs/collect/demo.yaml --out runs/demo --overwrite
+	$(VENV)/bin/svt inspect runs/demo
+
+bench: setup
+	$(PY) benchmarks/bench_collect.py
+
+lint: setup
+	$(VENV)/bin/ruff check toolkit tests benchmarks
+
+# Reproduce the committed tiny pair and workloads (seeded; ~15 min on 2 cores).
+models: setup
+	$(PY) -m svt.models.train_tiny --out data/models
+
+workloads: setup
+	$(PY) -m svt.models.workloads --out data/workloads
+
+clean:
+	rm -rf runs reports .pytest_cache

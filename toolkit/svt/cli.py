@@ -1,0 +1,107 @@
+"""The ``svt`` command line: one thin function per command over the library; no science here."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from svt.errors import SvtError
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+app = typer.Typer(
+    help="svt: collect, fit, evaluate and plot acceptance predictors for speculative decoding.",
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode="rich",
+    pretty_exceptions_enable=False,
+)
+err = Console(stderr=True)
+out = Console()
+
+
+def _fail(exc: SvtError) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+    return typer.Exit(exc.exit_code)
+
+
+@app.command()
+def collect(
+    config: Annotated[Path, typer.Argument(help="Collect config (YAML), e.g. configs/collect/demo.yaml.")],
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help="Run directory to write.")],
+    resume: Annotated[bool, typer.Option(help="Continue an interrupted run in --out.")] = False,
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing run in --out.")] = False,
+    limit_requests: Annotated[int | None, typer.Option(help="Override `requests`.")] = None,
+    max_new_tokens: Annotated[int | None, typer.Option(help="Override `max_new_tokens`.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Override `seed`.")] = None,
+    device: Annotated[str | None, typer.Option(help="Override `device` (auto, cpu, cuda).")] = None,
+    workload: Annotated[list[str] | None, typer.Option(
+        help="Override `workloads` (repeat for several): a name in data/workloads or a JSONL path.")] = None,
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", help="Set any config key, e.g. --set temperature=0 --set log.hidden=true.")] = None,
+    quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
+) -> None:
+    """Run speculative decoding on a local target/draft pair and log every draft with its label.
+
+    Example: [bold]svt collect configs/collect/demo.yaml --out runs/demo --set temperature=0[/]
+    """
+    from svt.collect.runner import collect as run_collect
+    from svt.config import load_collect_config, parse_set
+
+    try:
+        overrides = parse_set(set_ or [])
+        for key, value in (("requests", limit_requests), ("max_new_tokens", max_new_tokens),
+                           ("seed", seed), ("device", device), ("workloads", workload)):
+            if value is not None:
+                overrides[key] = value
+        cfg = load_collect_config(config, overrides)
+        summary = run_collect(cfg, out_dir, config_path=config, resume=resume, overwrite=overwrite,
+                              progress=not quiet)
+    except SvtError as exc:
+        raise _fail(exc) from None
+    out.print(
+        f"wrote {summary.run_dir}: {summary.requests} requests, {summary.drafts:,} drafts "
+        f"({summary.labelled:,} labelled, acceptance {summary.acceptance:.3f}), "
+        f"{summary.output_tokens:,} tokens in {summary.seconds:.1f} s"
+        + (f" (resumed after {summary.resumed_batches} complete batches)" if summary.resumed_batches else "")
+    )
+
+
+@app.command()
+def inspect(
+    runs: Annotated[list[Path], typer.Argument(help="One or more run directories.")],
+    deep: Annotated[bool, typer.Option(help="Also check values (NaN, ranges, labels), not only schemas.")] = True,
+) -> None:
+    """Validate run directories and print their summary and acceptance by draft position.
+
+    Example: [bold]svt inspect runs/demo[/]
+    """
+    from rich.table import Table
+
+    from svt.traces.summary import acceptance_by_position, run_summary
+
+    try:
+        for path in runs:
+            summary = run_summary(path, deep=deep)
+            out.print(f"[bold]{path}[/]  " + "  ".join(f"{k}={v}" for k, v in summary.items()))
+            table = Table("position", "proposed", "verified", "accepted",
+                          "conditional rate", "marginal rate", title="acceptance by draft position")
+            for row in acceptance_by_position(path).iter_rows(named=True):
+                table.add_row(str(row["position"]), f"{row['proposed']:,}", f"{row['verified']:,}",
+                              f"{row['accepted']:,}", f"{row['conditional']:.3f}", f"{row['marginal']:.3f}")
+            out.print(table)
+    except SvtError as exc:
+        raise _fail(exc) from None
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Collectors: the sampling math, the batched engine and the runner that writes run directories."""

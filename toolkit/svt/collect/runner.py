@@ -1,0 +1,223 @@
+"""Run a collection: workloads -> batches -> engine -> sharded run directory (resumable).
+
+Each batch of requests is written as one shard per table, the ``requests`` shard last: a batch
+whose ``requests`` shard exists is complete. ``--resume`` keeps complete batches, removes shards of
+an interrupted batch, and runs the rest with the same per-batch random streams, so a resumed run
+holds exactly the rows an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import platform
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import torch
+
+from svt import __version__
+from svt.collect.engine import BatchLog, LogOptions, SamplingParams, run_batch
+from svt.collect.workloads import encode_prompt, interleave, read_workload, resolve_workload
+from svt.config import CollectConfig, resolve_path, to_dict
+from svt.errors import ConfigError
+from svt.models.loading import load_pair
+from svt.traces.io import list_shards, read_meta, shard_ids, write_meta, write_shard
+from svt.traces.schema import SCHEMA_VERSION, TABLES
+
+
+@dataclass
+class CollectSummary:
+    run_dir: Path
+    requests: int
+    drafts: int
+    labelled: int
+    accepted: int
+    output_tokens: int
+    steps: int
+    seconds: float
+    resumed_batches: int
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.labelled if self.labelled else float("nan")
+
+
+def _prepare_dir(out: Path, *, resume: bool, overwrite: bool, config: dict) -> dict | None:
+    """Refuse a non-empty directory unless resuming or overwriting; return the old meta on resume."""
+    if resume and overwrite:
+        raise ConfigError("Use either --resume or --overwrite, not both.")
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"Output {str(out)!r} exists and is not a directory.")
+    non_empty = out.is_dir() and any(out.iterdir())
+    if resume:
+        if not non_empty:
+            raise ConfigError(f"Nothing to resume: {str(out)!r} is empty or missing.")
+        meta = read_meta(out)
+        if meta.get("config") != config:
+            old, new = meta.get("config", {}), config
+            diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+            raise ConfigError(
+                f"Cannot resume {str(out)!r}: its config differs in {', '.join(diff)}. "
+                "Resume with the same config, or use --overwrite."
+            )
+        return meta
+    if non_empty:
+        if not overwrite:
+            raise ConfigError(
+                f"Output directory {str(out)!r} is not empty; pass --resume to continue it or "
+                "--overwrite to replace it."
+            )
+        if not (out / "run.json").is_file():
+            raise ConfigError(
+                f"Refusing to overwrite {str(out)!r}: it is not a run directory (no run.json)."
+            )
+        shutil.rmtree(out)
+    return None
+
+
+def _batch_seed(seed: int, batch: int) -> int:
+    return int(np.random.SeedSequence([seed, batch]).generate_state(1, dtype=np.uint64)[0] >> 1)
+
+
+def _frames(log: BatchLog, workload_of: dict[int, str], batch_requests, prompts) -> dict[str, pl.DataFrame]:
+    cat = {k: np.concatenate(v) for k, v in log.drafts.items()}
+    label = cat.pop("label")
+    drafts = pl.DataFrame(cat).with_columns(
+        pl.Series("label", label).replace(-1, None).cast(pl.Int8),
+        pl.col("request").replace_strict(workload_of, return_dtype=pl.String).alias("workload"),
+    )
+    steps = pl.DataFrame({k: np.concatenate(v) for k, v in log.steps.items()})
+    requests = pl.DataFrame(
+        {
+            "request": batch_requests,
+            "workload": [workload_of[r] for r in batch_requests],
+            "prompt_ids": prompts,
+            "output_ids": log.outputs,
+            "finish_reason": log.finish,
+        },
+        schema_overrides={"prompt_ids": pl.List(pl.Int32), "output_ids": pl.List(pl.Int32)},
+    )
+    frames = {"drafts": drafts, "steps": steps, "requests": requests}
+    if log.hidden:
+        hid = np.concatenate(log.hidden)
+        frames["hidden"] = drafts.select("request", "step", "position").with_columns(
+            pl.Series("hidden", hid.astype(np.float32)).cast(TABLES["hidden"].columns["hidden"])
+        )
+    if log.dists:
+        d = {k: np.concatenate(v) for k, v in log.dists.items()}
+        frames["dists"] = pl.DataFrame({k: (list(v) if v.ndim > 1 else v) for k, v in d.items()})
+    return frames
+
+
+def collect(cfg: CollectConfig, out: str | Path, *, config_path: str | Path | None = None,
+            resume: bool = False, overwrite: bool = False, progress: bool = True) -> CollectSummary:
+    """Run speculative decoding over the configured workloads and write a run directory."""
+    import time
+
+    out = Path(out)
+    config = to_dict(cfg)
+    old_meta = _prepare_dir(out, resume=resume, overwrite=overwrite, config=config)
+
+    paths = [resolve_workload(w, config_path) for w in cfg.workloads]
+    names = [p.stem for p in paths]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"Workload names must be distinct, but got {names}.")
+    prompts = interleave([read_workload(p) for p in paths], cfg.requests)
+    pair = load_pair(resolve_path(cfg.target, config_path), resolve_path(cfg.draft, config_path),
+                     device=cfg.device, dtype=cfg.dtype)
+    tok = pair.tokenizer
+    ids = [encode_prompt(p, tok, cfg.max_prompt_tokens) for p in prompts]
+    workload_of = {i: p.workload for i, p in enumerate(prompts)}
+    eos_id = tok.eos_token_id
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else (eos_id or 0)
+    params = SamplingParams(cfg.temperature, cfg.top_p, cfg.k, cfg.max_new_tokens)
+    log_opts = LogOptions(cfg.log.hidden, cfg.log.dists_fraction, cfg.log.dists_top_k)
+    batches = [list(range(i, min(i + cfg.batch_size, cfg.requests)))
+               for i in range(0, cfg.requests, cfg.batch_size)]
+
+    done = shard_ids(out, "requests") if old_meta else set()
+    for table in TABLES:  # shards of an interrupted batch: remove, they are redone
+        for shard in list_shards(out, table):
+            if int(shard.stem.split("-")[1]) not in done:
+                shard.unlink()
+    meta = old_meta or {
+        "run_id": uuid.uuid4().hex[:12],
+        "svt_version": __version__,
+        "schema_version": SCHEMA_VERSION,
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "config": config,
+    }
+    meta.update({
+        "status": "running",
+        "models": pair.identity(),
+        "sampling": {
+            "temperature": cfg.temperature,
+            "top_p": cfg.top_p,
+            "greedy": params.greedy,
+            "features_from": "unscaled softmax (T=1); greedy acceptance = argmax agreement"
+            if params.greedy else "processed distributions (temperature, top-p)",
+        },
+        "k": cfg.k,
+        "drafter_kinds": ["model"],
+        "workloads": {n: str(p) for n, p in zip(names, paths)},
+        "seed": cfg.seed,
+        "device": str(pair.device),
+        "environment": {"python": platform.python_version(), "torch": torch.__version__,
+                        "transformers": __import__("transformers").__version__,
+                        "threads": torch.get_num_threads()},
+        "batches": len(batches),
+    })
+    write_meta(out, meta)
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    t_start = time.time()
+    todo = [b for b in range(len(batches)) if b not in done]
+    total_tokens = 0
+    with Progress(TextColumn("[bold]collect"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("requests  {task.fields[tps]} tok/s"), TimeElapsedColumn(),
+                  disable=not progress, transient=False) as bar:
+        task = bar.add_task("collect", total=cfg.requests, completed=sum(len(batches[b]) for b in done),
+                            tps="-")
+        for b in todo:
+            reqs = batches[b]
+            gen = torch.Generator(device=pair.device).manual_seed(_batch_seed(cfg.seed, b))
+            log = run_batch(pair.target, pair.draft, [ids[r] for r in reqs], params, eos_id=eos_id,
+                            pad_id=pad_id, generator=gen, log=log_opts, request_ids=reqs)
+            frames = _frames(log, workload_of, reqs, [ids[r] for r in reqs])
+            for table in ("drafts", "steps", "hidden", "dists"):
+                if table in frames:
+                    write_shard(out, table, b, frames[table])
+            write_shard(out, "requests", b, frames["requests"])  # last: marks the batch complete
+            total_tokens += sum(len(o) for o in log.outputs)
+            bar.update(task, advance=len(reqs), tps=f"{total_tokens / (time.time() - t_start):,.0f}")
+    seconds = time.time() - t_start
+    return _finish(out, meta, seconds, resumed=len(done))
+
+
+def _finish(out: Path, meta: dict, seconds: float, resumed: int) -> CollectSummary:
+    from svt.traces.io import open_run
+
+    run = open_run(out, deep=False)
+    d = run.scan("drafts").select(
+        pl.len().alias("drafts"),
+        pl.col("label").is_not_null().sum().alias("labelled"),
+        (pl.col("label") == 1).sum().alias("accepted"),
+    ).collect().row(0, named=True)
+    s = run.scan("steps").select(pl.len().alias("steps")).collect().item()
+    r = run.scan("requests").select(pl.len().alias("n"), pl.col("output_ids").list.len().sum().alias("tok"))
+    r = r.collect().row(0, named=True)
+    meta.update({
+        "status": "complete",
+        "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "counts": {"requests": r["n"], "steps": s, "drafts": d["drafts"], "labelled": d["labelled"],
+                   "accepted": d["accepted"], "output_tokens": r["tok"]},
+        "last_session_seconds": round(seconds, 2),
+    })
+    write_meta(out, meta)
+    return CollectSummary(out, r["n"], d["drafts"], d["labelled"], d["accepted"], r["tok"], s, seconds,
+                          resumed)

@@ -1,0 +1,118 @@
+"""Speculative-sampling math: processed distributions, draft features, accept / resample.
+
+Everything here is batched over leading axes; the last axis is the vocabulary. No Python work per
+token: one call handles a whole verification step of a batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+FEATURE_EPS = 1e-12
+
+
+def process_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """The sampling distribution rejection sampling uses: softmax(logits / T), then top-p.
+
+    Top-p keeps the smallest set of most likely tokens whose mass reaches ``top_p`` (the token that
+    crosses the threshold is kept; ties broken by sort order) and renormalises. ``temperature == 0``
+    returns the unscaled softmax (greedy decoding takes argmaxes; features describe T = 1).
+    Computed in float32.
+    """
+    logits = logits.float()
+    if temperature > 0:
+        logits = logits / temperature
+    probs = logits.softmax(-1)
+    if temperature > 0 and top_p < 1.0:
+        sorted_p, order = probs.sort(-1, descending=True)
+        mass_before = sorted_p.cumsum(-1) - sorted_p
+        sorted_p = sorted_p.masked_fill(mass_before >= top_p, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+@dataclass
+class StepResult:
+    """Outcome of verifying one step of drafts for a batch of B rows with K drafts each."""
+
+    accepted: torch.Tensor  # [B] number of leading drafts accepted (0..K)
+    next_token: torch.Tensor  # [B] the resampled token (after a rejection) or the bonus token
+    label_ok: torch.Tensor  # [B, K] bool: draft i accepted (only meaningful for i <= accepted)
+
+
+def draft_token(q: torch.Tensor, greedy: bool, generator: torch.Generator | None) -> torch.Tensor:
+    """Sample one token per row from q ``[B, V]`` (argmax when greedy)."""
+    if greedy:
+        return q.argmax(-1)
+    return torch.multinomial(q, 1, generator=generator).squeeze(-1)
+
+
+def verify(
+    p: torch.Tensor,
+    q: torch.Tensor,
+    tokens: torch.Tensor,
+    *,
+    greedy: bool,
+    generator: torch.Generator | None = None,
+) -> StepResult:
+    """Accept/resample a batch of drafts (Leviathan et al. / Chen et al. speculative sampling).
+
+    Args:
+        p: ``[B, K + 1, V]`` target distributions at each draft position plus the bonus position.
+        q: ``[B, K, V]`` draft distributions the drafts were sampled from.
+        tokens: ``[B, K]`` the draft tokens.
+        greedy: accept iff the draft equals the target's argmax; emit the target's argmax.
+
+    Draft i is accepted with probability min(1, p_i(x_i) / q_i(x_i)); at the first rejection the
+    next token is drawn from norm(max(0, p_i - q_i)); when all K are accepted a bonus token is drawn
+    from p_K. The emitted sequence then follows p exactly.
+    """
+    B, K = tokens.shape
+    rows = torch.arange(B, device=tokens.device)
+    if greedy:
+        target_top = p.argmax(-1)  # [B, K + 1]
+        ok = target_top[:, :K] == tokens
+    else:
+        p_x = p[:, :K].gather(-1, tokens[..., None]).squeeze(-1)
+        q_x = q.gather(-1, tokens[..., None]).squeeze(-1)
+        u = torch.rand((B, K), generator=generator, device=p.device)
+        # u < p/q  <=>  u * q < p  (q_x > 0: x was drawn from q); accepts with prob min(1, p/q)
+        ok = u * q_x < p_x
+    accepted = ok.long().cumprod(-1).sum(-1)  # leading run of acceptances
+    if greedy:
+        next_token = target_top[rows, accepted]
+    else:
+        p_at = p[rows, accepted]  # [B, V] target at the first rejected position (or bonus)
+        q_at = torch.cat([q, torch.zeros_like(q[:, :1])], 1)[rows, accepted]  # zeros at the bonus
+        residual = (p_at - q_at).clamp_min(0.0)
+        mass = residual.sum(-1, keepdim=True)
+        # A rejection implies p(x) < q(x), so the residual has positive mass; guard float round-off.
+        residual = torch.where(mass > 0, residual / mass.clamp_min(1e-30), p_at)
+        next_token = torch.multinomial(residual, 1, generator=generator).squeeze(-1)
+    return StepResult(accepted=accepted, next_token=next_token, label_ok=ok)
+
+
+def draft_features(q: torch.Tensor, p: torch.Tensor, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-draft features of ``q`` ``[B, K, V]`` and ``p`` ``[B, K, V]`` at ``tokens`` ``[B, K]``.
+
+    ``accept_prob`` = min(1, p(x)/q(x)) is the drawn token's exact acceptance probability;
+    ``accept_prob_expected`` = sum_v min(p, q) = 1 - TV(p, q) is the acceptance probability before
+    x is drawn (a lossless soft label).
+    """
+    top2 = q.topk(2, dim=-1).values
+    q_sampled = q.gather(-1, tokens[..., None]).squeeze(-1)
+    p_sampled = p.gather(-1, tokens[..., None]).squeeze(-1)
+    logq = q.clamp_min(FEATURE_EPS).log()
+    return {
+        "q_max": top2[..., 0],
+        "q_sampled": q_sampled,
+        "q_entropy": -(q * logq).sum(-1),
+        "q_margin": top2[..., 0] - top2[..., 1],
+        "p_sampled": p_sampled,
+        "p_max": p.amax(-1),
+        "accept_prob": (p_sampled / q_sampled.clamp_min(FEATURE_EPS)).clamp(max=1.0),
+        "accept_prob_expected": torch.minimum(p, q).sum(-1).clamp(max=1.0),
+    }

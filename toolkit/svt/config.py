@@ -1,0 +1,173 @@
+"""Typed configs loaded from YAML, validated once at the boundary, with ``--set key=value`` overrides."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, get_type_hints
+
+import yaml
+
+from svt.errors import ConfigError
+
+
+@dataclass
+class LogConfig:
+    """Optional tables the collector writes besides drafts, steps and requests."""
+
+    hidden: bool = False  # the drafter's last hidden state per draft row (float16)
+    dists_fraction: float = 0.0  # fraction of draft positions whose top-k q and p are logged
+    dists_top_k: int = 32
+
+
+@dataclass
+class CollectConfig:
+    """What `svt collect` runs. Paths are resolved against the current directory first, then
+    against the config file's directory and its parents."""
+
+    target: str
+    draft: str
+    workloads: list[str]
+    requests: int = 64  # total, taken round-robin across the workloads
+    max_new_tokens: int = 128
+    k: int = 5  # max draft length
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    batch_size: int = 8
+    seed: int = 0
+    device: str = "auto"  # auto | cpu | cuda[:N]
+    dtype: str = "auto"  # auto (float32 on CPU, bfloat16 on CUDA) | float32 | bfloat16 | float16
+    max_prompt_tokens: int = 512  # longer prompts keep their last tokens
+    log: LogConfig = field(default_factory=LogConfig)
+
+    def validate(self) -> CollectConfig:
+        _check(self.requests >= 1, "requests", "an integer >= 1", self.requests)
+        _check(self.max_new_tokens >= 1, "max_new_tokens", "an integer >= 1", self.max_new_tokens)
+        _check(1 <= self.k <= 64, "k", "an integer in [1, 64]", self.k)
+        _check(self.temperature >= 0, "temperature", "a number >= 0 (0 = greedy)", self.temperature)
+        _check(0 < self.top_p <= 1, "top_p", "a number in (0, 1]", self.top_p)
+        _check(self.batch_size >= 1, "batch_size", "an integer >= 1", self.batch_size)
+        _check(self.max_prompt_tokens >= 1, "max_prompt_tokens", "an integer >= 1", self.max_prompt_tokens)
+        _check(len(self.workloads) >= 1, "workloads", "a non-empty list", self.workloads)
+        _check(0 <= self.log.dists_fraction <= 1, "log.dists_fraction", "a number in [0, 1]",
+               self.log.dists_fraction)
+        _check(self.log.dists_top_k >= 1, "log.dists_top_k", "an integer >= 1", self.log.dists_top_k)
+        return self
+
+
+def _check(ok: bool, key: str, expected: str, got: Any) -> None:
+    if not ok:
+        raise ConfigError(f"Expected `{key}` to be {expected}, but got {got!r}.")
+
+
+def _coerce(value: Any, typ: Any, key: str) -> Any:
+    if dataclasses.is_dataclass(typ):
+        if not isinstance(value, dict):
+            raise ConfigError(f"Expected `{key}` to be a mapping, but got {value!r}.")
+        return _build(typ, value, prefix=f"{key}.")
+    origin = getattr(typ, "__origin__", None)
+    if origin is list:
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list):
+            raise ConfigError(f"Expected `{key}` to be a list, but got {value!r}.")
+        return [str(v) for v in value]
+    if typ is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"Expected `{key}` to be true or false, but got {value!r}.")
+        return value
+    if typ is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"Expected `{key}` to be an integer, but got {value!r}.")
+        return value
+    if typ is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"Expected `{key}` to be a number, but got {value!r}.")
+        return float(value)
+    if typ is str:
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise ConfigError(f"Expected `{key}` to be a string, but got {value!r}.")
+        return str(value)
+    return value
+
+
+def _build(cls, data: dict[str, Any], prefix: str = ""):
+    hints = get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(
+            f"Unknown config key `{prefix}{unknown[0]}`; valid keys: "
+            f"{', '.join(prefix + n for n in sorted(names))}."
+        )
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name in data:
+            kwargs[f.name] = _coerce(data[f.name], hints[f.name], prefix + f.name)
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ConfigError(f"Missing required config key `{prefix}{f.name}`.")
+    return cls(**kwargs)
+
+
+def parse_set(items: list[str]) -> dict[str, Any]:
+    """``["a=1", "log.hidden=true"]`` -> nested mapping; values are parsed as YAML scalars."""
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"Expected `--set` as key=value, but got {item!r}.")
+        key, raw = item.split("=", 1)
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError:
+            value = raw
+        node = out
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+    return out
+
+
+def _merge(base: dict, over: dict) -> dict:
+    merged = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(merged.get(k), dict):
+            merged[k] = _merge(merged[k], v)
+        else:
+            merged[k] = v
+    return merged
+
+
+def load_collect_config(path: str | Path | None, overrides: dict[str, Any] | None = None,
+                        base: dict[str, Any] | None = None) -> CollectConfig:
+    """Load a collect config from YAML (or ``base``), apply overrides, validate."""
+    data: dict[str, Any] = dict(base or {})
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"Config file {str(path)!r} not found.")
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML ({exc}).") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: expected a YAML mapping at the top level.")
+        data = _merge(data, loaded)
+    data = _merge(data, overrides or {})
+    return _build(CollectConfig, data).validate()
+
+
+def resolve_path(value: str, config_path: str | Path | None) -> Path:
+    """A relative path: the current directory first, then the config file's folder and parents."""
+    p = Path(value).expanduser()
+    if p.is_absolute() or p.exists() or config_path is None:
+        return p
+    for folder in [Path(config_path).resolve().parent, *Path(config_path).resolve().parents]:
+        if (folder / p).exists():
+            return folder / p
+    return p
+
+
+def to_dict(cfg) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)

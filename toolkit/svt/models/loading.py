@@ -1,0 +1,138 @@
+"""Load a target/draft pair of Hugging Face causal LMs from local paths (never from a hub)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from svt.errors import ModelLoadError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(device: str) -> torch.device:
+    """``auto`` -> CUDA when present, else CPU; ``cuda`` without a GPU is an error."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ModelLoadError("Expected a CUDA device for `device: cuda`, but torch sees no GPU.")
+    if device not in ("cpu",) and not device.startswith("cuda"):
+        raise ModelLoadError(f"Expected `device` to be auto, cpu or cuda[:N], but got {device!r}.")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """``auto`` -> float32 on CPU (exact and, at tiny sizes, as fast), bfloat16 on CUDA."""
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    try:
+        return DTYPES[dtype]
+    except KeyError:
+        raise ModelLoadError(
+            f"Expected `dtype` to be one of auto, {', '.join(DTYPES)}, but got {dtype!r}."
+        ) from None
+
+
+def weights_hash(path: Path) -> str:
+    """sha256 over the model's weight files (sorted by name), first 16 hex digits."""
+    h = hashlib.sha256()
+    files = sorted(path.glob("*.safetensors")) + sorted(path.glob("*.bin"))
+    for f in files:
+        h.update(f.name.encode())
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()[:16]
+
+
+def _check_model_dir(path: Path, role: str) -> None:
+    if not path.is_dir():
+        raise ModelLoadError(f"Expected the {role} model at a local directory, but {str(path)!r} is not one.")
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(
+            f"Expected a Hugging Face model directory with config.json for the {role}, "
+            f"but {str(path)!r} has none."
+        )
+
+
+@dataclass
+class ModelPair:
+    """A loaded target and draft sharing one tokenizer."""
+
+    target: Any
+    draft: Any
+    tokenizer: Any
+    device: torch.device
+    dtype: torch.dtype
+    target_path: Path
+    draft_path: Path
+
+    def identity(self) -> dict:
+        """What run.json records about the pair."""
+        return {
+            "target": {"path": str(self.target_path), "weights_sha256_16": weights_hash(self.target_path),
+                       "parameters": sum(p.numel() for p in self.target.parameters())},
+            "draft": {"path": str(self.draft_path), "weights_sha256_16": weights_hash(self.draft_path),
+                      "parameters": sum(p.numel() for p in self.draft.parameters())},
+            "tokenizer": {"path": str(self.target_path), "vocab_size": len(self.tokenizer)},
+            "dtype": str(self.dtype).removeprefix("torch."),
+        }
+
+
+def load_pair(target_path: str | Path, draft_path: str | Path, *, device: str = "auto",
+              dtype: str = "auto", attn_implementation: str = "sdpa") -> ModelPair:
+    """Load target and draft with ``AutoModelForCausalLM.from_pretrained`` from local directories.
+
+    The tokenizer comes from the target's directory; the draft's (when it has one) must have the
+    same vocabulary, and both models' output vocabularies must cover it.
+    """
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+    target_path, draft_path = Path(target_path), Path(draft_path)
+    _check_model_dir(target_path, "target")
+    _check_model_dir(draft_path, "draft")
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(target_path, local_files_only=True)
+    except Exception as exc:  # transformers raises many types here
+        raise ModelLoadError(f"Could not load the tokenizer from {str(target_path)!r}: {exc}") from None
+    if (draft_path / "tokenizer.json").is_file() or (draft_path / "tokenizer_config.json").is_file():
+        try:
+            draft_tok = AutoTokenizer.from_pretrained(draft_path, local_files_only=True)
+        except Exception as exc:
+            raise ModelLoadError(f"Could not load the tokenizer from {str(draft_path)!r}: {exc}") from None
+        if draft_tok.get_vocab() != tokenizer.get_vocab():
+            raise ModelLoadError(
+                f"Expected the target and draft to share one tokenizer, but {str(target_path)!r} "
+                f"and {str(draft_path)!r} have different vocabularies "
+                f"({len(tokenizer)} vs {len(draft_tok)} tokens)."
+            )
+    models = []
+    for path, role in ((target_path, "target"), (draft_path, "draft")):
+        try:
+            model = AutoModelForCausalLM.from_pretrained(
+                path, dtype=dt, local_files_only=True, attn_implementation=attn_implementation
+            )
+        except Exception as exc:
+            raise ModelLoadError(f"Could not load the {role} model from {str(path)!r}: {exc}") from None
+        models.append(model.to(dev).eval())
+    target, draft = models
+    vt, vd = target.config.vocab_size, draft.config.vocab_size
+    if vt != vd:
+        raise ModelLoadError(
+            f"Expected target and draft to have the same output vocabulary, but got {vt} and {vd}."
+        )
+    if len(tokenizer) > vt:
+        raise ModelLoadError(f"The tokenizer has {len(tokenizer)} tokens but the models only {vt}.")
+    return ModelPair(target, draft, tokenizer, dev, dt, target_path, draft_path)

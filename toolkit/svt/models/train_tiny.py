@@ -1,0 +1,277 @@
+"""Train the built-in tiny model pair on the Python standard library's own source.
+
+Reproduce the committed weights with one command (seeded; CPU; ~15 minutes on 2 cores)::
+
+    python -m svt.models.train_tiny --out data/models
+
+What it makes, each saved with ``save_pretrained`` (safetensors, bf16) and the shared tokenizer:
+
+- ``tokenizer``: byte-level BPE, 2048 tokens, trained on the training files;
+- ``target``: a 4-layer, 256-wide Llama (transformers' own ``LlamaConfig``), trained on next tokens;
+- ``draft-small`` (1 layer, 128 wide) and ``draft-large`` (2 layers, 192 wide): distilled from the
+  target (soft cross-entropy against its distributions), so their confidence tracks the target's
+  like a real drafter's does, with clearly different strength.
+
+The corpus is every ``.py`` file of the running interpreter's standard library outside test
+folders, split by a hash of the file's relative path: 1 file in 10 is held out for validation and
+for the workload prompts (``python -m svt.models.workloads``). Figures land in
+``OUT/training.json``; ``data/models/README.md`` quotes them. The standard library differs between
+Python versions, so bit-identical weights need the same Python (the committed ones: 3.11.7).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import sysconfig
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+EOS = "<|endoftext|>"
+SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "__pycache__", "dist-packages"}
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    """One model of the pair: its shape and its training budget in tokens."""
+
+    name: str
+    hidden: int
+    layers: int
+    heads: int
+    intermediate: int
+    train_tokens: int
+    lr: float
+    distil: bool
+
+
+TARGET = TinySpec("target", 256, 4, 4, 768, 3_000_000, 2e-3, distil=False)
+DRAFTS = (
+    TinySpec("draft-small", 128, 1, 2, 384, 800_000, 3e-3, distil=True),
+    TinySpec("draft-large", 192, 2, 3, 576, 2_000_000, 3e-3, distil=True),
+)
+SEQ_LEN = 256
+BATCH = 16
+VOCAB = 2048
+
+
+def stdlib_files() -> list[tuple[str, Path]]:
+    """Every standard-library ``.py`` file outside test folders, as (relative path, path), sorted."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        if SKIP_DIRS.intersection(rel.parts[:-1]):
+            continue
+        out.append((rel.as_posix(), path))
+    return out
+
+
+def is_held_out(rel: str) -> bool:
+    """1 file in 10, chosen by a stable hash of its relative path."""
+    return int(hashlib.sha1(rel.encode()).hexdigest(), 16) % 10 == 0
+
+
+def read_corpus() -> tuple[list[str], list[str]]:
+    train, held = [], []
+    for rel, path in stdlib_files():
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue
+        (held if is_held_out(rel) else train).append(text)
+    return train, held
+
+
+def train_tokenizer(texts: list[str]):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB,
+        special_tokens=[EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    return tok
+
+
+def encode_stream(tok, texts: list[str]) -> np.ndarray:
+    eos = tok.token_to_id(EOS)
+    ids: list[int] = []
+    for enc in tok.encode_batch(texts):
+        ids.extend(enc.ids)
+        ids.append(eos)
+    return np.asarray(ids, dtype=np.int64)
+
+
+def make_model(spec: TinySpec, eos_id: int):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=spec.hidden,
+        intermediate_size=spec.intermediate,
+        num_hidden_layers=spec.layers,
+        num_attention_heads=spec.heads,
+        num_key_value_heads=spec.heads,
+        max_position_embeddings=2048,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        tie_word_embeddings=True,
+        bos_token_id=eos_id,
+        eos_token_id=eos_id,
+        pad_token_id=eos_id,
+    )
+    return LlamaForCausalLM(config)
+
+
+def batches(stream: np.ndarray, n_steps: int, seed: int):
+    rng = np.random.default_rng(seed)
+    hi = len(stream) - SEQ_LEN - 1
+    for _ in range(n_steps):
+        starts = rng.integers(0, hi, size=BATCH)
+        yield torch.from_numpy(np.stack([stream[s : s + SEQ_LEN + 1] for s in starts]))
+
+
+def lr_at(step: int, n_steps: int, peak: float, warmup: int = 50) -> float:
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    frac = (step - warmup) / max(1, n_steps - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+@torch.no_grad()
+def evaluate(model, teacher, held: torch.Tensor) -> dict:
+    """Held-out next-token loss (nats/token) and, for a student, KL(target || draft) and top-1 match."""
+    model.eval()
+    ce = kl = agree = 0.0
+    n = 0
+    for chunk in held.split(8):
+        x, y = chunk[:, :-1], chunk[:, 1:]
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = model(input_ids=x).logits.float()
+        ce += F.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1), reduction="sum").item()
+        if teacher is not None:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                t_logits = teacher(input_ids=x).logits.float()
+            t_logp = t_logits.log_softmax(-1)
+            logq = logits.log_softmax(-1)
+            kl += (t_logp.exp() * (t_logp - logq)).sum().item()
+            agree += (t_logits.argmax(-1) == logits.argmax(-1)).sum().item()
+        n += y.numel()
+    model.train()
+    out = {"held_out_loss": ce / n}
+    if teacher is not None:
+        out["held_out_kl_to_target"] = kl / n
+        out["held_out_top1_agreement"] = agree / n
+    return out
+
+
+def train_one(spec: TinySpec, stream, held, eos_id, seed, teacher=None, log=print):
+    torch.manual_seed(seed)
+    model = make_model(spec, eos_id)
+    n_params = sum(p.numel() for p in model.parameters())
+    n_steps = spec.train_tokens // (BATCH * SEQ_LEN)
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.1, betas=(0.9, 0.95))
+    model.train()
+    t0 = time.time()
+    for step, batch in enumerate(batches(stream, n_steps, seed)):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, n_steps, spec.lr)
+        x, y = batch[:, :-1], batch[:, 1:]
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = model(input_ids=x).logits.float()
+            if teacher is not None:
+                with torch.no_grad():
+                    target_probs = teacher(input_ids=x).logits.float().softmax(-1)
+        if teacher is None:
+            loss = F.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1))
+        else:  # soft cross-entropy = KL(target || draft) + const: match the target's distributions
+            loss = -(target_probs * logits.log_softmax(-1)).sum(-1).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if step % 50 == 0 or step == n_steps - 1:
+            rate = (step + 1) * BATCH * SEQ_LEN / (time.time() - t0)
+            log(f"[{spec.name}] step {step + 1}/{n_steps} loss {loss.item():.3f} ({rate:,.0f} tok/s)")
+    figures = {
+        "parameters": n_params,
+        "tokens_seen": n_steps * BATCH * SEQ_LEN,
+        "train_seconds": round(time.time() - t0, 1),
+        **{k: round(v, 4) for k, v in evaluate(model, teacher, held).items()},
+    }
+    log(f"[{spec.name}] {figures}")
+    return model, figures
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path("data/models"))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--scale", type=float, default=1.0, help="multiply every token budget (smoke tests)")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    from transformers import PreTrainedTokenizerFast
+
+    train_texts, held_texts = read_corpus()
+    print(f"corpus: {len(train_texts)} training files, {len(held_texts)} held out")
+    tok = train_tokenizer(train_texts)
+    eos_id = tok.token_to_id(EOS)
+    stream = encode_stream(tok, train_texts)
+    held_stream = encode_stream(tok, held_texts)
+    chars = sum(map(len, train_texts))
+    print(f"tokens: {len(stream):,} train ({chars / len(stream):.2f} chars/token), {len(held_stream):,} held out")
+    rng = np.random.default_rng(args.seed + 1)
+    starts = rng.integers(0, len(held_stream) - SEQ_LEN - 1, size=64)
+    held = torch.from_numpy(np.stack([held_stream[s : s + SEQ_LEN + 1] for s in starts]))
+
+    hf_tok = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token=EOS, bos_token=EOS, pad_token=EOS, unk_token=None
+    )
+    figures = {
+        "python": sysconfig.get_python_version(),
+        "seed": args.seed,
+        "seq_len": SEQ_LEN,
+        "batch": BATCH,
+        "train_tokens_available": int(len(stream)),
+        "chars_per_token": round(chars / len(stream), 3),
+        "models": {},
+    }
+
+    def scaled(spec: TinySpec) -> TinySpec:
+        return TinySpec(**{**asdict(spec), "train_tokens": int(spec.train_tokens * args.scale)})
+
+    target, figures["models"]["target"] = train_one(scaled(TARGET), stream, held, eos_id, args.seed)
+    target.eval()
+    for p in target.parameters():
+        p.requires_grad_(False)
+    models = {"target": target}
+    for i, spec in enumerate(DRAFTS):
+        draft, figures["models"][spec.name] = train_one(
+            scaled(spec), stream, held, eos_id, args.seed + 1 + i, teacher=target
+        )
+        models[spec.name] = draft
+    for name, model in models.items():
+        path = args.out / name
+        model.to(torch.bfloat16).save_pretrained(path)
+        hf_tok.save_pretrained(path)
+        figures["models"][name]["spec"] = asdict(TARGET if name == "target" else next(d for d in DRAFTS if d.name == name))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "training.json").write_text(json.dumps(figures, indent=2) + "\n")
+    print(f"saved to {args.out}")
+
+
+if __name__ == "__main__":
+    main()

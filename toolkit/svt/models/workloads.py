@@ -1,0 +1,167 @@
+"""Build the shipped workloads from held-out standard-library files (never seen in training).
+
+    python -m svt.models.workloads --out data/workloads
+
+Three prompt sets of clearly different predictability, each prompt cut at a point where the model
+must continue in that register:
+
+- ``code``: a function's signature (and docstring, if any) plus its first body statement; the
+  model continues the body;
+- ``prose``: text up to a few words into a docstring of at least 120 characters, or into a run
+  of ``#`` comment lines; the model continues English prose;
+- ``structured``: a large literal (dict/list/tuple/set of >= 6 elements, or a run of >= 5
+  similar assignments) cut after its first few elements; the model continues a repetitive table.
+
+Every prompt carries up to 1,500 characters of the file before the cut as context.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import random
+import re
+from pathlib import Path
+
+from svt.models.train_tiny import is_held_out, stdlib_files
+
+CONTEXT_CHARS = 1500
+PER_WORKLOAD = 150
+
+
+def _offsets(text: str) -> list[int]:
+    starts, pos = [], 0
+    for line in text.splitlines(keepends=True):
+        starts.append(pos)
+        pos += len(line)
+    starts.append(pos)
+    return starts
+
+
+def _cut(text: str, at: int, src: str) -> dict:
+    return {"prompt": text[max(0, at - CONTEXT_CHARS) : at], "source": src}
+
+
+def code_prompts(text: str, tree: ast.AST, rel: str, offs: list[int]) -> list[dict]:
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or len(node.body) < 3:
+            continue
+        body = node.body
+        first = 1 if isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) else 0
+        if first + 1 >= len(body):
+            continue
+        stmt = body[first]
+        end = offs[stmt.end_lineno - 1] + stmt.end_col_offset if stmt.end_lineno else None
+        if end is None:
+            continue
+        # include the newline and the indentation of the next statement
+        nxt = body[first + 1]
+        at = offs[nxt.lineno - 1] + nxt.col_offset
+        out.append(_cut(text, at, f"{rel}:{node.lineno}"))
+    return out
+
+
+def prose_prompts(text: str, tree: ast.AST, rel: str, offs: list[int]) -> list[dict]:
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef, ast.Module)):
+            continue
+        doc = ast.get_docstring(node, clean=False)
+        if not doc or len(doc) < 120 or not node.body:
+            continue
+        expr = node.body[0]
+        start = offs[expr.lineno - 1] + expr.col_offset
+        raw = text[start : start + 8]
+        quote = 3 if raw[:3] in ('"""', "'''") else (4 if raw[1:4] in ('"""', "'''") else None)
+        if quote is None:
+            continue
+        words = list(re.finditer(r"\S+", text[start + quote : start + quote + 200]))
+        if len(words) < 6:
+            continue
+        at = start + quote + words[4].end()
+        out.append(_cut(text, at, f"{rel}:{expr.lineno}"))
+    lines = text.splitlines(keepends=True)
+    i = 0
+    while i < len(lines):  # runs of >= 4 comment lines
+        j = i
+        while j < len(lines) and lines[j].lstrip().startswith("# "):
+            j += 1
+        if j - i >= 4:
+            words = list(re.finditer(r"\S+", lines[i + 1]))
+            if len(words) >= 5:
+                at = offs[i + 1] + words[3].end()
+                out.append(_cut(text, at, f"{rel}:{i + 2}"))
+        i = max(j, i + 1)
+    return out
+
+
+def structured_prompts(text: str, tree: ast.AST, rel: str, offs: list[int]) -> list[dict]:
+    out = []
+    for node in ast.walk(tree):
+        elts = None
+        if isinstance(node, ast.Dict):
+            elts = node.values
+        elif isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+            elts = node.elts
+        if not elts or len(elts) < 6 or node.lineno == node.end_lineno:
+            continue
+        e = elts[2]
+        if e.end_lineno is None:
+            continue
+        at = offs[e.end_lineno - 1] + e.end_col_offset
+        out.append(_cut(text, at, f"{rel}:{node.lineno}"))
+    body = getattr(tree, "body", [])
+    run: list[ast.stmt] = []
+    for stmt in [*body, None]:  # runs of >= 5 consecutive module-level constant assignments
+        if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Constant):
+            run.append(stmt)
+            continue
+        if len(run) >= 5:
+            s = run[2]
+            out.append(_cut(text, offs[s.end_lineno - 1] + s.end_col_offset, f"{rel}:{run[0].lineno}"))
+        run = []
+    return out
+
+
+BUILDERS = {"code": code_prompts, "prose": prose_prompts, "structured": structured_prompts}
+
+
+def build(out_dir: Path, per_workload: int = PER_WORKLOAD, seed: int = 0) -> dict[str, int]:
+    found: dict[str, list[dict]] = {k: [] for k in BUILDERS}
+    for rel, path in stdlib_files():
+        if not is_held_out(rel):
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+            tree = ast.parse(text)
+        except (UnicodeDecodeError, SyntaxError):
+            continue
+        offs = _offsets(text)
+        for name, fn in BUILDERS.items():
+            found[name].extend(p for p in fn(text, tree, rel, offs) if p["prompt"].strip())
+    out_dir.mkdir(parents=True, exist_ok=True)
+    counts = {}
+    for name, prompts in found.items():
+        rng = random.Random(f"{seed}:{name}")
+        rng.shuffle(prompts)
+        chosen = prompts[:per_workload]
+        with open(out_dir / f"{name}.jsonl", "w", encoding="utf-8") as fh:
+            for p in chosen:
+                fh.write(json.dumps(p, ensure_ascii=False) + "\n")
+        counts[name] = len(chosen)
+    return counts
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path("data/workloads"))
+    ap.add_argument("--per-workload", type=int, default=PER_WORKLOAD)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    print(build(args.out, args.per_workload, args.seed))
+
+
+if __name__ == "__main__":
+    main()

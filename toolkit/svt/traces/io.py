@@ -1,0 +1,191 @@
+"""Reading and writing run directories: atomic Parquet shards, run.json, lazy validating scans."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from svt.errors import SchemaError
+from svt.traces.schema import SCHEMA_VERSION, TABLES, TableSchema, get_table
+
+RUN_META = "run.json"
+
+
+def shard_name(shard: int) -> str:
+    return f"part-{shard:05d}.parquet"
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def write_meta(run_dir: Path, meta: dict[str, Any]) -> None:
+    """Write run.json atomically (temporary name, then rename)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    _atomic_write_bytes(run_dir / RUN_META, (json.dumps(meta, indent=2, default=str) + "\n").encode())
+
+
+def read_meta(run_dir: Path) -> dict[str, Any]:
+    path = Path(run_dir) / RUN_META
+    if not path.is_file():
+        raise SchemaError(f"{path}: not found; expected a run directory made by `svt collect`.")
+    try:
+        meta = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise SchemaError(f"{path}: not valid JSON ({exc}).") from None
+    if not isinstance(meta, dict):
+        raise SchemaError(f"{path}: expected a JSON object, but got {type(meta).__name__}.")
+    version = meta.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise SchemaError(
+            f"{path}: expected `schema_version` {SCHEMA_VERSION}, but got {version!r}."
+        )
+    return meta
+
+
+def write_shard(run_dir: Path, table: str, shard: int, frame: pl.DataFrame) -> Path:
+    """Cast ``frame`` to the table's schema and write it as one shard, atomically."""
+    spec = get_table(table)
+    frame = frame.select([pl.col(c).cast(t) for c, t in spec.columns.items()])
+    folder = Path(run_dir) / table
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / shard_name(shard)
+    tmp = folder / f".{path.name}.tmp"
+    frame.write_parquet(tmp, compression="zstd", statistics=True)
+    with open(tmp, "rb+") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def list_shards(run_dir: Path, table: str) -> list[Path]:
+    folder = Path(run_dir) / table
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.glob("part-*.parquet") if not p.name.startswith("."))
+
+
+def shard_ids(run_dir: Path, table: str) -> set[int]:
+    return {int(p.stem.split("-")[1]) for p in list_shards(run_dir, table)}
+
+
+def _kind(dtype: pl.DataType) -> str:
+    if dtype.is_integer():
+        return "integer"
+    if dtype.is_float():
+        return "float"
+    if isinstance(dtype, pl.List):
+        return f"list[{_kind(dtype.inner)}]"
+    return str(dtype)
+
+
+def check_shard_schema(path: Path, spec: TableSchema) -> None:
+    """Raise a SchemaError naming the file and column if the shard does not follow ``spec``."""
+    try:
+        found = pl.read_parquet_schema(path)
+    except Exception as exc:  # polars raises ComputeError/OSError variants for damaged files
+        raise SchemaError(f"{path}: not a readable Parquet file ({type(exc).__name__}: {exc}).") from None
+    for col, dtype in spec.columns.items():
+        if col not in found:
+            raise SchemaError(
+                f"{path}: column `{col}` is missing; table `{spec.name}` needs "
+                f"{', '.join(spec.columns)}."
+            )
+        if _kind(found[col]) != _kind(dtype):
+            raise SchemaError(
+                f"{path}: column `{col}` has type {found[col]}; expected {_kind(dtype)} ({dtype})."
+            )
+
+
+def check_shard_values(path: Path, spec: TableSchema) -> None:
+    """Nulls where not allowed, NaN or out-of-range probabilities, labels outside {0, 1}."""
+    lf = pl.scan_parquet(path)
+    checks = []
+    for col in spec.columns:
+        if col not in spec.nullable:
+            checks.append(pl.col(col).null_count().alias(f"null:{col}"))
+    for col in spec.probabilities:
+        bad = pl.col(col).is_nan() | (pl.col(col) < 0) | (pl.col(col) > 1)
+        checks.append(bad.sum().alias(f"prob:{col}"))
+    if spec.name == "drafts":
+        checks.append((~pl.col("label").is_in([0, 1])).sum().alias("label:label"))
+        checks.append((pl.col("q_entropy").is_nan() | (pl.col("q_entropy") < 0)).sum().alias("nonneg:q_entropy"))
+        checks.append((pl.col("position") < 0).sum().alias("nonneg:position"))
+    row = lf.select(checks).collect().row(0, named=True)
+    for key, n in row.items():
+        if not n:
+            continue
+        kind, col = key.split(":", 1)
+        what = {
+            "null": "null values, which this column does not allow",
+            "prob": "values that are NaN or outside [0, 1]",
+            "label": "labels other than 0, 1 or null",
+            "nonneg": "NaN or negative values",
+        }[kind]
+        raise SchemaError(f"{path}: column `{col}` has {n} {what}.")
+
+
+@dataclass
+class Run:
+    """An opened run directory: its metadata and lazy scans of its tables."""
+
+    path: Path
+    meta: dict[str, Any]
+    shards: dict[str, list[Path]] = field(default_factory=dict)
+
+    def has(self, table: str) -> bool:
+        return bool(self.shards.get(table))
+
+    def scan(self, table: str) -> pl.LazyFrame:
+        """All shards of ``table`` as one lazy frame cast to the schema's dtypes."""
+        spec = get_table(table)
+        files = self.shards.get(table) or []
+        if not files:
+            raise SchemaError(f"{self.path}: the run has no `{table}` table.")
+        lf = pl.scan_parquet([str(f) for f in files])
+        return lf.with_columns([pl.col(c).cast(t) for c, t in spec.columns.items()])
+
+
+def open_run(path: str | Path, *, deep: bool = True, tables: list[str] | None = None) -> Run:
+    """Open and validate a run directory.
+
+    Checks run.json, that the required tables exist, every shard's columns and types and, with
+    ``deep=True``, the values (nulls, NaN, probability ranges, labels). Any problem raises one
+    ``SchemaError`` naming the file, the column and what is wrong.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise SchemaError(f"{path}: not a directory; expected a run directory made by `svt collect`.")
+    meta = read_meta(path)
+    run = Run(path=path, meta=meta)
+    for name, spec in TABLES.items():
+        if tables is not None and name not in tables:
+            continue
+        files = list_shards(path, name)
+        if spec.required and not files:
+            raise SchemaError(f"{path / name}: no shards; every run needs a `{name}` table.")
+        for f in files:
+            check_shard_schema(f, spec)
+            if deep:
+                check_shard_values(f, spec)
+        run.shards[name] = files
+    return run
+
+
+def scan_runs(paths: list[str | Path], table: str = "drafts", *, deep: bool = True) -> pl.LazyFrame:
+    """Several runs' ``table`` as one lazy frame with a leading ``run`` column (the directory name)."""
+    frames = []
+    for p in paths:
+        run = open_run(p, deep=deep, tables=[table, "requests"] if table != "requests" else [table])
+        frames.append(run.scan(table).with_columns(pl.lit(Path(p).name).alias("run")))
+    return pl.concat(frames, how="vertical").select(["run", *get_table(table).columns])

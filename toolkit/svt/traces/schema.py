@@ -1,0 +1,119 @@
+"""The trace schema: the tables of a run directory, their columns and dtypes, and its version.
+
+A run directory holds ``run.json`` plus one folder of Parquet shards per table. This module is the
+contract between collectors (svt's or another engine's) and every later stage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import polars as pl
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class TableSchema:
+    """Columns a table must have (name -> dtype) and which of them may hold nulls."""
+
+    name: str
+    columns: dict[str, pl.DataType]
+    nullable: frozenset[str] = frozenset()
+    # columns that must lie in [0, 1] (probabilities); checked on read
+    probabilities: frozenset[str] = frozenset()
+    required: bool = True
+
+    @property
+    def polars_schema(self) -> pl.Schema:
+        return pl.Schema(self.columns)
+
+
+DRAFTS = TableSchema(
+    "drafts",
+    {
+        "workload": pl.String(),
+        "request": pl.Int64(),
+        "step": pl.Int32(),
+        "position": pl.Int16(),
+        "token": pl.Int32(),
+        "q_max": pl.Float32(),
+        "q_sampled": pl.Float32(),
+        "q_entropy": pl.Float32(),
+        "q_margin": pl.Float32(),
+        "p_sampled": pl.Float32(),
+        "p_max": pl.Float32(),
+        "accept_prob": pl.Float32(),
+        "accept_prob_expected": pl.Float32(),
+        "label": pl.Int8(),
+    },
+    nullable=frozenset({"label"}),
+    probabilities=frozenset(
+        {"q_max", "q_sampled", "q_margin", "p_sampled", "p_max", "accept_prob", "accept_prob_expected"}
+    ),
+)
+
+STEPS = TableSchema(
+    "steps",
+    {
+        "request": pl.Int64(),
+        "step": pl.Int32(),
+        "drafted": pl.Int16(),
+        "accepted": pl.Int16(),
+        "emitted": pl.Int16(),
+        "draft_ms": pl.Float32(),
+        "verify_ms": pl.Float32(),
+        "batch_size": pl.Int16(),
+    },
+)
+
+REQUESTS = TableSchema(
+    "requests",
+    {
+        "request": pl.Int64(),
+        "workload": pl.String(),
+        "prompt_ids": pl.List(pl.Int32()),
+        "output_ids": pl.List(pl.Int32()),
+        "finish_reason": pl.String(),
+    },
+)
+
+HIDDEN = TableSchema(
+    "hidden",
+    {
+        "request": pl.Int64(),
+        "step": pl.Int32(),
+        "position": pl.Int16(),
+        "hidden": pl.List(pl.Float16()) if hasattr(pl, "Float16") else pl.List(pl.Float32()),
+    },
+    required=False,
+)
+
+DISTS = TableSchema(
+    "dists",
+    {
+        "request": pl.Int64(),
+        "step": pl.Int32(),
+        "position": pl.Int16(),
+        "token": pl.Int32(),
+        "q_top_ids": pl.List(pl.Int32()),
+        "q_top_probs": pl.List(pl.Float32()),
+        "q_tail": pl.Float32(),
+        "p_top_ids": pl.List(pl.Int32()),
+        "p_top_probs": pl.List(pl.Float32()),
+        "p_tail": pl.Float32(),
+    },
+    probabilities=frozenset({"q_tail", "p_tail"}),
+    required=False,
+)
+
+TABLES: dict[str, TableSchema] = {t.name: t for t in (DRAFTS, STEPS, REQUESTS, HIDDEN, DISTS)}
+FINISH_REASONS = ("stop", "length")
+
+
+def get_table(name: str) -> TableSchema:
+    """The schema of a table by name; an unknown name lists the known ones."""
+    try:
+        return TABLES[name]
+    except KeyError:
+        raise ValueError(f"Unknown trace table {name!r}; known tables: {', '.join(TABLES)}.") from None

@@ -1,0 +1,60 @@
+"""Quick summaries of a run directory (what `svt inspect` prints)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+
+from svt.traces.io import open_run
+
+
+def acceptance_by_position(path: str | Path) -> pl.DataFrame:
+    """Acceptance by draft position in both conventions, with the exposure counts.
+
+    ``conditional`` = accepted / verified at that position (verified = the chain reached it);
+    ``marginal`` = accepted / proposed at that position (all drafts, labelled or not).
+    """
+    run = open_run(path, deep=False, tables=["drafts"])
+    return (
+        run.scan("drafts")
+        .group_by("position")
+        .agg(
+            pl.len().alias("proposed"),
+            pl.col("label").is_not_null().sum().alias("verified"),
+            (pl.col("label") == 1).sum().alias("accepted"),
+        )
+        .with_columns(
+            (pl.col("accepted") / pl.col("verified")).alias("conditional"),
+            (pl.col("accepted") / pl.col("proposed")).alias("marginal"),
+        )
+        .sort("position")
+        .collect()
+    )
+
+
+def run_summary(path: str | Path, *, deep: bool = True) -> dict:
+    """Validate a run and return its headline numbers."""
+    run = open_run(path, deep=deep)
+    d = run.scan("drafts").select(
+        pl.len().alias("drafts"),
+        pl.col("label").is_not_null().sum().alias("labelled"),
+        pl.col("label").mean().alias("acceptance"),
+    ).collect().row(0, named=True)
+    s = run.scan("steps").select(
+        pl.len().alias("steps"), pl.col("accepted").sum().alias("accepted")
+    ).collect().row(0, named=True)
+    r = run.scan("requests").select(pl.len()).collect().item()
+    sampling = run.meta.get("sampling", {})
+    return {
+        "requests": r,
+        "steps": s["steps"],
+        "drafts": d["drafts"],
+        "labelled": d["labelled"],
+        "acceptance": round(d["acceptance"], 4) if d["acceptance"] is not None else None,
+        # mean acceptance length counts the bonus/resampled token: 1 + accepted per step
+        "mean_acceptance_length": round(1 + s["accepted"] / s["steps"], 4) if s["steps"] else None,
+        "temperature": sampling.get("temperature"),
+        "top_p": sampling.get("top_p"),
+        "k": run.meta.get("k"),
+    }
