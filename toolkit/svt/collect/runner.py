@@ -163,7 +163,7 @@ def collect(cfg: CollectConfig, out: str | Path, *, config_path: str | Path | No
         },
         "k": cfg.k,
         "drafter_kinds": ["model"],
-        "workloads": {n: str(p) for n, p in zip(names, paths)},
+        "workloads": {n: str(p) for n, p in zip(names, paths, strict=True)},
         "seed": cfg.seed,
         "device": str(pair.device),
         "environment": {"python": platform.python_version(), "torch": torch.__version__,

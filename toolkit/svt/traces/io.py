@@ -127,12 +127,12 @@ def check_shard_values(path: Path, spec: TableSchema) -> None:
             continue
         kind, col = key.split(":", 1)
         what = {
-            "null": "null values, which this column does not allow",
-            "prob": "values that are NaN or outside [0, 1]",
-            "label": "labels other than 0, 1 or null",
-            "nonneg": "NaN or negative values",
+            "null": "null, which this column does not allow",
+            "prob": "NaN or outside [0, 1]",
+            "label": "a label other than 0, 1 or null",
+            "nonneg": "NaN or negative",
         }[kind]
-        raise SchemaError(f"{path}: column `{col}` has {n} {what}.")
+        raise SchemaError(f"{path}: column `{col}` has {n} bad value(s): {what}.")
 
 
 @dataclass

@@ -1,0 +1,103 @@
+"""Collector throughput against transformers' own generation, side by side in one run.
+
+    make bench            # or: python benchmarks/bench_collect.py --prompts 16 --max-new-tokens 64
+
+Same pair (built-in target + draft-large), same prompts (the first N of the `code` workload), same
+sampling (temperature 1, K = 5), float32 on CPU, 2 threads:
+
+- ``hf generate``: plain sampling, batch 1 (no speculation);
+- ``hf assisted``: ``generate(assistant_model=draft)`` with a constant 5-token schedule, batch 1
+  (transformers refuses batch > 1 for assisted generation);
+- ``svt collect``: the full collector (logging every draft, hidden states and a dists sample, and
+  writing Parquet shards), batch 1 and batch 8.
+
+Figures are output tokens per second of wall time, excluding model loading. Results are printed
+and written to reports/bench/collect.json. Numbers on a shared machine move by ~10%: compare the
+ratios within one run, not across runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import torch  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from svt.collect.runner import collect  # noqa: E402
+from svt.collect.workloads import encode_prompt, read_workload  # noqa: E402
+from svt.config import load_collect_config  # noqa: E402
+from svt.models import load_pair  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def hf_rate(model, prompts, max_new, assistant=None, k=5, seed=0) -> tuple[float, int]:
+    torch.manual_seed(seed)
+    n_tok = 0
+    t0 = time.perf_counter()
+    for ids in prompts:
+        x = torch.tensor([ids])
+        kwargs = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=max_new,
+                      min_new_tokens=max_new, attention_mask=torch.ones_like(x))
+        if assistant is not None:
+            kwargs["assistant_model"] = assistant
+        out = model.generate(x, **kwargs)
+        n_tok += out.shape[1] - x.shape[1]
+    return n_tok / (time.perf_counter() - t0), n_tok
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--out", type=Path, default=ROOT / "reports" / "bench" / "collect.json")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(2)
+    models = ROOT / "data" / "models"
+    pair = load_pair(models / "target", models / "draft-large", device="cpu", dtype="float32")
+    wl = read_workload(ROOT / "data" / "workloads" / "code.jsonl")[: args.prompts]
+    prompts = [encode_prompt(p, pair.tokenizer, 384) for p in wl]
+    for m in (pair.target, pair.draft):
+        m.generation_config.pad_token_id = pair.tokenizer.pad_token_id
+    gc = pair.draft.generation_config
+    gc.num_assistant_tokens, gc.num_assistant_tokens_schedule = 5, "constant"
+    gc.assistant_confidence_threshold = 0.0
+
+    hf_rate(pair.target, prompts[:2], 8)  # warm-up
+    rows = {}
+    rows["hf generate (batch 1)"] = hf_rate(pair.target, prompts, args.max_new_tokens)[0]
+    rows["hf assisted (batch 1)"] = hf_rate(pair.target, prompts, args.max_new_tokens, pair.draft)[0]
+    base = {"target": str(models / "target"), "draft": str(models / "draft-large"),
+            "workloads": [str(ROOT / "data" / "workloads" / "code.jsonl")], "requests": args.prompts,
+            "max_new_tokens": args.max_new_tokens, "k": 5, "temperature": 1.0, "device": "cpu",
+            "max_prompt_tokens": 384, "log": {"hidden": True, "dists_fraction": 0.02}}
+    for bs in (1, 8):
+        cfg = load_collect_config(None, {"batch_size": bs}, base=base)
+        with tempfile.TemporaryDirectory() as tmp:
+            s = collect(cfg, Path(tmp) / "run", progress=False)
+        # EOS can end a request early; the rate counts the tokens actually produced
+        rows[f"svt collect (batch {bs}, logging all)"] = s.output_tokens / s.seconds
+    ref = rows["hf assisted (batch 1)"]
+    table = Table("path", "tokens/s", "vs hf assisted", title="collector throughput (tiny pair, CPU)")
+    for name, rate in rows.items():
+        table.add_row(name, f"{rate:,.0f}", f"{rate / ref:.2f}x")
+    Console().print(table)
+    result = {"prompts": args.prompts, "max_new_tokens": args.max_new_tokens, "tokens_per_s": rows,
+              "ratio_vs_assisted": {k: v / ref for k, v in rows.items()},
+              "torch": torch.__version__, "threads": torch.get_num_threads()}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()
