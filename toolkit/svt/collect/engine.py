@@ -195,15 +195,16 @@ def run_batch(
         has_unseen = all_acc.long()
         pending = res.next_token
 
-        # ---- log (one transfer per step) -------------------------------------------------
+        # ---- log: two device-to-host transfers per step ---------------------------------
         feats = draft_features(q, p[:, :K], x)
         if greedy:  # acceptance is argmax agreement: the soft labels are the 0/1 outcome
             feats["accept_prob"] = res.label_ok.float()
             feats["accept_prob_expected"] = res.label_ok.float()
         ar = torch.arange(K, device=device)[None, :]
         label = torch.where(ar < acc[:, None], 1, torch.where(ar == acc[:, None], 0, -1))
-        acc_np = acc.cpu().numpy()
-        new_tok = torch.cat([x, pending[:, None]], 1).cpu().numpy()
+        floats = torch.stack(list(feats.values())).float().cpu().numpy()  # [n_feats, nb, K]
+        ints = torch.cat([x, pending[:, None], label, acc[:, None]], 1).cpu().numpy()
+        new_tok, label_np, acc_np = ints[:, : K + 1], ints[:, K + 1 : 2 * K + 1], ints[:, -1]
         emitted = np.zeros(nb, dtype=np.int64)
         done = np.zeros(nb, dtype=bool)
         for j, r in enumerate(rows):  # per row, not per token: append the accepted run + next
@@ -225,9 +226,9 @@ def run_batch(
             request=np.repeat(req, K),
             step=np.full(nb * K, step_no, dtype=np.int32),
             position=np.tile(np.arange(K, dtype=np.int16), nb),
-            token=x.cpu().numpy().reshape(-1),
-            label=label.cpu().numpy().reshape(-1),
-            **{k: v.float().cpu().numpy().reshape(-1) for k, v in feats.items()},
+            token=new_tok[:, :K].reshape(-1),
+            label=label_np.reshape(-1),
+            **{k: floats[i].reshape(-1) for i, k in enumerate(feats)},
         )
         out.add(
             out.steps,
