@@ -23,3 +23,18 @@ def tiny_pair():
     from svt.models import load_pair
 
     return load_pair(MODELS / "target", MODELS / "draft-small", device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def small_run(tmp_path_factory, models_dir):
+    """A real 9-request run of the tiny pair over the three shipped workloads, with dists."""
+    from svt.collect.runner import collect
+    from svt.config import load_collect_config
+
+    base = {"target": str(models_dir / "target"), "draft": str(models_dir / "draft-large"),
+            "workloads": [str(ROOT / "data" / "workloads" / f"{w}.jsonl") for w in ("code", "prose", "structured")],
+            "requests": 9, "batch_size": 9, "max_new_tokens": 48, "k": 4, "device": "cpu",
+            "max_prompt_tokens": 256, "log": {"dists_fraction": 0.3, "dists_top_k": 16}}
+    out = tmp_path_factory.mktemp("runs") / "small"
+    collect(load_collect_config(None, base=base), out, progress=False)
+    return out

@@ -99,6 +99,48 @@ def inspect(
         raise _fail(exc) from None
 
 
+@app.command()
+def evaluate(
+    runs: Annotated[list[Path], typer.Argument(help="One or more run directories (compared side by side).")],
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help="Report directory (report.json, report.md).")],
+    feature: Annotated[list[str] | None, typer.Option(
+        help="Feature to score (repeat for several); default: the built-in table.")] = None,
+    feature_module: Annotated[str | None, typer.Option(
+        help="Python module whose @svt.features.feature functions add features.")] = None,
+    by: Annotated[str | None, typer.Option(help="Also report per value of a drafts column, e.g. workload.")] = None,
+    bins: Annotated[int, typer.Option(help="ECE bins.")] = 10,
+    bootstrap: Annotated[int, typer.Option(help="Request-level bootstrap resamples for 95% intervals.")] = 0,
+    seed: Annotated[int, typer.Option(help="Bootstrap seed.")] = 0,
+) -> None:
+    """Score acceptance features: AUC, log-loss, ECE, Brier, per position and excluding the first,
+    soft labels, expected-length calibration and the losslessness bias of trimming.
+
+    Example: [bold]svt evaluate runs/demo --out reports/demo --by workload --bootstrap 200[/]
+    """
+    from rich.table import Table
+
+    from svt.features import DEFAULT_FEATURES
+    from svt.report import EvaluateOptions, write_report
+    from svt.report import evaluate as build
+    from svt.report.render import HEAD, feature_rows
+
+    if bins < 1 or bootstrap < 0:
+        raise _fail(SvtError("Expected --bins >= 1 and --bootstrap >= 0."))
+    opts = EvaluateOptions(features=list(feature or DEFAULT_FEATURES), feature_module=feature_module,
+                           n_bins=bins, bootstrap=bootstrap, seed=seed, by=by)
+    try:
+        report = build(runs, opts)
+        json_path, md_path = write_report(report, out_dir)
+    except SvtError as exc:
+        raise _fail(exc) from None
+    for title, scope in (("all positions", None), ("excluding the first position", "excluding_first")):
+        table = Table("feature", "lossless", *HEAD, title=f"acceptance features: {title}")
+        for row in feature_rows(report["features"], scope, ci=False):
+            table.add_row(*row)
+        out.print(table)
+    out.print(f"wrote {json_path} and {md_path}")
+
+
 def main() -> None:
     app()
 

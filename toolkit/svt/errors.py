@@ -23,3 +23,9 @@ class ModelLoadError(SvtError):
     """A model or tokenizer could not be loaded, or a target/draft pair does not match."""
 
     exit_code = 4
+
+
+class DataError(SvtError):
+    """The data cannot give the asked-for result (no labelled drafts, no dists table, ...)."""
+
+    exit_code = 5

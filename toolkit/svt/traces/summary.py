@@ -6,31 +6,13 @@ from pathlib import Path
 
 import polars as pl
 
+from svt.metrics.tables import acceptance_by_position as _by_position
 from svt.traces.io import open_run
 
 
 def acceptance_by_position(path: str | Path) -> pl.DataFrame:
-    """Acceptance by draft position in both conventions, with the exposure counts.
-
-    ``conditional`` = accepted / verified at that position (verified = the chain reached it);
-    ``marginal`` = accepted / proposed at that position (all drafts, labelled or not).
-    """
-    run = open_run(path, deep=False, tables=["drafts"])
-    return (
-        run.scan("drafts")
-        .group_by("position")
-        .agg(
-            pl.len().alias("proposed"),
-            pl.col("label").is_not_null().sum().alias("verified"),
-            (pl.col("label") == 1).sum().alias("accepted"),
-        )
-        .with_columns(
-            (pl.col("accepted") / pl.col("verified")).alias("conditional"),
-            (pl.col("accepted") / pl.col("proposed")).alias("marginal"),
-        )
-        .sort("position")
-        .collect()
-    )
+    """Acceptance by draft position in both conventions (see ``svt.metrics.tables``)."""
+    return _by_position(open_run(path, deep=False, tables=["drafts"]).scan("drafts"))
 
 
 def run_summary(path: str | Path, *, deep: bool = True) -> dict:

@@ -1,0 +1,125 @@
+"""The feature zoo: named acceptance features, each a polars expression over the drafts table.
+
+Every feature says whether it is **lossless** (depends only on the draft distribution q and the
+position, so trimming on it keeps speculative sampling exact) and whether it is already a
+**probability** of acceptance (so log-loss and ECE are defined for it without a fitted predictor).
+
+Add your own without editing svt: put functions in a module and name it with
+``--feature-module my_pkg.feats``::
+
+    # my_pkg/feats.py
+    import polars as pl
+    from svt.features import feature
+
+    @feature(lossless=True, description="q_max squared")
+    def qmax_sq() -> pl.Expr:
+        return pl.col("q_max") ** 2
+
+>>> from svt.features import get_feature
+>>> get_feature("logit_qmax").lossless
+True
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import polars as pl
+
+from svt.errors import ConfigError
+
+EPS = 1e-6  # probabilities are clipped to [EPS, 1 - EPS] before logs
+
+
+@dataclass(frozen=True)
+class Feature:
+    name: str
+    expr: pl.Expr
+    description: str
+    lossless: bool
+    probability: bool = False  # already a probability of acceptance (log-loss/ECE defined)
+    columns: tuple[str, ...] = ()
+
+
+FEATURES: dict[str, Feature] = {}
+
+
+def _clip(col: str) -> pl.Expr:
+    return pl.col(col).cast(pl.Float64).clip(EPS, 1 - EPS)
+
+
+def _logit(col: str) -> pl.Expr:
+    p = _clip(col)
+    return (p / (1 - p)).log()
+
+
+def register(f: Feature, *, replace: bool = False) -> Feature:
+    if f.name in FEATURES and not replace:
+        raise ConfigError(f"A feature named {f.name!r} is already registered.")
+    FEATURES[f.name] = f
+    return f
+
+
+def feature(*, lossless: bool, description: str = "", probability: bool = False,
+            name: str | None = None) -> Callable:
+    """Decorator: register a function returning a polars expression as a feature."""
+
+    def wrap(fn: Callable[[], pl.Expr]):
+        expr = fn()
+        if not isinstance(expr, pl.Expr):
+            raise ConfigError(f"Feature function {fn.__name__} must return a polars expression.")
+        register(Feature(name or fn.__name__, expr, description or (fn.__doc__ or "").strip(),
+                         lossless, probability), replace=True)
+        return fn
+
+    return wrap
+
+
+def get_feature(name: str) -> Feature:
+    """The feature by name; an unknown name lists the known ones."""
+    try:
+        return FEATURES[name]
+    except KeyError:
+        raise ConfigError(
+            f"Unknown feature {name!r}; known features: {', '.join(sorted(FEATURES))}."
+        ) from None
+
+
+def load_feature_module(module: str) -> list[str]:
+    """Import a user module whose ``@feature`` functions register themselves; return new names."""
+    before = set(FEATURES)
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
+        raise ConfigError(f"Could not import feature module {module!r}: {exc}") from None
+    return sorted(set(FEATURES) - before)
+
+
+def _builtin(name, expr, description, lossless, probability=False):
+    register(Feature(name, expr, description, lossless, probability))
+
+
+_builtin("q_max", pl.col("q_max").cast(pl.Float64),
+         "draft's top-1 probability, used as is (the miscalibrated 'no fit' baseline)", True, True)
+_builtin("logit_qmax", _logit("q_max"),
+         "log-odds of the draft's top-1 probability (the online estimator's feature)", True)
+_builtin("q_sampled", pl.col("q_sampled").cast(pl.Float64),
+         "draft probability of the sampled token (depends on the token: lossy)", False, True)
+_builtin("logit_qsampled", _logit("q_sampled"), "log-odds of q_sampled (lossy)", False)
+_builtin("gumbel_qsampled", -(-_clip("q_sampled").log()).log(), "-log(-log q_sampled) (lossy)", False)
+_builtin("entropy", pl.col("q_entropy").cast(pl.Float64),
+         "entropy of the draft distribution, nats (higher = less likely accepted)", True)
+_builtin("neg_entropy", -pl.col("q_entropy").cast(pl.Float64),
+         "minus the draft entropy (ranks in the direction of acceptance)", True)
+_builtin("margin", pl.col("q_margin").cast(pl.Float64), "top-1 minus top-2 draft probability", True)
+_builtin("logit_margin",
+         (_clip("q_max").log() - (pl.col("q_max") - pl.col("q_margin")).cast(pl.Float64)
+          .clip(EPS, 1).log()).clip(upper_bound=40.0),
+         "top-2 logit margin log q1 - log q2, capped at 40 (vLLM's online-estimator variant)", True)
+_builtin("position", pl.col("position").cast(pl.Float64), "draft position (0-based)", True)
+
+BUILTIN = tuple(FEATURES)
+DEFAULT_FEATURES = ("q_max", "logit_qmax", "q_sampled", "logit_qsampled", "gumbel_qsampled",
+                    "entropy", "margin", "logit_margin")

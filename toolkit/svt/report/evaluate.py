@@ -1,0 +1,133 @@
+"""`svt evaluate`: the feature table (metrics overall, per position, excluding the first position),
+soft-label variants, acceptance by position, expected-length calibration and the losslessness
+audit, as one report dict (written as report.json and report.md)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from svt import __version__
+from svt.errors import DataError
+from svt.features import DEFAULT_FEATURES, Feature, get_feature, load_feature_module
+from svt.metrics.tables import ScoreData, acceptance_by_position, length_calibration, score_table
+from svt.report.lossless_audit import audit
+from svt.traces.io import open_run
+
+SOFT_LABELS = ("accept_prob", "accept_prob_expected")
+
+
+@dataclass
+class EvaluateOptions:
+    features: list[str] = field(default_factory=lambda: list(DEFAULT_FEATURES))
+    feature_module: str | None = None
+    n_bins: int = 10
+    bootstrap: int = 0
+    seed: int = 0
+    by: str | None = None  # a drafts column to group by, e.g. workload
+
+
+def load_drafts(runs: list[Path]) -> tuple[pl.DataFrame, pl.DataFrame | None, list[dict]]:
+    """Drafts (with a ``run`` column) and dists of one or more runs, validated."""
+    frames, dists, infos = [], [], []
+    names = [Path(r).name for r in runs]
+    if len(set(names)) != len(names):
+        names = [str(r) for r in runs]
+    for path, name in zip(runs, names, strict=True):
+        run = open_run(path)
+        frames.append(run.scan("drafts").with_columns(pl.lit(name).alias("run")))
+        if run.has("dists"):
+            dists.append(run.scan("dists").with_columns(pl.lit(name).alias("run")))
+        meta = run.meta
+        infos.append({"run": name, "path": str(path), "run_id": meta.get("run_id"),
+                      "sampling": meta.get("sampling"), "k": meta.get("k"),
+                      "models": {k: v.get("path") for k, v in meta.get("models", {}).items()
+                                 if isinstance(v, dict)},
+                      "counts": meta.get("counts")})
+    drafts = pl.concat(frames).collect()
+    return drafts, (pl.concat(dists).collect() if dists else None), infos
+
+
+def _feature_block(labelled: pl.DataFrame, feat: Feature, opts: EvaluateOptions) -> dict:
+    scores = labelled.select(feat.expr.alias("s"))["s"].to_numpy()
+    if not np.isfinite(scores).all():
+        raise DataError(f"Feature {feat.name!r} gives {int((~np.isfinite(scores)).sum())} NaN/inf "
+                        "values on labelled drafts.")
+    pos, req = labelled["position"].to_numpy(), labelled["_req"].to_numpy()
+    y = labelled["label"].to_numpy().astype(np.float64)
+    table = score_table(ScoreData.build(y, scores, pos, req), probability=feat.probability,
+                        n_bins=opts.n_bins, bootstrap=opts.bootstrap, seed=opts.seed)
+    block = {"lossless": feat.lossless, "probability": feat.probability,
+             "description": feat.description, **table.pop("overall"), **table}
+    block["soft"] = {}
+    for soft in SOFT_LABELS:
+        ys = labelled[soft].to_numpy().astype(np.float64)
+        t = score_table(ScoreData.build(ys, scores, pos, req), probability=feat.probability,
+                        n_bins=opts.n_bins)
+        block["soft"][soft] = {k: v for k, v in t["overall"].items() if k != "reasons"}
+    return block
+
+
+def _features_table(labelled: pl.DataFrame, feats: list[Feature], opts: EvaluateOptions) -> dict:
+    if labelled.height == 0:
+        raise DataError("No labelled drafts: every draft's label is null, nothing to evaluate.")
+    return {f.name: _feature_block(labelled, f, opts) for f in feats}
+
+
+def evaluate(runs: list[str | Path], opts: EvaluateOptions | None = None) -> dict:
+    """Build the evaluation report for one or more run directories."""
+    opts = opts or EvaluateOptions()
+    if opts.feature_module:
+        load_feature_module(opts.feature_module)
+    feats = [get_feature(n) for n in opts.features]
+    drafts, dists, infos = load_drafts([Path(r) for r in runs])
+    if opts.by is not None and opts.by not in drafts.columns:
+        raise DataError(f"Cannot group by {opts.by!r}: the drafts table has no such column "
+                        f"(columns: {', '.join(drafts.columns)}).")
+    drafts = drafts.with_columns(pl.struct("run", "request").rank("dense").alias("_req"))
+    labelled = drafts.filter(pl.col("label").is_not_null())
+    report: dict = {
+        "svt_version": __version__,
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "runs": infos,
+        "settings": {"features": opts.features, "n_bins": opts.n_bins, "bootstrap": opts.bootstrap,
+                     "seed": opts.seed, "by": opts.by, "labels": "hard labels (label not null)",
+                     "soft_labels": list(SOFT_LABELS)},
+        "features": _features_table(labelled, feats, opts),
+    }
+    steps = drafts.group_by("run", "request", "step").agg((pl.col("label") == 1).sum().alias("a"))
+    report["acceptance"] = {
+        "labelled": labelled.height,
+        "rate": float(labelled["label"].mean()),
+        "mean_acceptance_length": float(1 + steps["a"].mean()),
+        "by_position": acceptance_by_position(drafts).to_dicts(),
+    }
+    report["length_calibration"] = {
+        f.name: length_calibration(drafts.with_columns(f.expr.alias("_c")), "_c",
+                                   n_bins=opts.n_bins, keys=("run", "request", "step"))
+        for f in feats if f.probability
+    }
+    if dists is not None and dists.height:
+        audit_rows = {}
+        for f in feats:
+            thr = float(labelled.select(f.expr.median()).item())
+            audit_rows[f.name] = {"lossless": f.lossless, **audit(drafts, dists, f, thr)}
+        report["lossless_bias"] = audit_rows
+    else:
+        report["lossless_bias"] = None
+    groups = []
+    if len(infos) > 1:
+        groups.append("run")
+    if opts.by and opts.by != "run":
+        groups.append(opts.by)
+    report["groups"] = {}
+    for g in groups:
+        report["groups"][g] = {
+            str(key): _features_table(part, feats, EvaluateOptions(**{**opts.__dict__, "bootstrap": 0}))
+            for key, part in sorted(((k[0], v) for k, v in labelled.group_by(g)), key=lambda kv: str(kv[0]))
+        }
+    return report

@@ -1,0 +1,140 @@
+"""Writing a report: report.json (machine-readable) and report.md (tables readable on GitHub)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+HEAD = ("auc", "log_loss", "ece", "brier", "mean_pred", "accept_rate", "n")
+
+
+def fmt(v, digits: int = 4) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "—"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, int):
+        return f"{v:,}"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def _ci(block: dict, key: str) -> str:
+    ci = block.get("ci95", {}).get(key)
+    return f" [{ci[0]:.4f}, {ci[1]:.4f}]" if ci else ""
+
+
+def feature_rows(features: dict, scope: str | None = None, ci: bool = True) -> list[list[str]]:
+    """One row per feature: name, lossless, then the HEAD metrics of ``scope`` (None = overall)."""
+    rows = []
+    for name, f in features.items():
+        block = f if scope is None else f[scope]
+        rows.append([name, fmt(f["lossless"]), *(fmt(block.get(k)) + (_ci(block, k) if ci and k in ("auc", "log_loss", "ece", "brier") else "") for k in HEAD)])
+    return rows
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def to_markdown(report: dict) -> str:
+    runs = ", ".join(f"`{r['run']}`" for r in report["runs"])
+    sampling = report["runs"][0].get("sampling") or {}
+    lines = ["# svt evaluation report\n",
+             f"Runs: {runs}. Sampling: temperature {sampling.get('temperature')}, top-p "
+             f"{sampling.get('top_p')}. svt {report['svt_version']}, {report['created']}.\n",
+             f"Labelled drafts: {report['acceptance']['labelled']:,}; acceptance rate "
+             f"{report['acceptance']['rate']:.4f}; mean acceptance length (incl. the bonus token) "
+             f"{report['acceptance']['mean_acceptance_length']:.3f}.\n",
+             "Metrics on hard labels (drafts with a label). `—` = undefined: log-loss, ECE and Brier "
+             "need a probability (features marked *probability: no* need a fitted predictor); AUC "
+             "needs both classes. ECE: 10 equal-width bins. Brackets: 95% request-level bootstrap "
+             "intervals.\n"]
+    header = ["feature", "lossless", *HEAD]
+    feats = report["features"]
+    lines += ["## All positions\n", _table(header, feature_rows(feats)), ""]
+    lines += ["## Excluding the first draft position\n", _table(header, feature_rows(feats, "excluding_first")), ""]
+    positions = sorted({int(p) for f in feats.values() for p in f["per_position"]})
+    lines += ["## AUC by draft position\n",
+              _table(["feature", *map(str, positions)],
+                     [[n, *(fmt(f["per_position"].get(p, f["per_position"].get(str(p), {})).get("auc")) for p in positions)]
+                      for n, f in feats.items()]), ""]
+    prob = {n: f for n, f in feats.items() if f["probability"]}
+    if prob:
+        lines += ["## ECE by draft position (probability scores)\n",
+                  _table(["feature", *map(str, positions)],
+                         [[n, *(fmt(f["per_position"].get(p, f["per_position"].get(str(p), {})).get("ece")) for p in positions)]
+                          for n, f in prob.items()]), ""]
+    lines += ["## Soft labels\n",
+              "AUC and (for probabilities) log-loss against `accept_prob` (min(1, p/q) of the drawn "
+              "token) and `accept_prob_expected` (1 − TV(p, q)): lower-variance labels.\n",
+              _table(["feature", "AUC vs accept_prob", "log-loss vs accept_prob",
+                      "AUC vs 1−TV", "log-loss vs 1−TV"],
+                     [[n, fmt(f["soft"]["accept_prob"]["auc"]), fmt(f["soft"]["accept_prob"]["log_loss"]),
+                       fmt(f["soft"]["accept_prob_expected"]["auc"]),
+                       fmt(f["soft"]["accept_prob_expected"]["log_loss"])] for n, f in feats.items()]), ""]
+    lines += ["## Acceptance by draft position\n",
+              "Conditional = accepted / verified at the position (the chain reached it); marginal = "
+              "accepted / proposed.\n",
+              _table(["position", "proposed", "verified", "accepted", "conditional", "marginal"],
+                     [[str(r["position"]), fmt(r["proposed"]), fmt(r["verified"]), fmt(r["accepted"]),
+                       fmt(r["conditional"]), fmt(r["marginal"])] for r in report["acceptance"]["by_position"]]),
+              ""]
+    if report.get("length_calibration"):
+        lines += ["## Expected accepted length per step\n",
+                  "Predicted = sum over positions of the cumulative product of the confidences (what "
+                  "Adaptive Verification's budget rule sums); realised = accepted drafts in the step.\n",
+                  _table(["predictor", "steps", "mean predicted", "mean realised", "length ECE"],
+                         [[n, fmt(c["steps"]), fmt(c["mean_predicted"]), fmt(c["mean_realised"]),
+                           fmt(c["length_ece"])] for n, c in report["length_calibration"].items()]), ""]
+    if report.get("lossless_bias"):
+        lines += ["## Losslessness bias of trimming\n",
+                  "Rule: do not verify a draft when feature < threshold (the feature's median). Bias = "
+                  "total-variation distance between the resulting output distribution and the target's, "
+                  "over the positions logged in `dists/`.\n",
+                  _table(["feature", "lossless", "threshold", "positions", "mean bias", "max bias"],
+                         [[n, fmt(b["lossless"]), fmt(b["threshold"]), fmt(b["positions"]),
+                           fmt(b["mean_bias"], 6), fmt(b["max_bias"], 6)]
+                          for n, b in report["lossless_bias"].items()]), ""]
+    else:
+        lines += ["## Losslessness bias of trimming\n", "Not computed: the run has no `dists/` table "
+                  "(collect with `log.dists_fraction` > 0).\n"]
+    for g, parts in report.get("groups", {}).items():
+        names = list(report["features"])
+        lines += [f"## AUC by {g}\n",
+                  _table(["feature", *parts], [[n, *(fmt(parts[k][n]["auc"]) for k in parts)] for n in names]),
+                  ""]
+        lines += [f"## Acceptance rate and count by {g}\n",
+                  _table([g, "labelled", "acceptance"],
+                         [[k, fmt(next(iter(v.values()))["n"]), fmt(next(iter(v.values()))["accept_rate"])]
+                          for k, v in parts.items()]), ""]
+    return "\n".join(lines) + "\n"
+
+
+def _clean(o):
+    if isinstance(o, float) and math.isnan(o):
+        return None
+    if isinstance(o, dict):
+        return {str(k): _clean(v) for k, v in o.items()}
+    if isinstance(o, list):
+        return [_clean(v) for v in o]
+    return o
+
+
+def write_report(report: dict, out_dir: str | Path) -> tuple[Path, Path]:
+    """report.json and report.md, each written to a temporary name and renamed."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, text in (("report.json", json.dumps(_clean(report), indent=2) + "\n"),
+                       ("report.md", to_markdown(report))):
+        tmp = out / f".{name}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, out / name)
+        paths.append(out / name)
+    return paths[0], paths[1]
