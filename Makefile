@@ -29,6 +29,7 @@ demo: setup
 
 bench: setup
 	$(PY) benchmarks/bench_collect.py
+	$(PY) benchmarks/bench_evaluate.py
 
 lint: setup
 	$(VENV)/bin/ruff check toolkit tests benchmarks

@@ -111,3 +111,17 @@ def test_bad_input_is_named(bad, msg):
         roc_auc(*bad)
     with pytest.raises(ValueError, match="probabilities"):
         log_loss([0, 1], [0.5, 1.5])
+
+
+def test_equal_mass_bins_keep_ties_together_and_ignore_order_within_ties():
+    rng = np.random.default_rng(3)
+    p = rng.choice([0.1, 0.3, 0.35, 0.6, 0.9], size=500)
+    y = (rng.random(500) < p).astype(float)
+    b = calibration_bins(y, p, strategy="mass", n_bins=4)
+    assert b["count"].sum() == 500
+    perm = rng.permutation(500)
+    assert ece(y[perm], p[perm], strategy="mass") == pytest.approx(ece(y, p, strategy="mass"), abs=1e-15)
+    from svt.metrics.calibration import mass_bin_index
+    idx = mass_bin_index(np.sort(p), None, 500.0, 4)
+    for v in np.unique(p):
+        assert len(set(idx[np.sort(p) == v])) == 1

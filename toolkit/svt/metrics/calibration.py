@@ -14,6 +14,15 @@ from svt.metrics._checks import check_arrays
 LOG_EPS = np.finfo(np.float64).eps  # scikit-learn clips float64 probabilities to [eps, 1 - eps]
 
 
+def mass_bin_index(s_sorted: np.ndarray, w: np.ndarray | None, total: float, n_bins: int) -> np.ndarray:
+    """Equal-mass bin of each row of ascending scores: by the weight before its tie group, so tied
+    scores always share a bin (and the result does not depend on the order within ties)."""
+    cw = np.arange(s_sorted.size, dtype=np.float64) if w is None else np.cumsum(w) - w
+    first = np.r_[True, s_sorted[1:] != s_sorted[:-1]]
+    cw = cw[np.flatnonzero(first)][np.cumsum(first) - 1]
+    return np.minimum((cw / total * n_bins).astype(np.int64), n_bins - 1)
+
+
 def log_loss(y_true, y_prob, *, sample_weight=None) -> float:
     """Mean negative log-likelihood (nats); agrees with scikit-learn's ``log_loss``.
 
@@ -40,7 +49,7 @@ def calibration_bins(y_true, y_prob, *, sample_weight=None, n_bins: int = 10,
     """Per-bin weight, mean prediction and observed rate (empty bins have weight 0).
 
     ``width``: bins of equal width on [0, 1] (1.0 falls in the last bin). ``mass``: bins holding
-    equal total weight after sorting by prediction (tied predictions may straddle a boundary).
+    about equal total weight after sorting by prediction; tied predictions share a bin.
     """
     y, p, w = check_arrays(y_true, y_prob, sample_weight, probability=True)
     if n_bins < 1:
@@ -49,9 +58,8 @@ def calibration_bins(y_true, y_prob, *, sample_weight=None, n_bins: int = 10,
         idx = np.minimum((p * n_bins).astype(np.int64), n_bins - 1)
     elif strategy == "mass":
         order = np.argsort(p, kind="stable")
-        cw = np.cumsum(w[order]) - w[order]
         idx = np.empty_like(order)
-        idx[order] = np.minimum((cw / w.sum() * n_bins).astype(np.int64), n_bins - 1)
+        idx[order] = mass_bin_index(p[order], w[order], w.sum(), n_bins)
     else:
         raise ValueError(f"Expected `strategy` 'width' or 'mass', but got {strategy!r}.")
     weight = np.bincount(idx, weights=w, minlength=n_bins)

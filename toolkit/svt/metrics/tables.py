@@ -6,12 +6,12 @@ Scores are sorted once; every per-position and bootstrap AUC reuses that order.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import polars as pl
 
-from svt.metrics.calibration import LOG_EPS, calibration_bins
+from svt.metrics.calibration import LOG_EPS, mass_bin_index
 from svt.metrics.ranking import _auc_sorted, auc_reason
 
 NOT_PROBABILITY = "not a probability: log-loss, ECE and Brier need a fitted predictor (svt fit)"
@@ -20,55 +20,110 @@ METRICS = ("auc", "log_loss", "ece", "ece_mass", "brier", "mean_pred", "accept_r
 
 @dataclass
 class ScoreData:
-    """One score's labelled rows, sorted by score once."""
+    """One score's labelled rows, sorted by score once (ties in any order: every metric here
+    treats tied scores as one group, except equal-mass bin edges, which may split ties)."""
 
     y: np.ndarray  # labels (0/1 or soft), float64
     s: np.ndarray  # scores, float64
     position: np.ndarray
-    group: np.ndarray  # request index (for the bootstrap), int64 in [0, n_groups)
-    n_groups: int
+    request: np.ndarray  # request keys, for the request-level bootstrap
     order: np.ndarray  # argsort of s
+    # gathers shared between tables of one order (several features, hard and soft labels)
+    cache: dict = field(default_factory=dict, repr=False)
+
+    def _gather(self, name: str, arr: np.ndarray, dtype=None) -> np.ndarray:
+        key = (name, id(self.order), id(arr))
+        if key not in self.cache:
+            g = arr[self.order]
+            self.cache[key] = g if dtype is None else g.astype(dtype)
+        return self.cache[key]
+
+    def with_labels(self, y) -> ScoreData:
+        """The same scores and order with other labels (soft-label variants)."""
+        return ScoreData(np.asarray(y, dtype=np.float64), self.s, self.position, self.request,
+                         self.order, self.cache)
 
     @classmethod
-    def build(cls, y, s, position, request) -> ScoreData:
+    def build(cls, y, s, position, request, *, order_hints: list[np.ndarray] | None = None,
+              cache: dict | None = None) -> ScoreData:
+        """``order_hints``: argsorts of other scores; one that also sorts ``s`` is reused (a
+        monotone transform of that score: q_max and logit(q_max) share one sort). A new sort is
+        appended to the list."""
         y = np.asarray(y, dtype=np.float64)
         s = np.asarray(s, dtype=np.float64)
         if not np.isfinite(s).all():
             raise ValueError(f"Expected finite scores, but got {int((~np.isfinite(s)).sum())} NaN/inf values.")
-        uniq, group = np.unique(np.asarray(request), return_inverse=True)
-        return cls(y, s, np.asarray(position), group.astype(np.int64), len(uniq),
-                   np.argsort(s, kind="stable"))
+        order = None
+        for hint in order_hints or []:
+            ss = s[hint] if hint.size == s.size else None
+            if ss is not None and (ss[1:] >= ss[:-1]).all():
+                order = hint
+                break
+        if order is None:
+            order = _argsort(s)
+            if order_hints is not None:
+                order_hints.append(order)
+        return cls(y, s, np.asarray(position), np.asarray(request), order,
+                   cache if cache is not None else {})
+
+    def sorted_view(self, probability: bool) -> dict[str, np.ndarray]:
+        v = {"y": self.y[self.order], "s": self._gather("s", self.s),
+             "position": self._gather("position", self.position, np.int16)}
+        if probability:
+            p = np.clip(v["s"], LOG_EPS, 1 - LOG_EPS)
+            y = v["y"]
+            if np.isin(y, (0.0, 1.0)).all():  # hard labels: one log per row
+                v["ll"] = -np.log(np.where(y == 1.0, p, 1 - p))
+            else:
+                v["ll"] = -(y * np.log(p) + (1 - y) * np.log1p(-p))
+            v["sq"] = (v["s"] - y) ** 2
+        return v
 
 
-def _metrics(d: ScoreData, mask_sorted: np.ndarray | None, w: np.ndarray | None, *,
-             probability: bool, n_bins: int) -> dict:
-    """Every metric on the rows selected by ``mask_sorted`` (a mask in sorted order)."""
-    order = d.order if mask_sorted is None else d.order[mask_sorted]
-    y, s = d.y[order], d.s[order]
-    ww = np.ones_like(y) if w is None else w[order]
-    out: dict = {"n": int(order.size)}
-    total = ww.sum()
-    if order.size == 0 or total <= 0:
+def _argsort(s: np.ndarray) -> np.ndarray:
+    """argsort of float64 scores, via float32 keys (faster) when that order also sorts ``s``."""
+    order = np.argsort(s.astype(np.float32))
+    ss = s[order]
+    return order if (ss[1:] >= ss[:-1]).all() else np.argsort(s)
+
+
+def _bins(idx, n_bins, w, s, y):
+    if w is None:
+        return (np.bincount(idx, minlength=n_bins).astype(np.float64),
+                np.bincount(idx, weights=s, minlength=n_bins), np.bincount(idx, weights=y, minlength=n_bins))
+    return (np.bincount(idx, weights=w, minlength=n_bins), np.bincount(idx, weights=w * s, minlength=n_bins),
+            np.bincount(idx, weights=w * y, minlength=n_bins))
+
+
+def _scope_metrics(v: dict, w: np.ndarray | None, *, probability: bool, n_bins: int) -> dict:
+    """Every metric for rows given in score order (``v`` from ``ScoreData.sorted_view``)."""
+    y, s = v["y"], v["s"]
+    out: dict = {"n": int(y.size)}
+    total = float(y.size) if w is None else float(w.sum())
+    if y.size == 0 or total <= 0:
         out.update({m: None for m in METRICS if m != "n"})
         out["reasons"] = {"auc": "no labelled drafts"}
         return out
-    out["accept_rate"] = float(np.dot(ww, y) / total)
+
+    def mean(a):
+        return float(a.sum() / total) if w is None else float(np.dot(w, a) / total)
+
+    out["accept_rate"] = mean(y)
     reasons = {}
-    auc = _auc_sorted(s, ww * y, ww * (1 - y))
+    pos_w = y if w is None else w * y
+    auc = _auc_sorted(s, pos_w, (1 - y) if w is None else w - pos_w)
     if np.isnan(auc):
         out["auc"] = None
-        reasons["auc"] = auc_reason(y, ww)
+        reasons["auc"] = auc_reason(y, w)
     else:
         out["auc"] = auc
     if probability:
-        p = np.clip(s, LOG_EPS, 1 - LOG_EPS)
-        out["log_loss"] = float(-np.dot(ww, y * np.log(p) + (1 - y) * np.log1p(-p)) / total)
-        out["brier"] = float(np.dot(ww, (s - y) ** 2) / total)
-        out["mean_pred"] = float(np.dot(ww, s) / total)
-        for key, strategy in (("ece", "width"), ("ece_mass", "mass")):
-            b = calibration_bins(y, s, sample_weight=ww, n_bins=n_bins, strategy=strategy)
-            filled = b["weight"] > 0
-            out[key] = float(np.sum(b["weight"][filled] * np.abs(b["mean_pred"] - b["rate"])[filled]) / total)
+        out["log_loss"], out["brier"], out["mean_pred"] = mean(v["ll"]), mean(v["sq"]), mean(s)
+        width_idx = np.minimum((s * n_bins).astype(np.int64), n_bins - 1)
+        mass_idx = mass_bin_index(s, w, total, n_bins)
+        for key, idx in (("ece", width_idx), ("ece_mass", mass_idx)):
+            cnt, sp, sy = _bins(idx, n_bins, w, s, y)
+            out[key] = float(np.abs(sp - sy).sum() / total)
     else:
         for key in ("log_loss", "brier", "mean_pred", "ece", "ece_mass"):
             out[key] = None
@@ -78,41 +133,60 @@ def _metrics(d: ScoreData, mask_sorted: np.ndarray | None, w: np.ndarray | None,
     return out
 
 
+def _subset(v: dict, idx) -> dict:
+    return {k: a[idx] for k, a in v.items()}
+
+
 def score_table(d: ScoreData, *, probability: bool, n_bins: int = 10, bootstrap: int = 0,
-                seed: int = 0) -> dict:
+                seed: int = 0, overall_only: bool = False) -> dict:
     """``overall``, ``excluding_first`` and ``per_position`` metrics (and bootstrap intervals)."""
-    pos_sorted = d.position[d.order]
-    table = {
-        "overall": _metrics(d, None, None, probability=probability, n_bins=n_bins),
-        "excluding_first": _metrics(d, pos_sorted > 0, None, probability=probability, n_bins=n_bins),
-        "per_position": {
-            int(k): _metrics(d, pos_sorted == k, None, probability=probability, n_bins=n_bins)
-            for k in np.unique(d.position)
-        },
+    v = d.sorted_view(probability)
+    table = {"overall": _scope_metrics(v, None, probability=probability, n_bins=n_bins)}
+    if overall_only:
+        return table
+    later = v["position"] > 0
+    table["excluding_first"] = _scope_metrics(_subset(v, later), None, probability=probability, n_bins=n_bins)
+    # one stable (radix) sort by position keeps each position's rows in score order
+    key = ("perm", id(d.order), id(d.position))
+    if key not in d.cache:
+        d.cache[key] = np.argsort(v["position"], kind="stable")
+    perm = d.cache[key]
+    by_pos = _subset(v, perm)
+    counts = np.bincount(by_pos["position"] - by_pos["position"].min()) if perm.size else np.zeros(0, int)
+    keys = np.flatnonzero(counts) + (by_pos["position"].min() if perm.size else 0)
+    ends = np.cumsum(counts)[counts > 0]
+    starts = ends - counts[counts > 0]
+    table["per_position"] = {
+        int(k): _scope_metrics(_subset(by_pos, slice(a, b)), None, probability=probability, n_bins=n_bins)
+        for k, a, b in zip(keys, starts, ends, strict=True)
     }
     if bootstrap:
-        table["overall"]["ci95"] = bootstrap_ci(d, None, probability=probability, n_bins=n_bins,
-                                                n=bootstrap, seed=seed)
-        table["excluding_first"]["ci95"] = bootstrap_ci(d, pos_sorted > 0, probability=probability,
+        _, group = np.unique(d.request[d.order], return_inverse=True)
+        table["overall"]["ci95"] = bootstrap_ci(v, group, None, probability=probability,
+                                                n_bins=n_bins, n=bootstrap, seed=seed)
+        table["excluding_first"]["ci95"] = bootstrap_ci(v, group, later, probability=probability,
                                                         n_bins=n_bins, n=bootstrap, seed=seed)
     return table
 
 
-def bootstrap_ci(d: ScoreData, mask_sorted, *, probability: bool, n_bins: int, n: int,
-                 seed: int = 0, level: float = 0.95) -> dict:
+def bootstrap_ci(v: dict, group: np.ndarray, mask: np.ndarray | None, *, probability: bool,
+                 n_bins: int, n: int, seed: int = 0, level: float = 0.95) -> dict:
     """Percentile intervals from ``n`` request-level resamples (whole requests drawn with
-    replacement: their drafts are correlated, rows are not independent)."""
+    replacement: their drafts are correlated, rows are not independent). ``v`` and ``group`` are
+    in score order; ``mask`` selects a scope."""
     rng = np.random.default_rng(seed)
+    if mask is not None:
+        v, group = _subset(v, mask), group[mask]
+    n_groups = int(group.max()) + 1 if group.size else 0
     draws: dict[str, list[float]] = {}
     for _ in range(n):
-        counts = rng.multinomial(d.n_groups, np.full(d.n_groups, 1.0 / d.n_groups))
-        m = _metrics(d, mask_sorted, counts[d.group].astype(np.float64), probability=probability,
-                     n_bins=n_bins)
+        counts = rng.multinomial(n_groups, np.full(n_groups, 1.0 / n_groups))
+        m = _scope_metrics(v, counts[group].astype(np.float64), probability=probability, n_bins=n_bins)
         for key in ("auc", "log_loss", "ece", "brier"):
             if m.get(key) is not None:
                 draws.setdefault(key, []).append(m[key])
     lo, hi = (1 - level) / 2 * 100, (1 + level) / 2 * 100
-    return {k: [float(np.percentile(v, lo)), float(np.percentile(v, hi))] for k, v in draws.items()}
+    return {k: [float(np.percentile(x, lo)), float(np.percentile(x, hi))] for k, x in draws.items()}
 
 
 def acceptance_by_position(drafts: pl.LazyFrame | pl.DataFrame) -> pl.DataFrame:

@@ -5,6 +5,8 @@ audit, as one report dict (written as report.json and report.md)."""
 from __future__ import annotations
 
 import datetime as dt
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,22 +54,24 @@ def load_drafts(runs: list[Path]) -> tuple[pl.DataFrame, pl.DataFrame | None, li
     return drafts, (pl.concat(dists).collect() if dists else None), infos
 
 
-def _feature_block(labelled: pl.DataFrame, feat: Feature, opts: EvaluateOptions) -> dict:
+def _feature_block(labelled: pl.DataFrame, feat: Feature, opts: EvaluateOptions,
+                   orders: list[np.ndarray], cache: dict) -> dict:
     scores = labelled.select(feat.expr.alias("s"))["s"].to_numpy()
     if not np.isfinite(scores).all():
         raise DataError(f"Feature {feat.name!r} gives {int((~np.isfinite(scores)).sum())} NaN/inf "
                         "values on labelled drafts.")
-    pos, req = labelled["position"].to_numpy(), labelled["_req"].to_numpy()
+    pos, req = cache["_cols"]
     y = labelled["label"].to_numpy().astype(np.float64)
-    table = score_table(ScoreData.build(y, scores, pos, req), probability=feat.probability,
+    table_data = ScoreData.build(y, scores, pos, req, order_hints=orders, cache=cache)
+    table = score_table(table_data, probability=feat.probability,
                         n_bins=opts.n_bins, bootstrap=opts.bootstrap, seed=opts.seed)
     block = {"lossless": feat.lossless, "probability": feat.probability,
              "description": feat.description, **table.pop("overall"), **table}
     block["soft"] = {}
     for soft in SOFT_LABELS:
         ys = labelled[soft].to_numpy().astype(np.float64)
-        t = score_table(ScoreData.build(ys, scores, pos, req), probability=feat.probability,
-                        n_bins=opts.n_bins)
+        t = score_table(table_data.with_labels(ys), probability=feat.probability,
+                        n_bins=opts.n_bins, overall_only=True)
         block["soft"][soft] = {k: v for k, v in t["overall"].items() if k != "reasons"}
     return block
 
@@ -75,7 +79,13 @@ def _feature_block(labelled: pl.DataFrame, feat: Feature, opts: EvaluateOptions)
 def _features_table(labelled: pl.DataFrame, feats: list[Feature], opts: EvaluateOptions) -> dict:
     if labelled.height == 0:
         raise DataError("No labelled drafts: every draft's label is null, nothing to evaluate.")
-    return {f.name: _feature_block(labelled, f, opts) for f in feats}
+    orders: list[np.ndarray] = []
+    cache: dict = {"_cols": (labelled["position"].to_numpy(), labelled["_req"].to_numpy())}
+    # numpy releases the GIL in sorts and array arithmetic: features run on a small thread pool
+    # (sharing sorts: a feature monotone in an earlier one reuses its order when it is ready)
+    with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
+        blocks = list(pool.map(lambda f: _feature_block(labelled, f, opts, orders, cache), feats))
+    return {f.name: b for f, b in zip(feats, blocks, strict=True)}
 
 
 def evaluate(runs: list[str | Path], opts: EvaluateOptions | None = None) -> dict:

@@ -1,0 +1,103 @@
+"""Evaluation speed on 4.5 million labelled drafts, against scikit-learn on the same data.
+
+    python benchmarks/bench_evaluate.py [--source runs/demo] [--n 4500000]
+
+The drafts are resampled (whole steps) from a real run of the tiny pair (`svt.traces.synthetic`;
+the demo run by default, collected first if missing). Side by side, in one process:
+
+- ``svt, one feature``: AUC, log-loss, ECE (equal-width and equal-mass), Brier, mean prediction,
+  overall, per position and excluding the first position, for q_max (`svt.metrics.tables`);
+- ``sklearn, one feature``: `roc_auc_score` + `log_loss` overall, per position (a loop) and
+  excluding the first — fewer metrics than the svt path;
+- ``svt, full table``: every built-in feature of the default table with soft-label variants
+  (`svt.report.evaluate`'s feature table), as `svt evaluate` computes it.
+
+Results are printed and written to reports/bench/evaluate.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+from rich.console import Console
+from rich.table import Table
+from sklearn.metrics import log_loss, roc_auc_score
+
+from svt.features import DEFAULT_FEATURES, get_feature
+from svt.metrics.tables import ScoreData, score_table
+from svt.report.evaluate import EvaluateOptions, _features_table
+from svt.traces import open_run
+from svt.traces.synthetic import resample_steps
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def best_of(fn, repeats: int) -> tuple[float, object]:
+    times, out = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return min(times), out
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--source", type=Path, default=ROOT / "runs" / "demo")
+    ap.add_argument("--n", type=int, default=4_500_000)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=ROOT / "reports" / "bench" / "evaluate.json")
+    args = ap.parse_args(argv)
+    if not (args.source / "run.json").is_file():
+        subprocess.run([sys.executable, "-m", "svt.cli", "collect", str(ROOT / "configs/collect/demo.yaml"),
+                        "--out", str(args.source), "--overwrite", "--quiet"], check=True)
+    src = open_run(args.source).scan("drafts").collect()
+    drafts = resample_steps(src, args.n, seed=0)
+    labelled = drafts.filter(pl.col("label").is_not_null()).with_columns(pl.col("request").alias("_req"))
+    n = labelled.height
+    y = labelled["label"].to_numpy().astype(np.float64)
+    q = labelled["q_max"].to_numpy().astype(np.float64)
+    pos, req = labelled["position"].to_numpy(), labelled["request"].to_numpy()
+
+    def svt_one():
+        return score_table(ScoreData.build(y, q, pos, req), probability=True)
+
+    def sk_one():
+        out = {"overall": (roc_auc_score(y, q), log_loss(y, q))}
+        m = pos > 0
+        out["excluding_first"] = (roc_auc_score(y[m], q[m]), log_loss(y[m], q[m]))
+        for k in np.unique(pos):
+            mk = pos == k
+            out[int(k)] = (roc_auc_score(y[mk], q[mk]), log_loss(y[mk], q[mk]))
+        return out
+
+    t_svt, res_svt = best_of(svt_one, args.repeats)
+    t_sk, res_sk = best_of(sk_one, args.repeats)
+    max_diff = max(abs(res_svt["overall"]["auc"] - res_sk["overall"][0]),
+                   abs(res_svt["overall"]["log_loss"] - res_sk["overall"][1]),
+                   *(abs(res_svt["per_position"][k]["auc"] - res_sk[k][0]) for k in res_svt["per_position"]))
+    feats = [get_feature(f) for f in DEFAULT_FEATURES]
+    t_full, _ = best_of(lambda: _features_table(labelled, feats, EvaluateOptions()), 1)
+    table = Table("path", "seconds", title=f"evaluation on {n:,} labelled drafts (2 threads)")
+    table.add_row("sklearn, one feature (AUC + log-loss; overall, per position, excl. first)", f"{t_sk:.2f}")
+    table.add_row("svt, one feature (AUC, log-loss, 2 ECEs, Brier; same scopes)", f"{t_svt:.2f}")
+    table.add_row(f"svt, full table ({len(feats)} features + soft labels)", f"{t_full:.2f}")
+    Console().print(table)
+    print(f"speed-up vs sklearn: {t_sk / t_svt:.1f}x; largest |svt - sklearn| = {max_diff:.2e}")
+    result = {"labelled_drafts": n, "seconds": {"sklearn_one_feature": t_sk, "svt_one_feature": t_svt,
+              "svt_full_table": t_full}, "speedup_vs_sklearn": t_sk / t_svt, "max_abs_diff": max_diff,
+              "features_in_full_table": len(feats)}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()
