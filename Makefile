@@ -26,6 +26,7 @@ test: setup
 demo: setup
 	$(VENV)/bin/svt collect configs/collect/demo.yaml --out runs/demo --overwrite
 	$(VENV)/bin/svt inspect runs/demo
+	$(VENV)/bin/svt evaluate runs/demo --out reports/demo --by workload --bootstrap 100
 
 bench: setup
 	$(PY) benchmarks/bench_collect.py
