@@ -111,11 +111,13 @@ def evaluate(
     bins: Annotated[int, typer.Option(help="ECE bins.")] = 10,
     bootstrap: Annotated[int, typer.Option(help="Request-level bootstrap resamples for 95% intervals.")] = 0,
     seed: Annotated[int, typer.Option(help="Bootstrap seed.")] = 0,
+    fit: Annotated[list[Path] | None, typer.Option(
+        "--fit", help="A fit file from `svt fit` to score beside the features (repeat for several).")] = None,
 ) -> None:
     """Score acceptance features: AUC, log-loss, ECE, Brier, per position and excluding the first,
     soft labels, expected-length calibration and the losslessness bias of trimming.
 
-    Example: [bold]svt evaluate runs/demo --out reports/demo --by workload --bootstrap 200[/]
+    Example: [bold]svt evaluate runs/demo --out reports/demo --by workload --fit fits/online.json[/]
     """
     from rich.table import Table
 
@@ -127,18 +129,90 @@ def evaluate(
     if bins < 1 or bootstrap < 0:
         raise _fail(SvtError("Expected --bins >= 1 and --bootstrap >= 0."))
     opts = EvaluateOptions(features=list(feature or DEFAULT_FEATURES), feature_module=feature_module,
-                           n_bins=bins, bootstrap=bootstrap, seed=seed, by=by)
+                           n_bins=bins, bootstrap=bootstrap, seed=seed, by=by,
+                           fits=[str(f) for f in fit or []])
     try:
         report = build(runs, opts)
         json_path, md_path = write_report(report, out_dir)
     except SvtError as exc:
         raise _fail(exc) from None
+    short = ("auc", "log_loss", "ece", "brier", "n")  # the terminal table; report.md has them all
+    keep = [0, 1, *(2 + HEAD.index(k) for k in short)]
     for title, scope in (("all positions", None), ("excluding the first position", "excluding_first")):
-        table = Table("feature", "lossless", *HEAD, title=f"acceptance features: {title}")
+        table = Table("feature", "lossless", *short, title=f"acceptance features: {title}")
+        table.columns[0].no_wrap = True
         for row in feature_rows(report["features"], scope, ci=False):
-            table.add_row(*row)
+            table.add_row(*(row[i] for i in keep))
         out.print(table)
     out.print(f"wrote {json_path} and {md_path}")
+
+
+@app.command()
+def fit(
+    runs: Annotated[list[Path], typer.Argument(help="One or more run directories to fit on.")],
+    model: Annotated[str, typer.Option(help="irls-online, logistic, sts, platt or isotonic.")],
+    out_path: Annotated[Path, typer.Option("--out", "-o", help="Fit file (JSON); a directory with --by.")],
+    feature: Annotated[str | None, typer.Option(help="The feature (default: logit_qmax for irls-online "
+                                                      "and logistic, q_max for the calibrators).")] = None,
+    features: Annotated[list[str] | None, typer.Option(
+        "--features", help="logistic: several features at once (repeat).")] = None,
+    per_position_slope: Annotated[bool, typer.Option(help="One slope per position instead of a shared one.")] = False,
+    preset: Annotated[str | None, typer.Option(help="irls-online preset: source or vllm.")] = None,
+    cycle_steps: Annotated[int | None, typer.Option(help="irls-online: decode steps per cycle (N).")] = None,
+    damping: Annotated[float | None, typer.Option(help="irls-online: c in n / (n + c).")] = None,
+    ridge: Annotated[float | None, typer.Option(help="irls-online: ridge added to H.")] = None,
+    test_fraction: Annotated[float, typer.Option(help="Offline fitters: share of requests held out.")] = 0.3,
+    seed: Annotated[int, typer.Option(help="Seed of the request split.")] = 0,
+    by: Annotated[str | None, typer.Option(help="Fit one predictor per value of a drafts column "
+                                                "(e.g. workload) and print slope and first intercept "
+                                                "against the mean draft entropy.")] = None,
+) -> None:
+    """Fit an acceptance predictor on labelled drafts and save it as a file.
+
+    Example: [bold]svt fit runs/demo --model irls-online --out fits/online.json[/]
+    """
+    import dataclasses
+
+    from rich.table import Table
+
+    from svt.fit import PRESETS, fit_runs, save_fit
+    from svt.fit.studies import fit_by_group
+
+    try:
+        if preset is not None and preset not in PRESETS:
+            raise SvtError(f"Unknown preset {preset!r}; known presets: {', '.join(PRESETS)}.")
+        online = dataclasses.replace(PRESETS[preset or "source"])
+        for key, value in (("feature", feature), ("cycle_steps", cycle_steps), ("damping", damping),
+                           ("ridge", ridge)):
+            if value is not None:
+                setattr(online, key, value)
+        if per_position_slope:
+            online.per_position_slope = True
+        kwargs = dict(feature=feature, features=features, per_position_slope=per_position_slope,
+                      online=online, test_fraction=test_fraction, seed=seed)
+        if by is None:
+            result = fit_runs(runs, model, **kwargs)
+            save_fit(result, out_path)
+            slope = result.get("slope")
+            out.print(f"wrote {out_path}: {result['model']} on {result.get('feature')}, "
+                      f"slope {slope if not isinstance(slope, (int, float)) else round(slope, 4)}, "
+                      f"intercepts {[round(b, 4) for b in result.get('intercepts', [])]} "
+                      f"({result['training']['rows']:,} labelled drafts; evaluation: "
+                      f"{result['training']['evaluation']})")
+            return
+        summary = fit_by_group(runs, model, by, out_path, **kwargs)
+    except SvtError as exc:
+        raise _fail(exc) from None
+    table = Table(by, "labelled", "acceptance", "mean draft entropy", "slope", "first intercept",
+                  title=f"{model} fitted per {by}")
+    for row in summary["groups"]:
+        table.add_row(str(row["group"]), f"{row['labelled']:,}", f"{row['acceptance']:.3f}",
+                      f"{row['mean_entropy']:.3f}", f"{row['slope']:.4f}", f"{row['first_intercept']:.4f}")
+    out.print(table)
+    for key in ("r_slope_entropy", "r_intercept_entropy"):
+        if summary.get(key) is not None:
+            out.print(f"{key} = {summary[key]:.3f}")
+    out.print(f"wrote {out_path}/ (one fit per {by}, summary.json)")
 
 
 def main() -> None:

@@ -40,7 +40,7 @@ class Feature:
     description: str
     lossless: bool
     probability: bool = False  # already a probability of acceptance (log-loss/ECE defined)
-    columns: tuple[str, ...] = ()
+    partial: bool = False  # scores only some rows (a fitted predictor's held-out rows); nulls skipped
 
 
 FEATURES: dict[str, Feature] = {}

@@ -31,6 +31,7 @@ class EvaluateOptions:
     bootstrap: int = 0
     seed: int = 0
     by: str | None = None  # a drafts column to group by, e.g. workload
+    fits: list[str] = field(default_factory=list)  # fit files to score beside the features
 
 
 def load_drafts(runs: list[Path]) -> tuple[pl.DataFrame, pl.DataFrame | None, list[dict]]:
@@ -39,9 +40,9 @@ def load_drafts(runs: list[Path]) -> tuple[pl.DataFrame, pl.DataFrame | None, li
     names = [Path(r).name for r in runs]
     if len(set(names)) != len(names):
         names = [str(r) for r in runs]
-    for path, name in zip(runs, names, strict=True):
+    for i, (path, name) in enumerate(zip(runs, names, strict=True)):
         run = open_run(path)
-        frames.append(run.scan("drafts").with_columns(pl.lit(name).alias("run")))
+        frames.append(run.scan("drafts").with_columns(pl.lit(name).alias("run"), pl.lit(i).alias("_run")))
         if run.has("dists"):
             dists.append(run.scan("dists").with_columns(pl.lit(name).alias("run")))
         meta = run.meta
@@ -56,11 +57,14 @@ def load_drafts(runs: list[Path]) -> tuple[pl.DataFrame, pl.DataFrame | None, li
 
 def _feature_block(labelled: pl.DataFrame, feat: Feature, opts: EvaluateOptions,
                    orders: list[np.ndarray], cache: dict) -> dict:
+    if feat.partial:  # a fitted predictor: only the rows it may be scored on
+        labelled = labelled.filter(feat.expr.is_not_null())
     scores = labelled.select(feat.expr.alias("s"))["s"].to_numpy()
     if not np.isfinite(scores).all():
         raise DataError(f"Feature {feat.name!r} gives {int((~np.isfinite(scores)).sum())} NaN/inf "
                         "values on labelled drafts.")
-    pos, req = cache["_cols"]
+    pos, req = ((labelled["position"].to_numpy(), labelled["_req"].to_numpy()) if feat.partial
+                else cache["_cols"])
     y = labelled["label"].to_numpy().astype(np.float64)
     table_data = ScoreData.build(y, scores, pos, req, order_hints=orders, cache=cache)
     table = score_table(table_data, probability=feat.probability,
@@ -88,6 +92,33 @@ def _features_table(labelled: pl.DataFrame, feats: list[Feature], opts: Evaluate
     return {f.name: b for f, b in zip(feats, blocks, strict=True)}
 
 
+def _add_fits(drafts: pl.DataFrame, runs, infos, fits: list[str]) -> tuple[pl.DataFrame, list[Feature]]:
+    """A column of predictions per fit (null where the fit may not be scored) and its Feature."""
+    if not fits:
+        return drafts, []
+    from svt.fit import evaluation_mask, load_drafts_for_fit, load_fit, predict
+
+    replay, _ = load_drafts_for_fit([Path(r) for r in runs])
+    keys = ["_run", "request", "step", "position"]
+    feats = []
+    for i, path in enumerate(fits):
+        fit = load_fit(path)
+        pred = predict(fit, replay)
+        ok = evaluation_mask(fit, replay, [r["run_id"] for r in infos])
+        col = f"_fit{i}"
+        scored = replay.select(keys).with_columns(pl.Series(col, np.where(ok, pred, np.nan)).fill_nan(None))
+        drafts = drafts.join(scored, on=keys, how="left", maintain_order="left")
+        base = get_feature(fit.get("feature", "q_max"))
+        label = f"{fit['model']}({', '.join(fit.get('features') or [fit.get('feature', '')])})"
+        if isinstance(fit.get("slope"), list) and fit["model"] == "logistic":
+            label += " per-position slope"
+        label = label if label not in [f.name for f in feats] else f"{label} [{Path(path).stem}]"
+        how = "prequential" if fit["model"] == "irls-online" else fit.get("training", {}).get("evaluation", "")
+        feats.append(Feature(label, pl.col(col), f"fitted predictor {Path(path).name} ({how})",
+                             base.lossless, probability=True, partial=True))
+    return drafts, feats
+
+
 def evaluate(runs: list[str | Path], opts: EvaluateOptions | None = None) -> dict:
     """Build the evaluation report for one or more run directories."""
     opts = opts or EvaluateOptions()
@@ -99,6 +130,8 @@ def evaluate(runs: list[str | Path], opts: EvaluateOptions | None = None) -> dic
         raise DataError(f"Cannot group by {opts.by!r}: the drafts table has no such column "
                         f"(columns: {', '.join(drafts.columns)}).")
     drafts = drafts.with_columns(pl.struct("run", "request").rank("dense").alias("_req"))
+    drafts, fit_feats = _add_fits(drafts, runs, infos, opts.fits)
+    feats = feats + fit_feats
     labelled = drafts.filter(pl.col("label").is_not_null())
     report: dict = {
         "svt_version": __version__,
@@ -117,13 +150,15 @@ def evaluate(runs: list[str | Path], opts: EvaluateOptions | None = None) -> dic
         "by_position": acceptance_by_position(drafts).to_dicts(),
     }
     report["length_calibration"] = {
-        f.name: length_calibration(drafts.with_columns(f.expr.alias("_c")), "_c",
+        f.name: length_calibration(drafts.with_columns(f.expr.alias("_c")).filter(pl.col("_c").is_not_null()), "_c",
                                    n_bins=opts.n_bins, keys=("run", "request", "step"))
         for f in feats if f.probability
     }
     if dists is not None and dists.height:
         audit_rows = {}
         for f in feats:
+            if f.partial:  # fitted predictors: see the lossless flag of their feature
+                continue
             thr = float(labelled.select(f.expr.median()).item())
             audit_rows[f.name] = {"lossless": f.lossless, **audit(drafts, dists, f, thr)}
         report["lossless_bias"] = audit_rows
@@ -137,7 +172,8 @@ def evaluate(runs: list[str | Path], opts: EvaluateOptions | None = None) -> dic
     report["groups"] = {}
     for g in groups:
         report["groups"][g] = {
-            str(key): _features_table(part, feats, EvaluateOptions(**{**opts.__dict__, "bootstrap": 0}))
+            str(key): _features_table(part, feats, EvaluateOptions(**{**opts.__dict__, "bootstrap": 0,
+                                                                       "fits": []}))
             for key, part in sorted(((k[0], v) for k, v in labelled.group_by(g)), key=lambda kv: str(kv[0]))
         }
     return report

@@ -1,0 +1,92 @@
+"""The online estimator on synthetic drafts from known coefficients."""
+
+import numpy as np
+import pytest
+from scipy.special import expit
+from sklearn.metrics import log_loss
+
+from svt.fit.irls_online import IRLSOnline, OnlineOptions
+
+W_TRUE, B_TRUE = 0.55, np.array([0.6, 0.3, 0.1, -0.1, -0.3])
+
+
+def synthetic(n_steps, rows_per_step=20, w=W_TRUE, b=B_TRUE, seed=0):
+    rng = np.random.default_rng(seed)
+    n = n_steps * rows_per_step
+    x = rng.normal(0.5, 1.5, n)
+    pos = rng.integers(0, len(b), n)
+    p = expit(w * x + b[pos])
+    y = (rng.random(n) < p).astype(float)
+    step = np.repeat(np.arange(n_steps), rows_per_step)
+    return x, pos, y, step, p
+
+
+def test_converges_to_the_true_coefficients_and_the_true_log_loss():
+    x, pos, y, step, p_true = synthetic(10_000)
+    est = IRLSOnline(OnlineOptions(cycle_steps=50, damping=100)).fit(x, pos, y, step, k=5)
+    # each refit is one Newton step from one cycle's 1,000 labels: the path fluctuates around the
+    # truth with about that sample's standard error; its average over the second half is tight
+    half = np.array([[*e["slope"], *e["intercepts"]] for e in est.path_[len(est.path_) // 2:]])
+    assert half[:, 0].mean() == pytest.approx(W_TRUE, abs=0.01)
+    np.testing.assert_allclose(half[:, 1:].mean(0), B_TRUE, atol=0.03)
+    assert est.slope_[0] == pytest.approx(W_TRUE, abs=0.1)
+    late = step >= 5_000  # prequential log-loss of the second half vs the true model's
+    gap = log_loss(y[late], est.prequential_[late]) - log_loss(y[late], p_true[late])
+    # one-cycle estimates carry about d / (2 n) = 6 / 2000 nats of excess loss
+    assert 0 <= gap < 0.005
+    gap_start = log_loss(y[late], expit(x[late])) - log_loss(y[late], p_true[late])
+    assert gap_start > 10 * gap
+    assert len(est.path_) == 10_000 // 50
+    # the start is "q_max as is": w = 1, b = 0 before the first update
+    np.testing.assert_allclose(est.prequential_[:20], expit(x[:20]))
+
+
+def test_re_adapts_after_a_workload_switch():
+    x1, pos1, y1, s1, _ = synthetic(3_000, seed=1)
+    b2 = B_TRUE - 1.0
+    x2, pos2, y2, s2, _ = synthetic(3_000, b=b2, seed=2)
+    est = IRLSOnline(OnlineOptions(cycle_steps=200, damping=100)).fit(
+        np.r_[x1, x2], np.r_[pos1, pos2], np.r_[y1, y2], np.r_[s1, s2 + 3_000], k=5)
+    switch = 3_000 // 200
+    b_path = np.array([e["intercepts"] for e in est.path_])
+    # averages over 4 cycles of 4,000 labels (one cycle's refit is noisy)
+    before = b_path[switch - 4 : switch].mean(0)
+    after = b_path[switch + 2 : switch + 6].mean(0)
+    np.testing.assert_allclose(before, B_TRUE, atol=0.12)  # tracking the old workload
+    np.testing.assert_allclose(after, b2, atol=0.12)  # within a few cycles: on the new one
+
+
+def test_damping_scales_each_coefficient_by_its_label_count():
+    """One cycle: position 0 has 2000 labels, position 4 has 20; with damping c the step of each
+    intercept is n / (n + c) times the undamped Newton step."""
+    rng = np.random.default_rng(3)
+    pos = np.r_[np.zeros(2000, int), np.full(20, 4), np.ones(300, int), np.full(300, 2), np.full(300, 3)]
+    x = rng.normal(0, 1, pos.size)
+    y = (rng.random(pos.size) < 0.7).astype(float)
+    step = np.zeros(pos.size, int)
+    free = IRLSOnline(OnlineOptions(cycle_steps=1, damping=0.0)).fit(x, pos, y, step, k=5)
+    damped = IRLSOnline(OnlineOptions(cycle_steps=1, damping=200.0)).fit(x, pos, y, step, k=5)
+    n = np.bincount(pos)
+    np.testing.assert_allclose(damped.intercepts_, free.intercepts_ * n / (n + 200.0), rtol=1e-10)
+    assert abs(damped.intercepts_[4]) / abs(free.intercepts_[4]) < 0.1  # few labels: moves little
+    assert abs(damped.intercepts_[0]) / abs(free.intercepts_[0]) > 0.9
+    n_all = pos.size
+    assert damped.slope_[0] - 1 == pytest.approx((free.slope_[0] - 1) * n_all / (n_all + 200.0), rel=1e-10)
+
+
+def test_per_position_slopes_and_the_vllm_rules():
+    x, pos, y, step, _ = synthetic(6_000, seed=4)
+    est = IRLSOnline(OnlineOptions(cycle_steps=200, damping=100, per_position_slope=True)).fit(x, pos, y, step, k=5)
+    half = np.array([e["slope"] for e in est.path_[len(est.path_) // 2:]])
+    np.testing.assert_allclose(half.mean(0), W_TRUE, atol=0.03)
+    # min_obs: a position never seen often enough keeps its initial coefficients
+    few = IRLSOnline(OnlineOptions(cycle_steps=1, min_obs=10_000, init_intercept=1.5)).fit(x, pos, y, step, k=5)
+    np.testing.assert_allclose(few.intercepts_, 1.5)
+
+
+def test_prequential_predictions_for_any_row_use_the_coefficients_in_force():
+    x, pos, y, step, _ = synthetic(500, seed=5)
+    est = IRLSOnline(OnlineOptions(cycle_steps=25)).fit(x, pos, y, step, k=5)
+    np.testing.assert_allclose(est.predict_prequential(x, pos, step), est.prequential_, rtol=1e-12)
+    with pytest.raises(ValueError, match="replay order"):
+        IRLSOnline().fit(x, pos, y, step[::-1])

@@ -1,0 +1,95 @@
+"""Offline fitters against scikit-learn; fit files; `svt fit` and `svt evaluate --fit`."""
+
+import json
+
+import numpy as np
+import pytest
+from scipy.special import expit
+from sklearn.isotonic import IsotonicRegression
+from sklearn.linear_model import LogisticRegression
+from typer.testing import CliRunner
+
+from svt.cli import app
+from svt.errors import ConfigError, DataError
+from svt.fit import fit_runs, load_fit, save_fit
+from svt.fit.logistic import design, fit_newton
+
+
+@pytest.mark.parametrize("per_position_slope", [False, True])
+def test_newton_matches_sklearn_unpenalised(per_position_slope):
+    rng = np.random.default_rng(0)
+    n, k = 20_000, 5
+    f = rng.normal(0, 1.5, (n, 2))
+    pos = rng.integers(0, k, n)
+    z = 0.6 * f[:, 0] - 0.3 * f[:, 1] + np.linspace(0.5, -0.5, k)[pos]
+    y = (rng.random(n) < expit(z)).astype(float)
+    X = design(f, pos, k, per_position_slope=per_position_slope)
+    beta, _ = fit_newton(X, y)
+    ref = LogisticRegression(C=np.inf, fit_intercept=False, tol=1e-12, max_iter=10_000).fit(X, y)
+    np.testing.assert_allclose(beta, ref.coef_[0], atol=1e-4)
+
+
+def test_fits_on_a_real_run(small_run, tmp_path):
+    lg = fit_runs([small_run], "logistic")
+    assert isinstance(lg["slope"], float) and len(lg["intercepts"]) == 4
+    pp = fit_runs([small_run], "logistic", per_position_slope=True)
+    assert len(pp["slope"]) == 4
+    on = fit_runs([small_run], "irls-online")
+    assert on["training"]["evaluation"] == "prequential" and on["path"]
+    iso = fit_runs([small_run], "isotonic")
+    assert np.all(np.diff(iso["y_thresholds"]) >= 0)
+    sts = fit_runs([small_run], "sts")
+    assert all(t > 0 for t in sts["temperatures"])
+    path = save_fit(lg, tmp_path / "f.json")
+    assert load_fit(path)["intercepts"] == lg["intercepts"]
+
+
+def test_isotonic_is_sklearns(small_run):
+    import polars as pl
+
+    from svt.fit import load_drafts_for_fit, split_mask
+
+    iso = fit_runs([small_run], "isotonic", test_fraction=0.25, seed=3)
+    d, _ = load_drafts_for_fit([small_run])
+    train = d.filter(~pl.Series(split_mask(d, 0.25, 3)) & pl.col("label").is_not_null())
+    ref = IsotonicRegression(out_of_bounds="clip", y_min=0, y_max=1).fit(
+        train["q_max"].to_numpy().astype(float), train["label"].to_numpy())
+    np.testing.assert_allclose(iso["y_thresholds"], ref.y_thresholds_)
+
+
+def test_bad_fit_files_and_mismatched_runs(tmp_path, small_run):
+    with pytest.raises(ConfigError, match="not found"):
+        load_fit(tmp_path / "none.json")
+    (tmp_path / "x.json").write_text(json.dumps({"model": "magic"}))
+    with pytest.raises(ConfigError, match="not an svt fit"):
+        load_fit(tmp_path / "x.json")
+    fit = fit_runs([small_run], "logistic")
+    fit["intercepts"] = fit["intercepts"][:2]
+    fit["training"]["k"] = 2
+    save_fit(fit, tmp_path / "k2.json")
+    from svt.report import EvaluateOptions, evaluate
+
+    with pytest.raises(DataError, match="knows 2 draft positions"):
+        evaluate([small_run], EvaluateOptions(features=["q_max"], fits=[str(tmp_path / "k2.json")]))
+    with pytest.raises(ConfigError, match="known fitters"):
+        fit_runs([small_run], "magic")
+
+
+def test_cli_fit_then_evaluate(small_run, tmp_path):
+    r = CliRunner().invoke(app, ["fit", str(small_run), "--model", "irls-online", "--out", str(tmp_path / "o.json")])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(app, ["fit", str(small_run), "--model", "logistic", "--out", str(tmp_path / "l.json")])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(app, ["evaluate", str(small_run), "--out", str(tmp_path / "rep"), "--feature", "q_max",
+                                 "--fit", str(tmp_path / "o.json"), "--fit", str(tmp_path / "l.json")])
+    assert r.exit_code == 0, r.output
+    rep = json.loads((tmp_path / "rep" / "report.json").read_text())
+    online, offline = rep["features"]["irls-online(logit_qmax)"], rep["features"]["logistic(logit_qmax)"]
+    assert online["n"] == rep["features"]["q_max"]["n"]  # prequential: every labelled draft
+    assert 0 < offline["n"] < online["n"]  # held-out requests only
+    assert online["log_loss"] is not None and online["lossless"] is True
+    r = CliRunner().invoke(app, ["fit", str(small_run), "--model", "logistic", "--by", "workload",
+                                 "--out", str(tmp_path / "wl")])
+    assert r.exit_code == 0, r.output
+    summary = json.loads((tmp_path / "wl" / "summary.json").read_text())
+    assert {g["group"] for g in summary["groups"]} == {"code", "prose", "structured"}

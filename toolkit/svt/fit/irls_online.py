@@ -1,0 +1,179 @@
+"""The online acceptance estimator of the source document (DESIGN.md section 5).
+
+    p = sigmoid(w * x + b_position),   x = a feature of the draft distribution (logit(q_max))
+
+K + 1 parameters (one shared slope, one intercept per draft position), starting from w = 1, b = 0
+("q_max used as is"). Drafts are replayed in decode-step order; over each cycle of N decode steps
+the gradient g = sum (p - y) x and Hessian H = sum p (1 - p) x x^T of the log-loss are accumulated
+with the coefficients in force (x = [feature, one-hot(position)]); at the cycle's end H d = -g is
+solved with a small ridge, each coefficient's step is damped by n / (n + c) where n is the number of
+labelled drafts behind it in the cycle, and the coefficients are updated. Memory is O(K^2).
+
+Every draft is scored with the coefficients in force when it was drafted: ``prequential_`` holds
+those predictions, the honest evaluation of an online fitter.
+
+Options cover the serving engine's variant (NOTES.md): per-position slopes (2K parameters, one 2x2
+system per position), other initial values, a minimum count per position and cycle below which a
+position keeps its coefficients, and discarding refits that would make a slope negative.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+from scipy.special import expit
+
+
+@dataclass
+class OnlineOptions:
+    feature: str = "logit_qmax"
+    cycle_steps: int = 10  # N: decode (engine) steps per cycle (measured: see README, svt fit)
+    damping: float = 500.0  # c in n / (n + c)
+    ridge: float = 1e-3
+    per_position_slope: bool = False
+    init_slope: float = 1.0
+    init_intercept: float = 0.0
+    min_obs: int = 0  # a position with fewer labels in a cycle keeps its coefficients
+    reject_negative_slope: bool = False
+    warmup_refits: int = 0  # refits during which live AV verifies everything (used by live AV)
+
+
+PRESETS = {
+    "source": OnlineOptions(),
+    # the serving engine's public variant (NOTES.md): logit margin, per-position slope and
+    # intercept, refit every 100 steps from that round alone, min 50 observations, no damping
+    "vllm": OnlineOptions(feature="logit_margin", cycle_steps=100, per_position_slope=True, init_slope=0.0,
+                          init_intercept=1.5, min_obs=50, reject_negative_slope=True, damping=0.0,
+                          warmup_refits=3),
+}
+
+
+@dataclass
+class IRLSOnline:
+    """Online IRLS with per-position intercepts (estimator contract: options in, ``fit`` sets the
+    trailing-underscore attributes)."""
+
+    options: OnlineOptions = field(default_factory=OnlineOptions)
+    k: int = 0
+
+    def _init(self, k: int) -> None:
+        o = self.options
+        self.k = k
+        self.slope_ = np.full(k if o.per_position_slope else 1, o.init_slope, dtype=np.float64)
+        self.intercepts_ = np.full(k, o.init_intercept, dtype=np.float64)
+        self.path_: list[dict] = []
+
+    def predict_proba(self, x: np.ndarray, position: np.ndarray) -> np.ndarray:
+        w = self.slope_[position] if self.options.per_position_slope else self.slope_[0]
+        return expit(w * x + self.intercepts_[position])
+
+    def fit(self, x: np.ndarray, position: np.ndarray, y: np.ndarray, step: np.ndarray,
+            *, k: int | None = None) -> IRLSOnline:
+        """Replay labelled drafts. ``step`` is each draft's decode-step index (non-decreasing: the
+        rows must already be in replay order); cycles are ``step // cycle_steps``."""
+        x = np.asarray(x, dtype=np.float64)
+        position = np.asarray(position, dtype=np.int64)
+        y = np.asarray(y, dtype=np.float64)
+        step = np.asarray(step, dtype=np.int64)
+        if step.size and (np.diff(step) < 0).any():
+            raise ValueError("Expected rows in replay order (non-decreasing `step`).")
+        self._init(int(position.max()) + 1 if k is None else k)
+        o, K = self.options, self.k
+        cycle = step // o.cycle_steps
+        bounds = np.flatnonzero(np.r_[True, cycle[1:] != cycle[:-1], True])
+        self.prequential_ = np.empty_like(y)
+        for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+            f, pos, yy = x[a:b], position[a:b], y[a:b]
+            p = self.predict_proba(f, pos)
+            self.prequential_[a:b] = p
+            self._update(f, pos, yy, p)
+            self.path_.append({"cycle": int(cycle[a]), "rows": int(b - a),
+                               "slope": self.slope_.tolist(), "intercepts": self.intercepts_.tolist()})
+        return self
+
+    def _update(self, f, pos, yy, p) -> None:
+        o, K = self.options, self.k
+        r, v = p - yy, p * (1 - p)
+        n_k = np.bincount(pos, minlength=K).astype(np.float64)
+        g_b = np.bincount(pos, weights=r, minlength=K)
+        h_bb = np.bincount(pos, weights=v, minlength=K)
+        h_wb = np.bincount(pos, weights=v * f, minlength=K)
+        active = n_k >= max(o.min_obs, 1)
+        if o.per_position_slope:  # one independent 2x2 Newton system per position
+            g_w = np.bincount(pos, weights=r * f, minlength=K)
+            h_ww = np.bincount(pos, weights=v * f * f, minlength=K)
+            a11, a12, a22 = h_ww + o.ridge, h_wb, h_bb + o.ridge
+            det = a11 * a22 - a12 * a12
+            d_w = -(a22 * g_w - a12 * g_b) / det
+            d_b = -(-a12 * g_w + a11 * g_b) / det
+            damp = n_k / (n_k + o.damping) if o.damping > 0 else np.ones(K)
+            new_w = self.slope_ + damp * d_w
+            new_b = self.intercepts_ + damp * d_b
+            ok = active & np.isfinite(new_w) & np.isfinite(new_b)
+            if o.reject_negative_slope:
+                ok &= new_w >= 0
+            self.slope_ = np.where(ok, new_w, self.slope_)
+            self.intercepts_ = np.where(ok, new_b, self.intercepts_)
+            return
+        H = np.zeros((K + 1, K + 1))
+        H[0, 0] = float(np.sum(v * f * f))
+        H[0, 1:] = H[1:, 0] = h_wb
+        H[np.arange(1, K + 1), np.arange(1, K + 1)] = h_bb
+        H += o.ridge * np.eye(K + 1)
+        g = np.r_[float(np.sum(r * f)), g_b]
+        d = np.linalg.solve(H, -g)
+        n_all = float(n_k.sum())
+        if o.damping > 0:
+            d[0] *= n_all / (n_all + o.damping)
+            d[1:] *= n_k / (n_k + o.damping)
+        d[1:][~active] = 0.0
+        if n_all < max(o.min_obs, 1):
+            d[0] = 0.0
+        new_w = self.slope_[0] + d[0]
+        if o.reject_negative_slope and new_w < 0:
+            return
+        self.slope_[0] = new_w
+        self.intercepts_ = self.intercepts_ + d[1:]
+
+    def coefficients_at(self, cycles: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Slopes ``[n, K or 1]`` and intercepts ``[n, K]`` in force during each given cycle: the
+        state after the last update of an earlier cycle (the initial state before any)."""
+        o = self.options
+        w0 = np.full(self.k if o.per_position_slope else 1, o.init_slope)
+        b0 = np.full(self.k, o.init_intercept)
+        done = np.array([e["cycle"] for e in self.path_], dtype=np.int64)
+        W = np.vstack([w0, *(np.atleast_1d(e["slope"]) for e in self.path_)])
+        B = np.vstack([b0, *(e["intercepts"] for e in self.path_)])
+        idx = np.searchsorted(done, cycles, side="left")  # number of updates strictly before
+        return W[idx], B[idx]
+
+    def predict_prequential(self, x: np.ndarray, position: np.ndarray, step: np.ndarray) -> np.ndarray:
+        """Each row scored with the coefficients in force at its decode step (any rows of the
+        replayed stream, labelled or not)."""
+        cycles = np.asarray(step, dtype=np.int64) // self.options.cycle_steps
+        W, B = self.coefficients_at(cycles)
+        position = np.asarray(position, dtype=np.int64)
+        rows = np.arange(position.size)
+        w = W[rows, position] if self.options.per_position_slope else W[:, 0]
+        return expit(w * np.asarray(x, dtype=np.float64) + B[rows, position])
+
+    @classmethod
+    def from_dict(cls, d: dict) -> IRLSOnline:
+        est = cls(OnlineOptions(**d["options"]))
+        est.k = len(d["intercepts"])
+        est.slope_ = np.atleast_1d(np.asarray(d["slope"], dtype=np.float64))
+        est.intercepts_ = np.asarray(d["intercepts"], dtype=np.float64)
+        est.path_ = d.get("path", [])
+        return est
+
+    def to_dict(self) -> dict:
+        o = self.options
+        return {
+            "model": "irls-online",
+            "feature": o.feature,
+            "slope": self.slope_.tolist() if o.per_position_slope else float(self.slope_[0]),
+            "intercepts": self.intercepts_.tolist(),
+            "options": asdict(o),
+            "path": self.path_,
+        }
