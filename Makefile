@@ -31,6 +31,7 @@ demo: setup
 bench: setup
 	$(PY) benchmarks/bench_collect.py
 	$(PY) benchmarks/bench_evaluate.py
+	$(PY) benchmarks/bench_fit.py
 
 lint: setup
 	$(VENV)/bin/ruff check toolkit tests benchmarks

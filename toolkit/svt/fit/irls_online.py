@@ -63,6 +63,8 @@ class IRLSOnline:
         self.slope_ = np.full(k if o.per_position_slope else 1, o.init_slope, dtype=np.float64)
         self.intercepts_ = np.full(k, o.init_intercept, dtype=np.float64)
         self.path_: list[dict] = []
+        self._ridge_eye = o.ridge * np.eye(k + 1)
+        self._diag = np.arange(1, k + 1)
 
     def predict_proba(self, x: np.ndarray, position: np.ndarray) -> np.ndarray:
         w = self.slope_[position] if self.options.per_position_slope else self.slope_[0]
@@ -79,30 +81,33 @@ class IRLSOnline:
         if step.size and (np.diff(step) < 0).any():
             raise ValueError("Expected rows in replay order (non-decreasing `step`).")
         self._init(int(position.max()) + 1 if k is None else k)
-        o, K = self.options, self.k
+        o = self.options
         cycle = step // o.cycle_steps
         bounds = np.flatnonzero(np.r_[True, cycle[1:] != cycle[:-1], True])
         self.prequential_ = np.empty_like(y)
+        path = []
         for a, b in zip(bounds[:-1], bounds[1:], strict=True):
             f, pos, yy = x[a:b], position[a:b], y[a:b]
             p = self.predict_proba(f, pos)
             self.prequential_[a:b] = p
             self._update(f, pos, yy, p)
-            self.path_.append({"cycle": int(cycle[a]), "rows": int(b - a),
-                               "slope": self.slope_.tolist(), "intercepts": self.intercepts_.tolist()})
+            path.append((cycle[a], b - a, self.slope_.copy(), self.intercepts_.copy()))
+        self.path_ = [{"cycle": int(c), "rows": int(n), "slope": w.tolist(), "intercepts": bb.tolist()}
+                      for c, n, w, bb in path]
         return self
 
     def _update(self, f, pos, yy, p) -> None:
         o, K = self.options, self.k
         r, v = p - yy, p * (1 - p)
+        vf = v * f
         n_k = np.bincount(pos, minlength=K).astype(np.float64)
         g_b = np.bincount(pos, weights=r, minlength=K)
         h_bb = np.bincount(pos, weights=v, minlength=K)
-        h_wb = np.bincount(pos, weights=v * f, minlength=K)
+        h_wb = np.bincount(pos, weights=vf, minlength=K)
         active = n_k >= max(o.min_obs, 1)
         if o.per_position_slope:  # one independent 2x2 Newton system per position
             g_w = np.bincount(pos, weights=r * f, minlength=K)
-            h_ww = np.bincount(pos, weights=v * f * f, minlength=K)
+            h_ww = np.bincount(pos, weights=vf * f, minlength=K)
             a11, a12, a22 = h_ww + o.ridge, h_wb, h_bb + o.ridge
             det = a11 * a22 - a12 * a12
             d_w = -(a22 * g_w - a12 * g_b) / det
@@ -116,12 +121,12 @@ class IRLSOnline:
             self.slope_ = np.where(ok, new_w, self.slope_)
             self.intercepts_ = np.where(ok, new_b, self.intercepts_)
             return
-        H = np.zeros((K + 1, K + 1))
-        H[0, 0] = float(np.sum(v * f * f))
+        H = self._ridge_eye.copy()  # ridge * I, made once per fit
+        H[0, 0] += float(np.dot(vf, f))
         H[0, 1:] = H[1:, 0] = h_wb
-        H[np.arange(1, K + 1), np.arange(1, K + 1)] = h_bb
-        H += o.ridge * np.eye(K + 1)
-        g = np.r_[float(np.sum(r * f)), g_b]
+        H[self._diag, self._diag] += h_bb
+        g = np.empty(K + 1)
+        g[0], g[1:] = np.dot(r, f), g_b
         d = np.linalg.solve(H, -g)
         n_all = float(n_k.sum())
         if o.damping > 0:
