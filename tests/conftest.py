@@ -34,7 +34,7 @@ def small_run(tmp_path_factory, models_dir):
     base = {"target": str(models_dir / "target"), "draft": str(models_dir / "draft-large"),
             "workloads": [str(ROOT / "data" / "workloads" / f"{w}.jsonl") for w in ("code", "prose", "structured")],
             "requests": 9, "batch_size": 9, "max_new_tokens": 48, "k": 4, "device": "cpu",
-            "max_prompt_tokens": 256, "log": {"dists_fraction": 0.3, "dists_top_k": 16}}
+            "max_prompt_tokens": 256, "log": {"dists_fraction": 0.3, "dists_top_k": 16, "hidden": True}}
     out = tmp_path_factory.mktemp("runs") / "small"
     collect(load_collect_config(None, base=base), out, progress=False)
     return out

@@ -150,7 +150,7 @@ def evaluate(
 @app.command()
 def fit(
     runs: Annotated[list[Path], typer.Argument(help="One or more run directories to fit on.")],
-    model: Annotated[str, typer.Option(help="irls-online, logistic, sts, platt or isotonic.")],
+    model: Annotated[str, typer.Option(help="irls-online, logistic, sts, platt, isotonic or head.")],
     out_path: Annotated[Path, typer.Option("--out", "-o", help="Fit file (JSON); a directory with --by.")],
     feature: Annotated[str | None, typer.Option(help="The feature (default: logit_qmax for irls-online "
                                                       "and logistic, q_max for the calibrators).")] = None,
@@ -162,6 +162,8 @@ def fit(
     damping: Annotated[float | None, typer.Option(help="irls-online: c in n / (n + c).")] = None,
     ridge: Annotated[float | None, typer.Option(help="irls-online: ridge added to H.")] = None,
     test_fraction: Annotated[float, typer.Option(help="Offline fitters: share of requests held out.")] = 0.3,
+    mlp_hidden: Annotated[int, typer.Option(help="head: width of a hidden MLP layer (0 = linear head).")] = 0,
+    device: Annotated[str, typer.Option(help="head: training device (auto, cpu, cuda).")] = "auto",
     seed: Annotated[int, typer.Option(help="Seed of the request split.")] = 0,
     by: Annotated[str | None, typer.Option(help="Fit one predictor per value of a drafts column "
                                                 "(e.g. workload) and print slope and first intercept "
@@ -189,14 +191,21 @@ def fit(
         if per_position_slope:
             online.per_position_slope = True
         kwargs = dict(feature=feature, features=features, per_position_slope=per_position_slope,
-                      online=online, test_fraction=test_fraction, seed=seed)
+                      online=online, test_fraction=test_fraction, seed=seed, mlp_hidden=mlp_hidden,
+                      device=device)
         if by is None:
             result = fit_runs(runs, model, **kwargs)
             save_fit(result, out_path)
             slope = result.get("slope")
-            out.print(f"wrote {out_path}: {result['model']} on {result.get('feature')}, "
-                      f"slope {slope if not isinstance(slope, (int, float)) else round(slope, 4)}, "
-                      f"intercepts {[round(b, 4) for b in result.get('intercepts', [])]} "
+            what = []
+            if slope is not None:
+                what.append(f"slope {round(slope, 4) if isinstance(slope, float) else slope}")
+            if result.get("intercepts"):
+                what.append(f"intercepts {[round(b, 4) for b in result['intercepts']]}")
+            if result["model"] == "head":
+                what.append(f"{result['options']['epochs']} epochs, validation log-loss "
+                            f"{result['options']['best_val_log_loss']:.4f}")
+            out.print(f"wrote {out_path}: {result['model']} on {result.get('feature')}, {', '.join(what)} "
                       f"({result['training']['rows']:,} labelled drafts; evaluation: "
                       f"{result['training']['evaluation']})")
             return

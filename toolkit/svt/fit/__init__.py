@@ -30,8 +30,8 @@ from svt.fit.irls_online import PRESETS, IRLSOnline, OnlineOptions
 from svt.fit.logistic import design, fit_newton
 from svt.traces.io import open_run
 
-FITTERS = ("irls-online", "logistic", "sts", "platt", "isotonic")
-OFFLINE = ("logistic", "sts", "platt", "isotonic")
+FITTERS = ("irls-online", "logistic", "sts", "platt", "isotonic", "head")
+OFFLINE = ("logistic", "sts", "platt", "isotonic", "head")
 EPS = 1e-6
 
 
@@ -98,7 +98,7 @@ def _labelled(drafts: pl.DataFrame) -> pl.DataFrame:
 def fit_runs(runs: list[str | Path], model: str, *, feature: str | None = None,
              features: list[str] | None = None, per_position_slope: bool = False,
              online: OnlineOptions | None = None, test_fraction: float = 0.3, seed: int = 0,
-             where: pl.Expr | None = None) -> dict:
+             where: pl.Expr | None = None, mlp_hidden: int = 0, device: str = "auto") -> dict:
     """Fit ``model`` on the runs' labelled drafts; return the fit as a dict (see module doc)."""
     get_fitter(model)
     drafts, infos = load_drafts_for_fit(runs, where)
@@ -130,6 +130,14 @@ def fit_runs(runs: list[str | Path], model: str, *, feature: str | None = None,
                     else (float(slopes[0]) if m == 1 else slopes.tolist()),
                     "intercepts": beta[-k:].tolist(),
                     "options": {"per_position_slope": per_position_slope, "newton_iterations": iters}})
+    elif model == "head":
+        from svt.fit.head import HeadConfig, hidden_matrix, train_head
+
+        h = hidden_matrix(train, runs)
+        cfg = HeadConfig(hidden_size=h.shape[1], k=k, mlp_hidden=mlp_hidden, seed=seed)
+        head, log = train_head(h, pos, y, train.select(pl.struct("_run", "request").rank("dense"))
+                               .to_series().to_numpy(), cfg, device=device)
+        out.update({"feature": "hidden", "config": log.pop("config"), "options": log, "_head": head})
     elif model == "sts":
         name = feature or "q_max"
         q = np.clip(_values(train, name), EPS, 1 - EPS)
@@ -169,8 +177,19 @@ def fit_runs(runs: list[str | Path], model: str, *, feature: str | None = None,
 
 
 def save_fit(fit: dict, path: str | Path) -> Path:
+    """The JSON fit file (and, for a head, its safetensors weights beside it)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    head = fit.get("_head")
+    fit = {k: v for k, v in fit.items() if not k.startswith("_")}
+    if fit.get("model") == "head":
+        from svt.fit.head import save_head
+
+        if head is None:
+            raise ConfigError("A head fit must carry its trained model to be saved.")
+        weights = path.with_suffix(".safetensors")
+        save_head(head, weights)
+        fit["weights"] = weights.name
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(fit, indent=2) + "\n")
     os.replace(tmp, path)
@@ -187,7 +206,13 @@ def load_fit(path: str | Path) -> dict:
         raise ConfigError(f"{path}: not valid JSON ({exc}).") from None
     if not isinstance(fit, dict) or fit.get("model") not in FITTERS:
         raise ConfigError(f"{path}: not an svt fit (expected `model` in {', '.join(FITTERS)}).")
-    get_feature(fit.get("feature", "q_max"))
+    if fit["model"] == "head":
+        weights = path.parent / fit.get("weights", "")
+        if not weights.is_file():
+            raise ConfigError(f"{path}: its weights file {str(weights)!r} is missing.")
+        fit["_weights_path"] = str(weights)
+    else:
+        get_feature(fit.get("feature", "q_max"))
     return fit
 
 
@@ -203,6 +228,14 @@ def predict(fit: dict, drafts: pl.DataFrame) -> np.ndarray:
     k_fit = fit.get("training", {}).get("k") or len(fit.get("intercepts", [])) or k_run
     if model not in ("platt", "isotonic") and k_run > k_fit:
         raise DataError(f"The fit knows {k_fit} draft positions but the run has {k_run}.")
+    if model == "head":
+        from svt.fit.head import HeadConfig, hidden_matrix, load_head, predict_head
+
+        head = fit.get("_head") or load_head(HeadConfig(**fit["config"]), Path(fit["_weights_path"]))
+        runs = fit.get("_runs")
+        if runs is None:
+            raise DataError("Predicting with a head needs the run paths (hidden states).")
+        return predict_head(head, hidden_matrix(drafts, runs), drafts["position"].to_numpy())
     for name in fit.get("features") or [fit["feature"]]:
         get_feature(name)
     if model == "irls-online":

@@ -103,19 +103,21 @@ def _add_fits(drafts: pl.DataFrame, runs, infos, fits: list[str]) -> tuple[pl.Da
     feats = []
     for i, path in enumerate(fits):
         fit = load_fit(path)
+        fit["_runs"] = [Path(r) for r in runs]
         pred = predict(fit, replay)
         ok = evaluation_mask(fit, replay, [r["run_id"] for r in infos])
         col = f"_fit{i}"
         scored = replay.select(keys).with_columns(pl.Series(col, np.where(ok, pred, np.nan)).fill_nan(None))
         drafts = drafts.join(scored, on=keys, how="left", maintain_order="left")
-        base = get_feature(fit.get("feature", "q_max"))
+        # a head reads the drafter's hidden state: a function of the context, not of the token
+        lossless = True if fit["model"] == "head" else get_feature(fit.get("feature", "q_max")).lossless
         label = f"{fit['model']}({', '.join(fit.get('features') or [fit.get('feature', '')])})"
         if isinstance(fit.get("slope"), list) and fit["model"] == "logistic":
             label += " per-position slope"
         label = label if label not in [f.name for f in feats] else f"{label} [{Path(path).stem}]"
         how = "prequential" if fit["model"] == "irls-online" else fit.get("training", {}).get("evaluation", "")
         feats.append(Feature(label, pl.col(col), f"fitted predictor {Path(path).name} ({how})",
-                             base.lossless, probability=True, partial=True))
+                             lossless, probability=True, partial=True))
     return drafts, feats
 
 
