@@ -89,7 +89,7 @@ def train_head(h: np.ndarray, position: np.ndarray, y: np.ndarray, group: np.nda
     tr_idx = torch.from_numpy(np.flatnonzero(~val)).to(dev)
     va_idx = torch.from_numpy(np.flatnonzero(val)).to(dev)
     best, best_state, bad, history = float("inf"), None, 0, []
-    for epoch in range(cfg.max_epochs):
+    for _ in range(cfg.max_epochs):
         model.train()
         perm = tr_idx[torch.randperm(tr_idx.numel(), device=dev)]
         for batch in perm.split(cfg.batch_size):
