@@ -26,7 +26,13 @@ test: setup
 demo: setup
 	$(VENV)/bin/svt collect configs/collect/demo.yaml --out runs/demo --overwrite
 	$(VENV)/bin/svt inspect runs/demo
-	$(VENV)/bin/svt evaluate runs/demo --out reports/demo --by workload --bootstrap 100
+	$(VENV)/bin/svt fit runs/demo --model irls-online --out reports/demo/fits/irls-online.json
+	$(VENV)/bin/svt fit runs/demo --model logistic --out reports/demo/fits/logistic.json
+	$(VENV)/bin/svt fit runs/demo --model isotonic --out reports/demo/fits/isotonic.json
+	$(VENV)/bin/svt fit runs/demo --model head --out reports/demo/fits/head.json
+	$(VENV)/bin/svt evaluate runs/demo --out reports/demo --by workload --bootstrap 100 \
+	  --fit reports/demo/fits/irls-online.json --fit reports/demo/fits/logistic.json \
+	  --fit reports/demo/fits/isotonic.json --fit reports/demo/fits/head.json
 
 bench: setup
 	$(PY) benchmarks/bench_collect.py

@@ -112,7 +112,7 @@ def _add_fits(drafts: pl.DataFrame, runs, infos, fits: list[str]) -> tuple[pl.Da
         # a head reads the drafter's hidden state: a function of the context, not of the token
         lossless = True if fit["model"] == "head" else get_feature(fit.get("feature", "q_max")).lossless
         label = f"{fit['model']}({', '.join(fit.get('features') or [fit.get('feature', '')])})"
-        if isinstance(fit.get("slope"), list) and fit["model"] == "logistic":
+        if isinstance(fit.get("slope"), list) and fit["model"] in ("logistic", "irls-online"):
             label += " per-position slope"
         label = label if label not in [f.name for f in feats] else f"{label} [{Path(path).stem}]"
         how = "prequential" if fit["model"] == "irls-online" else fit.get("training", {}).get("evaluation", "")
