@@ -113,6 +113,9 @@ def evaluate(
     seed: Annotated[int, typer.Option(help="Bootstrap seed.")] = 0,
     fit: Annotated[list[Path] | None, typer.Option(
         "--fit", help="A fit file from `svt fit` to score beside the features (repeat for several).")] = None,
+    costs: Annotated[Path | None, typer.Option(
+        help="A cost table (configs/costs/*.yaml or from --profile-costs): adds the Adaptive "
+             "Verification replay (fixed K, AV per predictor, oracle) across concurrency.")] = None,
 ) -> None:
     """Score acceptance features: AUC, log-loss, ECE, Brier, per position and excluding the first,
     soft labels, expected-length calibration and the losslessness bias of trimming.
@@ -130,7 +133,7 @@ def evaluate(
         raise _fail(SvtError("Expected --bins >= 1 and --bootstrap >= 0."))
     opts = EvaluateOptions(features=list(feature or DEFAULT_FEATURES), feature_module=feature_module,
                            n_bins=bins, bootstrap=bootstrap, seed=seed, by=by,
-                           fits=[str(f) for f in fit or []])
+                           fits=[str(f) for f in fit or []], costs=str(costs) if costs else None)
     try:
         report = build(runs, opts)
         json_path, md_path = write_report(report, out_dir)
@@ -144,6 +147,15 @@ def evaluate(
         for row in feature_rows(report["features"], scope, ci=False):
             table.add_row(*(row[i] for i in keep))
         out.print(table)
+    if report.get("simulation"):
+        sim = Table("policy", "B", "tokens/step", "step ms", "tok/s per request", "tok/s total", "Pareto",
+                    title=f"Adaptive Verification replay ({report['simulation']['costs']['kind']} costs)")
+        for p in report["simulation"]["points"]:
+            if p["concurrency"] in (1, 8, 64):
+                sim.add_row(p["policy"], str(p["concurrency"]), f"{p['tokens_per_step']:.3f}",
+                            f"{p['step_ms']:.2f}", f"{p['interactivity']:,.0f}", f"{p['throughput']:,.0f}",
+                            "yes" if p["pareto"] else "")
+        out.print(sim)
     out.print(f"wrote {json_path} and {md_path}")
 
 
@@ -222,6 +234,41 @@ def fit(
         if summary.get(key) is not None:
             out.print(f"{key} = {summary[key]:.3f}")
     out.print(f"wrote {out_path}/ (one fit per {by}, summary.json)")
+
+
+@app.command()
+def plot(
+    kind: Annotated[str, typer.Argument(help="reliability, roc, per-position, pareto, coefficients, "
+                                             "features, or all.")],
+    input_path: Annotated[Path, typer.Argument(help="A report directory / report.json (a fit file for "
+                                                    "coefficients).")],
+    out_path: Annotated[Path | None, typer.Option("--out", "-o", help="Figure file (.png or .svg); "
+                                                        "not used with `all`.")] = None,
+    fit: Annotated[list[Path] | None, typer.Option("--fit", help="all: online fits to draw the "
+                                                          "coefficient paths of.")] = None,
+) -> None:
+    """Draw a figure from a report or a fit (plots read stored results; nothing is recomputed).
+    `all` writes every figure into REPORT/figures/ and links them from report.md.
+
+    Example: [bold]svt plot reliability reports/demo --out reports/demo/reliability.png[/]
+    """
+    from svt import plots
+    from svt.report.render import link_figures
+
+    try:
+        if kind == "all":
+            written = plots.plot_all(input_path, fit or [])
+            link_figures(input_path, written)
+            for p in written:
+                out.print(f"wrote {p}")
+            return
+        fn = plots.get_plot(kind)
+        if out_path is None:
+            raise SvtError("Pass --out FILE.png (or .svg).")
+        written = plots.save(fn(plots.read_input(input_path)), out_path)
+    except SvtError as exc:
+        raise _fail(exc) from None
+    out.print(f"wrote {written}")
 
 
 def main() -> None:

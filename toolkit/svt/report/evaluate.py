@@ -16,6 +16,7 @@ import polars as pl
 from svt import __version__
 from svt.errors import DataError
 from svt.features import DEFAULT_FEATURES, Feature, get_feature, load_feature_module
+from svt.metrics.calibration import calibration_bins
 from svt.metrics.tables import ScoreData, acceptance_by_position, length_calibration, score_table
 from svt.report.lossless_audit import audit
 from svt.traces.io import open_run
@@ -32,6 +33,8 @@ class EvaluateOptions:
     seed: int = 0
     by: str | None = None  # a drafts column to group by, e.g. workload
     fits: list[str] = field(default_factory=list)  # fit files to score beside the features
+    costs: str | None = None  # a cost table: adds the Adaptive Verification replay
+    concurrency: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 
 
 def load_drafts(runs: list[Path]) -> tuple[pl.DataFrame, pl.DataFrame | None, list[dict]]:
@@ -71,6 +74,7 @@ def _feature_block(labelled: pl.DataFrame, feat: Feature, opts: EvaluateOptions,
                         n_bins=opts.n_bins, bootstrap=opts.bootstrap, seed=opts.seed)
     block = {"lossless": feat.lossless, "probability": feat.probability,
              "description": feat.description, **table.pop("overall"), **table}
+    block["curves"] = _curves(table_data, feat.probability, opts.n_bins)
     block["soft"] = {}
     for soft in SOFT_LABELS:
         ys = labelled[soft].to_numpy().astype(np.float64)
@@ -78,6 +82,24 @@ def _feature_block(labelled: pl.DataFrame, feat: Feature, opts: EvaluateOptions,
                         n_bins=opts.n_bins, overall_only=True)
         block["soft"][soft] = {k: v for k, v in t["overall"].items() if k != "reasons"}
     return block
+
+
+def _curves(d: ScoreData, probability: bool, n_bins: int, points: int = 200) -> dict:
+    """ROC points (at most ``points``) and, for probabilities, the reliability bins: what
+    `svt plot` draws (plots never recompute metrics)."""
+    y = d.y[d.order][::-1]  # descending score
+    s = d.s[d.order][::-1]
+    last = np.r_[np.flatnonzero(s[1:] != s[:-1]), s.size - 1]  # thresholds between tie groups
+    tp, fp = np.cumsum(y)[last], np.cumsum(1 - y)[last]
+    keep = np.unique(np.linspace(0, last.size - 1, min(points, last.size)).astype(int))
+    out = {"roc": {"fpr": np.r_[0.0, fp[keep] / max(fp[-1], 1e-12)].tolist(),
+                   "tpr": np.r_[0.0, tp[keep] / max(tp[-1], 1e-12)].tolist()}}
+    if probability:
+        b = calibration_bins(d.y, d.s, n_bins=n_bins)
+        filled = b["count"] > 0
+        out["reliability"] = {"mean_pred": b["mean_pred"][filled].tolist(), "rate": b["rate"][filled].tolist(),
+                              "count": b["count"][filled].astype(int).tolist()}
+    return out
 
 
 def _features_table(labelled: pl.DataFrame, feats: list[Feature], opts: EvaluateOptions) -> dict:
@@ -119,6 +141,27 @@ def _add_fits(drafts: pl.DataFrame, runs, infos, fits: list[str]) -> tuple[pl.Da
         feats.append(Feature(label, pl.col(col), f"fitted predictor {Path(path).name} ({how})",
                              lossless, probability=True, partial=True))
     return drafts, feats
+
+
+def _simulation(drafts: pl.DataFrame, feats: list[Feature], opts: EvaluateOptions) -> dict:
+    """AV replay with every probability score as a predictor, on the requests all of them may be
+    scored on (held-out requests when an offline fit is among them)."""
+    from svt.simulate import build_trace, load_costs, replay
+
+    costs = load_costs(opts.costs)
+    preds = [f for f in feats if f.probability]
+    frame = drafts.with_columns(*(f.expr.alias(f"_p{i}") for i, f in enumerate(preds)))
+    scored = pl.all_horizontal(*(pl.col(f"_p{i}").is_not_null() for i in range(len(preds)))) if preds else pl.lit(True)
+    ok = frame.group_by("_run", "request").agg(scored.all().alias("_ok"))
+    frame = frame.join(ok.filter("_ok"), on=["_run", "request"], how="semi")
+    if frame.height == 0:
+        raise DataError("No request is scored by every predictor: nothing to simulate.")
+    trace = build_trace(frame, {f.name: f"_p{i}" for i, f in enumerate(preds)})
+    points = replay(trace, costs, concurrency=opts.concurrency)
+    return {"costs": {"path": str(opts.costs), "kind": costs.kind, "drafter": costs.drafter,
+                      "description": costs.description.strip()},
+            "requests": int(trace.request.max()) + 1, "request_steps": int(trace.a.size),
+            "k": trace.k, "predictors": [f.name for f in preds], "points": points}
 
 
 def evaluate(runs: list[str | Path], opts: EvaluateOptions | None = None) -> dict:
@@ -166,6 +209,7 @@ def evaluate(runs: list[str | Path], opts: EvaluateOptions | None = None) -> dic
         report["lossless_bias"] = audit_rows
     else:
         report["lossless_bias"] = None
+    report["simulation"] = _simulation(drafts, feats, opts) if opts.costs else None
     groups = []
     if len(infos) > 1:
         groups.append("run")

@@ -104,6 +104,20 @@ def to_markdown(report: dict) -> str:
     else:
         lines += ["## Losslessness bias of trimming\n", "Not computed: the run has no `dists/` table "
                   "(collect with `log.dists_fraction` > 0).\n"]
+    sim = report.get("simulation")
+    if sim:
+        lines += ["## End to end: Adaptive Verification replay\n",
+                  f"Costs: `{sim['costs']['path']}` ({sim['costs']['kind']}; {sim['costs']['drafter']} drafter). "
+                  f"{sim['costs']['description']}\n",
+                  f"{sim['requests']} requests, {sim['request_steps']:,} request-steps, K = {sim['k']}. Policies: "
+                  "fixed draft lengths, AV at K with each predictor, and an oracle that knows the accepted "
+                  "runs (an upper bound on throughput). Interactivity = tokens/s per request; throughput = "
+                  "tokens/s in all; Pareto = not dominated on both. The replay ignores trimming's feedback "
+                  "on later states.\n",
+                  _table(["policy", "B", "tokens/step", "step ms", "interactivity", "throughput", "Pareto"],
+                         [[p["policy"], str(p["concurrency"]), fmt(p["tokens_per_step"], 3), fmt(p["step_ms"], 2),
+                           fmt(p["interactivity"], 1), fmt(p["throughput"], 1), "yes" if p["pareto"] else ""]
+                          for p in sim["points"]]), ""]
     for g, parts in report.get("groups", {}).items():
         names = list(report["features"])
         lines += [f"## AUC by {g}\n",
@@ -113,7 +127,17 @@ def to_markdown(report: dict) -> str:
                   _table([g, "labelled", "acceptance"],
                          [[k, fmt(next(iter(v.values()))["n"]), fmt(next(iter(v.values()))["accept_rate"])]
                           for k, v in parts.items()]), ""]
+    if report.get("figures"):
+        lines += ["## Figures\n", *(f"![{Path(f).stem}]({f})\n" for f in report["figures"])]
     return "\n".join(lines) + "\n"
+
+
+def link_figures(report_dir: str | Path, figures: list[Path]) -> None:
+    """Record the figures in report.json and re-render report.md with a Figures section."""
+    report_dir = Path(report_dir)
+    report = json.loads((report_dir / "report.json").read_text())
+    report["figures"] = [str(Path(f).relative_to(report_dir)) for f in figures]
+    write_report(report, report_dir)
 
 
 def _clean(o):

@@ -1,0 +1,58 @@
+"""Every figure kind renders from a real small report to a valid image of sensible size."""
+
+import struct
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from svt.cli import app
+
+COSTS = Path(__file__).resolve().parents[2] / "configs" / "costs" / "h100-llama8b-eagle.yaml"
+
+
+@pytest.fixture(scope="module")
+def report_dir(small_run, tmp_path_factory):
+    out = tmp_path_factory.mktemp("rep")
+    fits = out / "fits"
+    r = CliRunner()
+    assert r.invoke(app, ["fit", str(small_run), "--model", "irls-online", "--out", str(fits / "o.json")]).exit_code == 0
+    res = r.invoke(app, ["evaluate", str(small_run), "--out", str(out), "--feature", "q_max", "--feature", "q_sampled",
+                         "--fit", str(fits / "o.json"), "--costs", str(COSTS)])
+    assert res.exit_code == 0, res.output
+    return out
+
+
+def _png_size(path):
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", data[16:24])
+
+
+@pytest.mark.parametrize("kind", ["reliability", "roc", "per-position", "pareto", "features"])
+def test_each_kind_renders(report_dir, kind, tmp_path):
+    out = tmp_path / f"{kind}.png"
+    r = CliRunner().invoke(app, ["plot", kind, str(report_dir), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    w, h = _png_size(out)
+    assert 600 <= w <= 2400 and 300 <= h <= 2000
+    assert out.stat().st_size > 15_000  # drawn content, not an empty canvas
+
+
+def test_coefficients_svg_and_all(report_dir, tmp_path):
+    fit = report_dir / "fits" / "o.json"
+    r = CliRunner().invoke(app, ["plot", "coefficients", str(fit), "--out", str(tmp_path / "c.svg")])
+    assert r.exit_code == 0 and (tmp_path / "c.svg").read_text().lstrip().startswith("<?xml")
+    r = CliRunner().invoke(app, ["plot", "all", str(report_dir), "--fit", str(fit)])
+    assert r.exit_code == 0, r.output
+    md = (report_dir / "report.md").read_text()
+    assert "![pareto](figures/pareto.png)" in md and "![coefficients-o](figures/coefficients-o.png)" in md
+
+
+def test_bad_plot_input(tmp_path, report_dir):
+    r = CliRunner().invoke(app, ["plot", "sunburst", str(report_dir), "--out", str(tmp_path / "x.png")])
+    assert r.exit_code == 2 and "known kinds" in r.output
+    r = CliRunner().invoke(app, ["plot", "roc", str(report_dir), "--out", str(tmp_path / "x.jpg")])
+    assert r.exit_code == 2 and ".png or .svg" in r.output
+    r = CliRunner().invoke(app, ["plot", "coefficients", str(report_dir), "--out", str(tmp_path / "x.png")])
+    assert r.exit_code == 5 and "irls-online" in r.output

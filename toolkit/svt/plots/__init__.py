@@ -1,0 +1,236 @@
+"""Figures from stored results: every function reads a report (report.json) or a fit file and draws;
+nothing is recomputed here. Each takes ``ax=None`` and returns the figure.
+
+Kinds (``PLOTS``): ``reliability``, ``roc``, ``per-position``, ``pareto``, ``coefficients`` (an
+online fit's path), ``features`` (the feature table as a dot plot).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from svt.errors import ConfigError, DataError  # noqa: E402
+
+COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+
+
+def _caption(fig, report: dict, extra: str = "") -> None:
+    """One caption line under the axes (constrained layout keeps room for it)."""
+    runs = ", ".join(r["run"] for r in report.get("runs", []))
+    models = report.get("runs", [{}])[0].get("models", {})
+    pair = " + ".join(Path(str(models[k])).name for k in ("target", "draft") if models.get(k))
+    s = report.get("runs", [{}])[0].get("sampling") or {}
+    fig.supxlabel(f"run: {runs}   pair: {pair}   T={s.get('temperature')}, top-p={s.get('top_p')}   "
+                  f"svt {report.get('svt_version')}{extra}", fontsize=7, color="0.35")
+
+
+def _axes(ax, figsize=(6.4, 4.8)):
+    if ax is None:
+        fig, ax = plt.subplots(figsize=figsize, constrained_layout=True)
+    return ax.figure, ax
+
+
+def _prob_features(report: dict) -> dict:
+    return {n: f for n, f in report["features"].items() if f.get("probability") and f.get("curves", {}).get("reliability")}
+
+
+def reliability(report: dict, ax=None):
+    """Predicted probability against observed acceptance, one curve per probability score; marker
+    area ~ drafts in the bin."""
+    feats = _prob_features(report)
+    if not feats:
+        raise DataError("The report has no probability score to draw a reliability diagram for.")
+    fig, ax = _axes(ax)
+    ax.plot([0, 1], [0, 1], color="0.6", lw=1, ls="--", label="perfect calibration")
+    for i, (name, f) in enumerate(feats.items()):
+        r = f["curves"]["reliability"]
+        c = np.asarray(r["count"], dtype=float)
+        ax.plot(r["mean_pred"], r["rate"], "-", color=COLORS[i % 10], lw=1.2,
+                label=f"{name} (ECE {f['ece']:.3f})")
+        ax.scatter(r["mean_pred"], r["rate"], s=20 + 200 * c / c.max(), color=COLORS[i % 10], alpha=0.7)
+    ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="predicted acceptance probability (bin mean)",
+           ylabel="observed acceptance rate", title="Reliability (hard labels; marker area ~ drafts per bin)")
+    ax.legend(fontsize=7, loc="upper left")
+    _caption(fig, report)
+    return fig
+
+
+def roc(report: dict, ax=None):
+    fig, ax = _axes(ax)
+    ax.plot([0, 1], [0, 1], color="0.6", lw=1, ls="--", label="chance")
+    for i, (name, f) in enumerate(report["features"].items()):
+        r = f.get("curves", {}).get("roc")
+        if not r or f.get("auc") is None:
+            continue
+        ls = "-" if f["lossless"] else ":"
+        ax.plot(r["fpr"], r["tpr"], ls, color=COLORS[i % 10], lw=1.3,
+                label=f"{name} (AUC {f['auc']:.3f}{'' if f['lossless'] else ', lossy'})")
+    ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="false positive rate (rejected drafts ranked above the cut)",
+           ylabel="true positive rate (accepted drafts)", title="ROC of acceptance scores (dotted: lossy features)")
+    ax.legend(fontsize=7, loc="lower right")
+    _caption(fig, report)
+    return fig
+
+
+def per_position(report: dict, ax=None):
+    """AUC by draft position per predictor, and acceptance by position in both conventions."""
+    if ax is None:
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.6), constrained_layout=True)
+    else:
+        fig, a1, a2 = ax.figure, ax, ax.twinx()
+    feats = report["features"]
+    positions = sorted({int(p) for f in feats.values() for p in f["per_position"]})
+    n = max(1, len(feats))
+    width = 0.8 / n
+    lowest = 0.4
+    for i, (name, f) in enumerate(feats.items()):
+        vals = [f["per_position"].get(str(p), f["per_position"].get(p, {})).get("auc") for p in positions]
+        vals = [np.nan if v is None else v for v in vals]
+        lowest = min([lowest, *(v - 0.05 for v in vals if not np.isnan(v))])
+        a1.bar(np.arange(len(positions)) + (i - (n - 1) / 2) * width, vals, width, color=COLORS[i % 10],
+               label=name, hatch="" if f["lossless"] else "//")
+    a1.axhline(0.5, color="0.5", lw=0.8, ls="--")
+    a1.set(xticks=range(len(positions)), xticklabels=positions, xlabel="draft position (0-based)",
+           ylabel="AUC", ylim=(max(0.0, lowest), 1.0), title="AUC by draft position (hatched: lossy)")
+    a1.legend(fontsize=6, ncol=2, loc="upper left")
+    acc = report["acceptance"]["by_position"]
+    x = [r["position"] for r in acc]
+    a2.plot(x, [r["conditional"] for r in acc], "o-", label="conditional (accepted / verified)")
+    a2.plot(x, [r["marginal"] for r in acc], "s-", label="marginal (accepted / proposed)")
+    a2.set(xlabel="draft position (0-based)", ylabel="acceptance rate", ylim=(0, 1),
+           title="Acceptance by draft position", xticks=x)
+    a2.legend(fontsize=8)
+    _caption(fig, report)
+    return fig
+
+
+def pareto(report: dict, ax=None):
+    """Throughput against interactivity per policy across concurrency; the frontier highlighted."""
+    sim = report.get("simulation")
+    if not sim:
+        raise DataError("The report has no simulation: run `svt evaluate ... --costs COSTS`.")
+    fig, ax = _axes(ax, (7.2, 5.2))
+    pts = sim["points"]
+    policies = list(dict.fromkeys(p["policy"] for p in pts))
+    for i, pol in enumerate(policies):
+        mine = [p for p in pts if p["policy"] == pol]
+        style = {"marker": "*", "ms": 9} if pol == "oracle" else ({"marker": "D", "ms": 5} if pol.startswith("AV")
+                                                                 else {"marker": "o", "ms": 4})
+        ax.plot([p["interactivity"] for p in mine], [p["throughput"] for p in mine], "-", color=COLORS[i % 10],
+                lw=1, label=pol, **style)
+    front = sorted((p for p in pts if p["pareto"]), key=lambda p: p["interactivity"])
+    ax.plot([p["interactivity"] for p in front], [p["throughput"] for p in front], color="k", lw=2.2,
+            alpha=0.35, label="Pareto frontier", zorder=0)
+    for p in pts:
+        if p["policy"] == "oracle":
+            ax.annotate(f"B={p['concurrency']}", (p["interactivity"], p["throughput"]), fontsize=6,
+                        xytext=(3, 3), textcoords="offset points")
+    ax.set(xscale="linear", yscale="log", xlabel="interactivity (tokens/s per request)",
+           ylabel="throughput (tokens/s, all requests)",
+           title=f"Throughput vs interactivity, B = 1..64 ({sim['costs']['kind']} costs)")
+    ax.legend(fontsize=6, ncol=2)
+    _caption(fig, report, f"   costs: {Path(sim['costs']['path']).name} ({sim['costs']['kind']})")
+    return fig
+
+
+def coefficients(fit: dict, ax=None):
+    """An online fit's slope and intercepts per refit cycle."""
+    if fit.get("model") != "irls-online" or not fit.get("path"):
+        raise DataError("Expected an irls-online fit with a coefficient path.")
+    fig, ax = _axes(ax, (7.2, 4.6))
+    path = fit["path"]
+    cyc = [e["cycle"] for e in path]
+    slope = np.array([np.atleast_1d(e["slope"]) for e in path])
+    inter = np.array([e["intercepts"] for e in path])
+    for j in range(slope.shape[1]):
+        ax.plot(cyc, slope[:, j], color="k", lw=1.6 if slope.shape[1] == 1 else 1,
+                label="slope" if slope.shape[1] == 1 else f"slope, position {j}")
+    for j in range(inter.shape[1]):
+        ax.plot(cyc, inter[:, j], color=COLORS[j % 10], lw=1, label=f"intercept, position {j}")
+    o = fit.get("options", {})
+    ax.set(xlabel=f"refit cycle ({o.get('cycle_steps')} decode steps each)", ylabel="coefficient",
+           title=f"irls-online on {fit.get('feature')}: coefficient path (damping c = {o.get('damping')})")
+    ax.axhline(0, color="0.7", lw=0.6)
+    ax.legend(fontsize=7, ncol=2)
+    runs = ", ".join(Path(r["path"]).name for r in fit.get("training", {}).get("runs", []))
+    fig.supxlabel(f"fitted on: {runs}   labelled drafts: {fit.get('training', {}).get('rows'):,}   "
+                  f"svt {fit.get('svt_version')}", fontsize=7, color="0.35")
+    return fig
+
+
+def features(report: dict, ax=None):
+    """The feature table as a dot plot: AUC overall and excluding the first position."""
+    feats = report["features"]
+    fig, ax = _axes(ax, (7.2, 0.9 + 0.38 * len(feats)))
+    names = list(feats)[::-1]
+    y = np.arange(len(names))
+    ax.scatter([np.nan if feats[n]["auc"] is None else feats[n]["auc"] for n in names], y, color="k",
+               label="all positions", zorder=3)
+    ax.scatter([np.nan if feats[n]["excluding_first"]["auc"] is None else feats[n]["excluding_first"]["auc"]
+                for n in names], y, marker="s", facecolors="none", edgecolors="C3",
+               label="excluding the first position", zorder=3)
+    labels = [f"{n}{'' if feats[n]['lossless'] else '  (lossy)'}" for n in names]
+    ax.axvline(0.5, color="0.5", lw=0.8, ls="--")
+    ax.set(yticks=y, yticklabels=labels, xlabel="AUC (hard labels; 0.5 = chance)", title="Acceptance features")
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=7, loc="best", framealpha=0.9)
+    _caption(fig, report)
+    return fig
+
+
+PLOTS = {"reliability": reliability, "roc": roc, "per-position": per_position, "pareto": pareto,
+         "coefficients": coefficients, "features": features}
+
+
+def get_plot(name: str):
+    try:
+        return PLOTS[name]
+    except KeyError:
+        raise ConfigError(f"Unknown plot kind {name!r}; known kinds: {', '.join(PLOTS)}, all.") from None
+
+
+def read_input(path: str | Path) -> dict:
+    """A report (its directory or report.json) or a fit file."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "report.json"
+    if not path.is_file():
+        raise ConfigError(f"{str(path)!r} not found; expected a report directory, report.json or a fit file.")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: not valid JSON ({exc}).") from None
+
+
+def save(fig, out: str | Path) -> Path:
+    out = Path(out)
+    if out.suffix.lower() not in (".png", ".svg"):
+        raise ConfigError(f"Expected an output file ending in .png or .svg, but got {out.name!r}.")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=150)
+    plt.close(fig)
+    return out
+
+
+def plot_all(report_dir: str | Path, fits: list[str | Path] = ()) -> list[Path]:
+    """Every figure a report (and online fits) allows, into REPORT_DIR/figures/*.png."""
+    report_dir = Path(report_dir)
+    report = read_input(report_dir)
+    out = []
+    for kind in ("features", "roc", "reliability", "per-position", "pareto"):
+        try:
+            out.append(save(PLOTS[kind](report), report_dir / "figures" / f"{kind}.png"))
+        except DataError:
+            continue
+    for fit_path in fits:
+        fit = read_input(fit_path)
+        if fit.get("model") == "irls-online":
+            out.append(save(coefficients(fit), report_dir / "figures" / f"coefficients-{Path(fit_path).stem}.png"))
+    return out

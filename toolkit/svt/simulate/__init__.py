@@ -1,0 +1,36 @@
+"""End-to-end simulation: cost tables and the Adaptive Verification replay."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from svt.errors import DataError
+from svt.simulate.av import CONCURRENCY, StepTrace, mark_pareto, replay
+from svt.simulate.costs import CostTable, load_costs
+
+
+def build_trace(drafts: pl.DataFrame, confidences: dict[str, str], keys=("_run", "request")) -> StepTrace:
+    """Request-steps from a drafts frame: accepted runs from the labels and, per predictor, the K
+    confidences (a column of ``drafts`` per name). Steps with fewer than K drafts get confidence 0
+    for the missing positions."""
+    k = int(drafts["position"].max()) + 1
+    cols = list(confidences.values())
+    per = (drafts.sort([*keys, "step", "position"])
+           .group_by([*keys, "step"], maintain_order=True)
+           .agg((pl.col("label") == 1).sum().alias("a"), pl.col("position"),
+                *[pl.col(c).cast(pl.Float64) for c in cols]))
+    req = per.select(pl.struct(*keys).rank("dense").sub(1)).to_series().to_numpy()
+    conf = {}
+    for name, col in confidences.items():
+        m = np.zeros((per.height, k))
+        for i, (p, c) in enumerate(zip(per["position"].to_list(), per[col].to_list(), strict=True)):
+            m[i, p] = c
+        if not np.isfinite(m).all():
+            raise DataError(f"Predictor {name!r} has missing confidences in the simulated rows.")
+        conf[name] = m
+    return StepTrace(req.astype(np.int64), per["step"].to_numpy().astype(np.int64),
+                     per["a"].to_numpy().astype(np.int64), k, conf)
+
+
+__all__ = ["CONCURRENCY", "CostTable", "StepTrace", "build_trace", "load_costs", "mark_pareto", "replay"]

@@ -1,0 +1,172 @@
+"""Trace-driven replay of Adaptive Verification against fixed draft lengths (DESIGN.md section 7).
+
+At concurrency B, requests are taken B at a time (in request order); at each step the batch holds
+those of them that still have a step in the trace. Each request has K confidences c_i and its real
+accepted run a (from the labels). Per step, for B' active requests:
+
+- ``fixed k``: every request keeps min(k, K) drafts; cost = draft(B', k) + verify(B' + B' k);
+- ``AV``: survival s_i = prod_{j<=i} c_j, sorted descending over the batch; expected tokens for a
+  budget b = B' + sum of the top b survivals; cost(b) = draft(B', K) + verify(B' + b);
+  b* = argmax expected / cost; each request keeps its drafts among the top b* (a prefix, since
+  survivals fall along a request);
+- ``oracle``: knows a, and chooses per step the draft length k and the number b of accepted drafts
+  to verify that maximise the run's total throughput (Dinkelbach's method over each step's
+  options): an upper bound on the throughput of every policy here.
+
+A request emits min(a, kept) + 1 tokens per step. The replay ignores the feedback of trimming on
+later states (the trace's steps are fixed); a live-AV collection measures that gap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from svt.simulate.costs import CostTable
+
+CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
+
+
+@dataclass
+class StepTrace:
+    """Request-steps of a trace: ``request`` and ``step`` ``[S]``, accepted run ``a`` ``[S]``,
+    number of drafts ``k`` (K), and predictors' confidences ``{name: [S, K]}``."""
+
+    request: np.ndarray
+    step: np.ndarray
+    a: np.ndarray
+    k: int
+    confidence: dict[str, np.ndarray]
+
+
+def _groups(trace: StepTrace, B: int) -> list[np.ndarray]:
+    """Row indices of each engine step at concurrency B, in time order."""
+    _, req_rank = np.unique(trace.request, return_inverse=True)
+    chunk = req_rank // B
+    order = np.lexsort((trace.request, trace.step, chunk))
+    key = chunk[order] * (trace.step.max() + 1) + trace.step[order]
+    cuts = np.flatnonzero(np.r_[True, key[1:] != key[:-1], True])
+    return [order[a:b] for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+
+
+def av_keep(conf: np.ndarray, costs: CostTable) -> np.ndarray:
+    """Drafts kept per request by the AV budget rule for one step (``conf`` ``[B', K]``)."""
+    n, K = conf.shape
+    surv = np.cumprod(conf, axis=1)
+    flat = surv.ravel()
+    order = np.lexsort((np.tile(np.arange(K), n), -flat))  # by survival, then position: prefixes
+    expected = n + np.concatenate([[0.0], np.cumsum(flat[order])])
+    cost = costs.draft(n, K) + costs.verify(n + np.arange(n * K + 1))
+    b = int(np.argmax(expected / cost))
+    kept = np.zeros(n * K, dtype=bool)
+    kept[order[:b]] = True
+    return kept.reshape(n, K).sum(1)
+
+
+def _accumulate(groups, trace, per_step):
+    """Totals from per-step (tokens per request, step time) choices."""
+    n_req = int(trace.request.max()) + 1 if trace.request.size else 0
+    tok_req = np.zeros(n_req)
+    time_req = np.zeros(n_req)
+    total_tok = total_time = 0.0
+    for rows in groups:
+        tokens, ms = per_step(rows)
+        tok_req[trace.request[rows]] += tokens
+        time_req[trace.request[rows]] += ms
+        total_tok += tokens.sum()
+        total_time += ms
+    active = time_req > 0
+    return {
+        "tokens_per_step": total_tok / sum(len(g) for g in groups),
+        "step_ms": total_time / len(groups),
+        "throughput": total_tok / (total_time / 1e3),
+        "interactivity": float(np.mean(tok_req[active] / (time_req[active] / 1e3))),
+    }
+
+
+def _fixed(k: int, trace, costs):
+    def per_step(rows):
+        n = len(rows)
+        kept = min(k, trace.k)
+        tokens = np.minimum(trace.a[rows], kept) + 1
+        return tokens, costs.draft(n, kept) + float(costs.verify(n + n * kept))
+    return per_step
+
+
+def _av(name: str, trace, costs):
+    conf = trace.confidence[name]
+
+    def per_step(rows):
+        n = len(rows)
+        kept = av_keep(conf[rows], costs)
+        tokens = np.minimum(trace.a[rows], kept) + 1
+        return tokens, costs.draft(n, trace.k) + float(costs.verify(n + kept.sum()))
+    return per_step
+
+
+def _oracle_options(rows, trace, costs):
+    """Every (tokens, time) option of one step for an oracle that knows the accepted runs."""
+    n = len(rows)
+    opts_tok, opts_time = [], []
+    for k in range(trace.k + 1):
+        bmax = int(np.minimum(trace.a[rows], k).sum())
+        b = np.arange(bmax + 1)
+        opts_tok.append(n + b)
+        opts_time.append(costs.draft(n, k) + costs.verify(n + b))
+    return np.concatenate(opts_tok).astype(np.float64), np.concatenate(opts_time)
+
+
+def oracle_choices(groups, trace, costs, iters: int = 50):
+    """Dinkelbach: the per-step choices maximising total tokens / total time."""
+    options = [_oracle_options(rows, trace, costs) for rows in groups]
+    lam = 0.0
+    for _ in range(iters):
+        picks = [int(np.argmax(t - lam * m)) for t, m in options]
+        tok = sum(t[p] for (t, _), p in zip(options, picks, strict=True))
+        time = sum(m[p] for (_, m), p in zip(options, picks, strict=True))
+        new = tok / time
+        if abs(new - lam) <= 1e-12 * max(1.0, new):
+            break
+        lam = new
+    return options, picks
+
+
+def _oracle(groups, trace, costs):
+    options, picks = oracle_choices(groups, trace, costs)
+    choice = {id(rows): (options[i][0][picks[i]], options[i][1][picks[i]]) for i, rows in enumerate(groups)}
+
+    def per_step(rows):
+        tok, ms = choice[id(rows)]
+        # the oracle verifies b of the accepted drafts: spread them over the requests greedily
+        n = len(rows)
+        b = int(tok) - n
+        tokens = np.ones(n)
+        a = trace.a[rows].astype(np.int64)
+        take = np.minimum(a, np.maximum(0, b - np.concatenate([[0], np.cumsum(a)[:-1]])))
+        return tokens + take, float(ms)
+    return per_step
+
+
+def replay(trace: StepTrace, costs: CostTable, *, concurrency=CONCURRENCY) -> list[dict]:
+    """Every policy at every concurrency: tokens per step, step time, interactivity (tokens/s per
+    request), throughput (tokens/s); ``pareto`` marks the non-dominated points."""
+    points = []
+    for B in concurrency:
+        groups = _groups(trace, B)
+        policies = {f"fixed K={k}": _fixed(k, trace, costs) for k in range(trace.k + 1)}
+        policies.update({f"AV {name}": _av(name, trace, costs) for name in trace.confidence})
+        policies["oracle"] = _oracle(groups, trace, costs)
+        for name, per_step in policies.items():
+            points.append({"policy": name, "concurrency": B, **_accumulate(groups, trace, per_step)})
+    mark_pareto(points)
+    return points
+
+
+def mark_pareto(points: list[dict]) -> None:
+    """``pareto`` = no other point has both higher-or-equal interactivity and throughput (one strictly)."""
+    inter = np.array([p["interactivity"] for p in points])
+    thr = np.array([p["throughput"] for p in points])
+    for i, p in enumerate(points):
+        dominated = ((inter >= inter[i]) & (thr >= thr[i]) & ((inter > inter[i]) | (thr > thr[i]))).any()
+        p["pareto"] = not bool(dominated)
