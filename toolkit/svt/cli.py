@@ -45,10 +45,14 @@ def collect(
     set_: Annotated[list[str] | None, typer.Option(
         "--set", help="Set any config key, e.g. --set temperature=0 --set log.hidden=true.")] = None,
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
+    profile_costs: Annotated[bool, typer.Option(
+        "--profile-costs", help="Instead of collecting, measure the pair's draft and verify times "
+                                "over batch sizes 1..64 and write a cost table (YAML) to --out.")] = False,
 ) -> None:
     """Run speculative decoding on a local target/draft pair and log every draft with its label.
 
     Example: [bold]svt collect configs/collect/demo.yaml --out runs/demo --set temperature=0[/]
+    Costs:   [bold]svt collect configs/collect/demo.yaml --profile-costs --out costs/tiny-cpu.yaml[/]
     """
     from svt.collect.runner import collect as run_collect
     from svt.config import load_collect_config, parse_set
@@ -60,6 +64,20 @@ def collect(
             if value is not None:
                 overrides[key] = value
         cfg = load_collect_config(config, overrides)
+        if profile_costs:
+            from svt.collect.profile import profile_pair
+            from svt.config import resolve_path
+            from svt.models import load_pair
+            from svt.simulate.costs import write_costs
+
+            pair = load_pair(resolve_path(cfg.target, config), resolve_path(cfg.draft, config),
+                             device=cfg.device, dtype=cfg.dtype)
+            table = profile_pair(pair.target, pair.draft, k=cfg.k,
+                                 progress=None if quiet else lambda b: out.print(f"profiled batch {b}"))
+            write_costs(table, out_dir, {"models": {k: v["path"] for k, v in pair.identity().items()
+                                                    if isinstance(v, dict) and "path" in v}})
+            out.print(f"wrote {out_dir}")
+            return
         summary = run_collect(cfg, out_dir, config_path=config, resume=resume, overwrite=overwrite,
                               progress=not quiet)
     except SvtError as exc:
