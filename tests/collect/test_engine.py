@@ -176,3 +176,37 @@ def test_hidden_and_dists_are_aligned(tiny_pair):
     assert d["q_top_ids"].shape[1] == 8
     assert (np.diff(d["q_top_probs"], axis=1) <= 0).all()
     np.testing.assert_allclose(d["q_top_probs"].sum(1) + d["q_tail"], 1.0, atol=1e-5)
+
+
+def _steep_costs():
+    """Verification costly per token, drafting cheap: the AV rule trims often."""
+    from svt.simulate.costs import CostTable
+
+    return CostTable("measured", "autoregressive", "test",
+                     {b: {k: 0.01 * k for k in range(1, 9)} for b in (1, 64, 4096)},
+                     {1: 1.0, 10_000: 10_000.0})
+
+
+@pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.7, 0.9)])
+def test_live_av_trimming_stays_lossless(tiny_pair, lossless_prompt, temperature, top_p):
+    """Live AV trims on a q-only confidence: the emitted tokens still follow the target."""
+    from svt.collect.engine import LiveAV
+
+    tok = tiny_pair.tokenizer
+    ids = lossless_prompt
+    av = LiveAV(confidence=lambda f, pos: np.clip(f["q_max"] * 0.9, 0.01, 0.99), costs=_steep_costs())
+    g = torch.Generator().manual_seed(11)
+    log = run_batch(tiny_pair.target, tiny_pair.draft, [ids] * N_ROWS, SamplingParams(temperature, top_p, 3, 2),
+                    eos_id=None, pad_id=tok.pad_token_id, generator=g, av=av)
+    s = {k: np.concatenate(v) for k, v in log.steps.items()}
+    first = s["step"] == 0
+    assert (s["kept"][first] < 3).mean() > 0.3, "the test needs trimming to happen"
+    out = np.array(log.outputs)
+    p = _next_probs(tiny_pair.target, ids, temperature, top_p)
+    assert _chi2(out[:, 0], p) > 1e-4
+    mode = np.bincount(out[:, 0]).argmax()
+    p2 = _next_probs(tiny_pair.target, ids + [int(mode)], temperature, top_p)
+    assert _chi2(out[out[:, 0] == mode, 1], p2) > 1e-4
+    d = {k: np.concatenate(v) for k, v in log.drafts.items()}
+    kept_per_row = np.repeat(s["kept"], 3)
+    assert (d["label"][d["position"] >= kept_per_row] == -1).all()  # trimmed drafts carry no label

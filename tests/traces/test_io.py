@@ -34,7 +34,8 @@ def _make_run(path, drafts=None):
     write_shard(path, "drafts", 0, drafts if drafts is not None else _drafts())
     write_shard(path, "steps", 0, pl.DataFrame({
         "request": [0, 0], "step": [0, 1], "drafted": [3, 3], "accepted": [1, 2], "emitted": [2, 3],
-        "draft_ms": [1.0, 1.1], "verify_ms": [2.0, 2.1], "batch_size": [1, 1]}))
+        "draft_ms": [1.0, 1.1], "verify_ms": [2.0, 2.1], "batch_size": [1, 1], "kept": [3, 3],
+        "explored": [True, True]}))
     write_shard(path, "requests", 0, pl.DataFrame({
         "request": [0], "workload": ["code"], "prompt_ids": [[1, 2]], "output_ids": [[3, 4, 5, 6, 7]],
         "finish_reason": ["length"]}))

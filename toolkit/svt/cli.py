@@ -134,6 +134,9 @@ def evaluate(
     costs: Annotated[Path | None, typer.Option(
         help="A cost table (configs/costs/*.yaml or from --profile-costs): adds the Adaptive "
              "Verification replay (fixed K, AV per predictor, oracle) across concurrency.")] = None,
+    live: Annotated[Path | None, typer.Option(
+        help="A run collected with live AV (`av:` in its config): compare its tokens per step with "
+             "the replay of the same fit (pass it with --fit) and --costs.")] = None,
 ) -> None:
     """Score acceptance features: AUC, log-loss, ECE, Brier, per position and excluding the first,
     soft labels, expected-length calibration and the losslessness bias of trimming.
@@ -149,9 +152,12 @@ def evaluate(
 
     if bins < 1 or bootstrap < 0:
         raise _fail(SvtError("Expected --bins >= 1 and --bootstrap >= 0."))
+    if live and not costs:
+        raise _fail(SvtError("--live needs --costs (the replay it is compared with)."))
     opts = EvaluateOptions(features=list(feature or DEFAULT_FEATURES), feature_module=feature_module,
                            n_bins=bins, bootstrap=bootstrap, seed=seed, by=by,
-                           fits=[str(f) for f in fit or []], costs=str(costs) if costs else None)
+                           fits=[str(f) for f in fit or []], costs=str(costs) if costs else None,
+                           live=str(live) if live else None)
     try:
         report = build(runs, opts)
         json_path, md_path = write_report(report, out_dir)

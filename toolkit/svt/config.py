@@ -22,6 +22,15 @@ class LogConfig:
 
 
 @dataclass
+class AVConfig:
+    """Live Adaptive Verification while collecting: trim drafts with a fitted lossless predictor."""
+
+    fit: str
+    costs: str
+    explore: float = 0.05  # share of steps that verify every draft (uncensored labels)
+
+
+@dataclass
 class CollectConfig:
     """What `svt collect` runs. Paths are resolved against the current directory first, then
     against the config file's directory and its parents."""
@@ -40,6 +49,7 @@ class CollectConfig:
     dtype: str = "auto"  # auto (float32 on CPU, bfloat16 on CUDA) | float32 | bfloat16 | float16
     max_prompt_tokens: int = 512  # longer prompts keep their last tokens
     log: LogConfig = field(default_factory=LogConfig)
+    av: AVConfig | None = None
 
     def validate(self) -> CollectConfig:
         _check(self.requests >= 1, "requests", "an integer >= 1", self.requests)
@@ -53,6 +63,8 @@ class CollectConfig:
         _check(0 <= self.log.dists_fraction <= 1, "log.dists_fraction", "a number in [0, 1]",
                self.log.dists_fraction)
         _check(self.log.dists_top_k >= 1, "log.dists_top_k", "an integer >= 1", self.log.dists_top_k)
+        if self.av is not None:
+            _check(0 <= self.av.explore <= 1, "av.explore", "a number in [0, 1]", self.av.explore)
         return self
 
 
@@ -62,6 +74,11 @@ def _check(ok: bool, key: str, expected: str, got: Any) -> None:
 
 
 def _coerce(value: Any, typ: Any, key: str) -> Any:
+    args = getattr(typ, "__args__", ())
+    if type(None) in args:  # Optional[X]
+        if value is None:
+            return None
+        typ = next(a for a in args if a is not type(None))
     if dataclasses.is_dataclass(typ):
         if not isinstance(value, dict):
             raise ConfigError(f"Expected `{key}` to be a mapping, but got {value!r}.")

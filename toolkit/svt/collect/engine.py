@@ -40,6 +40,17 @@ class SamplingParams:
 
 
 @dataclass
+class LiveAV:
+    """Live Adaptive Verification: ``confidence(q_features, position) -> [nb, K]`` (numpy; from a
+    lossless predictor), the cost table, and the share of steps that verify every draft anyway
+    (exploration: uncensored labels for later evaluation)."""
+
+    confidence: object
+    costs: object
+    explore: float = 0.0
+
+
+@dataclass
 class LogOptions:
     hidden: bool = False
     dists_fraction: float = 0.0
@@ -121,6 +132,7 @@ def run_batch(
     log: LogOptions | None = None,
     request_ids: list[int] | None = None,
     on_step=None,
+    av: LiveAV | None = None,
 ) -> BatchLog:
     """Speculative sampling for a batch of prompts until every row has finished; log everything.
 
@@ -182,9 +194,21 @@ def run_batch(
         to = tc.forward(tfeed, torch.ones((nb, K + 1), dtype=torch.long, device=device))
         p = process_probs(to.logits, params.temperature, params.top_p)  # [nb, K + 1, V]
         res = verify(p, q, x, greedy=greedy, generator=generator)
+        acc, next_token = res.accepted, res.next_token
+        kept = torch.full_like(acc, K)
+        explored = True
+        if av is not None:
+            kept, explored = _live_av(av, q, nb, K, generator)
+            # drafts beyond `kept` are not verified: the chain stops there, and when every kept
+            # draft was accepted the next token is the target's own sample at that position
+            # (speculative sampling with draft length `kept`: lossless, as `kept` reads only q)
+            stop = acc >= kept
+            acc = torch.minimum(acc, kept)
+            at_kept = p[torch.arange(nb, device=device), kept.clamp(max=K)]
+            own = at_kept.argmax(-1) if greedy else torch.multinomial(at_kept, 1, generator=generator).squeeze(-1)
+            next_token = torch.where(stop & (kept < K), own, next_token)
         _sync(device)
         t2 = time.perf_counter()
-        acc = res.accepted
         # ---- caches: target keeps y + accepted drafts; draft keeps its fed accepted drafts --
         kr = torch.arange(K + 1, device=device)[None, :]
         tc.restrict_last(kr < (acc + 1)[:, None])
@@ -193,7 +217,7 @@ def run_batch(
         all_acc = acc == K
         unseen = torch.where(all_acc, x[:, K - 1], torch.full_like(pending, pad_id))
         has_unseen = all_acc.long()
-        pending = res.next_token
+        pending = next_token
 
         # ---- log: two device-to-host transfers per step ---------------------------------
         feats = draft_features(q, p[:, :K], x)
@@ -201,10 +225,12 @@ def run_batch(
             feats["accept_prob"] = res.label_ok.float()
             feats["accept_prob_expected"] = res.label_ok.float()
         ar = torch.arange(K, device=device)[None, :]
-        label = torch.where(ar < acc[:, None], 1, torch.where(ar == acc[:, None], 0, -1))
+        verified = ar < kept[:, None]  # trimmed drafts carry no label (null)
+        label = torch.where(ar < acc[:, None], 1, torch.where((ar == acc[:, None]) & verified, 0, -1))
         floats = torch.stack(list(feats.values())).float().cpu().numpy()  # [n_feats, nb, K]
-        ints = torch.cat([x, pending[:, None], label, acc[:, None]], 1).cpu().numpy()
-        new_tok, label_np, acc_np = ints[:, : K + 1], ints[:, K + 1 : 2 * K + 1], ints[:, -1]
+        ints = torch.cat([x, pending[:, None], label, acc[:, None], kept[:, None]], 1).cpu().numpy()
+        new_tok, label_np = ints[:, : K + 1], ints[:, K + 1 : 2 * K + 1]
+        acc_np, kept_np = ints[:, -2], ints[:, -1]
         emitted = np.zeros(nb, dtype=np.int64)
         done = np.zeros(nb, dtype=bool)
         for j, r in enumerate(rows):  # per row, not per token: append the accepted run + next
@@ -240,6 +266,8 @@ def run_batch(
             draft_ms=np.full(nb, (t1 - t0) * 1e3, dtype=np.float32),
             verify_ms=np.full(nb, (t2 - t1) * 1e3, dtype=np.float32),
             batch_size=np.full(nb, nb, dtype=np.int16),
+            kept=kept_np.astype(np.int16),
+            explored=np.full(nb, explored, dtype=bool),
         )
         if log.hidden:
             out.hidden.append(torch.stack(hid, 1).to(torch.float16).cpu().numpy().reshape(nb * K, -1))
@@ -255,6 +283,21 @@ def run_batch(
             tc.select(keep)
             dc.select(keep)
     return out
+
+
+def _live_av(av: LiveAV, q: torch.Tensor, nb: int, K: int, generator) -> tuple[torch.Tensor, bool]:
+    """Drafts kept per row by the AV budget rule (all of them on an exploration step)."""
+    from svt.simulate.av import av_keep
+
+    explore = av.explore > 0 and float(torch.rand((), generator=generator, device=q.device)) < av.explore
+    if explore:
+        return torch.full((nb,), K, dtype=torch.long, device=q.device), True
+    top2 = q.topk(2, dim=-1).values
+    feats = {"q_max": top2[..., 0], "q_margin": top2[..., 0] - top2[..., 1],
+             "q_entropy": -(q * q.clamp_min(1e-12).log()).sum(-1)}
+    feats = {k: v.float().cpu().numpy() for k, v in feats.items()}
+    conf = np.asarray(av.confidence(feats, np.tile(np.arange(K), (nb, 1))), dtype=np.float64)
+    return torch.from_numpy(av_keep(conf, av.costs)).to(q.device), False
 
 
 def _log_dists(out: BatchLog, q, p, x, req, step_no, log: LogOptions, generator) -> None:

@@ -136,6 +136,14 @@ def collect(cfg: CollectConfig, out: str | Path, *, config_path: str | Path | No
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else (eos_id or 0)
     params = SamplingParams(cfg.temperature, cfg.top_p, cfg.k, cfg.max_new_tokens)
     log_opts = LogOptions(cfg.log.hidden, cfg.log.dists_fraction, cfg.log.dists_top_k)
+    live = None
+    if cfg.av is not None:
+        from svt.collect.engine import LiveAV
+        from svt.fit import live_confidence, load_fit
+        from svt.simulate.costs import load_costs
+
+        fit = load_fit(resolve_path(cfg.av.fit, config_path))
+        live = LiveAV(live_confidence(fit), load_costs(resolve_path(cfg.av.costs, config_path)), cfg.av.explore)
     batches = [list(range(i, min(i + cfg.batch_size, cfg.requests)))
                for i in range(0, cfg.requests, cfg.batch_size)]
 
@@ -163,6 +171,9 @@ def collect(cfg: CollectConfig, out: str | Path, *, config_path: str | Path | No
         },
         "k": cfg.k,
         "drafter_kinds": ["model"],
+        "av": None if cfg.av is None else {"fit": cfg.av.fit, "costs": cfg.av.costs, "explore": cfg.av.explore,
+                                           "labels": "censored: trimmed drafts have no label; steps with "
+                                                     "explored = true verified every draft"},
         "workloads": {n: str(p) for n, p in zip(names, paths, strict=True)},
         "seed": cfg.seed,
         "device": str(pair.device),
@@ -187,7 +198,7 @@ def collect(cfg: CollectConfig, out: str | Path, *, config_path: str | Path | No
             reqs = batches[b]
             gen = torch.Generator(device=pair.device).manual_seed(_batch_seed(cfg.seed, b))
             log = run_batch(pair.target, pair.draft, [ids[r] for r in reqs], params, eos_id=eos_id,
-                            pad_id=pad_id, generator=gen, log=log_opts, request_ids=reqs)
+                            pad_id=pad_id, generator=gen, log=log_opts, request_ids=reqs, av=live)
             frames = _frames(log, workload_of, reqs, [ids[r] for r in reqs])
             for table in ("drafts", "steps", "hidden", "dists"):
                 if table in frames:

@@ -51,7 +51,7 @@ def load_drafts_for_fit(runs: list[str | Path], where: pl.Expr | None = None) ->
     for i, path in enumerate(runs):
         run = open_run(path)
         bs = int((run.meta.get("config") or {}).get("batch_size", 1) or 1)
-        frames.append(run.scan("drafts").with_columns(pl.lit(i).alias("_run"),
+        frames.append(run.uncensored_drafts().with_columns(pl.lit(i).alias("_run"),
                                                       (pl.col("request") // bs).alias("_batch")))
         infos.append({"path": str(path), "run_id": run.meta.get("run_id"), "k": run.meta.get("k")})
     lf = pl.concat(frames)
@@ -279,5 +279,30 @@ def evaluation_mask(fit: dict, drafts: pl.DataFrame, run_ids: list[str | None]) 
     return split_mask(drafts, fit["training"]["test_fraction"], fit["training"]["split_seed"])
 
 
+def live_confidence(fit: dict):
+    """A function (q-feature arrays ``[nb, K]``, positions ``[nb, K]``) -> confidences, for live
+    AV in the collector. Only lossless predictors on q (no head, no q_sampled features): trimming
+    on anything else would bias the output distribution."""
+    if fit["model"] == "head":
+        raise ConfigError("Live AV with a confidence head is not supported (it needs the drafter's hidden "
+                          "state inside the collector); use a fit on a q feature.")
+    names = fit.get("features") or [fit["feature"]]
+    for name in names:
+        if not get_feature(name).lossless:
+            raise ConfigError(f"Live AV needs a lossless predictor, but feature {name!r} depends on the "
+                              "sampled token: trimming on it biases the output distribution.")
+    est = IRLSOnline.from_dict(fit) if fit["model"] == "irls-online" else None
+
+    def confidence(feats: dict, position: np.ndarray) -> np.ndarray:
+        frame = pl.DataFrame({**{k: v.ravel() for k, v in feats.items()}, "position": position.ravel()})
+        if est is not None:  # the fit's final coefficients (no updates during collection)
+            p = est.predict_proba(_values(frame, est.options.feature), frame["position"].to_numpy())
+        else:
+            p = predict(fit, frame)
+        return p.reshape(position.shape)
+
+    return confidence
+
+
 __all__ = ["FITTERS", "PRESETS", "IRLSOnline", "OnlineOptions", "evaluation_mask", "fit_runs",
-           "get_fitter", "load_drafts_for_fit", "load_fit", "predict", "save_fit", "split_mask"]
+           "get_fitter", "live_confidence", "load_drafts_for_fit", "load_fit", "predict", "save_fit", "split_mask"]

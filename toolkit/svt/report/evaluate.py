@@ -34,6 +34,7 @@ class EvaluateOptions:
     by: str | None = None  # a drafts column to group by, e.g. workload
     fits: list[str] = field(default_factory=list)  # fit files to score beside the features
     costs: str | None = None  # a cost table: adds the Adaptive Verification replay
+    live: str | None = None  # a run collected with live AV: its tokens/step against the replay
     concurrency: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 
 
@@ -45,7 +46,7 @@ def load_drafts(runs: list[Path]) -> tuple[pl.DataFrame, pl.DataFrame | None, li
         names = [str(r) for r in runs]
     for i, (path, name) in enumerate(zip(runs, names, strict=True)):
         run = open_run(path)
-        frames.append(run.scan("drafts").with_columns(pl.lit(name).alias("run"), pl.lit(i).alias("_run")))
+        frames.append(run.uncensored_drafts().with_columns(pl.lit(name).alias("run"), pl.lit(i).alias("_run")))
         if run.has("dists"):
             dists.append(run.scan("dists").with_columns(pl.lit(name).alias("run")))
         meta = run.meta
@@ -53,7 +54,9 @@ def load_drafts(runs: list[Path]) -> tuple[pl.DataFrame, pl.DataFrame | None, li
                       "sampling": meta.get("sampling"), "k": meta.get("k"),
                       "models": {k: v.get("path") for k, v in meta.get("models", {}).items()
                                  if isinstance(v, dict)},
-                      "counts": meta.get("counts")})
+                      "counts": meta.get("counts"),
+                      "labels": ("live AV run: only explored steps (every draft verified) are used"
+                                 if run.censored else "complete (every step verified its drafts)")})
     drafts = pl.concat(frames).collect()
     return drafts, (pl.concat(dists).collect() if dists else None), infos
 
@@ -87,6 +90,8 @@ def _feature_block(labelled: pl.DataFrame, feat: Feature, opts: EvaluateOptions,
 def _curves(d: ScoreData, probability: bool, n_bins: int, points: int = 200) -> dict:
     """ROC points (at most ``points``) and, for probabilities, the reliability bins: what
     `svt plot` draws (plots never recompute metrics)."""
+    if d.y.size == 0:
+        return {}
     y = d.y[d.order][::-1]  # descending score
     s = d.s[d.order][::-1]
     last = np.r_[np.flatnonzero(s[1:] != s[:-1]), s.size - 1]  # thresholds between tie groups
@@ -143,13 +148,36 @@ def _add_fits(drafts: pl.DataFrame, runs, infos, fits: list[str]) -> tuple[pl.Da
     return drafts, feats
 
 
+def _live_run(opts: EvaluateOptions, feats: list[Feature]) -> dict:
+    """Tokens per step of a live-AV run (its trimmed steps), to set against the replay of the same
+    predictor at the same concurrency."""
+    run = open_run(opts.live)
+    av = run.meta.get("av")
+    if not av:
+        raise DataError(f"{opts.live}: not collected with live AV (no `av` in run.json).")
+    fit_path = Path(av["fit"]).resolve()
+    match = [i for i, f in enumerate(opts.fits) if Path(f).resolve() == fit_path]
+    if not match:
+        raise DataError(f"{opts.live} trimmed with {av['fit']}; pass that fit with --fit to replay it.")
+    fit_feats = [f for f in feats if f.partial]
+    steps = run.scan("steps").filter(~pl.col("explored")).select(
+        (pl.col("accepted") + 1).mean().alias("t"), pl.len().alias("n"), pl.col("kept").mean().alias("kept")
+    ).collect().row(0, named=True)
+    return {"run": str(opts.live), "fit": av["fit"], "predictor": fit_feats[match[0]].name,
+            "batch_size": int(run.meta["config"]["batch_size"]), "trimmed_steps": steps["n"],
+            "live_tokens_per_step": steps["t"], "live_mean_kept": steps["kept"],
+            "note": "tokens per step = accepted + 1 on the live run's AV (non-explored) steps; the "
+                    "replay applies the same predictor and costs to the complete trace"}
+
+
 def _simulation(drafts: pl.DataFrame, feats: list[Feature], opts: EvaluateOptions) -> dict:
-    """AV replay with every probability score as a predictor, on the requests all of them may be
-    scored on (held-out requests when an offline fit is among them)."""
+    """AV replay with every lossless probability score as a predictor, on the requests all of them
+    may be scored on (held-out requests when an offline fit is among them)."""
     from svt.simulate import build_trace, load_costs, replay
 
     costs = load_costs(opts.costs)
-    preds = [f for f in feats if f.probability]
+    # lossy scores (the q_sampled family) are not candidates: trimming on them biases the output
+    preds = [f for f in feats if f.probability and f.lossless]
     frame = drafts.with_columns(*(f.expr.alias(f"_p{i}") for i, f in enumerate(preds)))
     scored = pl.all_horizontal(*(pl.col(f"_p{i}").is_not_null() for i in range(len(preds)))) if preds else pl.lit(True)
     ok = frame.group_by("_run", "request").agg(scored.all().alias("_ok"))
@@ -157,8 +185,17 @@ def _simulation(drafts: pl.DataFrame, feats: list[Feature], opts: EvaluateOption
     if frame.height == 0:
         raise DataError("No request is scored by every predictor: nothing to simulate.")
     trace = build_trace(frame, {f.name: f"_p{i}" for i, f in enumerate(preds)})
-    points = replay(trace, costs, concurrency=opts.concurrency)
-    return {"costs": {"path": str(opts.costs), "kind": costs.kind, "drafter": costs.drafter,
+    concurrency = tuple(opts.concurrency)
+    live = _live_run(opts, feats) if opts.live else None
+    if live and live["batch_size"] not in concurrency:
+        concurrency = tuple(sorted({*concurrency, live["batch_size"]}))
+    points = replay(trace, costs, concurrency=concurrency)
+    if live:
+        rep = next(p for p in points if p["policy"] == f"AV {live['predictor']}"
+                   and p["concurrency"] == live["batch_size"])
+        live["replayed_tokens_per_step"] = rep["tokens_per_step"]
+        live["gap"] = live["live_tokens_per_step"] - rep["tokens_per_step"]
+    return {"live_check": live,"costs": {"path": str(opts.costs), "kind": costs.kind, "drafter": costs.drafter,
                       "description": costs.description.strip()},
             "requests": int(trace.request.max()) + 1, "request_steps": int(trace.a.size),
             "k": trace.k, "predictors": [f.name for f in preds], "points": points}

@@ -118,6 +118,13 @@ def to_markdown(report: dict) -> str:
                          [[p["policy"], str(p["concurrency"]), fmt(p["tokens_per_step"], 3), fmt(p["step_ms"], 2),
                            fmt(p["interactivity"], 1), fmt(p["throughput"], 1), "yes" if p["pareto"] else ""]
                           for p in sim["points"]]), ""]
+        live = sim.get("live_check")
+        if live:
+            lines += ["### Live check\n",
+                      f"Live AV run `{live['run']}` (fit `{live['fit']}`, batch {live['batch_size']}, "
+                      f"{live['trimmed_steps']:,} trimmed steps): **{live['live_tokens_per_step']:.3f}** tokens "
+                      f"per step live against **{live['replayed_tokens_per_step']:.3f}** replayed on the complete "
+                      f"trace at B = {live['batch_size']}; gap {live['gap']:+.3f}. {live['note']}.\n"]
     for g, parts in report.get("groups", {}).items():
         names = list(report["features"])
         lines += [f"## AUC by {g}\n",

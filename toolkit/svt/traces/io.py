@@ -146,6 +146,26 @@ class Run:
     def has(self, table: str) -> bool:
         return bool(self.shards.get(table))
 
+    @property
+    def censored(self) -> bool:
+        """Collected under live AV: trimmed drafts have no label."""
+        return bool(self.meta.get("av"))
+
+    def uncensored_drafts(self) -> pl.LazyFrame:
+        """Drafts whose labels are not censored: all of them, or for a live-AV run only the
+        steps that verified every draft (``explored``). Raises when a censored run has none."""
+        drafts = self.scan("drafts")
+        if not self.censored:
+            return drafts
+        explored = self.scan("steps").filter(pl.col("explored")).select("request", "step")
+        if explored.select(pl.len()).collect().item() == 0:
+            raise SchemaError(
+                f"{self.path}: collected with live AV, so trimmed drafts have no label, and no step "
+                "verified every draft; evaluating or fitting on it would treat censored labels as "
+                "complete. Collect with `av.explore` > 0 (or without AV)."
+            )
+        return drafts.join(explored, on=["request", "step"], how="semi")
+
     def scan(self, table: str) -> pl.LazyFrame:
         """All shards of ``table`` as one lazy frame cast to the schema's dtypes."""
         spec = get_table(table)

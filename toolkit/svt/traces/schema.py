@@ -64,6 +64,8 @@ STEPS = TableSchema(
         "draft_ms": pl.Float32(),
         "verify_ms": pl.Float32(),
         "batch_size": pl.Int16(),
+        "kept": pl.Int16(),  # drafts verified (< drafted when live AV trimmed the rest)
+        "explored": pl.Boolean(),  # every draft verified this step (always true without live AV)
     },
 )
 
