@@ -70,3 +70,25 @@ def test_explored_steps_are_used_and_the_live_check(models_dir, av_files, small_
     live = rep["simulation"]["live_check"]
     assert live["batch_size"] == 4 and live["trimmed_steps"] > 0
     assert 1 <= live["live_tokens_per_step"] <= 5 and 1 <= live["replayed_tokens_per_step"] <= 5
+
+
+def test_online_estimator_learns_while_collecting_after_a_verified_warm_up(models_dir, av_files, small_run, tmp_path):
+    from svt.fit.irls_online import OnlineOptions
+
+    _, costs = av_files
+    online = fit_runs([small_run], "irls-online", online=OnlineOptions(cycle_steps=2, warmup_refits=2, damping=50))
+    fit = save_fit(online, tmp_path / "online.json")
+    cfg = _cfg(models_dir, fit, costs, 0.0)
+    cfg.av.online = True
+    collect(cfg, tmp_path / "run", progress=False)
+    meta = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert meta["av"]["online_refits"] >= 3
+    path = meta["av"]["online_path"]
+    assert path[0]["slope"] != [1.0]  # it moved from the initial w = 1
+    steps = open_run(tmp_path / "run").scan("steps").sort("request", "step").collect()
+    first_batch = steps.filter(pl.col("request") < 4)
+    # warm-up: 2 refits x 2 engine steps verify every draft, then AV trims
+    assert first_batch.filter(pl.col("step") < 4)["explored"].all()
+    assert (steps.filter(~pl.col("explored"))["kept"] < 4).any()
+    with pytest.raises(Exception, match="Cannot resume"):
+        collect(cfg, tmp_path / "run", resume=True, progress=False)

@@ -28,6 +28,8 @@ class AVConfig:
     fit: str
     costs: str
     explore: float = 0.05  # share of steps that verify every draft (uncensored labels)
+    online: bool = False  # irls-online fits: learn while collecting (from the fit's initial options,
+    #                       with its warm-up refits) instead of using its final coefficients
 
 
 @dataclass

@@ -48,6 +48,10 @@ class LiveAV:
     confidence: object
     costs: object
     explore: float = 0.0
+    # an online estimator learning while collecting: observe(labels [nb, K], -1 = none) after each
+    # step; warming_up() -> True while every draft must be verified (uncensored warm-up refits)
+    observe: object = None
+    warming_up: object = None
 
 
 @dataclass
@@ -231,6 +235,8 @@ def run_batch(
         ints = torch.cat([x, pending[:, None], label, acc[:, None], kept[:, None]], 1).cpu().numpy()
         new_tok, label_np = ints[:, : K + 1], ints[:, K + 1 : 2 * K + 1]
         acc_np, kept_np = ints[:, -2], ints[:, -1]
+        if av is not None and av.observe is not None:
+            av.observe(label_np)
         emitted = np.zeros(nb, dtype=np.int64)
         done = np.zeros(nb, dtype=bool)
         for j, r in enumerate(rows):  # per row, not per token: append the accepted run + next
@@ -290,13 +296,14 @@ def _live_av(av: LiveAV, q: torch.Tensor, nb: int, K: int, generator) -> tuple[t
     from svt.simulate.av import av_keep
 
     explore = av.explore > 0 and float(torch.rand((), generator=generator, device=q.device)) < av.explore
-    if explore:
-        return torch.full((nb,), K, dtype=torch.long, device=q.device), True
     top2 = q.topk(2, dim=-1).values
     feats = {"q_max": top2[..., 0], "q_margin": top2[..., 0] - top2[..., 1],
              "q_entropy": -(q * q.clamp_min(1e-12).log()).sum(-1)}
     feats = {k: v.float().cpu().numpy() for k, v in feats.items()}
+    # always scored, so an online estimator sees the confidences in force at drafting time
     conf = np.asarray(av.confidence(feats, np.tile(np.arange(K), (nb, 1))), dtype=np.float64)
+    if explore or (av.warming_up is not None and av.warming_up()):
+        return torch.full((nb,), K, dtype=torch.long, device=q.device), True
     return torch.from_numpy(av_keep(conf, av.costs)).to(q.device), False
 
 

@@ -137,13 +137,29 @@ def collect(cfg: CollectConfig, out: str | Path, *, config_path: str | Path | No
     params = SamplingParams(cfg.temperature, cfg.top_p, cfg.k, cfg.max_new_tokens)
     log_opts = LogOptions(cfg.log.hidden, cfg.log.dists_fraction, cfg.log.dists_top_k)
     live = None
+    if cfg.av is not None and cfg.av.online and resume:
+        raise ConfigError("Cannot resume a live-AV run with `av.online: true`: the estimator's state is "
+                          "not saved between sessions. Use --overwrite.")
     if cfg.av is not None:
         from svt.collect.engine import LiveAV
         from svt.fit import live_confidence, load_fit
         from svt.simulate.costs import load_costs
 
         fit = load_fit(resolve_path(cfg.av.fit, config_path))
-        live = LiveAV(live_confidence(fit), load_costs(resolve_path(cfg.av.costs, config_path)), cfg.av.explore)
+        costs = load_costs(resolve_path(cfg.av.costs, config_path))
+        if cfg.av.online:
+            from svt.fit.irls_online import OnlineOptions
+            from svt.fit.live import OnlineLive
+
+            if fit["model"] != "irls-online":
+                raise ConfigError("`av.online: true` needs an irls-online fit (its options are used).")
+            live_confidence(fit)  # the same checks: a lossless feature
+            online_est = OnlineLive(OnlineOptions(**fit["options"]), cfg.k)
+            live = LiveAV(online_est.confidence, costs, cfg.av.explore, online_est.observe,
+                          online_est.warming_up)
+        else:
+            online_est = None
+            live = LiveAV(live_confidence(fit), costs, cfg.av.explore)
     batches = [list(range(i, min(i + cfg.batch_size, cfg.requests)))
                for i in range(0, cfg.requests, cfg.batch_size)]
 
@@ -172,6 +188,7 @@ def collect(cfg: CollectConfig, out: str | Path, *, config_path: str | Path | No
         "k": cfg.k,
         "drafter_kinds": ["model"],
         "av": None if cfg.av is None else {"fit": cfg.av.fit, "costs": cfg.av.costs, "explore": cfg.av.explore,
+                                           "online": cfg.av.online,
                                            "labels": "censored: trimmed drafts have no label; steps with "
                                                      "explored = true verified every draft"},
         "workloads": {n: str(p) for n, p in zip(names, paths, strict=True)},
@@ -207,6 +224,9 @@ def collect(cfg: CollectConfig, out: str | Path, *, config_path: str | Path | No
             total_tokens += sum(len(o) for o in log.outputs)
             bar.update(task, advance=len(reqs), tps=f"{total_tokens / (time.time() - t_start):,.0f}")
     seconds = time.time() - t_start
+    if live is not None and cfg.av.online:  # the estimator's path during collection
+        meta["av"]["online_path"] = online_est.est.path_
+        meta["av"]["online_refits"] = online_est.refits
     return _finish(out, meta, seconds, resumed=len(done))
 
 
