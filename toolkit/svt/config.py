@@ -10,6 +10,7 @@ from typing import Any, get_type_hints
 import yaml
 
 from svt.errors import ConfigError
+from svt.fileio import read_yaml
 
 
 @dataclass
@@ -164,12 +165,7 @@ def load_collect_config(path: str | Path | None, overrides: dict[str, Any] | Non
     data: dict[str, Any] = dict(base or {})
     if path is not None:
         path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"Config file {str(path)!r} not found.")
-        try:
-            loaded = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML ({exc}).") from None
+        loaded = read_yaml(path, "Config file") or {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected a YAML mapping at the top level.")
         data = _merge(data, loaded)

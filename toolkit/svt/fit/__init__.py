@@ -26,6 +26,7 @@ from scipy.special import expit, logit
 from svt import __version__
 from svt.errors import ConfigError, DataError
 from svt.features import get_feature
+from svt.fileio import read_json
 from svt.fit.irls_online import PRESETS, IRLSOnline, OnlineOptions
 from svt.fit.logistic import design, fit_newton
 from svt.traces.io import open_run
@@ -198,12 +199,7 @@ def save_fit(fit: dict, path: str | Path) -> Path:
 
 def load_fit(path: str | Path) -> dict:
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"Fit file {str(path)!r} not found.")
-    try:
-        fit = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: not valid JSON ({exc}).") from None
+    fit = read_json(path, "Fit file")
     if not isinstance(fit, dict) or fit.get("model") not in FITTERS:
         raise ConfigError(f"{path}: not an svt fit (expected `model` in {', '.join(FITTERS)}).")
     if fit["model"] == "head":

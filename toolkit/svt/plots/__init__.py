@@ -7,7 +7,6 @@ online fit's path), ``features`` (the feature table as a dot plot).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import matplotlib
@@ -17,6 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from svt.errors import ConfigError, DataError  # noqa: E402
+from svt.fileio import read_json  # noqa: E402
 
 COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
 
@@ -201,12 +201,7 @@ def read_input(path: str | Path) -> dict:
     path = Path(path)
     if path.is_dir():
         path = path / "report.json"
-    if not path.is_file():
-        raise ConfigError(f"{str(path)!r} not found; expected a report directory, report.json or a fit file.")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: not valid JSON ({exc}).") from None
+    return read_json(path, "Report or fit file (a report directory, report.json or a fit file)")
 
 
 def save(fig, out: str | Path) -> Path:

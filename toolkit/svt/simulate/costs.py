@@ -21,6 +21,7 @@ import numpy as np
 import yaml
 
 from svt.errors import ConfigError
+from svt.fileio import read_yaml
 
 
 @dataclass
@@ -78,12 +79,7 @@ def _interp(x, xs, ys):
 
 def load_costs(path: str | Path) -> CostTable:
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"Cost table {str(path)!r} not found.")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({exc}).") from None
+    data = read_yaml(path, "Cost table")
     if not isinstance(data, dict) or data.get("kind") not in ("measured", "roofline"):
         raise ConfigError(f"{path}: expected `kind: measured` or `kind: roofline`.")
     drafter = data.get("drafter", "autoregressive")
