@@ -178,7 +178,7 @@ def evaluate(
             if p["concurrency"] in (1, 8, 64):
                 sim.add_row(p["policy"], str(p["concurrency"]), f"{p['tokens_per_step']:.3f}",
                             f"{p['step_ms']:.2f}", f"{p['interactivity']:,.0f}", f"{p['throughput']:,.0f}",
-                            "yes" if p["pareto"] else "")
+                            "bound" if p["pareto"] is None else ("yes" if p["pareto"] else ""))
         out.print(sim)
     out.print(f"wrote {json_path} and {md_path}")
 

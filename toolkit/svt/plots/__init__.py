@@ -119,15 +119,17 @@ def pareto(report: dict, ax=None):
     fig, ax = _axes(ax, (7.2, 5.2))
     pts = sim["points"]
     policies = list(dict.fromkeys(p["policy"] for p in pts))
+    colors = plt.get_cmap("tab20").colors if len(policies) > 10 else COLORS
     for i, pol in enumerate(policies):
         mine = [p for p in pts if p["policy"] == pol]
         style = {"marker": "*", "ms": 9} if pol == "oracle" else ({"marker": "D", "ms": 5} if pol.startswith("AV")
                                                                  else {"marker": "o", "ms": 4})
-        ax.plot([p["interactivity"] for p in mine], [p["throughput"] for p in mine], "-", color=COLORS[i % 10],
-                lw=1, label=pol, **style)
+        ax.plot([p["interactivity"] for p in mine], [p["throughput"] for p in mine], "-" if pol != "oracle" else ":",
+                color=colors[i % len(colors)], lw=1, label=pol + (" (upper bound)" if pol == "oracle" else ""),
+                **style)
     front = sorted((p for p in pts if p["pareto"]), key=lambda p: p["interactivity"])
-    ax.plot([p["interactivity"] for p in front], [p["throughput"] for p in front], color="k", lw=2.2,
-            alpha=0.35, label="Pareto frontier", zorder=0)
+    ax.plot([p["interactivity"] for p in front], [p["throughput"] for p in front], color="k", lw=5,
+            alpha=0.2, label="Pareto frontier (deployable policies)", zorder=0)
     for p in pts:
         if p["policy"] == "oracle":
             ax.annotate(f"B={p['concurrency']}", (p["interactivity"], p["throughput"]), fontsize=6,

@@ -112,11 +112,13 @@ def to_markdown(report: dict) -> str:
                   f"{sim['requests']} requests, {sim['request_steps']:,} request-steps, K = {sim['k']}. Policies: "
                   "fixed draft lengths, AV at K with each predictor, and an oracle that knows the accepted "
                   "runs (an upper bound on throughput). Interactivity = tokens/s per request; throughput = "
-                  "tokens/s in all; Pareto = not dominated on both. The replay ignores trimming's feedback "
+                  "tokens/s in all; Pareto = no other policy's point is better on both (the oracle is left "
+                  "out of that comparison). The replay ignores trimming's feedback "
                   "on later states.\n",
                   _table(["policy", "B", "tokens/step", "step ms", "interactivity", "throughput", "Pareto"],
                          [[p["policy"], str(p["concurrency"]), fmt(p["tokens_per_step"], 3), fmt(p["step_ms"], 2),
-                           fmt(p["interactivity"], 1), fmt(p["throughput"], 1), "yes" if p["pareto"] else ""]
+                           fmt(p["interactivity"], 1), fmt(p["throughput"], 1),
+                           "bound" if p["pareto"] is None else ("yes" if p["pareto"] else "")]
                           for p in sim["points"]]), ""]
         live = sim.get("live_check")
         if live:

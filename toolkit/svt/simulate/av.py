@@ -150,7 +150,8 @@ def _oracle(groups, trace, costs):
 
 def replay(trace: StepTrace, costs: CostTable, *, concurrency=CONCURRENCY) -> list[dict]:
     """Every policy at every concurrency: tokens per step, step time, interactivity (tokens/s per
-    request), throughput (tokens/s); ``pareto`` marks the non-dominated points."""
+    request), throughput (tokens/s); ``pareto`` marks the points no other policy's point dominates
+    (the oracle, an upper bound, is left out of that comparison: its ``pareto`` is None)."""
     points = []
     for B in concurrency:
         groups = _groups(trace, B)
@@ -159,7 +160,11 @@ def replay(trace: StepTrace, costs: CostTable, *, concurrency=CONCURRENCY) -> li
         policies["oracle"] = _oracle(groups, trace, costs)
         for name, per_step in policies.items():
             points.append({"policy": name, "concurrency": B, **_accumulate(groups, trace, per_step)})
-    mark_pareto(points)
+    # the frontier of what can be deployed: the oracle is a bound, not a policy
+    mark_pareto([p for p in points if p["policy"] != "oracle"])
+    for p in points:
+        if p["policy"] == "oracle":
+            p["pareto"] = None
     return points
 
 
