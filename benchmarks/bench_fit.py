@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -42,6 +44,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--n", type=int, default=4_500_000)
     ap.add_argument("--out", type=Path, default=ROOT / "reports" / "bench" / "fit.json")
     args = ap.parse_args(argv)
+    if not (args.source / "run.json").is_file():  # the demo run is the source; collect it once
+        subprocess.run([sys.executable, "-m", "svt.cli", "collect", str(ROOT / "configs/collect/demo.yaml"),
+                        "--out", str(args.source), "--overwrite", "--quiet"], check=True)
     src = open_run(args.source)
     bs = int(src.meta["config"]["batch_size"])
     drafts = resample_steps(src.scan("drafts").collect(), args.n, seed=0)
