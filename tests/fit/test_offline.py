@@ -93,3 +93,22 @@ def test_cli_fit_then_evaluate(small_run, tmp_path):
     assert r.exit_code == 0, r.output
     summary = json.loads((tmp_path / "wl" / "summary.json").read_text())
     assert {g["group"] for g in summary["groups"]} == {"code", "prose", "structured"}
+
+
+def test_one_class_and_empty_data_are_refused(small_run, tmp_path):
+    import polars as pl
+
+    from svt.traces import open_run, write_meta, write_shard
+
+    run = open_run(small_run)
+    path = tmp_path / "allaccepted"
+    write_meta(path, run.meta)
+    drafts = run.scan("drafts").with_columns(
+        pl.when(pl.col("label").is_not_null()).then(pl.lit(1, pl.Int8)).alias("label")).collect()
+    write_shard(path, "drafts", 0, drafts)
+    for t in ("steps", "requests"):
+        write_shard(path, t, 0, run.scan(t).collect())
+    with pytest.raises(DataError, match="Only one class"):
+        fit_runs([path], "irls-online")
+    with pytest.raises(DataError, match="after the filter"):
+        fit_runs([small_run], "logistic", where=pl.col("workload") == "nope")

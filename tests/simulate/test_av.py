@@ -92,3 +92,21 @@ def test_roofline_files_are_models_that_say_so():
         assert c.kind == "roofline" and "MODEL, not a measurement" in c.description
         v = c.verify(np.array([1, 64, 4096]))
         assert v[0] == v[1] < v[2]  # memory-bound for small batches, compute-bound for large ones
+
+
+@pytest.mark.parametrize("text, msg", [
+    ("kind: guessed\n", "kind: measured"),
+    ("kind: measured\ndraft_ms: 3\n", "draft_ms\\[batch\\]\\[k\\]"),
+    ("kind: roofline\nmodel: {target: {params: 1}}\n", "roofline model needs numbers"),
+    ("kind: measured\ndrafter: telepathic\n", "autoregressive or parallel"),
+    ("a: [1,\n", "not valid YAML"),
+])
+def test_bad_cost_tables_get_one_clear_message(tmp_path, text, msg):
+    from svt.errors import ConfigError
+
+    f = tmp_path / "c.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError, match=msg):
+        load_costs(f)
+    with pytest.raises(ConfigError, match="not found"):
+        load_costs(tmp_path / "none.yaml")
