@@ -32,7 +32,6 @@ from svt.fit.logistic import design, fit_newton
 from svt.traces.io import open_run
 
 FITTERS = ("irls-online", "logistic", "sts", "platt", "isotonic", "head")
-OFFLINE = ("logistic", "sts", "platt", "isotonic", "head")
 EPS = 1e-6
 
 

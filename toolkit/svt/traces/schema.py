@@ -24,10 +24,6 @@ class TableSchema:
     probabilities: frozenset[str] = frozenset()
     required: bool = True
 
-    @property
-    def polars_schema(self) -> pl.Schema:
-        return pl.Schema(self.columns)
-
 
 DRAFTS = TableSchema(
     "drafts",
