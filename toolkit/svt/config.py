@@ -9,6 +9,7 @@ from typing import Any, get_type_hints
 
 import yaml
 
+from svt.collect.cache import CacheOptions
 from svt.errors import ConfigError
 from svt.fileio import read_yaml
 
@@ -34,6 +35,15 @@ class AVConfig:
 
 
 @dataclass
+class HVDConfig:
+    """Live Hybrid Verified Decoding (greedy): verify the cache draft when the yield fit predicts
+    more than ``tau`` accepted tokens, else the model drafter's K drafts."""
+
+    fit: str
+    tau: float
+
+
+@dataclass
 class CollectConfig:
     """What `svt collect` runs. Paths are resolved against the current directory first, then
     against the config file's directory and its parents."""
@@ -53,6 +63,9 @@ class CollectConfig:
     max_prompt_tokens: int = 512  # longer prompts keep their last tokens
     log: LogConfig = field(default_factory=LogConfig)
     av: AVConfig | None = None
+    # SuffixDecoding cache drafts (greedy runs): `true` for the defaults, or a mapping of options
+    cache: CacheOptions | None = None
+    hvd: HVDConfig | None = None
 
     def validate(self) -> CollectConfig:
         _check(self.requests >= 1, "requests", "an integer >= 1", self.requests)
@@ -68,6 +81,13 @@ class CollectConfig:
         _check(self.log.dists_top_k >= 1, "log.dists_top_k", "an integer >= 1", self.log.dists_top_k)
         if self.av is not None:
             _check(0 <= self.av.explore <= 1, "av.explore", "a number in [0, 1]", self.av.explore)
+        if self.cache is not None:
+            self.cache.validate()
+            _check(self.temperature == 0, "temperature", "0 (greedy) when `cache` is set: oracle yields "
+                   "are defined on greedy runs", self.temperature)
+        if self.hvd is not None:
+            _check(self.temperature == 0, "temperature", "0 (greedy) when `hvd` is set", self.temperature)
+            _check(self.av is None, "av", "unset when `hvd` is set (one live policy at a time)", "set")
         return self
 
 
@@ -170,6 +190,10 @@ def load_collect_config(path: str | Path | None, overrides: dict[str, Any] | Non
             raise ConfigError(f"{path}: expected a YAML mapping at the top level.")
         data = _merge(data, loaded)
     data = _merge(data, overrides or {})
+    if data.get("cache") is True:
+        data["cache"] = {}
+    elif data.get("cache") is False:
+        data["cache"] = None
     return _build(CollectConfig, data).validate()
 
 

@@ -227,7 +227,12 @@ def collect(cfg: CollectConfig, out: str | Path, *, config_path: str | Path | No
     if live is not None and cfg.av.online:  # the estimator's path during collection
         meta["av"]["online_path"] = online_est.est.path_
         meta["av"]["online_refits"] = online_est.refits
-    return _finish(out, meta, seconds, resumed=len(done))
+    summary = _finish(out, meta, seconds, resumed=len(done))
+    if cfg.cache is not None:
+        from svt.collect.cache_run import build_cache_drafts
+
+        build_cache_drafts(out, cfg.cache, pair.draft, tok)
+    return summary
 
 
 def _finish(out: Path, meta: dict, seconds: float, resumed: int) -> CollectSummary:

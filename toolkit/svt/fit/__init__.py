@@ -20,25 +20,17 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
-from scipy.optimize import minimize_scalar
-from scipy.special import expit, logit
 
 from svt import __version__
 from svt.errors import ConfigError, DataError
 from svt.features import get_feature
 from svt.fileio import read_json
-from svt.fit.irls_online import PRESETS, IRLSOnline, OnlineOptions
-from svt.fit.logistic import design, fit_newton
-from svt.traces.io import open_run
+from svt.fit.base import FITTERS, FitData, Fitter, PredictContext, feature_values, get_fitter, register_fitter
 
-FITTERS = ("irls-online", "logistic", "sts", "platt", "isotonic", "head")
-EPS = 1e-6
-
-
-def get_fitter(name: str) -> str:
-    if name not in FITTERS:
-        raise ConfigError(f"Unknown fitter {name!r}; known fitters: {', '.join(FITTERS)}.")
-    return name
+# the registry: one import per fitter family (each module registers its classes)
+from svt.fit import calibrators, head, irls_online, logistic, yield_models  # noqa: E402, F401  isort: skip
+from svt.fit.irls_online import PRESETS, IRLSOnline, OnlineOptions  # noqa: E402  isort: skip
+from svt.traces.io import open_run  # noqa: E402  isort: skip
 
 
 def load_drafts_for_fit(runs: list[str | Path], where: pl.Expr | None = None) -> tuple[pl.DataFrame, list[dict]]:
@@ -78,14 +70,6 @@ def split_mask(drafts: pl.DataFrame, test_fraction: float, seed: int) -> np.ndar
     return drafts.join(keys, on=["_run", "request"], how="left", maintain_order="left")["_test"].to_numpy()
 
 
-def _values(drafts: pl.DataFrame, feature: str) -> np.ndarray:
-    f = get_feature(feature)
-    x = drafts.select(f.expr.alias("x"))["x"].to_numpy().astype(np.float64)
-    if not np.isfinite(x).all():
-        raise DataError(f"Feature {feature!r} gives NaN/inf values; cannot fit on it.")
-    return x
-
-
 def _labelled(drafts: pl.DataFrame) -> pl.DataFrame:
     lab = drafts.filter(pl.col("label").is_not_null())
     if lab.height == 0:
@@ -95,175 +79,110 @@ def _labelled(drafts: pl.DataFrame) -> pl.DataFrame:
     return lab
 
 
-def fit_runs(runs: list[str | Path], model: str, *, feature: str | None = None,
-             features: list[str] | None = None, per_position_slope: bool = False,
-             online: OnlineOptions | None = None, test_fraction: float = 0.3, seed: int = 0,
-             where: pl.Expr | None = None, mlp_hidden: int = 0, device: str = "auto") -> dict:
-    """Fit ``model`` on the runs' labelled drafts; return the fit as a dict (see module doc)."""
-    get_fitter(model)
-    drafts, infos = load_drafts_for_fit(runs, where)
-    k = int(drafts["position"].max()) + 1
+def fit_runs(runs: list[str | Path], model: str, *, test_fraction: float = 0.3, seed: int = 0,
+             where: pl.Expr | None = None, **options) -> dict:
+    """Fit ``model`` on the runs and return the fit as a dict (see the module doc).
+
+    ``options`` go to the fitter's ``__init__`` (those it accepts: ``feature``, ``features``,
+    ``per_position_slope``, ``online``, ``mlp_hidden``, ``device``, ...). Online fitters replay every
+    labelled draft (scored prequentially); offline fitters train on the requests outside a seeded
+    request-level split of ``test_fraction`` and are scored on the others.
+    """
+    cls = get_fitter(model)
+    est = cls.from_options(seed=seed, **options)
     out: dict = {"model": model, "svt_version": __version__,
                  "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
-    if model == "irls-online":
-        opts = online or OnlineOptions()
-        lab = _labelled(drafts)
-        est = IRLSOnline(opts).fit(_values(lab, opts.feature), lab["position"].to_numpy(),
-                                   lab["label"].to_numpy(), lab["decode_step"].to_numpy(), k=k)
-        out.update(est.to_dict())
-        out["training"] = {"runs": infos, "rows": lab.height, "k": k, "cycles": len(est.path_),
-                           "accept_rate": float(lab["label"].mean()), "evaluation": "prequential"}
-        return out
-    test = split_mask(drafts, test_fraction, seed)
-    train = _labelled(drafts.filter(~pl.Series(test)))
-    y = train["label"].to_numpy().astype(np.float64)
-    pos = train["position"].to_numpy()
-    if model == "logistic":
-        names = features or [feature or "logit_qmax"]
-        X = design(np.column_stack([_values(train, f) for f in names]), pos, k,
-                   per_position_slope=per_position_slope)
-        beta, iters = fit_newton(X, y)
-        m = len(names)
-        slopes = beta[: m * k].reshape(m, k) if per_position_slope else beta[:m]
-        out.update({"feature": names[0], "features": names,
-                    "slope": (slopes[0].tolist() if m == 1 else slopes.tolist()) if per_position_slope
-                    else (float(slopes[0]) if m == 1 else slopes.tolist()),
-                    "intercepts": beta[-k:].tolist(),
-                    "options": {"per_position_slope": per_position_slope, "newton_iterations": iters}})
-    elif model == "head":
-        from svt.fit.head import HeadConfig, hidden_matrix, train_head
+    if cls.table == "cache_drafts":
+        from svt.fit.yield_data import load_cache_drafts_for_fit
 
-        h = hidden_matrix(train, runs)
-        cfg = HeadConfig(hidden_size=h.shape[1], k=k, mlp_hidden=mlp_hidden, seed=seed)
-        head, log = train_head(h, pos, y, train.select(pl.struct("_run", "request").rank("dense"))
-                               .to_series().to_numpy(), cfg, device=device)
-        out.update({"feature": "hidden", "config": log.pop("config"), "options": log, "_head": head})
-    elif model == "sts":
-        name = feature or "q_max"
-        q = np.clip(_values(train, name), EPS, 1 - EPS)
-        temps = []
-        for kk in range(k):
-            m_ = pos == kk
-            if m_.sum() == 0 or len(set(y[m_])) < 2:
-                temps.append(1.0)
-                continue
-            z, yy = logit(q[m_]), y[m_]
-
-            def loss(log_t, z=z, yy=yy):
-                zz = z / np.exp(log_t)
-                return float(np.mean(np.logaddexp(0, zz) - yy * zz))
-
-            temps.append(float(np.exp(minimize_scalar(loss, bounds=(-5, 5), method="bounded").x)))
-        out.update({"feature": name, "temperatures": temps,
-                    "slope": [1 / t for t in temps], "intercepts": [0.0] * k,
-                    "options": {"note": "p = sigmoid(logit(q) / T_position)"}})
-    elif model == "platt":
-        name = feature or "q_max"
-        s = _values(train, name)
-        beta, _ = fit_newton(np.column_stack([s, np.ones_like(s)]), y)
-        out.update({"feature": name, "slope": float(beta[0]), "intercepts": [float(beta[1])] * k,
-                    "options": {"note": "p = sigmoid(a * score + b), one intercept for all positions"}})
-    elif model == "isotonic":
-        from sklearn.isotonic import IsotonicRegression
-
-        name = feature or "q_max"
-        iso = IsotonicRegression(out_of_bounds="clip", y_min=0.0, y_max=1.0).fit(_values(train, name), y)
-        out.update({"feature": name, "x_thresholds": iso.X_thresholds_.tolist(),
-                    "y_thresholds": iso.y_thresholds_.tolist(), "options": {}})
-    out["training"] = {"runs": infos, "rows": train.height, "k": k, "test_fraction": test_fraction,
-                       "split_seed": seed, "train_requests": int(train.select("_run", "request").n_unique()),
-                       "accept_rate": float(y.mean()), "evaluation": "held-out requests"}
+        rows, infos = load_cache_drafts_for_fit(runs, where)
+        test = split_mask(rows, test_fraction, seed)
+        train = rows.filter(~pl.Series(test))
+        if train.height == 0:
+            raise DataError("No cache-draft rows in the training requests.")
+        k = int(rows["draft_len"].max())
+        est.fit(FitData(train, k, [Path(r) for r in runs], seed))
+        target = train["oracle_accepted"]
+        stats = {"mean_yield": float(target.mean())}
+    else:
+        drafts, infos = load_drafts_for_fit(runs, where)
+        k = int(drafts["position"].max()) + 1
+        if cls.online:
+            train = _labelled(drafts)
+        else:
+            test = split_mask(drafts, test_fraction, seed)
+            train = _labelled(drafts.filter(~pl.Series(test)))
+        est.fit(FitData(train, k, [Path(r) for r in runs], seed))
+        stats = {"accept_rate": float(train["label"].mean())}
+    out.update(est.to_dict())
+    out["_est"] = est
+    if cls.online:
+        out["training"] = {"runs": infos, "rows": train.height, "k": k, "cycles": len(est.est_.path_),
+                           **stats, "evaluation": "prequential"}
+    else:
+        out["training"] = {"runs": infos, "rows": train.height, "k": k, "test_fraction": test_fraction,
+                           "split_seed": seed, "train_requests": int(train.select("_run", "request").n_unique()),
+                           **stats, "evaluation": "held-out requests"}
     return out
 
 
 def save_fit(fit: dict, path: str | Path) -> Path:
-    """The JSON fit file (and, for a head, its safetensors weights beside it)."""
+    """Write the JSON fit file (and what the fitter keeps beside it, e.g. a head's safetensors);
+    the JSON is written to a temporary name and renamed, so a reader never sees half a file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    head = fit.get("_head")
-    fit = {k: v for k, v in fit.items() if not k.startswith("_")}
-    if fit.get("model") == "head":
-        from svt.fit.head import save_head
-
-        if head is None:
-            raise ConfigError("A head fit must carry its trained model to be saved.")
-        weights = path.with_suffix(".safetensors")
-        save_head(head, weights)
-        fit["weights"] = weights.name
+    est = fit.get("_est")
+    data = {k: v for k, v in fit.items() if not k.startswith("_")}
+    if est is None and data.get("model") == "head":
+        raise ConfigError("A head fit must carry its trained model to be saved.")
+    if est is not None:
+        data.update(est.save_extra(path))
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(fit, indent=2) + "\n")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
     os.replace(tmp, path)
     return path
 
 
 def load_fit(path: str | Path) -> dict:
+    """Read a fit file; the fitter is rebuilt from it (``fit["_est"]``), so a damaged file fails
+    here with a message rather than later with a wrong number."""
     path = Path(path)
     fit = read_json(path, "Fit file")
     if not isinstance(fit, dict) or fit.get("model") not in FITTERS:
         raise ConfigError(f"{path}: not an svt fit (expected `model` in {', '.join(FITTERS)}).")
-    if fit["model"] == "head":
-        weights = path.parent / fit.get("weights", "")
-        if not weights.is_file():
-            raise ConfigError(f"{path}: its weights file {str(weights)!r} is missing.")
-        fit["_weights_path"] = str(weights)
-    else:
-        get_feature(fit.get("feature", "q_max"))
+    try:
+        fit["_est"] = get_fitter(fit["model"]).from_dict(fit, path)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"{path}: a damaged {fit['model']} fit ({type(exc).__name__}: {exc}).") from None
+    fit["_path"] = str(path)
     return fit
 
 
+def estimator(fit: dict) -> Fitter:
+    """The fitter object behind a fit dict (from ``fit_runs`` or ``load_fit``)."""
+    est = fit.get("_est")
+    if est is None:
+        est = get_fitter(fit["model"]).from_dict(fit, fit.get("_path"))
+        fit["_est"] = est
+    return est
+
+
 def predict(fit: dict, drafts: pl.DataFrame) -> np.ndarray:
-    """Predictions for ``drafts`` (from ``load_drafts_for_fit``; every row, labelled or not).
+    """Predictions for ``drafts`` (from ``load_drafts_for_fit``, or cache-draft rows for a yield
+    fit; every row, labelled or not).
 
     Online fits are replayed on these drafts and each row gets the coefficients in force at its
     decode step (prequential). Offline fits predict every row; ``evaluation_mask`` says which rows
     are fair to score.
     """
-    model = fit["model"]
-    k_run = int(drafts["position"].max()) + 1
-    k_fit = fit.get("training", {}).get("k") or len(fit.get("intercepts", [])) or k_run
-    if model not in ("platt", "isotonic") and k_run > k_fit:
-        raise DataError(f"The fit knows {k_fit} draft positions but the run has {k_run}.")
-    if model == "head":
-        from svt.fit.head import HeadConfig, hidden_matrix, load_head, predict_head
-
-        head = fit.get("_head") or load_head(HeadConfig(**fit["config"]), Path(fit["_weights_path"]))
-        runs = fit.get("_runs")
-        if runs is None:
-            raise DataError("Predicting with a head needs the run paths (hidden states).")
-        return predict_head(head, hidden_matrix(drafts, runs), drafts["position"].to_numpy())
-    for name in fit.get("features") or [fit["feature"]]:
-        get_feature(name)
-    if model == "irls-online":
-        opts = OnlineOptions(**fit["options"])
-        lab = _labelled(drafts)
-        est = IRLSOnline(opts).fit(_values(lab, opts.feature), lab["position"].to_numpy(),
-                                   lab["label"].to_numpy(), lab["decode_step"].to_numpy(), k=k_fit)
-        return est.predict_prequential(_values(drafts, opts.feature), drafts["position"].to_numpy(),
-                                       drafts["decode_step"].to_numpy())
-    pos = drafts["position"].to_numpy()
-    if model == "isotonic":
-        return np.interp(_values(drafts, fit["feature"]), fit["x_thresholds"], fit["y_thresholds"])
-    b = np.asarray(fit["intercepts"], dtype=np.float64)
-    if model == "sts":
-        return expit(logit(np.clip(_values(drafts, fit["feature"]), EPS, 1 - EPS))
-                     / np.asarray(fit["temperatures"])[pos] + b[pos])
-    if model == "platt":
-        return expit(fit["slope"] * _values(drafts, fit["feature"]) + b[pos])
-    names = fit.get("features") or [fit["feature"]]
-    Xf = np.column_stack([_values(drafts, f) for f in names])
-    slope = np.asarray(fit["slope"], dtype=np.float64)
-    if fit["options"].get("per_position_slope"):
-        slope = slope.reshape(len(names), -1)  # [m, k]
-        z = np.sum(Xf * slope[:, pos].T, axis=1)
-    else:
-        z = Xf @ np.atleast_1d(slope)
-    return expit(z + b[pos])
+    runs = fit.get("_runs")
+    return estimator(fit).predict(drafts, PredictContext(runs=runs))
 
 
 def evaluation_mask(fit: dict, drafts: pl.DataFrame, run_ids: list[str | None]) -> np.ndarray:
     """Rows on which a fit may be scored: all rows for online fits (prequential) and for runs the
     fit was not trained on; the held-out requests of its own training runs otherwise."""
-    if fit["model"] == "irls-online":
+    if estimator(fit).online:
         return np.ones(drafts.height, dtype=bool)
     trained = {r.get("run_id") for r in fit.get("training", {}).get("runs", [])}
     if not trained.intersection(run_ids):
@@ -281,6 +200,9 @@ def live_confidence(fit: dict):
     if fit["model"] == "head":
         raise ConfigError("Live AV with a confidence head is not supported (it needs the drafter's hidden "
                           "state inside the collector); use a fit on a q feature.")
+    est_ = estimator(fit)
+    if est_.target != "acceptance":
+        raise ConfigError(f"Live AV needs an acceptance predictor, but {fit['model']!r} predicts {est_.target}.")
     names = fit.get("features") or [fit["feature"]]
     for name in names:
         if not get_feature(name).lossless:
@@ -291,7 +213,7 @@ def live_confidence(fit: dict):
     def confidence(feats: dict, position: np.ndarray) -> np.ndarray:
         frame = pl.DataFrame({**{k: v.ravel() for k, v in feats.items()}, "position": position.ravel()})
         if est is not None:  # the fit's final coefficients (no updates during collection)
-            p = est.predict_proba(_values(frame, est.options.feature), frame["position"].to_numpy())
+            p = est.predict_proba(feature_values(frame, est.options.feature), frame["position"].to_numpy())
         else:
             p = predict(fit, frame)
         return p.reshape(position.shape)
@@ -299,5 +221,5 @@ def live_confidence(fit: dict):
     return confidence
 
 
-__all__ = ["FITTERS", "PRESETS", "IRLSOnline", "OnlineOptions", "evaluation_mask", "fit_runs",
-           "get_fitter", "live_confidence", "load_drafts_for_fit", "load_fit", "predict", "save_fit", "split_mask"]
+__all__ = ["FITTERS", "PRESETS", "FitData", "Fitter", "IRLSOnline", "OnlineOptions", "PredictContext",
+           "estimator", "evaluation_mask", "fit_runs", "get_fitter", "register_fitter", "live_confidence", "load_drafts_for_fit", "load_fit", "predict", "save_fit", "split_mask"]

@@ -18,7 +18,8 @@ import polars as pl
 import torch
 from torch import nn
 
-from svt.errors import DataError
+from svt.errors import ConfigError, DataError
+from svt.fit.base import FitData, Fitter, PredictContext, check_positions, register_fitter
 
 
 @dataclass
@@ -139,3 +140,57 @@ def load_head(cfg: HeadConfig, path: Path) -> ConfidenceHead:
 def predict_head(model: ConfidenceHead, h: np.ndarray, position: np.ndarray) -> np.ndarray:
     x = (torch.from_numpy(h) - model.input_mean) / model.input_std
     return torch.sigmoid(model(x, torch.from_numpy(position.astype(np.int64)))).numpy().astype(np.float64)
+
+
+@register_fitter
+class HeadFitter(Fitter):
+    """``head``: a confidence head on the drafter's hidden state (needs ``log.hidden: true``)."""
+
+    name = "head"
+
+    def __init__(self, mlp_hidden: int = 0, device: str = "auto", seed: int = 0):
+        self.mlp_hidden, self.device, self.seed = mlp_hidden, device, seed
+
+    feature = "hidden"
+    lossless = True  # a function of the drafting context, not of the sampled token
+
+    def fit(self, data: FitData) -> HeadFitter:
+        f = data.frame
+        h = hidden_matrix(f, data.runs)
+        self.config_ = HeadConfig(hidden_size=h.shape[1], k=data.k, mlp_hidden=self.mlp_hidden, seed=data.seed)
+        groups = f.select(pl.struct("_run", "request").rank("dense")).to_series().to_numpy()
+        self.head_, log = train_head(h, f["position"].to_numpy(), f["label"].to_numpy().astype(np.float64),
+                                     groups, self.config_, device=self.device)
+        log.pop("config")
+        self.log_ = log
+        return self
+
+    def predict(self, frame, ctx: PredictContext | None = None) -> np.ndarray:
+        check_positions(frame, self.config_.k)
+        if ctx is None or not ctx.runs:
+            raise DataError("Predicting with a head needs the run paths (hidden states).")
+        return predict_head(self.head_, hidden_matrix(frame, ctx.runs), frame["position"].to_numpy())
+
+    def to_dict(self) -> dict:
+        return {"model": self.name, "feature": "hidden", "config": asdict(self.config_), "options": self.log_}
+
+    def save_extra(self, path: Path) -> dict:
+        weights = path.with_suffix(".safetensors")
+        save_head(self.head_, weights)
+        return {"weights": weights.name}
+
+    @classmethod
+    def from_dict(cls, d: dict, path: Path | None = None) -> HeadFitter:
+        if path is None:
+            raise ConfigError("A head fit is read from its file (its weights lie beside it).")
+        weights = Path(path).parent / d.get("weights", "")
+        if not d.get("weights") or not weights.is_file():
+            raise ConfigError(f"{path}: its weights file {str(weights)!r} is missing.")
+        self = cls()
+        self.config_ = HeadConfig(**d["config"])
+        self.head_ = load_head(self.config_, weights)
+        self.log_ = d.get("options", {})
+        return self
+
+    def label(self) -> str:
+        return "head(hidden)"

@@ -22,7 +22,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
+import polars as pl
 from scipy.special import expit
+
+from svt.errors import DataError
+from svt.fit.base import FitData, Fitter, check_positions, feature_values, register_fitter
 
 
 @dataclass
@@ -182,3 +186,51 @@ class IRLSOnline:
             "options": asdict(o),
             "path": self.path_,
         }
+
+
+@register_fitter
+class IRLSOnlineFitter(Fitter):
+    """``irls-online``: the source estimator replayed over the labelled drafts in decode-step order,
+    scored prequentially (every draft with the coefficients in force when it was drafted)."""
+
+    name = "irls-online"
+    online = True
+
+    def __init__(self, online: OnlineOptions | None = None, feature: str | None = None):
+        self.options = online or OnlineOptions()
+        if feature is not None and online is None:
+            self.options.feature = feature
+
+    @property
+    def feature(self) -> str:
+        return self.options.feature
+
+    def fit(self, data: FitData) -> IRLSOnlineFitter:
+        lab = data.frame
+        self.est_ = IRLSOnline(self.options).fit(feature_values(lab, self.feature), lab["position"].to_numpy(),
+                                                 lab["label"].to_numpy(), lab["decode_step"].to_numpy(), k=data.k)
+        return self
+
+    def predict(self, frame, ctx=None) -> np.ndarray:
+        """Replays the estimator on ``frame``'s labelled rows and scores every row with the
+        coefficients in force at its decode step."""
+        check_positions(frame, self.est_.k)
+        lab = frame.filter(pl.col("label").is_not_null())
+        if lab.height == 0:
+            raise DataError("No labelled drafts to replay the online estimator on.")
+        est = IRLSOnline(self.options).fit(feature_values(lab, self.feature), lab["position"].to_numpy(),
+                                           lab["label"].to_numpy(), lab["decode_step"].to_numpy(), k=self.est_.k)
+        return est.predict_prequential(feature_values(frame, self.feature), frame["position"].to_numpy(),
+                                       frame["decode_step"].to_numpy())
+
+    def to_dict(self) -> dict:
+        return self.est_.to_dict()
+
+    @classmethod
+    def from_dict(cls, d: dict, path=None) -> IRLSOnlineFitter:
+        self = cls(OnlineOptions(**d["options"]))
+        self.est_ = IRLSOnline.from_dict(d)
+        return self
+
+    def label(self) -> str:
+        return f"irls-online({self.feature})" + (" per-position slope" if self.options.per_position_slope else "")

@@ -13,6 +13,8 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import expit
 
+from svt.fit.base import FitData, Fitter, check_positions, feature_values, register_fitter
+
 
 def design(features: np.ndarray, position: np.ndarray, k: int, *, per_position_slope: bool) -> np.ndarray:
     """Design matrix ``[n, d]``: slopes' columns first, then one intercept column per position.
@@ -73,3 +75,59 @@ def fit_newton(X: np.ndarray, y: np.ndarray, *, beta0: np.ndarray | None = None,
         if decrement / max(1.0, len(y)) < tol:
             return beta, it
     return beta, max_iter
+
+
+@register_fitter
+class LogisticFitter(Fitter):
+    """``logistic``: the online estimator's parametrisation (or per-position slopes, or several
+    features) fitted offline by Newton on the training requests."""
+
+    name = "logistic"
+
+    def __init__(self, feature: str | None = None, features: list[str] | None = None,
+                 per_position_slope: bool = False):
+        self.features = list(features or [feature or "logit_qmax"])
+        self.feature = self.features[0]
+        self.per_position_slope = per_position_slope
+
+    def fit(self, data: FitData) -> LogisticFitter:
+        f, k = data.frame, data.k
+        pos = f["position"].to_numpy()
+        X = design(np.column_stack([feature_values(f, n) for n in self.features]), pos, k,
+                   per_position_slope=self.per_position_slope)
+        beta, self.iterations_ = fit_newton(X, f["label"].to_numpy().astype(np.float64))
+        m = len(self.features)
+        self.slope_ = beta[: m * k].reshape(m, k) if self.per_position_slope else beta[:m]
+        self.intercepts_ = beta[-k:]
+        return self
+
+    def predict(self, frame, ctx=None) -> np.ndarray:
+        check_positions(frame, self.intercepts_.size)
+        pos = frame["position"].to_numpy()
+        Xf = np.column_stack([feature_values(frame, n) for n in self.features])
+        if self.per_position_slope:
+            z = np.sum(Xf * self.slope_.reshape(len(self.features), -1)[:, pos].T, axis=1)
+        else:
+            z = Xf @ np.atleast_1d(self.slope_)
+        return expit(z + self.intercepts_[pos])
+
+    def to_dict(self) -> dict:
+        m = len(self.features)
+        s = np.asarray(self.slope_)
+        slope = (s[0].tolist() if m == 1 else s.tolist()) if self.per_position_slope else \
+            (float(s[0]) if m == 1 else s.tolist())
+        return {"model": self.name, "feature": self.feature, "features": self.features, "slope": slope,
+                "intercepts": self.intercepts_.tolist(),
+                "options": {"per_position_slope": self.per_position_slope,
+                            "newton_iterations": getattr(self, "iterations_", None)}}
+
+    @classmethod
+    def from_dict(cls, d: dict, path=None) -> LogisticFitter:
+        self = cls(features=d.get("features") or [d["feature"]],
+                   per_position_slope=bool(d.get("options", {}).get("per_position_slope")))
+        self.slope_ = np.asarray(d["slope"], dtype=np.float64)
+        self.intercepts_ = np.asarray(d["intercepts"], dtype=np.float64)
+        return self
+
+    def label(self) -> str:
+        return super().label() + (" per-position slope" if self.per_position_slope else "")

@@ -121,6 +121,13 @@ def check_shard_values(path: Path, spec: TableSchema) -> None:
         checks.append((~pl.col("label").is_in([0, 1])).sum().alias("label:label"))
         checks.append((pl.col("q_entropy").is_nan() | (pl.col("q_entropy") < 0)).sum().alias("nonneg:q_entropy"))
         checks.append((pl.col("position") < 0).sum().alias("nonneg:position"))
+    if spec.name == "cache_drafts":
+        checks.append((pl.col("draft_len") != pl.col("draft_ids").list.len()).sum().alias("len:draft_len"))
+        checks.append(((pl.col("oracle_accepted") < 0) | (pl.col("oracle_accepted") > pl.col("draft_len")))
+                      .sum().alias("yield:oracle_accepted"))
+        for col in ("model_accepted", "match_len", "decode_pos"):
+            checks.append((pl.col(col) < 0).sum().alias(f"nonneg:{col}"))
+        checks.append((pl.col("score").is_nan() | (pl.col("score") < 0)).sum().alias("nonneg:score"))
     row = lf.select(checks).collect().row(0, named=True)
     for key, n in row.items():
         if not n:
@@ -131,6 +138,8 @@ def check_shard_values(path: Path, spec: TableSchema) -> None:
             "prob": "NaN or outside [0, 1]",
             "label": "a label other than 0, 1 or null",
             "nonneg": "NaN or negative",
+            "len": "a value other than the length of `draft_ids`",
+            "yield": "a value outside [0, draft_len]",
         }[kind]
         raise SchemaError(f"{path}: column `{col}` has {n} bad value(s): {what}.")
 

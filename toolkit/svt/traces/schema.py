@@ -105,7 +105,37 @@ DISTS = TableSchema(
     required=False,
 )
 
-TABLES: dict[str, TableSchema] = {t.name: t for t in (DRAFTS, STEPS, REQUESTS, HIDDEN, DISTS)}
+_SHARES = tuple(f"{w}_{c}" for w in ("draft", "ctx") for c in ("punct", "digit", "space", "newline", "bracket"))
+
+CACHE_DRAFTS = TableSchema(
+    "cache_drafts",
+    {
+        "request": pl.Int64(),
+        "workload": pl.String(),
+        "decode_pos": pl.Int32(),  # output tokens already generated
+        "draft_ids": pl.List(pl.Int32()),
+        "draft_len": pl.Int16(),
+        "match_len": pl.Int16(),
+        "score": pl.Float32(),  # arctic-inference: sum of the draft tokens' estimated probabilities
+        "prob_mean": pl.Float32(),
+        "prob_min": pl.Float32(),
+        "from_global": pl.Boolean(),  # the draft came from the global tree of finished responses
+        "context_len": pl.Int32(),
+        "prev_draft_len": pl.Int16(),
+        "prev_match_len": pl.Int16(),
+        "hist_draft_share": pl.Float32(),
+        "hist_yield_mean": pl.Float32(),
+        "hist_yield_max": pl.Float32(),
+        **{c: pl.Float32() for c in _SHARES},
+        "lookup_ms": pl.Float32(),
+        "oracle_accepted": pl.Int16(),  # common prefix of draft_ids with output_ids[decode_pos:]
+        "model_accepted": pl.Int16(),  # the model drafter's accepted length from decode_pos (K drafts)
+    },
+    probabilities=frozenset({"prob_mean", "prob_min", "hist_draft_share", *_SHARES}),
+    required=False,
+)
+
+TABLES: dict[str, TableSchema] = {t.name: t for t in (DRAFTS, STEPS, REQUESTS, HIDDEN, DISTS, CACHE_DRAFTS)}
 FINISH_REASONS = ("stop", "length")
 
 

@@ -1,0 +1,149 @@
+"""The ``cache_drafts`` table of a greedy run: SuffixDecoding replayed over the run's requests in
+the order the collector served them, with each row's oracle yield and the model drafter's accepted
+length at the same position.
+
+Timing follows the collector: batches run one after another; inside a batch every request is
+active from the start, and a request's response enters the global tree after its last step, so a
+position decided at engine step s sees exactly the responses that finished at steps before s.
+Used by ``svt collect`` (config key ``cache``) and by ``svt cache RUN`` on an existing run.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from svt.collect.cache import (ROW_COLUMNS, CacheDrafter, CacheOptions, RequestFeatures, char_class_table,
+                               common_prefix, teacher_forced_accepted)
+from svt.errors import ConfigError, DataError
+from svt.traces.io import open_run, read_meta, write_meta, write_shard
+
+
+def _positions_to_steps(steps: pl.DataFrame, n_out: int) -> np.ndarray:
+    """The engine step that emitted each output token of one request."""
+    st = steps.sort("step")
+    ends = np.cumsum(st["emitted"].to_numpy())
+    if ends.size == 0 or ends[-1] != n_out:
+        raise DataError(f"The steps of request {steps['request'][0] if steps.height else '?'} emitted "
+                        f"{int(ends[-1]) if ends.size else 0} tokens but its output has {n_out}.")
+    return st["step"].to_numpy()[np.searchsorted(ends, np.arange(n_out), side="right")]
+
+
+def cache_rows_for_batch(drafter: CacheDrafter, options: CacheOptions, classes: np.ndarray,
+                         reqs: pl.DataFrame, steps: pl.DataFrame) -> list[dict]:
+    """Rows of one batch's requests (``reqs``: request, workload, prompt_ids, output_ids), feeding
+    ``drafter`` in server order; the batch's responses are in the global tree afterwards."""
+    info = []
+    for r in reqs.iter_rows(named=True):
+        prompt = np.asarray(r["prompt_ids"], dtype=np.int64)
+        output = np.asarray(r["output_ids"], dtype=np.int64)
+        s_of = _positions_to_steps(steps.filter(pl.col("request") == r["request"]), output.size)
+        finish = int(s_of.max()) if s_of.size else -1
+        info.append((r, prompt, output, s_of, finish, RequestFeatures(options, classes, prompt.size)))
+        drafter.start(r["request"], prompt)
+    rows: list[dict] = []
+    pending = sorted(range(len(info)), key=lambda i: (info[i][4], info[i][0]["request"]))
+    all_steps = np.unique(np.concatenate([x[3] for x in info])) if info else []
+    for s in all_steps:
+        while pending and info[pending[0]][4] < s:  # responses finished before step s
+            i = pending.pop(0)
+            drafter.finish(info[i][0]["request"], info[i][2])
+        for r, prompt, output, s_of, _, feats in info:
+            for t in np.flatnonzero(s_of == s):
+                context = np.concatenate([prompt, output[:t]])
+                draft, probs, score, match_len, glob, ms = drafter.propose(r["request"], context)
+                row = feats.row(int(t), output[:t], context, draft, probs, score, match_len, glob)
+                row.update(request=r["request"], workload=r["workload"], decode_pos=int(t),
+                           draft_ids=draft.tolist(), lookup_ms=ms,
+                           oracle_accepted=common_prefix(draft, output[t:]))
+                rows.append(row)
+                drafter.extend(r["request"], output[t : t + 1])
+    for i in pending:
+        drafter.finish(info[i][0]["request"], info[i][2])
+    return rows
+
+
+def build_cache_drafts(run_dir: str | Path, options: CacheOptions, draft_model, tokenizer,
+                       progress: Callable[[int], None] | None = None) -> dict:
+    """Write the run's ``cache_drafts`` table (beside the old one, swapped in when complete) and
+    record the options in run.json. Returns the run.json ``cache`` entry."""
+    import arctic_inference
+
+    run_dir = Path(run_dir)
+    run = open_run(run_dir, deep=False, tables=["requests", "steps"])
+    meta = run.meta
+    if not (meta.get("sampling") or {}).get("greedy"):
+        raise ConfigError(f"{run_dir}: cache drafts and their oracle yields are defined on greedy runs "
+                          "(temperature 0); this run sampled at temperature "
+                          f"{(meta.get('sampling') or {}).get('temperature')}.")
+    if meta.get("av"):
+        raise ConfigError(f"{run_dir}: collected with live AV; cache drafts need a plain greedy run.")
+    k = int(meta["k"])
+    bs = int((meta.get("config") or {}).get("batch_size", 1) or 1)
+    requests = run.scan("requests").sort("request").collect()
+    steps = run.scan("steps").select("request", "step", "emitted", "accepted").collect()
+    if requests["request"].n_unique() != requests.height:
+        raise DataError(f"{run_dir}: the requests table repeats request ids.")
+    classes = char_class_table(tokenizer, int(draft_model.config.vocab_size))
+    drafter = CacheDrafter(options)
+    folder = run_dir / "cache_drafts"
+    tmp = run_dir / ".cache_drafts.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    batches = requests.with_columns((pl.col("request") // bs).alias("_b")).partition_by("_b", maintain_order=True)
+    n_rows, lookup = 0, []
+    for part in batches:
+        b = int(part["_b"][0])
+        part = part.drop("_b")
+        rows = cache_rows_for_batch(drafter, options, classes, part,
+                                    steps.filter(pl.col("request").is_in(part["request"].implode())))
+        model = teacher_forced_accepted(draft_model, list(zip(part["prompt_ids"].to_list(),
+                                                              part["output_ids"].to_list(), strict=True)), k)
+        by_req = dict(zip(part["request"].to_list(), model, strict=True))
+        for row in rows:
+            row["model_accepted"] = int(by_req[row["request"]][row["decode_pos"]])
+        if rows:
+            frame = pl.DataFrame(rows)
+            write_shard(tmp, "cache_drafts", b, frame)
+            # write_shard puts shards in tmp/cache_drafts; flatten below
+            lookup.append(frame["lookup_ms"].to_numpy())
+            n_rows += frame.height
+        if progress is not None:
+            progress(part.height)
+    staged = tmp / "cache_drafts"
+    if not staged.is_dir():
+        raise DataError(f"{run_dir}: no decode positions to propose cache drafts at.")
+    old = run_dir / ".cache_drafts.old"
+    shutil.rmtree(old, ignore_errors=True)
+    if folder.exists():
+        folder.rename(old)
+    staged.rename(folder)
+    shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(tmp, ignore_errors=True)
+    ms = np.concatenate(lookup)
+    entry = {"options": options.to_dict(), "arctic_inference": getattr(arctic_inference, "__version__", None)
+             or _dist_version("arctic-inference"), "rows": n_rows, "k": k,
+             "lookup_ms_median": float(np.median(ms)), "lookup_ms_mean": float(ms.mean()),
+             "global_tree": "a response enters when its request finishes (after its last engine step)",
+             "columns": list(ROW_COLUMNS)}
+    meta = read_meta(run_dir)
+    meta["cache"] = entry
+    kinds = meta.get("drafter_kinds") or ["model"]
+    meta["drafter_kinds"] = [*kinds, "cache"] if "cache" not in kinds else kinds
+    counts = meta.get("counts") or {}
+    counts["cache_drafts"] = n_rows
+    meta["counts"] = counts
+    write_meta(run_dir, meta)
+    return entry
+
+
+def _dist_version(name: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None

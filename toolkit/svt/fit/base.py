@@ -1,0 +1,124 @@
+"""The fitter contract and its registry: one small estimator class per fitter, found by name.
+
+A fitter follows scikit-learn's estimator shape: ``__init__`` stores options only; ``fit(data)``
+learns and returns ``self`` (learned attributes end with ``_``); ``predict(frame, ctx)`` returns one
+number per row (an acceptance probability, or a predicted yield for cache-draft fitters);
+``to_dict()`` / ``from_dict(d, path)`` are the fit file. Adding a fitter is one new module with a
+class decorated by ``@register_fitter`` and one import line in ``svt/fit/__init__.py``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+import polars as pl
+
+from svt.errors import ConfigError, DataError
+from svt.features import get_feature
+
+
+@dataclass
+class FitData:
+    """What a fitter trains on: ``frame`` (labelled drafts of the training requests in replay order,
+    or the cache-draft rows of the training requests), the max draft length ``k``, the run paths
+    (for tables beside the drafts, e.g. hidden states) and the seed."""
+
+    frame: pl.DataFrame
+    k: int
+    runs: list[Path] = field(default_factory=list)
+    seed: int = 0
+
+
+@dataclass
+class PredictContext:
+    """What predicting may need besides the rows: the runs they come from (a head reads hidden
+    states) and ``k`` of the run."""
+
+    runs: list[Path] | None = None
+    k: int | None = None
+
+
+class Fitter:
+    """Base class. Subclasses set ``name`` and, when they differ from the defaults, ``table``
+    (``drafts`` or ``cache_drafts``), ``target`` (``acceptance`` or ``yield``) and ``online``
+    (evaluated prequentially on every row instead of on held-out requests)."""
+
+    name: ClassVar[str] = ""
+    table: ClassVar[str] = "drafts"
+    target: ClassVar[str] = "acceptance"
+    online: ClassVar[bool] = False
+
+    @classmethod
+    def from_options(cls, **options) -> Fitter:
+        """Build from the CLI's options, taking only those this fitter's ``__init__`` accepts
+        (``None`` means "the fitter's default")."""
+        names = set(inspect.signature(cls.__init__).parameters) - {"self"}
+        return cls(**{k: v for k, v in options.items() if k in names and v is not None})
+
+    def fit(self, data: FitData) -> Fitter:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def predict(self, frame: pl.DataFrame, ctx: PredictContext | None = None) -> np.ndarray:  # pragma: no cover
+        raise NotImplementedError
+
+    def to_dict(self) -> dict:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    @classmethod
+    def from_dict(cls, d: dict, path: Path | None = None) -> Fitter:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def save_extra(self, path: Path) -> dict:
+        """Write files beside the fit file (weights); return keys to add to it."""
+        return {}
+
+    @property
+    def lossless(self) -> bool:
+        """Whether trimming on this predictor keeps speculative sampling exact."""
+        names = getattr(self, "features", None) or [getattr(self, "feature", "q_max")]
+        return all(get_feature(n).lossless for n in names)
+
+    def label(self) -> str:
+        """A short name for tables: ``model(feature)``."""
+        names = getattr(self, "features", None) or [getattr(self, "feature", "")]
+        return f"{self.name}({', '.join(names)})"
+
+
+FITTERS: dict[str, type[Fitter]] = {}
+
+
+def register_fitter(cls: type[Fitter]) -> type[Fitter]:
+    """Class decorator: add a fitter to the registry under ``cls.name``."""
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} has no `name`.")
+    if cls.name in FITTERS and FITTERS[cls.name] is not cls:
+        raise ValueError(f"A fitter named {cls.name!r} is already registered.")
+    FITTERS[cls.name] = cls
+    return cls
+
+
+def get_fitter(name: str) -> type[Fitter]:
+    """The fitter class registered under ``name``; an unknown name lists the known ones."""
+    try:
+        return FITTERS[name]
+    except KeyError:
+        raise ConfigError(f"Unknown fitter {name!r}; known fitters: {', '.join(FITTERS)}.") from None
+
+
+def feature_values(frame: pl.DataFrame, name: str) -> np.ndarray:
+    """A registered feature's values on ``frame`` as float64; NaN/inf is an error."""
+    f = get_feature(name)
+    x = frame.select(f.expr.alias("x"))["x"].to_numpy().astype(np.float64)
+    if not np.isfinite(x).all():
+        raise DataError(f"Feature {name!r} gives NaN/inf values; cannot fit on it.")
+    return x
+
+
+def check_positions(frame: pl.DataFrame, k_fit: int) -> None:
+    k_run = int(frame["position"].max()) + 1 if frame.height else 0
+    if k_run > k_fit:
+        raise DataError(f"The fit knows {k_fit} draft positions but the run has {k_run}.")
