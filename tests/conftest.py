@@ -38,3 +38,18 @@ def small_run(tmp_path_factory, models_dir):
     out = tmp_path_factory.mktemp("runs") / "small"
     collect(load_collect_config(None, base=base), out, progress=False)
     return out
+
+
+@pytest.fixture(scope="session")
+def greedy_run(tmp_path_factory, models_dir):
+    """A real greedy 12-request run of the tiny pair with cache drafts (SuffixDecoding)."""
+    from svt.collect.runner import collect
+    from svt.config import load_collect_config
+
+    base = {"target": str(models_dir / "target"), "draft": str(models_dir / "draft-large"),
+            "workloads": [str(ROOT / "data" / "workloads" / f"{w}.jsonl") for w in ("code", "structured")],
+            "requests": 12, "batch_size": 4, "max_new_tokens": 48, "k": 4, "device": "cpu",
+            "temperature": 0, "max_prompt_tokens": 256, "cache": True}
+    out = tmp_path_factory.mktemp("runs") / "greedy"
+    collect(load_collect_config(None, base=base), out, progress=False)
+    return out
