@@ -137,27 +137,32 @@ def evaluate(
     live: Annotated[Path | None, typer.Option(
         help="A run collected with live AV (`av:` in its config): compare its tokens per step with "
              "the replay of the same fit (pass it with --fit) and --costs.")] = None,
+    high_yield: Annotated[int, typer.Option(
+        help="Yield predictors: a cache draft is high-yield when its accepted length is >= this.")] = 6,
 ) -> None:
     """Score acceptance features: AUC, log-loss, ECE, Brier, per position and excluding the first,
-    soft labels, expected-length calibration and the losslessness bias of trimming.
+    soft labels, expected-length calibration and the losslessness bias of trimming. On greedy runs
+    with cache drafts: cache opportunity, yield predictors (--fit of a yield fit) and, with --costs,
+    the Hybrid Verified Decoding replay across τ.
 
     Example: [bold]svt evaluate runs/demo --out reports/demo --by workload --fit fits/online.json[/]
+    HVD:     [bold]svt evaluate runs/greedy --out reports/hvd --fit fits/yield-mlp.json --costs costs.yaml[/]
     """
     from rich.table import Table
 
     from svt.features import DEFAULT_FEATURES
     from svt.report import EvaluateOptions, write_report
     from svt.report import evaluate as build
-    from svt.report.render import HEAD, feature_rows
+    from svt.report.render import HEAD, feature_rows, fmt
 
-    if bins < 1 or bootstrap < 0:
-        raise _fail(SvtError("Expected --bins >= 1 and --bootstrap >= 0."))
+    if bins < 1 or bootstrap < 0 or high_yield < 1:
+        raise _fail(SvtError("Expected --bins >= 1, --bootstrap >= 0 and --high-yield >= 1."))
     if live and not costs:
         raise _fail(SvtError("--live needs --costs (the replay it is compared with)."))
     opts = EvaluateOptions(features=list(feature or DEFAULT_FEATURES), feature_module=feature_module,
                            n_bins=bins, bootstrap=bootstrap, seed=seed, by=by,
                            fits=[str(f) for f in fit or []], costs=str(costs) if costs else None,
-                           live=str(live) if live else None)
+                           live=str(live) if live else None, high_yield=high_yield)
     try:
         report = build(runs, opts)
         json_path, md_path = write_report(report, out_dir)
@@ -180,25 +185,48 @@ def evaluate(
                             f"{p['step_ms']:.2f}", f"{p['interactivity']:,.0f}", f"{p['throughput']:,.0f}",
                             "bound" if p["pareto"] is None else ("yes" if p["pareto"] else ""))
         out.print(sim)
+    if report.get("yield"):
+        yl = report["yield"]
+        t = Table("predictor", "MSE", "MAE", "precision", "recall", "F1", "AP",
+                  title=f"yield predictors: high yield >= {yl['high_yield']} ({yl['requests']} requests)")
+        for n, b in yl["predictors"].items():
+            t.add_row(n, *(fmt(b[k], 3) for k in ("mse", "mae", "precision", "recall", "f1", "average_precision")))
+        out.print(t)
+    if report.get("hvd"):
+        hv = report["hvd"]
+        t = Table("group", "policy", "cycles/1000", "speed-up vs greedy", "vs model-only",
+                  title=f"Hybrid Verified Decoding replay ({hv['costs']['kind']} costs, batch 1)")
+        best = {(b["group"], b["predictor"]): b for b in hv["best"]}
+        for r in hv["rows"]:
+            if "predictor" not in r:
+                t.add_row(r["group"], r["policy"], f"{r['cycles_per_1000']:.1f}", f"{r['speedup_vs_greedy']:.3f}",
+                          f"{r['speedup_vs_model']:.3f}")
+        for (g, p), b in best.items():
+            t.add_row(g, f"hvd {p} best τ={b['tau']:g}", f"{b['cycles_per_1000']:.1f}",
+                      f"{b['speedup_vs_greedy']:.3f}", f"{b['speedup_vs_model']:.3f}")
+        out.print(t)
     out.print(f"wrote {json_path} and {md_path}")
 
 
 @app.command()
 def fit(
     runs: Annotated[list[Path], typer.Argument(help="One or more run directories to fit on.")],
-    model: Annotated[str, typer.Option(help="irls-online, logistic, sts, platt, isotonic or head.")],
+    model: Annotated[str, typer.Option(help="irls-online, logistic, sts, platt, isotonic, head; yield "
+                                            "predictors on cache drafts: yield-mlp, yield-linear, yield-gbm.")],
     out_path: Annotated[Path, typer.Option("--out", "-o", help="Fit file (JSON); a directory with --by.")],
     feature: Annotated[str | None, typer.Option(help="The feature (default: logit_qmax for irls-online "
                                                       "and logistic, q_max for the calibrators).")] = None,
     features: Annotated[list[str] | None, typer.Option(
-        "--features", help="logistic: several features at once (repeat).")] = None,
+        "--features", help="logistic: several features at once (repeat); yield fitters: the cache "
+                           "features to use (default: all).")] = None,
     per_position_slope: Annotated[bool, typer.Option(help="One slope per position instead of a shared one.")] = False,
     preset: Annotated[str | None, typer.Option(help="irls-online preset: source or vllm.")] = None,
     cycle_steps: Annotated[int | None, typer.Option(help="irls-online: decode steps per cycle (N).")] = None,
     damping: Annotated[float | None, typer.Option(help="irls-online: c in n / (n + c).")] = None,
     ridge: Annotated[float | None, typer.Option(help="irls-online: ridge added to H.")] = None,
     test_fraction: Annotated[float, typer.Option(help="Offline fitters: share of requests held out.")] = 0.3,
-    mlp_hidden: Annotated[int, typer.Option(help="head: width of a hidden MLP layer (0 = linear head).")] = 0,
+    mlp_hidden: Annotated[int, typer.Option(help="head: width of a hidden MLP layer (0 = linear head); "
+                                                 "yield-mlp: hidden width (0 = 64).")] = 0,
     device: Annotated[str, typer.Option(help="head: training device (auto, cpu, cuda).")] = "auto",
     seed: Annotated[int, typer.Option(help="Seed of the request split.")] = 0,
     by: Annotated[str | None, typer.Option(help="Fit one predictor per value of a drafts column "
@@ -208,6 +236,7 @@ def fit(
     """Fit an acceptance predictor on labelled drafts and save it as a file.
 
     Example: [bold]svt fit runs/demo --model irls-online --out fits/online.json[/]
+    Yield:   [bold]svt fit runs/greedy --model yield-mlp --out fits/yield-mlp.json[/]
     """
     import dataclasses
 
@@ -241,6 +270,15 @@ def fit(
             if result["model"] == "head":
                 what.append(f"{result['options']['epochs']} epochs, validation log-loss "
                             f"{result['options']['best_val_log_loss']:.4f}")
+            if "mean_yield" in result["training"]:
+                if result["model"] == "yield-mlp":
+                    what.append(f"{result['options']['epochs']} epochs, validation MSE "
+                                f"{result['options']['best_val_mse']:.3f}")
+                out.print(f"wrote {out_path}: {result['model']} on {len(result['features'])} cache features"
+                          f"{', ' if what else ''}{', '.join(what)} ({result['training']['rows']:,} cache drafts, "
+                          f"mean yield {result['training']['mean_yield']:.3f}; evaluation: "
+                          f"{result['training']['evaluation']})")
+                return
             out.print(f"wrote {out_path}: {result['model']} on {result.get('feature')}, {', '.join(what)} "
                       f"({result['training']['rows']:,} labelled drafts; evaluation: "
                       f"{result['training']['evaluation']})")
@@ -261,9 +299,36 @@ def fit(
 
 
 @app.command()
+def cache(
+    run: Annotated[Path, typer.Argument(help="A greedy run directory (temperature 0) from `svt collect`.")],
+    set_: Annotated[list[str] | None, typer.Option(
+        "--set", help="SuffixDecoding option, e.g. --set max_draft_len=24 --set min_token_prob=0.05 "
+                      "(keys: max_tree_depth, max_draft_len, max_spec_factor, max_spec_offset, "
+                      "min_token_prob, max_cached_requests, history).")] = None,
+    device: Annotated[str, typer.Option(help="Device for the draft model's teacher-forced pass.")] = "auto",
+) -> None:
+    """Add (or redo) the `cache_drafts` table of an existing greedy run without decoding again:
+    SuffixDecoding replayed over its requests in server order, each draft's oracle yield and the
+    model drafter's accepted length at the same position. The draft model is the run's own,
+    checked against the weights hash in run.json.
+
+    Example: [bold]svt cache runs/greedy --set max_draft_len=24[/]
+    """
+    from svt.collect.cache_run import add_cache_to_run
+    from svt.config import parse_set
+
+    try:
+        entry = add_cache_to_run(run, parse_set(set_ or []), device=device)
+    except SvtError as exc:
+        raise _fail(exc) from None
+    out.print(f"wrote {run / 'cache_drafts'}: {entry['rows']:,} positions (arctic-inference "
+              f"{entry['arctic_inference']}, median lookup {entry['lookup_ms_median'] * 1e3:.1f} µs)")
+
+
+@app.command()
 def plot(
     kind: Annotated[str, typer.Argument(help="reliability, roc, per-position, pareto, coefficients, "
-                                             "features, or all.")],
+                                             "features, hvd, yield-pr, or all.")],
     input_path: Annotated[Path, typer.Argument(help="A report directory / report.json (a fit file for "
                                                     "coefficients).")],
     out_path: Annotated[Path | None, typer.Option("--out", "-o", help="Figure file (.png or .svg); "

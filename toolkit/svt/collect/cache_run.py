@@ -147,3 +147,31 @@ def _dist_version(name: str) -> str | None:
         return version(name)
     except PackageNotFoundError:
         return None
+
+
+def add_cache_to_run(run_dir: str | Path, overrides: dict | None = None, *, device: str = "auto") -> dict:
+    """``svt cache RUN``: build the cache table of an existing greedy run with the models recorded
+    in its run.json (their weights hashes must match), options = defaults + ``overrides``."""
+    from svt.config import _build
+    from svt.errors import ModelLoadError
+    from svt.models.loading import load_pair, weights_hash
+
+    run_dir = Path(run_dir)
+    meta = read_meta(run_dir)
+    options = _build(CacheOptions, {k: v for k, v in (overrides or {}).items()}, prefix="cache.").validate()
+    models = meta.get("models") or {}
+    paths = {}
+    for role in ("target", "draft"):
+        info = models.get(role) or {}
+        path = Path(str(info.get("path", "")))
+        if not info.get("path") or not path.is_dir():
+            raise ModelLoadError(f"{run_dir}: run.json names the {role} model at {str(path)!r}, which is not a "
+                                 "directory here.")
+        if info.get("weights_sha256_16") and weights_hash(path) != info["weights_sha256_16"]:
+            raise ModelLoadError(f"{path}: its weights differ from the {role} this run was collected with "
+                                 f"(hash {weights_hash(path)} vs {info['weights_sha256_16']}).")
+        paths[role] = path
+    dtype = models.get("dtype") or "auto"
+    pair = load_pair(paths["target"], paths["draft"], device=device,
+                     dtype=dtype if dtype in ("float32", "bfloat16", "float16") else "auto")
+    return build_cache_drafts(run_dir, options, pair.draft, pair.tokenizer)

@@ -2,7 +2,8 @@
 nothing is recomputed here. Each takes ``ax=None`` and returns the figure.
 
 Kinds (``PLOTS``): ``reliability``, ``roc``, ``per-position``, ``pareto``, ``coefficients`` (an
-online fit's path), ``features`` (the feature table as a dot plot).
+online fit's path), ``features`` (the feature table as a dot plot), ``hvd`` (speed-up against τ per
+workload) and ``yield-pr`` (precision-recall of high-yield cache drafts).
 """
 
 from __future__ import annotations
@@ -187,8 +188,10 @@ def features(report: dict, ax=None):
     return fig
 
 
+from svt.plots.hvd import hvd, yield_pr  # noqa: E402  (uses the helpers above)
+
 PLOTS = {"reliability": reliability, "roc": roc, "per-position": per_position, "pareto": pareto,
-         "coefficients": coefficients, "features": features}
+         "coefficients": coefficients, "features": features, "hvd": hvd, "yield-pr": yield_pr}
 
 
 def get_plot(name: str):
@@ -221,7 +224,7 @@ def plot_all(report_dir: str | Path, fits: list[str | Path] = ()) -> list[Path]:
     report_dir = Path(report_dir)
     report = read_input(report_dir)
     out = []
-    for kind in ("features", "roc", "reliability", "per-position", "pareto"):
+    for kind in ("features", "roc", "reliability", "per-position", "pareto", "hvd", "yield-pr"):
         try:
             out.append(save(PLOTS[kind](report), report_dir / "figures" / f"{kind}.png"))
         except DataError:

@@ -36,6 +36,7 @@ class EvaluateOptions:
     costs: str | None = None  # a cost table: adds the Adaptive Verification replay
     live: str | None = None  # a run collected with live AV: its tokens/step against the replay
     concurrency: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    high_yield: int = 6  # yield predictors: "high yield" is oracle_accepted >= this
 
 
 def load_drafts(runs: list[Path]) -> tuple[pl.DataFrame, pl.DataFrame | None, list[dict]]:
@@ -148,6 +149,16 @@ def _add_fits(drafts: pl.DataFrame, runs, infos, fits: list[str]) -> tuple[pl.Da
     return drafts, feats
 
 
+def _split_fits(paths: list[str]) -> tuple[list[str], list[str]]:
+    """Acceptance fits (scored on drafts) and yield fits (scored on cache drafts)."""
+    from svt.fit import estimator, load_fit
+
+    acc, yld = [], []
+    for p in paths:
+        (yld if estimator(load_fit(p)).target == "yield" else acc).append(p)
+    return acc, yld
+
+
 def _live_run(opts: EvaluateOptions, feats: list[Feature]) -> dict:
     """Tokens per step of a live-AV run (its trimmed steps), to set against the replay of the same
     predictor at the same concurrency."""
@@ -212,7 +223,8 @@ def evaluate(runs: list[str | Path], opts: EvaluateOptions | None = None) -> dic
         raise DataError(f"Cannot group by {opts.by!r}: the drafts table has no such column "
                         f"(columns: {', '.join(drafts.columns)}).")
     drafts = drafts.with_columns(pl.struct("run", "request").rank("dense").alias("_req"))
-    drafts, fit_feats = _add_fits(drafts, runs, infos, opts.fits)
+    acc_fits, yield_fits = _split_fits(opts.fits)
+    drafts, fit_feats = _add_fits(drafts, runs, infos, acc_fits)
     feats = feats + fit_feats
     labelled = drafts.filter(pl.col("label").is_not_null())
     report: dict = {
@@ -247,6 +259,15 @@ def evaluate(runs: list[str | Path], opts: EvaluateOptions | None = None) -> dic
     else:
         report["lossless_bias"] = None
     report["simulation"] = _simulation(drafts, feats, opts) if opts.costs else None
+    has_cache = [open_run(r, deep=False, tables=["requests", "cache_drafts"]).has("cache_drafts") for r in runs]
+    if yield_fits or all(has_cache):
+        from svt.report.hvd import hvd_report
+
+        report.update(hvd_report([Path(r) for r in runs], yield_fits, [i["run_id"] for i in infos],
+                                 costs_path=opts.costs, high_yield=opts.high_yield))
+        report["settings"]["high_yield"] = opts.high_yield
+    else:
+        report.update({"cache": None, "yield": None, "hvd": None})
     groups = []
     if len(infos) > 1:
         groups.append("run")

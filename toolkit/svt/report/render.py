@@ -127,6 +127,7 @@ def to_markdown(report: dict) -> str:
                       f"{live['trimmed_steps']:,} trimmed steps): **{live['live_tokens_per_step']:.3f}** tokens "
                       f"per step live against **{live['replayed_tokens_per_step']:.3f}** replayed on the complete "
                       f"trace at B = {live['batch_size']}; gap {live['gap']:+.3f}. {live['note']}.\n"]
+    lines += _hvd_markdown(report)
     for g, parts in report.get("groups", {}).items():
         names = list(report["features"])
         lines += [f"## AUC by {g}\n",
@@ -139,6 +140,60 @@ def to_markdown(report: dict) -> str:
     if report.get("figures"):
         lines += ["## Figures\n", *(f"![{Path(f).stem}]({f})\n" for f in report["figures"])]
     return "\n".join(lines) + "\n"
+
+
+def _hvd_markdown(report: dict) -> list[str]:
+    lines: list[str] = []
+    cache = report.get("cache")
+    if cache:
+        lines += ["## Cache drafts (SuffixDecoding): opportunity\n",
+                  "Share of decode positions where the cache proposes a draft, its mean length and oracle "
+                  "yield (common prefix with the target's greedy continuation), the model drafter's mean "
+                  "yield at the same positions, and how concentrated the high-yield drafts are: their share "
+                  "of drafts and of the tokens all cache drafts would have accepted, and the share of those "
+                  "tokens carried by the top 10 % of drafts.\n",
+                  _table(["group", "positions", "with draft", "mean draft len", "mean cache yield",
+                          "mean model yield", "high-yield drafts", "their token share", "top-10% token share",
+                          "from global tree"],
+                         [[g, fmt(c["positions"]), fmt(c["draft_share"], 3), fmt(c["mean_draft_len"], 2),
+                           fmt(c["mean_yield"], 3), fmt(c["mean_model_yield"], 3), fmt(c["high_yield_share"], 3),
+                           fmt(c["high_yield_token_share"], 3), fmt(c["top10_token_share"], 3),
+                           fmt(c["from_global_share"], 3)] for g, c in cache.items()]), ""]
+    yl = report.get("yield")
+    if yl:
+        head = ["predictor", "kind", "MSE", "MAE", "precision", "recall", "F1", "AP", "drafts"]
+
+        def row(n, b, kind=""):
+            return [n, kind, fmt(b["mse"], 3), fmt(b["mae"], 3), fmt(b["precision"], 3), fmt(b["recall"], 3),
+                    fmt(b["f1"], 3), fmt(b["average_precision"], 3), fmt(b["n"])]
+
+        lines += [f"## Yield predictors (high yield = accepted length >= {yl['high_yield']})\n",
+                  f"Scored on the cache drafts of {yl['requests']} requests that every yield fit holds out. "
+                  "Precision / recall / F1: predicted >= threshold against oracle >= threshold; AP: average "
+                  "precision of the ranking. Rules are raw statistics in tokens (no fit).\n",
+                  _table(head, [row(n, b, b["kind"]) for n, b in yl["predictors"].items()]), ""]
+        for g, blocks in yl["groups"].items():
+            lines += [f"### {g}\n", _table(head, [row(n, b) for n, b in blocks.items()]), ""]
+    sim = report.get("hvd")
+    if sim:
+        lines += ["## End to end: Hybrid Verified Decoding replay\n",
+                  f"Costs: `{sim['costs']['path']}` ({sim['costs']['kind']}). {sim['requests']} requests walked "
+                  f"from position 0 at batch 1, K = {sim['k']}; a cycle advances by accepted + 1. Model cycles pay "
+                  "K draft passes and verify(1 + K); cache cycles pay their measured lookup and verify(1 + draft "
+                  "length); the oracle switch knows both yields (a bound). Best τ is chosen on these same "
+                  "requests (optimistic).\n",
+                  _table(["group", "policy", "cycles / 1000 tok", "tokens / cycle", "cache cycles",
+                          "speed-up vs greedy", "vs model-only"],
+                         [[r["group"], r["policy"], fmt(r["cycles_per_1000"], 1), fmt(r["mean_accepted_length"], 3),
+                           fmt(r["cache_share"], 3), fmt(r["speedup_vs_greedy"], 3), fmt(r["speedup_vs_model"], 3)]
+                          for r in sim["rows"] if "predictor" not in r]), "",
+                  "### Best τ per predictor\n",
+                  _table(["group", "predictor", "τ", "cycles / 1000 tok", "cache cycles", "speed-up vs greedy",
+                          "vs model-only"],
+                         [[b["group"], b["predictor"], fmt(b["tau"]), fmt(b["cycles_per_1000"], 1),
+                           fmt(b["cache_share"], 3), fmt(b["speedup_vs_greedy"], 3), fmt(b["speedup_vs_model"], 3)]
+                          for b in sim["best"]]), ""]
+    return lines
 
 
 def link_figures(report_dir: str | Path, figures: list[Path]) -> None:

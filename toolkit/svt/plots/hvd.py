@@ -1,0 +1,75 @@
+"""Hybrid Verified Decoding figures: speed-up against τ per workload, and the precision-recall
+curve of high-yield drafts per yield predictor (read from report.json; nothing recomputed)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from svt.errors import DataError
+from svt.plots import COLORS, _axes, _caption
+
+
+def hvd(report: dict, ax=None):
+    """Speed-up against greedy decoding as τ varies, one panel per group (all, each workload): one
+    line per yield predictor; model-only (τ = +inf), cache-only (τ = -inf) and the oracle switch as
+    horizontal lines."""
+    sim = report.get("hvd")
+    if not sim:
+        raise DataError("The report has no HVD replay: run `svt evaluate` on a run with cache drafts, "
+                        "with --costs COSTS.")
+    groups = list(dict.fromkeys(r["group"] for r in sim["rows"]))
+    if ax is None:
+        fig, axes = plt.subplots(1, len(groups), figsize=(3.6 * len(groups) + 1, 4.2), constrained_layout=True,
+                                 squeeze=False, sharey=True)
+        axes = axes[0]
+    else:
+        fig, axes = ax.figure, [ax] * len(groups)
+    preds = list(dict.fromkeys(r["predictor"] for r in sim["rows"] if "predictor" in r))
+    for a, g in zip(axes, groups, strict=True):
+        rows = [r for r in sim["rows"] if r["group"] == g]
+        for i, p in enumerate(preds):
+            pts = sorted(((r["tau"], r["speedup_vs_greedy"]) for r in rows
+                          if r.get("predictor") == p and math.isfinite(r["tau"])))
+            a.plot(*zip(*pts, strict=True), "-o", ms=3, lw=1.2, color=COLORS[i % len(COLORS)], label=f"HVD {p}")
+        for pol, style in (("model-only", ("k", "--")), ("cache-only", ("0.45", ":")), ("oracle-switch", ("C3", "-."))):
+            v = next(r["speedup_vs_greedy"] for r in rows if r["policy"] == pol)
+            a.axhline(v, color=style[0], ls=style[1], lw=1, label=pol + (" (bound)" if pol == "oracle-switch" else ""))
+        a.axhline(1.0, color="0.8", lw=0.8)
+        a.set(title=f"{g}", xlabel="τ (verify the cache draft when predicted yield > τ)")
+        a.grid(alpha=0.3)
+    axes[0].set_ylabel("speed-up vs greedy decoding (simulated, batch 1)")
+    axes[-1].legend(fontsize=6, loc="best")
+    fig.suptitle(f"Hybrid Verified Decoding replay, K = {sim['k']} ({sim['costs']['kind']} costs: "
+                 f"{Path(sim['costs']['path']).name})", fontsize=9)
+    _caption(fig, report)
+    return fig
+
+
+def yield_pr(report: dict, ax=None):
+    """Precision against recall of high-yield drafts (oracle yield >= the report's threshold) when
+    ranked by each yield predictor; the marker is each predictor's point at its own threshold."""
+    yl = report.get("yield")
+    if not yl or not yl.get("predictors"):
+        raise DataError("The report has no yield predictors: run `svt evaluate` on a run with cache drafts.")
+    fig, ax = _axes(ax, (6.0, 4.8))
+    for i, (name, b) in enumerate(yl["predictors"].items()):
+        c = b.get("pr_curve") or {}
+        if not c:
+            continue
+        color = COLORS[i % len(COLORS)]
+        ls = ":" if b.get("kind") == "rule" else "-"
+        ap = b.get("average_precision")
+        ax.plot(c["recall"], c["precision"], ls, color=color, lw=1.3,
+                label=f"{name}{' (rule)' if b.get('kind') == 'rule' else ''}, AP {ap:.3f}" if ap is not None else name)
+        if b.get("precision") is not None and b.get("recall") is not None and np.isfinite(b["precision"]):
+            ax.plot([b["recall"]], [b["precision"]], "o", color=color, ms=6)
+    ax.set(xlim=(0, 1.02), ylim=(0, 1.02), xlabel="recall", ylabel="precision",
+           title=f"High-yield cache drafts (accepted length >= {yl['high_yield']})\n"
+                 f"{yl['requests']} scored requests")
+    ax.legend(fontsize=7)
+    _caption(fig, report, "   dot: prediction >= threshold")
+    return fig

@@ -1,0 +1,117 @@
+"""The Hybrid Verified Decoding half of `svt evaluate`: cache opportunity per workload, yield
+predictors scored on held-out requests (fits and the raw ``match_len`` / ``score`` rules), and the
+HVD replay across τ (report.json keys ``cache``, ``yield`` and ``hvd``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from svt.errors import DataError
+from svt.features.cache import YIELD_RULES
+from svt.metrics.yields import high_yield_prf, pr_curve, yield_errors
+
+
+def cache_opportunity(rows: pl.DataFrame, high_yield: int) -> dict:
+    """Per workload and overall: share of positions with a cache draft, the yield distribution,
+    and how concentrated high-yield drafts are (their share of drafts and of cache-accepted tokens)."""
+    out = {}
+    for group, part in [("all", rows), *sorted(((k[0], v) for k, v in rows.group_by("workload")),
+                                               key=lambda kv: str(kv[0]))]:
+        drafted = part.filter(pl.col("draft_len") > 0)
+        y = drafted["oracle_accepted"].to_numpy().astype(np.int64)
+        total = int(y.sum())
+        top = np.sort(y)[::-1][: max(1, int(np.ceil(0.1 * y.size)))] if y.size else np.zeros(0)
+        out[str(group)] = {
+            "positions": part.height, "with_draft": drafted.height,
+            "draft_share": drafted.height / part.height if part.height else float("nan"),
+            "mean_draft_len": float(drafted["draft_len"].mean()) if drafted.height else float("nan"),
+            "mean_yield": float(y.mean()) if y.size else float("nan"),
+            "mean_model_yield": float(part["model_accepted"].mean()) if part.height else float("nan"),
+            "yield_histogram": np.bincount(y, minlength=1).tolist() if y.size else [],
+            "high_yield_share": float(np.mean(y >= high_yield)) if y.size else float("nan"),
+            "high_yield_token_share": float(y[y >= high_yield].sum() / total) if total else float("nan"),
+            "top10_token_share": float(top.sum() / total) if total else float("nan"),
+            "from_global_share": float(drafted["from_global"].mean()) if drafted.height else float("nan"),
+        }
+    return out
+
+
+def _scores(fit_dicts: list[dict], fit_paths: list[str], rows: pl.DataFrame, drafted: pl.DataFrame,
+            run_ids: list) -> tuple[dict[str, np.ndarray], set]:
+    """Predictions of every yield fit and rule on all rows, and the (run, request) keys every fit may
+    be scored on (its held-out requests, or all for runs it never saw)."""
+    from svt.fit import evaluation_mask, predict
+
+    preds: dict[str, np.ndarray] = {}
+    keys = set(map(tuple, drafted.select("_run", "request").unique().rows()))
+    for fit, path in zip(fit_dicts, fit_paths, strict=True):
+        ok = evaluation_mask(fit, drafted, run_ids)
+        keys &= set(map(tuple, drafted.filter(pl.Series(ok)).select("_run", "request").unique().rows()))
+        name = fit["model"] if fit["model"] not in preds else f"{fit['model']} [{Path(path).stem}]"
+        preds[name] = predict(fit, rows)
+    for rule in YIELD_RULES:
+        preds[rule] = rows[rule].to_numpy().astype(np.float64)
+    if not keys:
+        raise DataError("No request is held out by every yield fit: nothing to score them on.")
+    return preds, keys
+
+
+def yield_block(y: np.ndarray, p: np.ndarray, high_yield: int, curve: bool = True) -> dict:
+    block = {**yield_errors(y, p), **high_yield_prf(y, p, threshold=high_yield)}
+    if curve:
+        block["pr_curve"] = pr_curve(y, p, threshold=high_yield)
+    return block
+
+
+def hvd_report(runs: list[Path], fit_paths: list[str], run_ids: list, *, costs_path: str | None,
+               high_yield: int = 6) -> dict:
+    """report.json's ``cache``, ``yield`` and ``hvd`` entries for the runs and yield fits."""
+    from svt.fit import load_fit
+    from svt.fit.yield_data import load_cache_drafts_for_fit
+    from svt.traces.io import open_run
+
+    rows, _ = load_cache_drafts_for_fit(runs, with_empty=True)
+    ks = {int(open_run(r, deep=False, tables=["requests"]).meta["k"]) for r in runs}
+    if len(ks) != 1:
+        raise DataError(f"The runs were drafted with different K ({sorted(ks)}): replay them separately.")
+    k = ks.pop()
+    drafted = rows.filter(pl.col("draft_len") > 0)
+    if drafted.height == 0:
+        raise DataError("The cache proposed no draft in these runs: nothing to score.")
+    fits = [load_fit(p) for p in fit_paths]
+    preds, keys = _scores(fits, fit_paths, rows, drafted, run_ids)
+    keys_df = pl.DataFrame(sorted(keys), schema={"_run": rows.schema["_run"], "request": pl.Int64}, orient="row")
+    ev = (rows.with_columns(**{f"_p_{i}": pl.Series(v) for i, v in enumerate(preds.values())})
+          .join(keys_df, on=["_run", "request"], how="semi"))
+    names = list(preds)
+    out_yield: dict = {"high_yield": high_yield, "requests": len(keys), "predictors": {}, "groups": {}}
+    ev_d = ev.filter(pl.col("draft_len") > 0)
+    y = ev_d["oracle_accepted"].to_numpy()
+    for i, n in enumerate(names):
+        out_yield["predictors"][n] = {"kind": "rule" if n in YIELD_RULES else "fit",
+                                      **yield_block(y, ev_d[f"_p_{i}"].to_numpy(), high_yield)}
+    for (w,), part in sorted(ev_d.group_by("workload"), key=lambda kv: str(kv[0])):
+        yw = part["oracle_accepted"].to_numpy()
+        out_yield["groups"][str(w)] = {n: yield_block(yw, part[f"_p_{i}"].to_numpy(), high_yield, curve=False)
+                                       for i, n in enumerate(names)}
+    report = {"cache": cache_opportunity(rows, high_yield), "yield": out_yield, "hvd": None}
+    if costs_path:
+        from svt.simulate.costs import load_costs
+        from svt.simulate.hvd import HVDRequest, best_tau, replay_hvd
+
+        costs = load_costs(costs_path)
+        reqs, per_pred = [], {n: [] for n in names}
+        for _, part in ev.sort("_run", "request", "decode_pos").group_by("_run", "request", maintain_order=True):
+            reqs.append(HVDRequest(str(part["workload"][0]), part["draft_len"].to_numpy(),
+                                   part["oracle_accepted"].to_numpy(), part["model_accepted"].to_numpy(),
+                                   part["lookup_ms"].to_numpy().astype(np.float64)))
+            for i, n in enumerate(names):
+                per_pred[n].append(part[f"_p_{i}"].to_numpy())
+        points = replay_hvd(reqs, per_pred, k, costs)
+        report["hvd"] = {"costs": {"path": str(costs_path), "kind": costs.kind}, "k": k, "requests": len(reqs),
+                         "batch_size": 1, "rows": points, "best": best_tau(points),
+                         "note": "greedy runs, batch 1; τ chosen on the replayed requests themselves"}
+    return report

@@ -1,0 +1,163 @@
+"""Trace-driven replay of Hybrid Verified Decoding on a greedy run (DESIGN.md section 7).
+
+Each request is walked from decode position 0. A cycle at position t verifies one draft and
+advances by its accepted length + 1 (the target's own next token). Per position the trace gives the
+cache draft's length ``d[t]`` and oracle yield ``c[t]`` and the model drafter's yield ``m[t]`` (K
+drafts). Policies:
+
+- ``greedy``: no speculation, one token per cycle;
+- ``model-only``: the model drafter's K drafts every cycle;
+- ``cache-only`` (SuffixDecoding): the cache draft every cycle (an empty draft is a plain step);
+- ``hvd <predictor> tau=<τ>``: the cache draft when the predicted yield exceeds τ, else the model
+  drafter. A position without a cache draft has predicted yield 0 (its empty draft yields 0), so
+  τ = -inf is cache-only and τ = +inf model-only, exactly;
+- ``oracle-switch``: knows both yields and picks, per cycle, the source that minimises the request's
+  total simulated time (dynamic programming over positions): a bound on every switch.
+
+Simulated time at batch 1 under a cost table: a model cycle pays ``draft(1, K) + verify(1 + K)``;
+a cache cycle pays the measured lookup time + ``verify(1 + d[t])``; every cycle of a policy that
+consults the cache pays the lookup (the predictor's own cost is not modelled: it is an MLP of a few
+thousand weights). Greedy pays ``verify(1)`` per token.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from svt.simulate.costs import CostTable
+
+TAUS = (-math.inf, 0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, math.inf)
+
+
+@dataclass
+class HVDRequest:
+    """One request's per-position arrays (length = output tokens)."""
+
+    workload: str
+    draft_len: np.ndarray
+    cache_yield: np.ndarray
+    model_yield: np.ndarray
+    lookup_ms: np.ndarray
+
+
+@dataclass
+class WalkResult:
+    cycles: int = 0
+    tokens: int = 0
+    ms: float = 0.0
+    cache_cycles: int = 0
+    accepted: int = 0  # drafts accepted over all cycles
+
+    def __iadd__(self, o: WalkResult) -> WalkResult:
+        self.cycles += o.cycles
+        self.tokens += o.tokens
+        self.ms += o.ms
+        self.cache_cycles += o.cache_cycles
+        self.accepted += o.accepted
+        return self
+
+
+def walk(req: HVDRequest, use_cache: np.ndarray | None, k: int, costs: CostTable, *,
+         consult: bool) -> WalkResult:
+    """Walk one request. ``use_cache[t]`` says whether the cycle at t verifies the cache draft
+    (``None``: greedy decoding). ``consult``: every cycle pays the cache lookup."""
+    n = req.draft_len.size
+    res = WalkResult(tokens=n)
+    if use_cache is None:
+        res.cycles = n
+        res.ms = float(costs.verify(1)) * n
+        return res
+    model_ms = costs.draft(1, k) + float(costs.verify(1 + k))
+    t = 0
+    while t < n:
+        if use_cache[t]:
+            a = int(req.cache_yield[t])
+            res.ms += float(costs.verify(1 + int(req.draft_len[t])))
+            res.cache_cycles += 1
+        else:
+            a = int(req.model_yield[t])
+            res.ms += model_ms
+        if consult:
+            res.ms += float(req.lookup_ms[t])
+        res.cycles += 1
+        res.accepted += a
+        t += a + 1
+    return res
+
+
+def oracle_walk(req: HVDRequest, k: int, costs: CostTable) -> WalkResult:
+    """The switch that knows both yields: minimal total time over every per-cycle choice."""
+    n = req.draft_len.size
+    model_ms = costs.draft(1, k) + float(costs.verify(1 + k))
+    cache_ms = costs.verify(1 + req.draft_len.astype(np.int64)) + req.lookup_ms
+    best = np.zeros(n + 1)
+    choice = np.zeros(n, dtype=bool)
+    for t in range(n - 1, -1, -1):
+        via_model = model_ms + req.lookup_ms[t] + best[min(n, t + int(req.model_yield[t]) + 1)]
+        via_cache = cache_ms[t] + best[min(n, t + int(req.cache_yield[t]) + 1)]
+        choice[t] = via_cache < via_model
+        best[t] = min(via_model, via_cache)
+    res = walk(req, choice, k, costs, consult=True)
+    if abs(res.ms - best[0]) > 1e-6 * max(1.0, best[0]):  # the walk must follow the DP's choices
+        raise RuntimeError(f"oracle walk {res.ms} ms differs from its optimum {best[0]} ms")
+    return res
+
+
+def _row(policy: str, group: str, r: WalkResult, base: dict[str, WalkResult], **extra) -> dict:
+    return {"policy": policy, "group": group, **extra, "cycles": r.cycles, "tokens": r.tokens,
+            "cycles_per_1000": 1000.0 * r.cycles / max(r.tokens, 1),
+            "mean_accepted_length": r.tokens / max(r.cycles, 1),  # tokens per cycle (accepted + 1)
+            "cache_share": r.cache_cycles / max(r.cycles, 1), "ms": r.ms,
+            "ms_per_token": r.ms / max(r.tokens, 1),
+            "speedup_vs_greedy": base["greedy"].ms / r.ms if r.ms else float("nan"),
+            "speedup_vs_model": base["model-only"].ms / r.ms if r.ms else float("nan")}
+
+
+def replay_hvd(requests: list[HVDRequest], predictions: dict[str, list[np.ndarray]], k: int,
+               costs: CostTable, taus: tuple[float, ...] = TAUS) -> list[dict]:
+    """Rows per policy and group (``all`` and each workload). ``predictions[name][i]`` is the
+    predicted yield at every position of ``requests[i]``."""
+    groups = {"all": list(range(len(requests)))}
+    for i, r in enumerate(requests):
+        groups.setdefault(r.workload, []).append(i)
+    rows = []
+    for g, idx in groups.items():
+        def total(fn, idx=idx):
+            acc = WalkResult()
+            for i in idx:
+                acc += fn(i)
+            return acc
+
+        base = {"greedy": total(lambda i: walk(requests[i], None, k, costs, consult=False)),
+                "model-only": total(lambda i: walk(requests[i], np.zeros(requests[i].draft_len.size, bool),
+                                                   k, costs, consult=False))}
+        rows.append(_row("greedy", g, base["greedy"], base))
+        rows.append(_row("model-only", g, base["model-only"], base))
+        cache_only = total(lambda i: walk(requests[i], np.ones(requests[i].draft_len.size, bool), k, costs,
+                                          consult=True))
+        rows.append(_row("cache-only", g, cache_only, base))
+        for name, preds in predictions.items():
+            for tau in taus:
+                r = total(lambda i, tau=tau, preds=preds: walk(
+                    requests[i], preds[i] > tau, k, costs, consult=tau < math.inf))
+                rows.append(_row(f"hvd {name} tau={tau:g}", g, r, base, predictor=name, tau=tau))
+        rows.append(_row("oracle-switch", g, total(lambda i: oracle_walk(requests[i], k, costs)), base))
+    return rows
+
+
+def best_tau(rows: list[dict]) -> list[dict]:
+    """Per predictor and group, the τ with the least simulated time (chosen on the replayed
+    requests themselves: an optimistic choice; pick τ on other requests to deploy it)."""
+    out = {}
+    for r in rows:
+        if "predictor" not in r:
+            continue
+        key = (r["predictor"], r["group"])
+        if key not in out or r["ms"] < out[key]["ms"]:
+            out[key] = r
+    return [{"predictor": p, "group": g, "tau": r["tau"], "cycles_per_1000": r["cycles_per_1000"],
+             "speedup_vs_greedy": r["speedup_vs_greedy"], "speedup_vs_model": r["speedup_vs_model"],
+             "cache_share": r["cache_share"]} for (p, g), r in out.items()]
