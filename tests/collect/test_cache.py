@@ -8,8 +8,14 @@ import numpy as np
 import polars as pl
 import pytest
 
-from svt.collect.cache import (CacheDrafter, CacheOptions, RequestFeatures, accepted_runs, char_class_table,
-                               common_prefix)
+from svt.collect.cache import (
+    CacheDrafter,
+    CacheOptions,
+    RequestFeatures,
+    accepted_runs,
+    char_class_table,
+    common_prefix,
+)
 from svt.collect.cache_run import cache_rows_for_batch
 from svt.errors import ConfigError, SchemaError
 from svt.traces.io import open_run

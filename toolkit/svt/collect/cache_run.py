@@ -17,8 +17,15 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from svt.collect.cache import (ROW_COLUMNS, CacheDrafter, CacheOptions, RequestFeatures, char_class_table,
-                               common_prefix, teacher_forced_accepted)
+from svt.collect.cache import (
+    ROW_COLUMNS,
+    CacheDrafter,
+    CacheOptions,
+    RequestFeatures,
+    char_class_table,
+    common_prefix,
+    teacher_forced_accepted,
+)
 from svt.errors import ConfigError, DataError
 from svt.traces.io import open_run, read_meta, write_meta, write_shard
 

@@ -25,7 +25,15 @@ from svt import __version__
 from svt.errors import ConfigError, DataError
 from svt.features import get_feature
 from svt.fileio import read_json
-from svt.fit.base import FITTERS, FitData, Fitter, PredictContext, feature_values, get_fitter, register_fitter
+from svt.fit.base import (
+    FITTERS,
+    FitData,
+    Fitter,
+    PredictContext,
+    feature_values,
+    get_fitter,
+    register_fitter,
+)
 
 # the registry: one import per fitter family (each module registers its classes)
 from svt.fit import calibrators, head, irls_online, logistic, yield_models  # noqa: E402, F401  isort: skip
