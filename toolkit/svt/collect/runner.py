@@ -162,6 +162,8 @@ def collect(cfg: CollectConfig, out: str | Path, *, config_path: str | Path | No
             live = LiveAV(live_confidence(fit), costs, cfg.av.explore)
     batches = [list(range(i, min(i + cfg.batch_size, cfg.requests)))
                for i in range(0, cfg.requests, cfg.batch_size)]
+    if cfg.hvd is not None:
+        return _collect_hvd(cfg, out, config_path, old_meta, config, pair, ids, workload_of, names, paths)
 
     done = shard_ids(out, "requests") if old_meta else set()
     for table in TABLES:  # shards of an interrupted batch: remove, they are redone
@@ -257,3 +259,100 @@ def _finish(out: Path, meta: dict, seconds: float, resumed: int) -> CollectSumma
     write_meta(out, meta)
     return CollectSummary(out, r["n"], d["drafts"], d["labelled"], d["accepted"], r["tok"], s, seconds,
                           resumed)
+
+
+def _collect_hvd(cfg: CollectConfig, out: Path, config_path, old_meta, config, pair, ids, workload_of,
+                 names, paths) -> CollectSummary:
+    """Live Hybrid Verified Decoding: one request at a time (one shard per request), greedy."""
+    import time
+
+    from svt.collect.cache import (
+        CacheDrafter,
+        CacheOptions,
+        char_class_table,
+        common_prefix,
+        teacher_forced_accepted,
+    )
+    from svt.collect.hvd_live import decode_hvd, yield_scorer
+    from svt.fit import load_fit
+
+    if cfg.batch_size != 1:
+        raise ConfigError("Live HVD decodes one request at a time: set `batch_size: 1` (compare it with a "
+                          "greedy run collected at batch_size 1).")
+    options = cfg.cache or CacheOptions()
+    fit = load_fit(resolve_path(cfg.hvd.fit, config_path))
+    score = yield_scorer(fit)
+    tok = pair.tokenizer
+    classes = char_class_table(tok, int(pair.draft.config.vocab_size))
+    drafter = CacheDrafter(options)
+    done = sorted(shard_ids(out, "requests")) if old_meta else []
+    for table in TABLES:
+        for shard in list_shards(out, table):
+            if int(shard.stem.split("-")[1]) not in set(done):
+                shard.unlink()
+    if done:  # rebuild the global tree from the finished responses, in their order
+        from svt.traces.io import open_run
+
+        prev = open_run(out, deep=False, tables=["requests"]).scan("requests").sort("request").collect()
+        for r in prev.iter_rows(named=True):
+            drafter.start(r["request"], np.asarray(r["prompt_ids"]))
+            drafter.finish(r["request"], np.asarray(r["output_ids"]))
+    import arctic_inference  # noqa: F401  (its version is recorded below)
+
+    from svt.collect.cache_run import _dist_version
+
+    meta = old_meta or {"run_id": uuid.uuid4().hex[:12], "svt_version": __version__, "schema_version": SCHEMA_VERSION,
+                        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "config": config}
+    meta.update({
+        "status": "running", "models": pair.identity(),
+        "sampling": {"temperature": 0.0, "top_p": cfg.top_p, "greedy": True,
+                     "features_from": "unscaled softmax (T=1); greedy acceptance = argmax agreement"},
+        "k": cfg.k, "drafter_kinds": ["model", "cache"], "av": None,
+        "hvd": {"fit": cfg.hvd.fit, "tau": cfg.hvd.tau, "live": True,
+                "note": "one request at a time; steps are HVD cycles (cache or model draft)"},
+        "cache": {"options": options.to_dict(), "arctic_inference": _dist_version("arctic-inference"),
+                  "global_tree": "a response enters when its request finishes (after its last engine step)"},
+        "workloads": {n: str(p) for n, p in zip(names, paths, strict=True)}, "seed": cfg.seed,
+        "device": str(pair.device), "environment": {"python": platform.python_version(), "torch": torch.__version__,
+                                                    "transformers": __import__("transformers").__version__},
+        "batches": cfg.requests,
+    })
+    write_meta(out, meta)
+    t_start = time.time()
+    eos_id = tok.eos_token_id
+    for r in range(cfg.requests):
+        if r in done:
+            continue
+        log = decode_hvd(pair.target, pair.draft, ids[r], request=r, k=cfg.k, max_new_tokens=cfg.max_new_tokens,
+                         eos_id=eos_id, drafter=drafter, options=options, classes=classes, predict_yield=score,
+                         tau=cfg.hvd.tau)
+        output = np.asarray(log.output, dtype=np.int64)
+        model = teacher_forced_accepted(pair.draft, [(ids[r], log.output)], cfg.k)[0]
+        rows = pl.DataFrame([{**row, "workload": workload_of[r],
+                              "oracle_accepted": common_prefix(np.asarray(row["draft_ids"]), output[row["decode_pos"]:]),
+                              "model_accepted": int(model[row["decode_pos"]])} for row in log.rows])
+        steps = pl.DataFrame(log.cycles).with_columns(pl.lit(1).alias("batch_size"), pl.col("drafted").alias("kept"),
+                                                      pl.lit(True).alias("explored"))
+        if log.drafts:
+            drafts = pl.DataFrame(log.drafts).with_columns(pl.lit(workload_of[r]).alias("workload"))
+        else:  # every cycle verified a cache draft: an empty drafts shard of the right schema
+            drafts = pl.DataFrame(schema=TABLES["drafts"].columns)
+        write_shard(out, "drafts", r, drafts)
+        write_shard(out, "steps", r, steps)
+        write_shard(out, "cache_drafts", r, rows)
+        write_shard(out, "requests", r, pl.DataFrame(
+            {"request": [r], "workload": [workload_of[r]], "prompt_ids": [ids[r]], "output_ids": [log.output],
+             "finish_reason": [log.finish]},
+            schema_overrides={"prompt_ids": pl.List(pl.Int32), "output_ids": pl.List(pl.Int32)}))
+    summary = _finish(out, meta, time.time() - t_start, resumed=len(done))
+    from svt.traces.io import open_run
+
+    run = open_run(out, deep=False)
+    st = run.scan("steps").select(pl.len().alias("cycles"), pl.col("emitted").sum().alias("tokens")).collect().row(0)
+    model_cycles = run.scan("drafts").select(pl.struct("request", "step").n_unique()).collect().item()
+    meta = read_meta(out)
+    meta["hvd"].update({"cycles": st[0], "tokens": st[1], "cycles_per_1000": 1000.0 * st[0] / max(st[1], 1),
+                        "cache_cycles": st[0] - model_cycles})
+    meta["cache"]["rows"] = run.scan("cache_drafts").select(pl.len()).collect().item()
+    write_meta(out, meta)
+    return summary

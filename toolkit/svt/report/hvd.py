@@ -110,8 +110,31 @@ def hvd_report(runs: list[Path], fit_paths: list[str], run_ids: list, *, costs_p
                                    part["lookup_ms"].to_numpy().astype(np.float64)))
             for i, n in enumerate(names):
                 per_pred[n].append(part[f"_p_{i}"].to_numpy())
-        points = replay_hvd(reqs, per_pred, k, costs)
+        from svt.simulate.hvd import TAUS
+
+        lives = [m["hvd"] for m in (open_run(r, deep=False, tables=["requests"]).meta for r in runs) if m.get("hvd")]
+        taus = tuple(sorted({*TAUS, *(float(v["tau"]) for v in lives)}))
+        points = replay_hvd(reqs, per_pred, k, costs, taus)
         report["hvd"] = {"costs": {"path": str(costs_path), "kind": costs.kind}, "k": k, "requests": len(reqs),
                          "batch_size": 1, "rows": points, "best": best_tau(points),
-                         "note": "greedy runs, batch 1; τ chosen on the replayed requests themselves"}
+                         "note": "greedy runs, batch 1; τ chosen on the replayed requests themselves",
+                         "live_check": _live_check(lives, fits, fit_paths, points, len(runs))}
     return report
+
+
+def _live_check(lives: list[dict], fits: list[dict], fit_paths: list[str], points: list[dict], n_runs: int):
+    """A live HVD run's cycles against the replay of the same fit and τ on its own trace."""
+    if not lives:
+        return None
+    if n_runs != 1:
+        raise DataError("Evaluate a live HVD run alone to compare it with its replay.")
+    live = lives[0]
+    want = Path(live["fit"]).resolve()
+    match = [f["model"] for f, p in zip(fits, fit_paths, strict=True) if Path(p).resolve() == want]
+    if not match:
+        raise DataError(f"The live HVD run switched with {live['fit']}; pass that fit with --fit to replay it.")
+    rep = next(r for r in points if r["group"] == "all" and r.get("predictor") == match[0]
+               and r["tau"] == float(live["tau"]))
+    return {"fit": live["fit"], "tau": live["tau"], "live_cycles": live["cycles"], "replayed_cycles": rep["cycles"],
+            "live_cycles_per_1000": live["cycles_per_1000"], "replayed_cycles_per_1000": rep["cycles_per_1000"],
+            "equal": live["cycles"] == rep["cycles"]}

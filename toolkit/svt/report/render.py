@@ -193,6 +193,12 @@ def _hvd_markdown(report: dict) -> list[str]:
                          [[b["group"], b["predictor"], fmt(b["tau"]), fmt(b["cycles_per_1000"], 1),
                            fmt(b["cache_share"], 3), fmt(b["speedup_vs_greedy"], 3), fmt(b["speedup_vs_model"], 3)]
                           for b in sim["best"]]), ""]
+        lc = sim.get("live_check")
+        if lc:
+            lines += ["### Live check\n",
+                      f"Live HVD run (fit `{lc['fit']}`, τ = {lc['tau']}): **{lc['live_cycles']}** cycles "
+                      f"({lc['live_cycles_per_1000']:.1f} per 1000 tokens) live against **{lc['replayed_cycles']}** "
+                      f"replayed on its own trace: {'equal' if lc['equal'] else 'DIFFERENT'}.\n"]
     return lines
 
 

@@ -1,0 +1,79 @@
+"""Live HVD: greedy output equals plain greedy decoding token for token, its cache rows equal
+`svt cache`'s, and its cycles equal the replay of the same fit and τ exactly."""
+
+import json
+
+import polars as pl
+import pytest
+
+from svt.collect.runner import collect
+from svt.config import load_collect_config
+from svt.errors import ConfigError
+from svt.fit import fit_runs, predict, save_fit
+from svt.simulate.costs import CostTable
+from svt.simulate.hvd import HVDRequest, replay_hvd
+from svt.traces.io import open_run
+
+from ..conftest import ROOT
+
+
+@pytest.fixture(scope="module")
+def batch1(tmp_path_factory, models_dir):
+    base = {"target": str(models_dir / "target"), "draft": str(models_dir / "draft-large"),
+            "workloads": [str(ROOT / "data" / "workloads" / f"{w}.jsonl") for w in ("structured", "code")],
+            "requests": 6, "batch_size": 1, "max_new_tokens": 40, "k": 4, "device": "cpu", "temperature": 0,
+            "max_prompt_tokens": 192, "cache": True}
+    d = tmp_path_factory.mktemp("hvd")
+    collect(load_collect_config(None, base=base), d / "greedy", progress=False)
+    fit = save_fit(fit_runs([d / "greedy"], "yield-linear", test_fraction=0.0), d / "yield.json")
+    return base, d, fit
+
+
+def _replayed_cycles(run, fit_path, tau, k):
+    from svt.fit import load_fit
+    from svt.fit.yield_data import load_cache_drafts_for_fit
+
+    rows, _ = load_cache_drafts_for_fit([run], with_empty=True)
+    pred = predict(load_fit(fit_path), rows)
+    reqs, preds = [], []
+    for (_, _), part in rows.with_columns(pl.Series("_p", pred)).group_by("_run", "request", maintain_order=True):
+        reqs.append(HVDRequest("w", part["draft_len"].to_numpy(), part["oracle_accepted"].to_numpy(),
+                               part["model_accepted"].to_numpy(), part["lookup_ms"].to_numpy()))
+        preds.append(part["_p"].to_numpy())
+    costs = CostTable("measured", draft_ms={1: {1: 1.0}}, verify_ms={1: 1.0, 2: 1.5})
+    out = replay_hvd(reqs, {"p": preds}, k, costs, taus=(tau,))
+    return next(r for r in out if r["group"] == "all" and r.get("predictor") == "p")["cycles"]
+
+
+@pytest.mark.parametrize("tau", [0.5, 2.0])
+def test_live_hvd_is_greedy_and_equals_its_replay(batch1, tau):
+    base, d, fit = batch1
+    live = d / f"live-{tau}"
+    collect(load_collect_config(None, base={**base, "hvd": {"fit": str(fit), "tau": tau}}), live, progress=False)
+    g = open_run(d / "greedy").scan("requests").sort("request").collect()
+    h = open_run(live).scan("requests").sort("request").collect()
+    assert g["output_ids"].to_list() == h["output_ids"].to_list()  # the greedy run equals plain greedy decoding
+    meta = json.loads((live / "run.json").read_text())["hvd"]
+    assert 0 < meta["cache_cycles"] < meta["cycles"]  # both sources were used
+    assert meta["cycles"] == _replayed_cycles(d / "greedy", fit, tau, base["k"])
+    cg = open_run(d / "greedy").scan("cache_drafts").sort("request", "decode_pos").collect().drop("lookup_ms")
+    ch = open_run(live).scan("cache_drafts").sort("request", "decode_pos").collect().select(cg.columns)
+    assert cg.equals(ch)
+    steps = open_run(live).scan("steps").collect()
+    assert steps["emitted"].sum() == meta["tokens"] == h["output_ids"].list.len().sum()
+    # the model drafter's drafts in model cycles carry labels up to the first rejection
+    dr = open_run(live).scan("drafts").collect()
+    assert dr["label"].null_count() == 0 and set(dr["label"].unique()) <= {0, 1}
+
+
+def test_live_hvd_config_errors(batch1, tmp_path):
+    base, d, fit = batch1
+    with pytest.raises(ConfigError, match="batch_size: 1"):
+        collect(load_collect_config(None, base={**base, "batch_size": 2, "hvd": {"fit": str(fit), "tau": 1}}),
+                tmp_path / "a", progress=False)
+    acc = save_fit(fit_runs([d / "greedy"], "logistic", test_fraction=0.0), tmp_path / "acc.json")
+    with pytest.raises(ConfigError, match="yield fit"):
+        collect(load_collect_config(None, base={**base, "hvd": {"fit": str(acc), "tau": 1}}), tmp_path / "b",
+                progress=False)
+    with pytest.raises(ConfigError, match="temperature"):
+        load_collect_config(None, base={**base, "temperature": 1.0, "cache": None, "hvd": {"fit": "f", "tau": 1}})
