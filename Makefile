@@ -35,7 +35,22 @@ demo: setup
 	  --fit reports/demo/fits/irls-online.json --fit reports/demo/fits/logistic.json \
 	  --fit reports/demo/fits/isotonic.json --fit reports/demo/fits/head.json \
 	  --costs reports/demo/costs-cpu.yaml
-	$(VENV)/bin/svt plot all reports/demo --fit reports/demo/fits/irls-online.json
+	# Hybrid Verified Decoding: a greedy run with SuffixDecoding cache drafts, three yield predictors,
+	# the replay under the measured CPU costs and under an H100 roofline model
+	$(VENV)/bin/svt collect configs/collect/hvd.yaml --out runs/hvd --overwrite
+	$(VENV)/bin/svt fit runs/hvd --model yield-mlp --out reports/hvd/fits/yield-mlp.json
+	$(VENV)/bin/svt fit runs/hvd --model yield-linear --out reports/hvd/fits/yield-linear.json
+	$(VENV)/bin/svt fit runs/hvd --model yield-gbm --out reports/hvd/fits/yield-gbm.json
+	$(VENV)/bin/svt evaluate runs/hvd --out reports/hvd --feature q_max --by workload \
+	  --fit reports/hvd/fits/yield-mlp.json --fit reports/hvd/fits/yield-linear.json \
+	  --fit reports/hvd/fits/yield-gbm.json --costs reports/demo/costs-cpu.yaml
+	$(VENV)/bin/svt evaluate runs/hvd --out reports/hvd-h100 --feature q_max \
+	  --fit reports/hvd/fits/yield-mlp.json --fit reports/hvd/fits/yield-linear.json \
+	  --fit reports/hvd/fits/yield-gbm.json --costs configs/costs/h100-llama8b-eagle.yaml
+	$(VENV)/bin/svt plot all reports/hvd
+	$(VENV)/bin/svt plot all reports/hvd-h100
+	$(VENV)/bin/svt plot all reports/demo --fit reports/demo/fits/irls-online.json \
+	  --link reports/hvd --link reports/hvd-h100
 
 bench: setup
 	$(PY) benchmarks/bench_collect.py

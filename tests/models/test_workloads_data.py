@@ -9,7 +9,7 @@ from svt.collect.workloads import interleave, read_workload
 from svt.models.train_tiny import is_held_out
 
 ROOT = Path(__file__).resolve().parents[2]
-NAMES = ("code", "prose", "structured")
+NAMES = ("code", "prose", "structured", "edit", "toolcalls")
 
 
 @pytest.mark.parametrize("name", NAMES)

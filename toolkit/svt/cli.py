@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -21,8 +22,9 @@ app = typer.Typer(
     rich_markup_mode="rich",
     pretty_exceptions_enable=False,
 )
-err = Console(stderr=True)
-out = Console()
+# off a terminal (logs, CI) rich would wrap tables at 80 columns and cut cells: use a wide console
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
+out = Console(width=None if sys.stdout.isatty() else 200)
 
 
 def _fail(exc: SvtError) -> typer.Exit:
@@ -335,6 +337,8 @@ def plot(
                                                         "not used with `all`.")] = None,
     fit: Annotated[list[Path] | None, typer.Option("--fit", help="all: online fits to draw the "
                                                           "coefficient paths of.")] = None,
+    link: Annotated[list[Path] | None, typer.Option("--link", help="all: other report directories to link "
+                                                            "(with their figures) from this report.md.")] = None,
 ) -> None:
     """Draw a figure from a report or a fit (plots read stored results; nothing is recomputed).
     `all` writes every figure into REPORT/figures/ and links them from report.md.
@@ -347,7 +351,7 @@ def plot(
     try:
         if kind == "all":
             written = plots.plot_all(input_path, fit or [])
-            link_figures(input_path, written)
+            link_figures(input_path, written, related=link or [])
             for p in written:
                 out.print(f"wrote {p}")
             return

@@ -10,7 +10,12 @@ must continue in that register:
 - ``prose``: text up to a few words into a docstring of at least 120 characters, or into a run
   of ``#`` comment lines; the model continues English prose;
 - ``structured``: a large literal (dict/list/tuple/set of >= 6 elements, or a run of >= 5
-  similar assignments) cut after its first few elements; the model continues a repetitive table.
+  similar assignments) cut after its first few elements; the model continues a repetitive table;
+- ``edit`` (agentic): a function in full, then its revision with one local name renamed, cut after
+  the revision's first two lines; the model rewrites the function (a suffix cache's best case, with
+  state-dependent differences where the name appears);
+- ``toolcalls`` (agentic): an agent log of tool calls of one shape whose arguments are the module's
+  real function names and line numbers, cut where the next call's arguments start.
 
 Every prompt carries up to 1,500 characters of the file before the cut as context.
 """
@@ -125,11 +130,71 @@ def structured_prompts(text: str, tree: ast.AST, rel: str, offs: list[int]) -> l
     return out
 
 
+RENAMES = ("item", "value", "entry", "node", "obj", "target", "result", "data", "key", "name")
+
+
+def edit_prompts(text: str, tree: ast.AST, rel: str, offs: list[int]) -> list[dict]:
+    """An edit workflow: a function in full, then the request to write it again with one local
+    name renamed, and the revision's first lines. The continuation mostly repeats the function
+    (what a suffix cache can draft) but differs wherever the renamed name appears."""
+    out = []
+    lines = text.splitlines(keepends=True)
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.FunctionDef) or node.end_lineno is None or node.col_offset != 0:
+            continue
+        src = "".join(lines[node.lineno - 1 : node.end_lineno])
+        if not 250 <= len(src) <= 900 or len(node.body) < 3:
+            continue
+        names = {}
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Name) and len(sub.id) >= 3 and sub.id not in ("self", "None", "True", "False"):
+                names[sub.id] = names.get(sub.id, 0) + 1
+        for a in node.args.args:
+            if a.arg != "self" and len(a.arg) >= 3:
+                names[a.arg] = names.get(a.arg, 0) + 1
+        used = sorted((n for n, c in names.items() if c >= 3 and re.fullmatch(r"[a-z_][a-z0-9_]*", n)), key=str)
+        if not used:
+            continue
+        old = used[len(node.name) % len(used)]  # deterministic (str hash() is salted per process)
+        new = next(r for r in RENAMES if r not in names and r != old)
+        revised = re.sub(rf"\b{re.escape(old)}\b", new, src)
+        head = "".join(revised.splitlines(keepends=True)[:2])
+        prompt = (f"{src}\n\n# The same function after a refactor: `{old}` is renamed to `{new}`; "
+                  f"nothing else changes.\n{head}")
+        out.append({"prompt": prompt, "source": f"{rel}:{node.lineno}"})
+    return out
+
+
+def toolcall_prompts(text: str, tree: ast.AST, rel: str, offs: list[int]) -> list[dict]:
+    """A multi-turn agent log: tool calls of one fixed shape with state-dependent arguments (the
+    module's real function names and line numbers), cut where the next call starts. The cache sees
+    the repeated structure; the arguments are what it gets wrong."""
+    funcs = sorted((n.lineno, n.name) for n in ast.walk(tree) if isinstance(n, ast.FunctionDef))
+    if len(funcs) < 6:
+        return []
+    out = []
+    module = rel.removesuffix(".py").replace("/", ".")
+    for start in range(0, len(funcs) - 5, 6):
+        chunk = funcs[start : start + 6]
+        calls = "".join(f'calls.append(tool("read_function", module="{module}", name="{name}", line={line}))\n'
+                        for line, name in chunk[:-1])
+        prompt = (f"# Agent session: reading `{module}` one function at a time.\ncalls = []\n{calls}"
+                  'calls.append(tool("read_function", module=')
+        out.append({"prompt": prompt, "source": f"{rel}:{chunk[0][0]}"})
+    return out
+
+
 BUILDERS = {"code": code_prompts, "prose": prose_prompts, "structured": structured_prompts}
+# agentic / edit workflows, where a suffix cache matters (Hybrid Verified Decoding)
+AGENTIC = {"edit": edit_prompts, "toolcalls": toolcall_prompts}
 
 
-def build(out_dir: Path, per_workload: int = PER_WORKLOAD, seed: int = 0) -> dict[str, int]:
-    found: dict[str, list[dict]] = {k: [] for k in BUILDERS}
+def build(out_dir: Path, per_workload: int = PER_WORKLOAD, seed: int = 0,
+          only: list[str] | None = None) -> dict[str, int]:
+    builders = {**BUILDERS, **AGENTIC}
+    if only:
+        builders = {k: v for k, v in builders.items() if k in only}
+    found: dict[str, list[dict]] = {k: [] for k in builders}
     for rel, path in stdlib_files():
         if not is_held_out(rel):
             continue
@@ -139,7 +204,7 @@ def build(out_dir: Path, per_workload: int = PER_WORKLOAD, seed: int = 0) -> dic
         except (UnicodeDecodeError, SyntaxError):
             continue
         offs = _offsets(text)
-        for name, fn in BUILDERS.items():
+        for name, fn in builders.items():
             found[name].extend(p for p in fn(text, tree, rel, offs) if p["prompt"].strip())
     out_dir.mkdir(parents=True, exist_ok=True)
     counts = {}
@@ -159,8 +224,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=Path("data/workloads"))
     ap.add_argument("--per-workload", type=int, default=PER_WORKLOAD)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--only", nargs="*", help="build only these workloads (e.g. edit toolcalls)")
     args = ap.parse_args(argv)
-    print(build(args.out, args.per_workload, args.seed))
+    print(build(args.out, args.per_workload, args.seed, args.only))
 
 
 if __name__ == "__main__":

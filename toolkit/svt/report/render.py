@@ -7,6 +7,8 @@ import math
 import os
 from pathlib import Path
 
+from svt.errors import DataError
+
 HEAD = ("auc", "log_loss", "ece", "brier", "mean_pred", "accept_rate", "n")
 
 
@@ -139,6 +141,9 @@ def to_markdown(report: dict) -> str:
                           for k, v in parts.items()]), ""]
     if report.get("figures"):
         lines += ["## Figures\n", *(f"![{Path(f).stem}]({f})\n" for f in report["figures"])]
+    for other in report.get("related") or []:
+        lines += [f"## Related report: [{other['report']}]({other['report']})\n",
+                  *(f"![{Path(f).stem}]({f})\n" for f in other["figures"])]
     return "\n".join(lines) + "\n"
 
 
@@ -202,11 +207,21 @@ def _hvd_markdown(report: dict) -> list[str]:
     return lines
 
 
-def link_figures(report_dir: str | Path, figures: list[Path]) -> None:
-    """Record the figures in report.json and re-render report.md with a Figures section."""
+def link_figures(report_dir: str | Path, figures: list[Path], related: list[str | Path] = ()) -> None:
+    """Record the figures (and other reports, with their figures) in report.json and re-render
+    report.md with a Figures section."""
     report_dir = Path(report_dir)
     report = json.loads((report_dir / "report.json").read_text())
     report["figures"] = [str(Path(f).relative_to(report_dir)) for f in figures]
+    rel = []
+    for other in related:
+        other = Path(other)
+        if not (other / "report.json").is_file():
+            raise DataError(f"{other}: not a report directory (no report.json) to link.")
+        figs = json.loads((other / "report.json").read_text()).get("figures") or []
+        rel.append({"report": os.path.relpath(other / "report.md", report_dir),
+                    "figures": [os.path.relpath(other / f, report_dir) for f in figs]})
+    report["related"] = rel
     write_report(report, report_dir)
 
 
