@@ -56,6 +56,7 @@ bench: setup
 	$(PY) benchmarks/bench_collect.py
 	$(PY) benchmarks/bench_evaluate.py
 	$(PY) benchmarks/bench_fit.py
+	$(PY) benchmarks/bench_cache.py
 
 lint: setup
 	$(VENV)/bin/ruff check toolkit tests benchmarks

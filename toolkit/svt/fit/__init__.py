@@ -1,10 +1,13 @@
-"""Fitting acceptance predictors on run directories, saving them as files, and predicting with them.
+"""Fitting predictors on run directories, saving them as files, and predicting with them.
 
-Fitters (``FITTERS``): ``irls-online`` (the source estimator, evaluated prequentially), ``logistic``
-(the same parametrisation fitted offline by Newton; per-position slopes and several features as
-options), ``sts`` (per-position temperature scaling of the drafter's probability), ``platt`` and
-``isotonic`` (calibrators of one score). Offline fitters train on a request-level split and are
-scored on the held-out requests.
+Fitters are a registry of small estimator classes (``FITTERS``, ``svt.fit.base``; one module per
+family, each registered with ``@register_fitter``). Acceptance predictors on the drafts table:
+``irls-online`` (the source estimator, evaluated prequentially), ``logistic`` (the same
+parametrisation fitted offline by Newton; per-position slopes and several features as options),
+``sts`` (per-position temperature scaling), ``platt`` and ``isotonic`` (calibrators of one score),
+``head`` (a confidence head on hidden states). Yield predictors on the cache_drafts table (Hybrid
+Verified Decoding): ``yield-mlp``, ``yield-linear``, ``yield-gbm``. Offline fitters train on a
+request-level split and are scored on the held-out requests.
 
 A fit is a JSON file: ``model``, ``feature`` (or ``features``), ``slope`` (a number, or a list by
 position), ``intercepts`` (a list by position), ``path`` (online fits: coefficients per cycle),

@@ -16,6 +16,12 @@ def fit_by_group(runs: list[str | Path], model: str, by: str, out_dir: str | Pat
     """Fit ``model`` separately per value of the drafts column ``by``; save OUT/<value>.json and
     OUT/summary.json with each group's slope, first intercept, acceptance and mean draft entropy,
     and the correlations of slope and first intercept with the entropy (3+ groups)."""
+    from svt.errors import ConfigError
+    from svt.fit import get_fitter
+
+    if get_fitter(model).table != "drafts":
+        raise ConfigError(f"--by fits acceptance predictors per group; {model!r} is fitted on cache drafts "
+                          "(use `svt evaluate --by workload` to see a yield fit per workload).")
     drafts, _ = load_drafts_for_fit(runs)
     if by not in drafts.columns:
         raise DataError(f"Cannot fit by {by!r}: the drafts table has no such column.")
