@@ -60,3 +60,29 @@ def test_inspect_a_damaged_run(tmp_path):
     (tmp_path / "run.json").write_text("{not json")
     r = runner.invoke(app, ["inspect", str(tmp_path)])
     assert r.exit_code == 3 and "run.json: not valid JSON" in r.output
+
+
+def test_cache_command_on_bad_input(tmp_path, small_run, greedy_run):
+    r = runner.invoke(app, ["cache", str(small_run)])  # temperature 1: no oracle yields
+    assert r.exit_code == 2 and "greedy" in r.output and "Traceback" not in r.output
+    r = runner.invoke(app, ["cache", str(greedy_run), "--set", "max_draft_len=0"])
+    assert r.exit_code == 2 and "cache.max_draft_len" in r.output
+    r = runner.invoke(app, ["cache", str(tmp_path / "nope")])
+    assert r.exit_code == 3 and "run.json" in r.output
+
+
+def test_cache_command_redoes_the_table(tmp_path, greedy_run):
+    import shutil
+
+    import polars as pl
+
+    run = tmp_path / "g"
+    shutil.copytree(greedy_run, run)
+    before = pl.read_parquet(run / "cache_drafts").sort("request", "decode_pos")
+    r = runner.invoke(app, ["cache", str(run), "--set", "max_draft_len=3", "--device", "cpu"])
+    assert r.exit_code == 0, r.output
+    after = pl.read_parquet(run / "cache_drafts").sort("request", "decode_pos")
+    assert after.height == before.height and after["draft_len"].max() <= 3 < before["draft_len"].max()
+    assert (after["model_accepted"] == before["model_accepted"]).all()
+    assert json.loads((run / "run.json").read_text())["cache"]["options"]["max_draft_len"] == 3
+    assert not list(run.glob(".cache_drafts*"))  # nothing left beside the swapped table

@@ -169,3 +169,42 @@ def test_damaged_cache_table_is_refused(greedy_run, tmp_path):
     d.with_columns(pl.col("oracle_accepted") + 50).write_parquet(shard)
     with pytest.raises(SchemaError, match="oracle_accepted"):
         open_run(run)
+
+
+@pytest.mark.parametrize(("edit", "match"), [
+    (lambda d: d.filter(pl.col("decode_pos") % 5 != 3), "one row per position"),
+    (lambda d: pl.concat([d, d]), "one row per position"),
+    (lambda d: d.with_columns(pl.col("oracle_accepted").clip(upper_bound=0).cast(pl.Int16)), "oracle or model yield"),
+    (lambda d: d.with_columns(pl.lit(30).cast(pl.Int16).alias("model_accepted")), "oracle or model yield"),
+])
+def test_cache_rows_are_cross_checked_with_the_requests(greedy_run, tmp_path, edit, match):
+    from svt.errors import DataError
+    from svt.fit.yield_data import load_cache_drafts_for_fit
+
+    run = tmp_path / "r"
+    shutil.copytree(greedy_run, run)
+    shard = sorted((run / "cache_drafts").glob("part-*.parquet"))[1]
+    d = pl.read_parquet(shard)
+    assert not edit(d).equals(d)  # the edit changes something
+    edit(d).write_parquet(shard)
+    with pytest.raises(DataError, match=match):
+        load_cache_drafts_for_fit([run])
+
+
+@pytest.mark.parametrize("col", ["lookup_ms", "context_len"])
+def test_negative_cache_values_are_schema_errors(greedy_run, tmp_path, col):
+    run = tmp_path / "r"
+    shutil.copytree(greedy_run, run)
+    shard = sorted((run / "cache_drafts").glob("part-*.parquet"))[0]
+    d = pl.read_parquet(shard)
+    d.with_columns((pl.col(col) * 0 - 1).cast(d.schema[col])).write_parquet(shard)
+    with pytest.raises(SchemaError, match=col):
+        open_run(run)
+
+
+def test_hvd_tau_must_be_a_number():
+    from svt.config import load_collect_config
+
+    base = {"target": "t", "draft": "d", "workloads": ["code"], "temperature": 0, "batch_size": 1}
+    with pytest.raises(ConfigError, match="hvd.tau"):
+        load_collect_config(None, base={**base, "hvd": {"fit": "f.json", "tau": float("nan")}})

@@ -101,3 +101,54 @@ def test_live_av_refuses_a_yield_fit(greedy_run):
 
     with pytest.raises(ConfigError, match="acceptance predictor"):
         live_confidence(fit_runs([greedy_run], "yield-linear"))
+
+
+def test_held_out_requests_do_not_move_when_rows_go_missing(greedy_run, tmp_path):
+    """The fit stores its training requests: a run read later with fewer rows still scores only
+    requests the fit never saw."""
+    import shutil
+
+    from svt.fit import evaluation_mask
+    from svt.fit.yield_data import load_cache_drafts_for_fit
+
+    fit = fit_runs([greedy_run], "yield-linear", test_fraction=0.5, seed=1)
+    trained = {tuple(x) for x in fit["training"]["train_request_ids"]}
+    run = tmp_path / "r"
+    shutil.copytree(greedy_run, run)
+    rows, _ = load_cache_drafts_for_fit([run])
+    ok = evaluation_mask(fit, rows, [fit["training"]["runs"][0]["run_id"]])
+    scored = {tuple(x) for x in rows.filter(pl.Series(ok)).select("_run", "request").unique().rows()}
+    assert scored and not scored & trained
+    assert scored | trained == {tuple(x) for x in rows.select("_run", "request").unique().rows()}
+
+
+def test_hvd_replay_keeps_requests_without_drafts(greedy_run, tmp_path):
+    """Every output token is walked, whether or not the cache drafted at its request."""
+    import shutil
+
+    from svt.cli import app as cli
+
+    run = tmp_path / "r"
+    shutil.copytree(greedy_run, run)
+    res = CliRunner().invoke(cli, ["cache", str(run), "--set", "min_token_prob=0.95", "--device", "cpu"])
+    assert res.exit_code == 0, res.output
+    from svt.report import EvaluateOptions, evaluate
+    from svt.traces.io import open_run
+
+    rep = evaluate([run], EvaluateOptions(features=["q_max"], costs="configs/costs/h100-llama8b-eagle.yaml"))
+    tokens = open_run(run).scan("requests").select(pl.col("output_ids").list.len().sum()).collect().item()
+    greedy = next(r for r in rep["hvd"]["rows"] if r["group"] == "all" and r["policy"] == "greedy")
+    assert greedy["tokens"] == tokens and rep["hvd"]["requests"] == 12
+
+
+def test_damaged_mlp_weights_and_bad_fit_paths(greedy_run, tmp_path):
+    fit = fit_runs([greedy_run], "yield-mlp")
+    with pytest.raises(ConfigError, match=".json"):
+        save_fit(fit, tmp_path / "m.safetensors")
+    path = save_fit(fit, tmp_path / "m.json")
+    w = tmp_path / "m.safetensors"
+    w.write_bytes(w.read_bytes()[:-8] + b"\0" * 8)
+    with pytest.raises(ConfigError, match="SHA-256"):
+        load_fit(path)
+    with pytest.raises(ConfigError, match="--feature"):
+        fit_runs([greedy_run], "yield-linear", feature="q_max")

@@ -56,3 +56,41 @@ def test_bad_plot_input(tmp_path, report_dir):
     assert r.exit_code == 2 and ".png or .svg" in r.output
     r = CliRunner().invoke(app, ["plot", "coefficients", str(report_dir), "--out", str(tmp_path / "x.png")])
     assert r.exit_code == 5 and "irls-online" in r.output
+
+
+@pytest.fixture(scope="module")
+def hvd_report(greedy_run, tmp_path_factory):
+    out = tmp_path_factory.mktemp("hvdrep")
+    r = CliRunner()
+    res = r.invoke(app, ["fit", str(greedy_run), "--model", "yield-linear", "--out", str(out / "y.json")])
+    assert res.exit_code == 0, res.output
+    res = r.invoke(app, ["evaluate", str(greedy_run), "--out", str(out), "--feature", "q_max", "--fit",
+                         str(out / "y.json"), "--costs", str(COSTS)])
+    assert res.exit_code == 0, res.output
+    assert "Hybrid Verified Decoding replay" in res.output and "yield predictors" in res.output
+    return out
+
+
+@pytest.mark.parametrize("kind", ["hvd", "yield-pr"])
+def test_hvd_kinds_render(hvd_report, kind, tmp_path):
+    out = tmp_path / f"{kind}.png"
+    r = CliRunner().invoke(app, ["plot", kind, str(hvd_report), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    w, h = _png_size(out)
+    assert 600 <= w <= 4000 and 300 <= h <= 2000 and out.stat().st_size > 15_000
+
+
+def test_hvd_plot_needs_an_hvd_report(report_dir, tmp_path):
+    r = CliRunner().invoke(app, ["plot", "hvd", str(report_dir), "--out", str(tmp_path / "x.png")])
+    assert r.exit_code == 5 and "cache drafts" in r.output and "Traceback" not in r.output
+
+
+def test_plot_all_links_related_reports(report_dir, hvd_report):
+    r = CliRunner().invoke(app, ["plot", "all", str(hvd_report)])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(app, ["plot", "all", str(report_dir), "--link", str(hvd_report)])
+    assert r.exit_code == 0, r.output
+    md = (report_dir / "report.md").read_text()
+    assert "Related report" in md and "figures/hvd.png" in md
+    r = CliRunner().invoke(app, ["plot", "all", str(report_dir), "--link", str(report_dir / "nope")])
+    assert r.exit_code == 5 and "not a report directory" in r.output

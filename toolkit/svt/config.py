@@ -88,6 +88,7 @@ class CollectConfig:
         if self.hvd is not None:
             _check(self.temperature == 0, "temperature", "0 (greedy) when `hvd` is set", self.temperature)
             _check(self.av is None, "av", "unset when `hvd` is set (one live policy at a time)", "set")
+            _check(self.hvd.tau == self.hvd.tau, "hvd.tau", "a number (not NaN)", self.hvd.tau)
         return self
 
 

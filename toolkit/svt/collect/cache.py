@@ -47,7 +47,8 @@ class CacheOptions:
                   (self.max_draft_len >= 1, "cache.max_draft_len", "an integer >= 1"),
                   (self.max_spec_factor > 0, "cache.max_spec_factor", "a number > 0"),
                   (0 <= self.min_token_prob <= 1, "cache.min_token_prob", "a number in [0, 1]"),
-                  (self.max_cached_requests != 0, "cache.max_cached_requests", "-1 (all) or >= 1"),
+                  (self.max_cached_requests == -1 or self.max_cached_requests >= 1, "cache.max_cached_requests",
+                   "-1 (all) or >= 1"),
                   (self.history >= 1, "cache.history", "an integer >= 1"))
         for ok, key, expected in checks:
             if not ok:

@@ -89,6 +89,11 @@ def build_cache_drafts(run_dir: str | Path, options: CacheOptions, draft_model, 
                           f"{(meta.get('sampling') or {}).get('temperature')}.")
     if meta.get("av"):
         raise ConfigError(f"{run_dir}: collected with live AV; cache drafts need a plain greedy run.")
+    if meta.get("status") != "complete":
+        raise DataError(f"{run_dir}: the run is not complete (status {meta.get('status')!r}); finish it with "
+                        "`svt collect ... --resume` first.")
+    if not isinstance(meta.get("k"), int):
+        raise DataError(f"{run_dir}: run.json has no valid `k`.")
     k = int(meta["k"])
     bs = int((meta.get("config") or {}).get("batch_size", 1) or 1)
     requests = run.scan("requests").sort("request").collect()
@@ -170,8 +175,10 @@ def add_cache_to_run(run_dir: str | Path, overrides: dict | None = None, *, devi
     paths = {}
     for role in ("target", "draft"):
         info = models.get(role) or {}
-        path = Path(str(info.get("path", "")))
-        if not info.get("path") or not path.is_dir():
+        if not info.get("path"):
+            raise ModelLoadError(f"{run_dir}: run.json does not name the {role} model (`models.{role}.path`).")
+        path = Path(str(info["path"]))
+        if not path.is_dir():
             raise ModelLoadError(f"{run_dir}: run.json names the {role} model at {str(path)!r}, which is not a "
                                  "directory here.")
         if info.get("weights_sha256_16") and weights_hash(path) != info["weights_sha256_16"]:

@@ -280,7 +280,8 @@ def _collect_hvd(cfg: CollectConfig, out: Path, config_path, old_meta, config, p
         raise ConfigError("Live HVD decodes one request at a time: set `batch_size: 1` (compare it with a "
                           "greedy run collected at batch_size 1).")
     options = cfg.cache or CacheOptions()
-    fit = load_fit(resolve_path(cfg.hvd.fit, config_path))
+    fit_path = resolve_path(cfg.hvd.fit, config_path).resolve()
+    fit = load_fit(fit_path)
     score = yield_scorer(fit)
     tok = pair.tokenizer
     classes = char_class_table(tok, int(pair.draft.config.vocab_size))
@@ -308,7 +309,7 @@ def _collect_hvd(cfg: CollectConfig, out: Path, config_path, old_meta, config, p
         "sampling": {"temperature": 0.0, "top_p": cfg.top_p, "greedy": True,
                      "features_from": "unscaled softmax (T=1); greedy acceptance = argmax agreement"},
         "k": cfg.k, "drafter_kinds": ["model", "cache"], "av": None,
-        "hvd": {"fit": cfg.hvd.fit, "tau": cfg.hvd.tau, "live": True,
+        "hvd": {"fit": str(fit_path), "tau": cfg.hvd.tau, "live": True,
                 "note": "one request at a time; steps are HVD cycles (cache or model draft)"},
         "cache": {"options": options.to_dict(), "arctic_inference": _dist_version("arctic-inference"),
                   "global_tree": "a response enters when its request finishes (after its last engine step)"},

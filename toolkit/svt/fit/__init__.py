@@ -25,7 +25,7 @@ import numpy as np
 import polars as pl
 
 from svt import __version__
-from svt.errors import ConfigError, DataError
+from svt.errors import ConfigError, DataError, SvtError
 from svt.features import get_feature
 from svt.fileio import read_json
 from svt.fit.base import (
@@ -131,9 +131,16 @@ def fit_runs(runs: list[str | Path], model: str, *, test_fraction: float = 0.3, 
         out["training"] = {"runs": infos, "rows": train.height, "k": k, "cycles": len(est.est_.path_),
                            **stats, "evaluation": "prequential"}
     else:
+        ids = train.select("_run", "request").unique().sort("_run", "request")
         out["training"] = {"runs": infos, "rows": train.height, "k": k, "test_fraction": test_fraction,
-                           "split_seed": seed, "train_requests": int(train.select("_run", "request").n_unique()),
+                           "split_seed": seed, "train_requests": ids.height,
+                           # the training requests themselves: evaluation scores every other request,
+                           # whatever rows a later reading of the runs holds
+                           "train_request_ids": [[int(a), int(b)] for a, b in ids.rows()],
                            **stats, "evaluation": "held-out requests"}
+        if cls.table == "cache_drafts":
+            out["training"]["cache_options"] = [open_run(r, deep=False, tables=["requests"]).meta.get("cache", {})
+                                                .get("options") for r in runs]
     return out
 
 
@@ -141,6 +148,9 @@ def save_fit(fit: dict, path: str | Path) -> Path:
     """Write the JSON fit file (and what the fitter keeps beside it, e.g. a head's safetensors);
     the JSON is written to a temporary name and renamed, so a reader never sees half a file."""
     path = Path(path)
+    if path.suffix.lower() != ".json":
+        raise ConfigError(f"Expected a fit file ending in .json, but got {path.name!r} (weights are written "
+                          "beside it).")
     path.parent.mkdir(parents=True, exist_ok=True)
     est = fit.get("_est")
     data = {k: v for k, v in fit.items() if not k.startswith("_")}
@@ -162,9 +172,13 @@ def load_fit(path: str | Path) -> dict:
     if not isinstance(fit, dict) or fit.get("model") not in FITTERS:
         raise ConfigError(f"{path}: not an svt fit (expected `model` in {', '.join(FITTERS)}).")
     try:
-        fit["_est"] = get_fitter(fit["model"]).from_dict(fit, path)
-    except (KeyError, TypeError, ValueError) as exc:
+        est = get_fitter(fit["model"]).from_dict(fit, path)
+        est.check()
+    except SvtError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    except Exception as exc:  # a damaged file: JSON fields, weights (safetensors), pickles
         raise ConfigError(f"{path}: a damaged {fit['model']} fit ({type(exc).__name__}: {exc}).") from None
+    fit["_est"] = est
     fit["_path"] = str(path)
     return fit
 
@@ -201,6 +215,12 @@ def evaluation_mask(fit: dict, drafts: pl.DataFrame, run_ids: list[str | None]) 
     if [r for r in run_ids] != [r.get("run_id") for r in fit["training"]["runs"]]:
         raise DataError("Evaluate an offline fit on exactly the runs it was trained on (for its held-out "
                         "split) or on runs it has never seen.")
+    ids = fit["training"].get("train_request_ids")
+    if ids is not None:  # every request the fit did not train on
+        trained_keys = pl.DataFrame(ids, schema={"_run": pl.Int64, "request": pl.Int64}, orient="row")
+        keys = drafts.select(pl.col("_run").cast(pl.Int64), pl.col("request").cast(pl.Int64))
+        return ~keys.join(trained_keys.with_columns(pl.lit(True).alias("_t")), on=["_run", "request"], how="left",
+                          maintain_order="left")["_t"].fill_null(False).to_numpy()
     return split_mask(drafts, fit["training"]["test_fraction"], fit["training"]["split_seed"])
 
 

@@ -57,6 +57,9 @@ class Fitter:
         """Build from the CLI's options, taking only those this fitter's ``__init__`` accepts
         (``None`` means "the fitter's default")."""
         names = set(inspect.signature(cls.__init__).parameters) - {"self"}
+        if options.get("feature") is not None and "feature" not in names:
+            raise ConfigError(f"{cls.name!r} takes no --feature"
+                              + (" (use --features to choose cache features)." if "features" in names else "."))
         return cls(**{k: v for k, v in options.items() if k in names and v is not None})
 
     def fit(self, data: FitData) -> Fitter:  # pragma: no cover - interface
@@ -71,6 +74,13 @@ class Fitter:
     @classmethod
     def from_dict(cls, d: dict, path: Path | None = None) -> Fitter:  # pragma: no cover - interface
         raise NotImplementedError
+
+    def check(self) -> None:
+        """Raise an SvtError when the fit names something this installation does not know."""
+        if self.table == "drafts":
+            for n in getattr(self, "features", None) or [getattr(self, "feature", "q_max")]:
+                if n != "hidden":
+                    get_feature(n)
 
     def save_extra(self, path: Path) -> dict:
         """Write files beside the fit file (weights); return keys to add to it."""

@@ -20,7 +20,9 @@ def load_cache_drafts_for_fit(runs: list[str | Path], where: pl.Expr | None = No
         if not run.has("cache_drafts"):
             raise DataError(f"{path}: no `cache_drafts` table; collect a greedy run with `cache: true` "
                             "or add it with `svt cache RUN`.")
-        frames.append(run.scan("cache_drafts").with_columns(pl.lit(i).alias("_run")))
+        frame = run.scan("cache_drafts").collect()
+        check_cache_drafts(path, run, frame)
+        frames.append(frame.lazy().with_columns(pl.lit(i).alias("_run")))
         infos.append({"path": str(path), "run_id": run.meta.get("run_id"), "k": run.meta.get("k")})
     lf = pl.concat(frames)
     if where is not None:
@@ -32,3 +34,45 @@ def load_cache_drafts_for_fit(runs: list[str | Path], where: pl.Expr | None = No
         raise DataError("No cache drafts to fit on: the cache proposed nothing"
                         + (" after the filter." if where is not None else "."))
     return rows, infos
+
+
+def check_cache_drafts(path, run, frame: pl.DataFrame) -> None:
+    """Cross-check a run's cache drafts with its requests: a complete greedy run without AV; one row
+    per request and decode position 0..len(output)-1; ``oracle_accepted`` equal to the common
+    prefix of the draft with the real continuation; ``model_accepted`` at most K and the tokens
+    left. Damaged or mismatched tables are an error, not a different number."""
+    import numpy as np
+
+    from svt.collect.cache import common_prefix
+
+    meta = run.meta
+    if not (meta.get("sampling") or {}).get("greedy") or meta.get("av"):
+        raise DataError(f"{path}: cache drafts belong to a greedy run without live AV; this run is not one "
+                        "(oracle yields would be meaningless).")
+    if meta.get("status") != "complete":
+        raise DataError(f"{path}: the run is not complete (status {meta.get('status')!r}).")
+    k = meta.get("k")
+    if not isinstance(k, int) or k < 1:
+        raise DataError(f"{path}: run.json has no valid `k`.")
+    reqs = run.scan("requests").select("request", "output_ids").collect()
+    n_out = dict(zip(reqs["request"].to_list(), reqs["output_ids"].list.len().to_list(), strict=True))
+    per = frame.group_by("request").agg(pl.len().alias("n"), pl.col("decode_pos").min().alias("lo"),
+                                        pl.col("decode_pos").max().alias("hi"),
+                                        pl.col("decode_pos").n_unique().alias("u"))
+    for r in per.iter_rows(named=True):
+        n = n_out.get(r["request"])
+        if n is None:
+            raise DataError(f"{path}: cache_drafts has request {r['request']}, which the requests table lacks.")
+        if not (r["n"] == r["u"] == n and r["lo"] == 0 and r["hi"] == n - 1):
+            raise DataError(f"{path}: request {r['request']} has {r['n']} cache rows over positions "
+                            f"{r['lo']}..{r['hi']}, but its output has {n} tokens (one row per position expected).")
+    missing = set(n_out) - set(per["request"].to_list())
+    if any(n_out[m] > 0 for m in missing):
+        raise DataError(f"{path}: cache_drafts lacks requests {sorted(missing)[:5]} of the requests table.")
+    outputs = dict(zip(reqs["request"].to_list(), reqs["output_ids"].to_list(), strict=True))
+    for r, t, ids, y, m in frame.select("request", "decode_pos", "draft_ids", "oracle_accepted",
+                                        "model_accepted").iter_rows():
+        out = outputs[r]
+        if y != common_prefix(np.asarray(ids), np.asarray(out[t:])) or m > min(k, len(out) - t):
+            raise DataError(f"{path}: request {r} position {t}: its oracle or model yield ({y}, {m}) does not "
+                            "match its draft and the request's output.")

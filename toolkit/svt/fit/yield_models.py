@@ -51,6 +51,9 @@ class _YieldFitter(Fitter):
     def label(self) -> str:
         return self.name
 
+    def check(self) -> None:
+        get_cache_features(self.features)
+
     def _xy(self, data: FitData) -> tuple[np.ndarray, np.ndarray]:
         return yield_matrix(data.frame, self.features), data.frame["oracle_accepted"].to_numpy().astype(np.float64)
 
@@ -136,6 +139,9 @@ class YieldGBM(_YieldFitter):
                               f"{sklearn.__version__}; refit (pickled models do not move across versions).")
         self = cls(d["features"])
         self.model_ = pickle.loads(blob)
+        if getattr(self.model_, "n_features_in_", len(self.features)) != len(self.features):
+            raise ValueError(f"the model takes {self.model_.n_features_in_} features, the fit lists "
+                             f"{len(self.features)}")
         return self
 
 
@@ -236,7 +242,7 @@ class YieldMLP(_YieldFitter):
 
         weights = path.with_suffix(".safetensors")
         save_file({k: v.contiguous() for k, v in self.net_.state_dict().items()}, str(weights))
-        return {"weights": weights.name}
+        return {"weights": weights.name, "weights_sha256": hashlib.sha256(weights.read_bytes()).hexdigest()}
 
     @classmethod
     def from_dict(cls, d: dict, path=None) -> YieldMLP:
@@ -247,11 +253,13 @@ class YieldMLP(_YieldFitter):
         weights = Path(path).parent / d.get("weights", "")
         if not d.get("weights") or not weights.is_file():
             raise ConfigError(f"{path}: its weights file {str(weights)!r} is missing.")
+        if d.get("weights_sha256") and hashlib.sha256(weights.read_bytes()).hexdigest() != d["weights_sha256"]:
+            raise ConfigError(f"{path}: {weights.name} does not match the SHA-256 the fit file records.")
         self = cls(d["features"])
         self.config_ = MLPConfig(**d["config"])
-        if self.config_.n_features != len(self.features):
-            raise ValueError("the MLP's input width differs from its feature list")
-        self.mean_, self.std_ = np.asarray(d["mean"]), np.asarray(d["std"])
+        self.mean_, self.std_ = np.asarray(d["mean"], dtype=np.float64), np.asarray(d["std"], dtype=np.float64)
+        if not self.config_.n_features == len(self.features) == self.mean_.size == self.std_.size:
+            raise ValueError("the MLP's input width, its feature list and its standardisation differ in length")
         self.net_ = _mlp(self.config_)
         self.net_.load_state_dict(load_file(str(weights)))
         self.net_.eval()

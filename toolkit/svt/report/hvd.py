@@ -46,10 +46,11 @@ def _scores(fit_dicts: list[dict], fit_paths: list[str], rows: pl.DataFrame, dra
     from svt.fit import evaluation_mask, predict
 
     preds: dict[str, np.ndarray] = {}
-    keys = set(map(tuple, drafted.select("_run", "request").unique().rows()))
+    keys = set(map(tuple, rows.select("_run", "request").unique().rows()))
     for fit, path in zip(fit_dicts, fit_paths, strict=True):
-        ok = evaluation_mask(fit, drafted, run_ids)
-        keys &= set(map(tuple, drafted.filter(pl.Series(ok)).select("_run", "request").unique().rows()))
+        # a request without any draft was never trained on: every fit may score it
+        ok = evaluation_mask(fit, rows, run_ids)
+        keys &= set(map(tuple, rows.filter(pl.Series(ok)).select("_run", "request").unique().rows()))
         name = fit["model"] if fit["model"] not in preds else f"{fit['model']} [{Path(path).stem}]"
         preds[name] = predict(fit, rows)
     for rule in YIELD_RULES:
@@ -74,13 +75,17 @@ def hvd_report(runs: list[Path], fit_paths: list[str], run_ids: list, *, costs_p
     from svt.traces.io import open_run
 
     rows, _ = load_cache_drafts_for_fit(runs, with_empty=True)
-    ks = {int(open_run(r, deep=False, tables=["requests"]).meta["k"]) for r in runs}
+    metas = [open_run(r, deep=False, tables=["requests"]).meta for r in runs]
+    ks = {m["k"] for m in metas}  # checked to be a valid int by the loader
     if len(ks) != 1:
         raise DataError(f"The runs were drafted with different K ({sorted(ks)}): replay them separately.")
     k = ks.pop()
+    batch_sizes = sorted({int((m.get("config") or {}).get("batch_size", 1) or 1) for m in metas})
     drafted = rows.filter(pl.col("draft_len") > 0)
     if drafted.height == 0:
-        raise DataError("The cache proposed no draft in these runs: nothing to score.")
+        if fit_paths:
+            raise DataError("The cache proposed no draft in these runs: no yield fit can be scored.")
+        return {"cache": cache_opportunity(rows, high_yield), "yield": None, "hvd": None}
     fits = [load_fit(p) for p in fit_paths]
     preds, keys = _scores(fits, fit_paths, rows, drafted, run_ids)
     keys_df = pl.DataFrame(sorted(keys), schema={"_run": rows.schema["_run"], "request": pl.Int64}, orient="row")
@@ -116,8 +121,11 @@ def hvd_report(runs: list[Path], fit_paths: list[str], run_ids: list, *, costs_p
         taus = tuple(sorted({*TAUS, *(float(v["tau"]) for v in lives)}))
         points = replay_hvd(reqs, per_pred, k, costs, taus)
         report["hvd"] = {"costs": {"path": str(costs_path), "kind": costs.kind}, "k": k, "requests": len(reqs),
-                         "batch_size": 1, "rows": points, "best": best_tau(points),
-                         "note": "greedy runs, batch 1; τ chosen on the replayed requests themselves",
+                         "batch_size": 1, "collected_batch_size": batch_sizes, "rows": points,
+                         "best": best_tau(points),
+                         "note": "each request replayed at batch 1; the global tree's timing follows the collection's "
+                                 f"batches of {'/'.join(map(str, batch_sizes))}; τ chosen on the replayed requests "
+                                 "themselves",
                          "live_check": _live_check(lives, fits, fit_paths, points, len(runs))}
     return report
 
@@ -130,11 +138,14 @@ def _live_check(lives: list[dict], fits: list[dict], fit_paths: list[str], point
         raise DataError("Evaluate a live HVD run alone to compare it with its replay.")
     live = lives[0]
     want = Path(live["fit"]).resolve()
-    match = [f["model"] for f, p in zip(fits, fit_paths, strict=True) if Path(p).resolve() == want]
+    names = list(dict.fromkeys(r["predictor"] for r in points if "predictor" in r))
+    match = [n for n, p in zip(names, fit_paths, strict=False) if Path(p).resolve() == want]
     if not match:
         raise DataError(f"The live HVD run switched with {live['fit']}; pass that fit with --fit to replay it.")
-    rep = next(r for r in points if r["group"] == "all" and r.get("predictor") == match[0]
-               and r["tau"] == float(live["tau"]))
+    rep = next((r for r in points if r["group"] == "all" and r.get("predictor") == match[0]
+                and r["tau"] == float(live["tau"])), None)
+    if rep is None or "cycles" not in live:
+        raise DataError(f"The live HVD run's τ ({live.get('tau')!r}) or its cycle count is not usable.")
     return {"fit": live["fit"], "tau": live["tau"], "live_cycles": live["cycles"], "replayed_cycles": rep["cycles"],
             "live_cycles_per_1000": live["cycles_per_1000"], "replayed_cycles_per_1000": rep["cycles_per_1000"],
             "equal": live["cycles"] == rep["cycles"]}

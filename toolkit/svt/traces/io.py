@@ -125,9 +125,10 @@ def check_shard_values(path: Path, spec: TableSchema) -> None:
         checks.append((pl.col("draft_len") != pl.col("draft_ids").list.len()).sum().alias("len:draft_len"))
         checks.append(((pl.col("oracle_accepted") < 0) | (pl.col("oracle_accepted") > pl.col("draft_len")))
                       .sum().alias("yield:oracle_accepted"))
-        for col in ("model_accepted", "match_len", "decode_pos"):
+        for col in ("model_accepted", "match_len", "decode_pos", "context_len", "prev_draft_len", "prev_match_len"):
             checks.append((pl.col(col) < 0).sum().alias(f"nonneg:{col}"))
-        checks.append((pl.col("score").is_nan() | (pl.col("score") < 0)).sum().alias("nonneg:score"))
+        for col in ("score", "lookup_ms", "hist_yield_mean", "hist_yield_max"):
+            checks.append((~pl.col(col).is_finite() | (pl.col(col) < 0)).sum().alias(f"nonneg:{col}"))
     row = lf.select(checks).collect().row(0, named=True)
     for key, n in row.items():
         if not n:
@@ -137,7 +138,7 @@ def check_shard_values(path: Path, spec: TableSchema) -> None:
             "null": "null, which this column does not allow",
             "prob": "NaN or outside [0, 1]",
             "label": "a label other than 0, 1 or null",
-            "nonneg": "NaN or negative",
+            "nonneg": "NaN, infinite or negative",
             "len": "a value other than the length of `draft_ids`",
             "yield": "a value outside [0, draft_len]",
         }[kind]
