@@ -13,6 +13,10 @@ from svt.errors import ConfigError, DataError
 from svt.features.cache import YIELD_FEATURES
 from svt.fit import FitData, fit_runs, get_fitter, load_fit, predict, save_fit, split_mask
 
+from ..conftest import ROOT
+
+COSTS = ROOT / "configs" / "costs" / "h100-llama8b-eagle.yaml"
+
 
 def _synthetic(n, seed):
     rng = np.random.default_rng(seed)
@@ -79,7 +83,7 @@ def test_yield_scored_on_exactly_the_held_out_requests(greedy_run, tmp_path):
     trained = set(rows["request"].unique().to_list()) - held
     assert fit["training"]["train_requests"] == len(trained) and held and trained
     rep = evaluate([greedy_run], EvaluateOptions(features=["q_max"], fits=[str(path)],
-                                                 costs="configs/costs/h100-llama8b-eagle.yaml"))
+                                                 costs=str(COSTS)))
     assert rep["yield"]["requests"] == len(held)
     n_held_drafts = rows.filter(pl.col("request").is_in(list(held))).height
     assert rep["yield"]["predictors"]["yield-linear"]["n"] == n_held_drafts
@@ -135,7 +139,7 @@ def test_hvd_replay_keeps_requests_without_drafts(greedy_run, tmp_path):
     from svt.report import EvaluateOptions, evaluate
     from svt.traces.io import open_run
 
-    rep = evaluate([run], EvaluateOptions(features=["q_max"], costs="configs/costs/h100-llama8b-eagle.yaml"))
+    rep = evaluate([run], EvaluateOptions(features=["q_max"], costs=str(COSTS)))
     tokens = open_run(run).scan("requests").select(pl.col("output_ids").list.len().sum()).collect().item()
     greedy = next(r for r in rep["hvd"]["rows"] if r["group"] == "all" and r["policy"] == "greedy")
     assert greedy["tokens"] == tokens and rep["hvd"]["requests"] == 12
