@@ -86,3 +86,8 @@ def test_cache_command_redoes_the_table(tmp_path, greedy_run):
     assert (after["model_accepted"] == before["model_accepted"]).all()
     assert json.loads((run / "run.json").read_text())["cache"]["options"]["max_draft_len"] == 3
     assert not list(run.glob(".cache_drafts*"))  # nothing left beside the swapped table
+
+
+def test_cache_command_checks_moved_models_by_hash(tmp_path, greedy_run, models_dir):
+    r = runner.invoke(app, ["cache", str(greedy_run), "--draft", str(models_dir / "draft-small")])
+    assert r.exit_code == 4 and "weights differ" in r.output and "Traceback" not in r.output

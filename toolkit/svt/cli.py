@@ -308,6 +308,9 @@ def cache(
                       "(keys: max_tree_depth, max_draft_len, max_spec_factor, max_spec_offset, "
                       "min_token_prob, max_cached_requests, history).")] = None,
     device: Annotated[str, typer.Option(help="Device for the draft model's teacher-forced pass.")] = "auto",
+    target: Annotated[Path | None, typer.Option(help="The target's directory, if it moved since collection "
+                                                      "(its weights must hash as run.json records).")] = None,
+    draft: Annotated[Path | None, typer.Option(help="The draft's directory, if it moved (hash-checked).")] = None,
 ) -> None:
     """Add (or redo) the `cache_drafts` table of an existing greedy run without decoding again:
     SuffixDecoding replayed over its requests in server order, each draft's oracle yield and the
@@ -320,7 +323,7 @@ def cache(
     from svt.config import parse_set
 
     try:
-        entry = add_cache_to_run(run, parse_set(set_ or []), device=device)
+        entry = add_cache_to_run(run, parse_set(set_ or []), device=device, target=target, draft=draft)
     except SvtError as exc:
         raise _fail(exc) from None
     out.print(f"wrote {run / 'cache_drafts'}: {entry['rows']:,} positions (arctic-inference "

@@ -161,7 +161,8 @@ def _dist_version(name: str) -> str | None:
         return None
 
 
-def add_cache_to_run(run_dir: str | Path, overrides: dict | None = None, *, device: str = "auto") -> dict:
+def add_cache_to_run(run_dir: str | Path, overrides: dict | None = None, *, device: str = "auto",
+                     target: str | Path | None = None, draft: str | Path | None = None) -> dict:
     """``svt cache RUN``: build the cache table of an existing greedy run with the models recorded
     in its run.json (their weights hashes must match), options = defaults + ``overrides``."""
     from svt.config import _build
@@ -173,11 +174,12 @@ def add_cache_to_run(run_dir: str | Path, overrides: dict | None = None, *, devi
     options = _build(CacheOptions, {k: v for k, v in (overrides or {}).items()}, prefix="cache.").validate()
     models = meta.get("models") or {}
     paths = {}
+    moved = {"target": target, "draft": draft}
     for role in ("target", "draft"):
         info = models.get(role) or {}
-        if not info.get("path"):
+        if not info.get("path") and moved[role] is None:
             raise ModelLoadError(f"{run_dir}: run.json does not name the {role} model (`models.{role}.path`).")
-        path = Path(str(info["path"]))
+        path = Path(str(moved[role] or info["path"]))
         if not path.is_dir():
             raise ModelLoadError(f"{run_dir}: run.json names the {role} model at {str(path)!r}, which is not a "
                                  "directory here.")
