@@ -1,4 +1,4 @@
-"""Losslessness bias of a trimming rule (DESIGN.md section 6).
+"""Losslessness bias of a trimming rule.
 
 A rule "do not verify a draft of token x when trimmed(x)" changes what speculative sampling emits:
 

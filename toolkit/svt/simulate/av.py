@@ -1,4 +1,4 @@
-"""Trace-driven replay of Adaptive Verification against fixed draft lengths (DESIGN.md section 7).
+"""Trace-driven replay of Adaptive Verification against fixed draft lengths.
 
 At concurrency B, requests are taken B at a time (in request order); at each step the batch holds
 those of them that still have a step in the trace. Each request has K confidences c_i and its real

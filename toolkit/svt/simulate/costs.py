@@ -9,7 +9,7 @@ Two kinds of file (YAML):
   target and the drafter; the file names where its constants come from.
 
 ``drafter: autoregressive`` pays one drafter pass per draft token; ``parallel`` drafts all K in one
-pass (DESIGN.md; source "Limitations").
+pass (the Adaptive Verification source, "Limitations").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Trace-driven replay of Hybrid Verified Decoding on a greedy run (DESIGN.md section 7).
+"""Trace-driven replay of Hybrid Verified Decoding on a greedy run.
 
 Each request is walked from decode position 0. A cycle at position t verifies one draft and
 advances by its accepted length + 1 (the target's own next token). Per position the trace gives the
