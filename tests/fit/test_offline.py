@@ -14,6 +14,8 @@ from svt.errors import ConfigError, DataError
 from svt.fit import fit_runs, load_fit, save_fit
 from svt.fit.logistic import design, fit_newton
 
+from ..conftest import reseal
+
 
 @pytest.mark.parametrize("per_position_slope", [False, True])
 def test_newton_matches_sklearn_unpenalised(per_position_slope):
@@ -108,6 +110,7 @@ def test_one_class_and_empty_data_are_refused(small_run, tmp_path):
     write_shard(path, "drafts", 0, drafts)
     for t in ("steps", "requests"):
         write_shard(path, t, 0, run.scan(t).collect())
+    reseal(path)
     with pytest.raises(DataError, match="Only one class"):
         fit_runs([path], "irls-online")
     with pytest.raises(DataError, match="after the filter"):

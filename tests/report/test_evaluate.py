@@ -13,6 +13,8 @@ from svt.errors import DataError
 from svt.report import EvaluateOptions, evaluate
 from svt.traces import open_run, write_meta, write_shard
 
+from ..conftest import reseal
+
 REQUIRED = ("lossless", "auc", "log_loss", "ece", "brier", "mean_pred", "accept_rate", "n")
 
 
@@ -77,6 +79,7 @@ def test_no_labelled_drafts_is_an_error(small_run, tmp_path):
     write_shard(path, "drafts", 0, run.scan("drafts").with_columns(pl.lit(None, pl.Int8).alias("label")).collect())
     for t in ("steps", "requests"):
         write_shard(path, t, 0, run.scan(t).collect())
+    reseal(path)
     with pytest.raises(DataError, match="No labelled drafts"):
         evaluate([path])
 

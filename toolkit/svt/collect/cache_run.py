@@ -27,7 +27,7 @@ from svt.collect.cache import (
     teacher_forced_accepted,
 )
 from svt.errors import ConfigError, DataError
-from svt.traces.io import open_run, read_meta, write_meta, write_shard
+from svt.traces.io import forget_shards, list_shards, open_run, read_meta, record_shards, write_meta, write_shard
 
 
 def _positions_to_steps(steps: pl.DataFrame, n_out: int) -> np.ndarray:
@@ -142,6 +142,9 @@ def build_cache_drafts(run_dir: str | Path, options: CacheOptions, draft_model, 
              "global_tree": "a response enters when its request finishes (after its last engine step)",
              "columns": list(ROW_COLUMNS)}
     meta = read_meta(run_dir)
+    forget_shards(meta, "cache_drafts")
+    if "shards" in meta:
+        record_shards(meta, "cache_drafts", list_shards(run_dir, "cache_drafts"))
     meta["cache"] = entry
     kinds = meta.get("drafter_kinds") or ["model"]
     meta["drafter_kinds"] = [*kinds, "cache"] if "cache" not in kinds else kinds

@@ -25,7 +25,8 @@ from svt.collect.workloads import encode_prompt, interleave, read_workload, reso
 from svt.config import CollectConfig, resolve_path, to_dict
 from svt.errors import ConfigError
 from svt.models.loading import load_pair
-from svt.traces.io import list_shards, read_meta, shard_ids, write_meta, write_shard
+from svt.traces.io import (SHARD_RE, forget_shards, list_shards, read_meta, record_shards, shard_ids, write_meta,
+                           write_shard)
 from svt.traces.schema import SCHEMA_VERSION, TABLES
 
 
@@ -47,7 +48,8 @@ class CollectSummary:
 
 
 def _prepare_dir(out: Path, *, resume: bool, overwrite: bool, config: dict) -> dict | None:
-    """Refuse a non-empty directory unless resuming or overwriting; return the old meta on resume."""
+    """Refuse a non-empty directory unless resuming or overwriting; return the old meta on resume.
+    Nothing is deleted here: an overwrite is written beside the old run and swapped in at the end."""
     if resume and overwrite:
         raise ConfigError("Use either --resume or --overwrite, not both.")
     if out.exists() and not out.is_dir():
@@ -75,8 +77,44 @@ def _prepare_dir(out: Path, *, resume: bool, overwrite: bool, config: dict) -> d
             raise ConfigError(
                 f"Refusing to overwrite {str(out)!r}: it is not a run directory (no run.json)."
             )
-        shutil.rmtree(out)
     return None
+
+
+def _staging(out: Path) -> Path:
+    """Where an overwrite is written before it replaces ``out`` (beside it, same filesystem)."""
+    return out.parent / f".{out.name}.svt-new"
+
+
+def _swap_in(staged: Path, out: Path) -> None:
+    """Replace the old run by the finished new one: rename old aside, new in, then delete old."""
+    old = out.parent / f".{out.name}.svt-old"
+    shutil.rmtree(old, ignore_errors=True)
+    if out.exists():
+        out.rename(old)
+    staged.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def file_sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _check_resume_inputs(out: Path, old_meta: dict, pair, workload_hashes: dict[str, str]) -> None:
+    """A resumed run must use the same models (weights hashes) and prompt files (content hashes)
+    as the session that started it: otherwise one run would mix two experiments."""
+    now = pair.identity()
+    for role in ("target", "draft"):
+        was = (old_meta.get("models") or {}).get(role, {}).get("weights_sha256_16")
+        if was and was != now[role]["weights_sha256_16"]:
+            raise ConfigError(f"Cannot resume {str(out)!r}: the {role} model's weights changed since the run "
+                              f"started (hash {now[role]['weights_sha256_16']} vs {was}). Use --overwrite.")
+    was = old_meta.get("workload_sha256") or {}
+    for name, h in workload_hashes.items():
+        if name in was and was[name] != h:
+            raise ConfigError(f"Cannot resume {str(out)!r}: the prompt file of workload {name!r} changed since "
+                              "the run started. Use --overwrite.")
 
 
 def _batch_seed(seed: int, batch: int) -> int:
@@ -118,17 +156,37 @@ def collect(cfg: CollectConfig, out: str | Path, *, config_path: str | Path | No
     """Run speculative decoding over the configured workloads and write a run directory."""
     import time
 
-    out = Path(out)
+    final = Path(out)
     config = to_dict(cfg)
-    old_meta = _prepare_dir(out, resume=resume, overwrite=overwrite, config=config)
+    old_meta = _prepare_dir(final, resume=resume, overwrite=overwrite, config=config)
 
+    # everything that can fail on bad input is checked before anything is written
     paths = [resolve_workload(w, config_path) for w in cfg.workloads]
     names = [p.stem for p in paths]
     if len(set(names)) != len(names):
         raise ConfigError(f"Workload names must be distinct, but got {names}.")
     prompts = interleave([read_workload(p) for p in paths], cfg.requests)
+    workload_hashes = {n: file_sha256(p) for n, p in zip(names, paths, strict=True)}
     pair = load_pair(resolve_path(cfg.target, config_path), resolve_path(cfg.draft, config_path),
                      device=cfg.device, dtype=cfg.dtype)
+    if old_meta:
+        _check_resume_inputs(final, old_meta, pair, workload_hashes)
+    if cfg.av is not None:
+        from svt.fit import live_confidence, load_fit
+        from svt.simulate.costs import load_costs
+
+        live_confidence(load_fit(resolve_path(cfg.av.fit, config_path)))
+        load_costs(resolve_path(cfg.av.costs, config_path))
+    if cfg.hvd is not None:
+        from svt.collect.hvd_live import yield_scorer
+        from svt.fit import load_fit
+
+        yield_scorer(load_fit(resolve_path(cfg.hvd.fit, config_path)))
+    # an overwrite is written beside the old run and swapped in when complete
+    staged = overwrite and final.is_dir() and any(final.iterdir())
+    out = _staging(final) if staged else final
+    if staged:
+        shutil.rmtree(out, ignore_errors=True)
     tok = pair.tokenizer
     ids = [encode_prompt(p, tok, cfg.max_prompt_tokens) for p in prompts]
     workload_of = {i: p.workload for i, p in enumerate(prompts)}
@@ -163,13 +221,11 @@ def collect(cfg: CollectConfig, out: str | Path, *, config_path: str | Path | No
     batches = [list(range(i, min(i + cfg.batch_size, cfg.requests)))
                for i in range(0, cfg.requests, cfg.batch_size)]
     if cfg.hvd is not None:
-        return _collect_hvd(cfg, out, config_path, old_meta, config, pair, ids, workload_of, names, paths)
+        summary = _collect_hvd(cfg, out, config_path, old_meta, config, pair, ids, workload_of, names, paths,
+                               workload_hashes)
+        return _done(summary, out, final, staged)
 
-    done = shard_ids(out, "requests") if old_meta else set()
-    for table in TABLES:  # shards of an interrupted batch: remove, they are redone
-        for shard in list_shards(out, table):
-            if int(shard.stem.split("-")[1]) not in done:
-                shard.unlink()
+    done = _completed(out, old_meta)
     meta = old_meta or {
         "run_id": uuid.uuid4().hex[:12],
         "svt_version": __version__,
@@ -194,6 +250,7 @@ def collect(cfg: CollectConfig, out: str | Path, *, config_path: str | Path | No
                                            "labels": "censored: trimmed drafts have no label; steps with "
                                                      "explored = true verified every draft"},
         "workloads": {n: str(p) for n, p in zip(names, paths, strict=True)},
+        "workload_sha256": workload_hashes,
         "seed": cfg.seed,
         "device": str(pair.device),
         "environment": {"python": platform.python_version(), "torch": torch.__version__,
@@ -219,10 +276,7 @@ def collect(cfg: CollectConfig, out: str | Path, *, config_path: str | Path | No
             log = run_batch(pair.target, pair.draft, [ids[r] for r in reqs], params, eos_id=eos_id,
                             pad_id=pad_id, generator=gen, log=log_opts, request_ids=reqs, av=live)
             frames = _frames(log, workload_of, reqs, [ids[r] for r in reqs])
-            for table in ("drafts", "steps", "hidden", "dists"):
-                if table in frames:
-                    write_shard(out, table, b, frames[table])
-            write_shard(out, "requests", b, frames["requests"])  # last: marks the batch complete
+            _commit_batch(out, meta, b, frames)
             total_tokens += sum(len(o) for o in log.outputs)
             bar.update(task, advance=len(reqs), tps=f"{total_tokens / (time.time() - t_start):,.0f}")
     seconds = time.time() - t_start
@@ -234,7 +288,44 @@ def collect(cfg: CollectConfig, out: str | Path, *, config_path: str | Path | No
         from svt.collect.cache_run import build_cache_drafts
 
         build_cache_drafts(out, cfg.cache, pair.draft, tok)
+    return _done(summary, out, final, staged)
+
+
+def _done(summary: CollectSummary, out: Path, final: Path, staged: bool) -> CollectSummary:
+    if staged:
+        _swap_in(out, final)
+        summary.run_dir = final
     return summary
+
+
+def _completed(out: Path, old_meta: dict | None) -> set[int]:
+    """Batches a resumed run already holds: those whose ``requests`` shard run.json recorded (or,
+    for runs written before shard records, whose ``requests`` shard exists). Every other shard is
+    left over from an interrupted batch and is removed (it is redone), with its record."""
+    if not old_meta:
+        return set()
+    recorded = (old_meta.get("shards") or {}).get("requests")
+    done = shard_ids(out, "requests")
+    if recorded is not None:
+        done &= {int(SHARD_RE.fullmatch(n).group(1)) for n in recorded if SHARD_RE.fullmatch(n)}
+    for table in TABLES:
+        for shard in list_shards(out, table):
+            if int(SHARD_RE.fullmatch(shard.name).group(1)) not in done:
+                shard.unlink()
+                forget_shards(old_meta, table, {shard.name})
+    return done
+
+
+def _commit_batch(out: Path, meta: dict, b: int, frames: dict[str, pl.DataFrame]) -> None:
+    """Write one batch's shards (``requests`` last), then record them all in run.json: a batch is
+    complete once run.json records its ``requests`` shard."""
+    written = {}
+    for table in ("drafts", "steps", "hidden", "dists", "cache_drafts", "requests"):
+        if table in frames:
+            written[table] = write_shard(out, table, b, frames[table])
+    for table, path in written.items():
+        record_shards(meta, table, [path])
+    write_meta(out, meta)
 
 
 def _finish(out: Path, meta: dict, seconds: float, resumed: int) -> CollectSummary:
@@ -262,7 +353,7 @@ def _finish(out: Path, meta: dict, seconds: float, resumed: int) -> CollectSumma
 
 
 def _collect_hvd(cfg: CollectConfig, out: Path, config_path, old_meta, config, pair, ids, workload_of,
-                 names, paths) -> CollectSummary:
+                 names, paths, workload_hashes) -> CollectSummary:
     """Live Hybrid Verified Decoding: one request at a time (one shard per request), greedy."""
     import time
 
@@ -286,11 +377,7 @@ def _collect_hvd(cfg: CollectConfig, out: Path, config_path, old_meta, config, p
     tok = pair.tokenizer
     classes = char_class_table(tok, int(pair.draft.config.vocab_size))
     drafter = CacheDrafter(options)
-    done = sorted(shard_ids(out, "requests")) if old_meta else []
-    for table in TABLES:
-        for shard in list_shards(out, table):
-            if int(shard.stem.split("-")[1]) not in set(done):
-                shard.unlink()
+    done = sorted(_completed(out, old_meta))
     if done:  # rebuild the global tree from the finished responses, in their order
         from svt.traces.io import open_run
 
@@ -313,7 +400,8 @@ def _collect_hvd(cfg: CollectConfig, out: Path, config_path, old_meta, config, p
                 "note": "one request at a time; steps are HVD cycles (cache or model draft)"},
         "cache": {"options": options.to_dict(), "arctic_inference": _dist_version("arctic-inference"),
                   "global_tree": "a response enters when its request finishes (after its last engine step)"},
-        "workloads": {n: str(p) for n, p in zip(names, paths, strict=True)}, "seed": cfg.seed,
+        "workloads": {n: str(p) for n, p in zip(names, paths, strict=True)}, "workload_sha256": workload_hashes,
+        "seed": cfg.seed,
         "device": str(pair.device), "environment": {"python": platform.python_version(), "torch": torch.__version__,
                                                     "transformers": __import__("transformers").__version__},
         "batches": cfg.requests,
@@ -338,13 +426,11 @@ def _collect_hvd(cfg: CollectConfig, out: Path, config_path, old_meta, config, p
             drafts = pl.DataFrame(log.drafts).with_columns(pl.lit(workload_of[r]).alias("workload"))
         else:  # every cycle verified a cache draft: an empty drafts shard of the right schema
             drafts = pl.DataFrame(schema=TABLES["drafts"].columns)
-        write_shard(out, "drafts", r, drafts)
-        write_shard(out, "steps", r, steps)
-        write_shard(out, "cache_drafts", r, rows)
-        write_shard(out, "requests", r, pl.DataFrame(
+        _commit_batch(out, meta, r, {"drafts": drafts, "steps": steps, "cache_drafts": rows,
+                                     "requests": pl.DataFrame(
             {"request": [r], "workload": [workload_of[r]], "prompt_ids": [ids[r]], "output_ids": [log.output],
              "finish_reason": [log.finish]},
-            schema_overrides={"prompt_ids": pl.List(pl.Int32), "output_ids": pl.List(pl.Int32)}))
+            schema_overrides={"prompt_ids": pl.List(pl.Int32), "output_ids": pl.List(pl.Int32)})})
     summary = _finish(out, meta, time.time() - t_start, resumed=len(done))
     from svt.traces.io import open_run
 

@@ -2,22 +2,54 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
-from svt.errors import SchemaError
+from svt.errors import DataError, SchemaError
 from svt.traces.schema import SCHEMA_VERSION, TABLES, TableSchema, get_table
 
 RUN_META = "run.json"
+SHARD_RE = re.compile(r"part-(\d{5})\.parquet")
 
 
 def shard_name(shard: int) -> str:
     return f"part-{shard:05d}.parquet"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _rows(path: Path) -> int:
+    return int(pl.scan_parquet(path).select(pl.len()).collect().item())
+
+
+def record_shards(meta: dict[str, Any], table: str, paths: list[Path]) -> None:
+    """Record committed shards (row count and SHA-256) in the run's metadata, which the reader
+    checks: a shard that goes missing, is duplicated or changes is an error, not a new number."""
+    recs = meta.setdefault("shards", {}).setdefault(table, {})
+    for p in paths:
+        recs[p.name] = {"rows": _rows(p), "sha256": _sha256(p)}
+
+
+def forget_shards(meta: dict[str, Any], table: str, names: set[str] | None = None) -> None:
+    """Drop shard records of ``table`` (all, or ``names``)."""
+    recs = (meta.get("shards") or {}).get(table)
+    if recs is None:
+        return
+    for n in list(recs) if names is None else names:
+        recs.pop(n, None)
 
 
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -69,14 +101,23 @@ def write_shard(run_dir: Path, table: str, shard: int, frame: pl.DataFrame) -> P
 
 
 def list_shards(run_dir: Path, table: str) -> list[Path]:
+    """The table's shards: files named ``part-NNNNN.parquet`` (temporary and hidden files aside)."""
     folder = Path(run_dir) / table
     if not folder.is_dir():
         return []
-    return sorted(p for p in folder.glob("part-*.parquet") if not p.name.startswith("."))
+    return sorted(p for p in folder.iterdir() if SHARD_RE.fullmatch(p.name))
+
+
+def stray_files(run_dir: Path, table: str) -> list[Path]:
+    """Files in a table's folder that are not shards (e.g. ``part-00001 (copy).parquet``)."""
+    folder = Path(run_dir) / table
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if not p.name.startswith(".") and not SHARD_RE.fullmatch(p.name))
 
 
 def shard_ids(run_dir: Path, table: str) -> set[int]:
-    return {int(p.stem.split("-")[1]) for p in list_shards(run_dir, table)}
+    return {int(SHARD_RE.fullmatch(p.name).group(1)) for p in list_shards(run_dir, table)}
 
 
 def _kind(dtype: pl.DataType) -> str:
@@ -157,6 +198,16 @@ class Run:
         return bool(self.shards.get(table))
 
     @property
+    def complete(self) -> bool:
+        """False for a run whose collection was interrupted (``status: running``)."""
+        return self.meta.get("status", "complete") == "complete"
+
+    def require_complete(self) -> None:
+        if not self.complete:
+            raise DataError(f"{self.path}: the run is incomplete (status {self.meta.get('status')!r}: its "
+                            "collection was interrupted); finish it with `svt collect CONFIG --out RUN --resume`.")
+
+    @property
     def censored(self) -> bool:
         """Collected under live AV: trimmed drafts have no label."""
         return bool(self.meta.get("av"))
@@ -198,18 +249,53 @@ def open_run(path: str | Path, *, deep: bool = True, tables: list[str] | None = 
         raise SchemaError(f"{path}: not a directory; expected a run directory made by `svt collect`.")
     meta = read_meta(path)
     run = Run(path=path, meta=meta)
+    recorded = meta.get("shards")
     for name, spec in TABLES.items():
         if tables is not None and name not in tables:
             continue
+        stray = stray_files(path, name)
+        if stray:
+            raise SchemaError(f"{stray[0]}: not a shard of this run (shards are named part-NNNNN.parquet); "
+                              "move it out of the run directory.")
         files = list_shards(path, name)
         if spec.required and not files:
             raise SchemaError(f"{path / name}: no shards; every run needs a `{name}` table.")
         for f in files:
             check_shard_schema(f, spec)
-            if deep:
+        # an optional table removed whole (e.g. hidden states, to save space) is absent, not damaged
+        if isinstance(recorded, dict) and (files or spec.required):
+            _check_records(path, name, files, recorded.get(name) or {}, deep)
+        if deep:
+            for f in files:
                 check_shard_values(f, spec)
         run.shards[name] = files
+    if deep and "drafts" in run.shards and isinstance(meta.get("k"), int):
+        top = run.scan("drafts").select(pl.col("position").max()).collect().item()
+        if top is not None and top >= meta["k"]:
+            raise SchemaError(f"{path}: drafts reach position {top}, but run.json says K = {meta['k']}.")
     return run
+
+
+def _check_records(path: Path, table: str, files: list[Path], recs: dict, deep: bool) -> None:
+    """The shards present must be exactly those run.json recorded, with their row counts (and,
+    reading deeply, their SHA-256)."""
+    present = {f.name for f in files}
+    missing = sorted(set(recs) - present)
+    extra = sorted(present - set(recs))
+    if missing:
+        raise SchemaError(f"{path / table}: {len(missing)} shard(s) recorded in run.json are missing "
+                          f"({', '.join(missing[:3])}); the run is damaged.")
+    if extra:
+        raise SchemaError(f"{path / table}: {len(extra)} shard(s) are not recorded in run.json "
+                          f"({', '.join(extra[:3])}): left by an interrupted collection (resume it) or copied in.")
+    for f in files:
+        rec = recs[f.name]
+        n = _rows(f) if rec.get("rows") is not None else None
+        if n is not None and n != rec["rows"]:
+            raise SchemaError(f"{f}: {n} rows, but run.json recorded {rec['rows']}.")
+        if deep and rec.get("sha256") and _sha256(f) != rec["sha256"]:
+            raise SchemaError(f"{f}: its content differs from what run.json recorded (SHA-256); the shard "
+                              "was changed after it was written.")
 
 
 def scan_runs(paths: list[str | Path], table: str = "drafts", *, deep: bool = True) -> pl.LazyFrame:
