@@ -30,7 +30,7 @@ demo: setup
 	$(VENV)/bin/svt fit runs/demo --model logistic --out reports/demo/fits/logistic.json
 	$(VENV)/bin/svt fit runs/demo --model isotonic --out reports/demo/fits/isotonic.json
 	$(VENV)/bin/svt fit runs/demo --model head --out reports/demo/fits/head.json
-	$(VENV)/bin/svt collect configs/collect/demo.yaml --profile-costs --out reports/demo/costs-cpu.yaml --quiet
+	$(VENV)/bin/svt collect configs/collect/demo.yaml --profile-costs --out reports/demo/costs-cpu.yaml --quiet --overwrite
 	$(VENV)/bin/svt evaluate runs/demo --out reports/demo --by workload --bootstrap 100 \
 	  --fit reports/demo/fits/irls-online.json --fit reports/demo/fits/logistic.json \
 	  --fit reports/demo/fits/isotonic.json --fit reports/demo/fits/head.json \

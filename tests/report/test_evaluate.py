@@ -64,6 +64,13 @@ def test_by_workload_and_several_runs(small_run, tmp_path):
 
     other = tmp_path / "copy"
     shutil.copytree(small_run, other)
+    with pytest.raises(DataError, match="same run"):  # a copy would be counted twice
+        evaluate([small_run, other], EvaluateOptions(features=["q_max"]))
+    with pytest.raises(DataError, match="given twice"):
+        evaluate([small_run, small_run], EvaluateOptions(features=["q_max"]))
+    meta = json.loads((other / "run.json").read_text())
+    meta["run_id"] = "another"  # a second run (here with the same rows, to compare the groups)
+    (other / "run.json").write_text(json.dumps(meta))
     rep = evaluate([small_run, other], EvaluateOptions(features=["q_max"], by="workload"))
     assert set(rep["groups"]["run"]) == {"small", "copy"}
     assert rep["groups"]["run"]["small"]["q_max"]["auc"] == pytest.approx(rep["groups"]["run"]["copy"]["q_max"]["auc"])

@@ -30,7 +30,7 @@ def _drafts(n=6, request=0):
 
 
 def _make_run(path, drafts=None):
-    write_meta(path, {"schema_version": SCHEMA_VERSION, "run_id": "t", "k": 3})
+    write_meta(path, {"schema_version": SCHEMA_VERSION, "run_id": f"t-{path.name}", "k": 3})
     write_shard(path, "drafts", 0, drafts if drafts is not None else _drafts())
     write_shard(path, "steps", 0, pl.DataFrame({
         "request": [0, 0], "step": [0, 1], "drafted": [3, 3], "accepted": [1, 2], "emitted": [2, 3],

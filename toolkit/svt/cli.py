@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from svt.errors import SvtError
+from svt.errors import ConfigError, SvtError
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -67,6 +67,9 @@ def collect(
                 overrides[key] = value
         cfg = load_collect_config(config, overrides)
         if profile_costs:
+            from svt.simulate.costs import check_costs_out
+
+            check_costs_out(out_dir, overwrite=overwrite)  # before the minutes of profiling
             from svt.collect.profile import profile_pair
             from svt.config import resolve_path
             from svt.models import load_pair
@@ -158,9 +161,10 @@ def evaluate(
     from svt.report.render import HEAD, feature_rows, fmt
 
     if bins < 1 or bootstrap < 0 or high_yield < 1:
-        raise _fail(SvtError("Expected --bins >= 1, --bootstrap >= 0 and --high-yield >= 1."))
+        raise _fail(ConfigError(f"Expected --bins >= 1, --bootstrap >= 0 and --high-yield >= 1, but got "
+                                f"{bins}, {bootstrap} and {high_yield}."))
     if live and not costs:
-        raise _fail(SvtError("--live needs --costs (the replay it is compared with)."))
+        raise _fail(ConfigError("--live needs --costs (the replay it is compared with)."))
     opts = EvaluateOptions(features=list(feature or DEFAULT_FEATURES), feature_module=feature_module,
                            n_bins=bins, bootstrap=bootstrap, seed=seed, by=by,
                            fits=[str(f) for f in fit or []], costs=str(costs) if costs else None,
@@ -249,7 +253,11 @@ def fit(
 
     try:
         if preset is not None and preset not in PRESETS:
-            raise SvtError(f"Unknown preset {preset!r}; known presets: {', '.join(PRESETS)}.")
+            raise ConfigError(f"Unknown preset {preset!r}; known presets: {', '.join(PRESETS)}.")
+        online_only = {"--preset": preset, "--cycle-steps": cycle_steps, "--damping": damping, "--ridge": ridge}
+        given = [k for k, v in online_only.items() if v is not None]
+        if given and model != "irls-online":
+            raise ConfigError(f"{', '.join(given)} set(s) the online estimator; --model {model} does not use it.")
         online = dataclasses.replace(PRESETS[preset or "source"])
         for key, value in (("feature", feature), ("cycle_steps", cycle_steps), ("damping", damping),
                            ("ridge", ridge)):
@@ -360,7 +368,7 @@ def plot(
             return
         fn = plots.get_plot(kind)
         if out_path is None:
-            raise SvtError("Pass --out FILE.png (or .svg).")
+            raise ConfigError("Pass --out FILE.png (or .svg).")
         written = plots.save(fn(plots.read_input(input_path)), out_path)
     except SvtError as exc:
         raise _fail(exc) from None

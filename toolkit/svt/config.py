@@ -74,6 +74,7 @@ class CollectConfig:
         _check(self.temperature >= 0, "temperature", "a number >= 0 (0 = greedy)", self.temperature)
         _check(0 < self.top_p <= 1, "top_p", "a number in (0, 1]", self.top_p)
         _check(self.batch_size >= 1, "batch_size", "an integer >= 1", self.batch_size)
+        _check(0 <= self.seed < 2**63, "seed", "an integer >= 0", self.seed)
         _check(self.max_prompt_tokens >= 1, "max_prompt_tokens", "an integer >= 1", self.max_prompt_tokens)
         _check(len(self.workloads) >= 1, "workloads", "a non-empty list", self.workloads)
         _check(0 <= self.log.dists_fraction <= 1, "log.dists_fraction", "a number in [0, 1]",
@@ -123,8 +124,15 @@ def _coerce(value: Any, typ: Any, key: str) -> Any:
             raise ConfigError(f"Expected `{key}` to be an integer, but got {value!r}.")
         return value
     if typ is float:
+        if isinstance(value, str):  # YAML 1.1 reads 5e-1 (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                raise ConfigError(f"Expected `{key}` to be a number, but got {value!r}.") from None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"Expected `{key}` to be a number, but got {value!r}.")
+        if value != value:
+            raise ConfigError(f"Expected `{key}` to be a number, but got NaN.")
         return float(value)
     if typ is str:
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):

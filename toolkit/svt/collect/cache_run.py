@@ -27,7 +27,15 @@ from svt.collect.cache import (
     teacher_forced_accepted,
 )
 from svt.errors import ConfigError, DataError
-from svt.traces.io import forget_shards, list_shards, open_run, read_meta, record_shards, write_meta, write_shard
+from svt.traces.io import (
+    forget_shards,
+    list_shards,
+    open_run,
+    read_meta,
+    record_shards,
+    write_meta,
+    write_shard,
+)
 
 
 def _positions_to_steps(steps: pl.DataFrame, n_out: int) -> np.ndarray:

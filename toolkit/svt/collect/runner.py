@@ -1,7 +1,7 @@
 """Run a collection: workloads -> batches -> engine -> sharded run directory (resumable).
 
 Each batch of requests is written as one shard per table, the ``requests`` shard last: a batch
-whose ``requests`` shard exists is complete. ``--resume`` keeps complete batches, removes shards of
+whose ``requests`` shard run.json records is complete. ``--resume`` keeps complete batches, removes shards of
 an interrupted batch, and runs the rest with the same per-batch random streams, so a resumed run
 holds exactly the rows an uninterrupted one would.
 """
@@ -25,8 +25,16 @@ from svt.collect.workloads import encode_prompt, interleave, read_workload, reso
 from svt.config import CollectConfig, resolve_path, to_dict
 from svt.errors import ConfigError
 from svt.models.loading import load_pair
-from svt.traces.io import (SHARD_RE, forget_shards, list_shards, read_meta, record_shards, shard_ids, write_meta,
-                           write_shard)
+from svt.traces.io import (
+    SHARD_RE,
+    forget_shards,
+    list_shards,
+    read_meta,
+    record_shards,
+    shard_ids,
+    write_meta,
+    write_shard,
+)
 from svt.traces.schema import SCHEMA_VERSION, TABLES
 
 
@@ -176,7 +184,7 @@ def collect(cfg: CollectConfig, out: str | Path, *, config_path: str | Path | No
         from svt.simulate.costs import load_costs
 
         live_confidence(load_fit(resolve_path(cfg.av.fit, config_path)))
-        load_costs(resolve_path(cfg.av.costs, config_path))
+        load_costs(resolve_path(cfg.av.costs, config_path)).check_covers(cfg.k, f"{cfg.av.costs}: ")
     if cfg.hvd is not None:
         from svt.collect.hvd_live import yield_scorer
         from svt.fit import load_fit

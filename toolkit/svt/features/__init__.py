@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from svt.errors import ConfigError
+from svt.errors import ConfigError, SvtError
 
 EPS = 1e-6  # probabilities are clipped to [EPS, 1 - EPS] before logs
 
@@ -55,11 +55,28 @@ def _logit(col: str) -> pl.Expr:
     return (p / (1 - p)).log()
 
 
+_BUILTINS: set[str] = set()
+
+
 def register(f: Feature, *, replace: bool = False) -> Feature:
+    """Add a feature. A built-in's name is never taken over; ``replace`` lets a user module that is
+    imported again re-register its own features."""
+    if f.name in _BUILTINS:
+        raise ConfigError(f"{f.name!r} is a built-in feature; give your feature another name.")
     if f.name in FEATURES and not replace:
         raise ConfigError(f"A feature named {f.name!r} is already registered.")
     FEATURES[f.name] = f
     return f
+
+
+def check_feature(f: Feature, frame: pl.DataFrame) -> None:
+    """Evaluate ``f`` on (a slice of) ``frame``: a feature over a missing column, or one that fails,
+    is one clear error naming it."""
+    try:
+        frame.head(1000).select(f.expr.alias("_x"))
+    except Exception as exc:  # polars raises ColumnNotFoundError, InvalidOperationError, ...
+        raise ConfigError(f"Feature {f.name!r} cannot be computed on the drafts table "
+                          f"({type(exc).__name__}: {str(exc).splitlines()[0]}).") from None
 
 
 def feature(*, lossless: bool, description: str = "", probability: bool = False,
@@ -89,16 +106,24 @@ def get_feature(name: str) -> Feature:
 
 def load_feature_module(module: str) -> list[str]:
     """Import a user module whose ``@feature`` functions register themselves; return new names."""
+    import os
+    import sys
+
     before = set(FEATURES)
+    if os.getcwd() not in sys.path and "" not in sys.path:  # `--feature-module my_feats` from the current folder
+        sys.path.insert(0, os.getcwd())
     try:
         importlib.import_module(module)
-    except ImportError as exc:
-        raise ConfigError(f"Could not import feature module {module!r}: {exc}") from None
+    except SvtError as exc:
+        raise ConfigError(f"Feature module {module!r}: {exc}") from None
+    except Exception as exc:  # a syntax error or anything the module raises while importing
+        raise ConfigError(f"Could not import feature module {module!r}: {type(exc).__name__}: {exc}") from None
     return sorted(set(FEATURES) - before)
 
 
 def _builtin(name, expr, description, lossless, probability=False):
     register(Feature(name, expr, description, lossless, probability))
+    _BUILTINS.add(name)
 
 
 _builtin("q_max", pl.col("q_max").cast(pl.Float64),

@@ -41,7 +41,7 @@ from svt.fit.base import (
 # the registry: one import per fitter family (each module registers its classes)
 from svt.fit import calibrators, head, irls_online, logistic, yield_models  # noqa: E402, F401  isort: skip
 from svt.fit.irls_online import PRESETS, IRLSOnline, OnlineOptions  # noqa: E402  isort: skip
-from svt.traces.io import open_run  # noqa: E402  isort: skip
+from svt.traces.io import open_run, open_runs  # noqa: E402  isort: skip
 
 
 def load_drafts_for_fit(runs: list[str | Path], where: pl.Expr | None = None) -> tuple[pl.DataFrame, list[dict]]:
@@ -51,8 +51,7 @@ def load_drafts_for_fit(runs: list[str | Path], where: pl.Expr | None = None) ->
     batch_size`` from the run's config; one request at a time for foreign runs) at the same step.
     """
     frames, infos = [], []
-    for i, path in enumerate(runs):
-        run = open_run(path)
+    for i, (path, run) in enumerate(zip(runs, open_runs(runs), strict=True)):
         bs = int((run.meta.get("config") or {}).get("batch_size", 1) or 1)
         frames.append(run.uncensored_drafts().with_columns(pl.lit(i).alias("_run"),
                                                       (pl.col("request") // bs).alias("_batch")))
@@ -148,6 +147,8 @@ def save_fit(fit: dict, path: str | Path) -> Path:
     """Write the JSON fit file (and what the fitter keeps beside it, e.g. a head's safetensors);
     the JSON is written to a temporary name and renamed, so a reader never sees half a file."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path} is a directory; --out takes a fit file (e.g. fits/online.json).")
     if path.suffix.lower() != ".json":
         raise ConfigError(f"Expected a fit file ending in .json, but got {path.name!r} (weights are written "
                           "beside it).")

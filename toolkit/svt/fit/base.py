@@ -121,7 +121,10 @@ def get_fitter(name: str) -> type[Fitter]:
 
 def feature_values(frame: pl.DataFrame, name: str) -> np.ndarray:
     """A registered feature's values on ``frame`` as float64; NaN/inf is an error."""
+    from svt.features import check_feature
+
     f = get_feature(name)
+    check_feature(f, frame)
     x = frame.select(f.expr.alias("x"))["x"].to_numpy().astype(np.float64)
     if not np.isfinite(x).all():
         raise DataError(f"Feature {name!r} gives NaN/inf values; cannot fit on it.")

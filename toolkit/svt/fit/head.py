@@ -169,7 +169,11 @@ class HeadFitter(Fitter):
         check_positions(frame, self.config_.k)
         if ctx is None or not ctx.runs:
             raise DataError("Predicting with a head needs the run paths (hidden states).")
-        return predict_head(self.head_, hidden_matrix(frame, ctx.runs), frame["position"].to_numpy())
+        h = hidden_matrix(frame, ctx.runs)
+        if h.shape[1] != self.config_.hidden_size:
+            raise DataError(f"The head reads hidden states of size {self.config_.hidden_size}, but these runs "
+                            f"logged size {h.shape[1]} (another drafter).")
+        return predict_head(self.head_, h, frame["position"].to_numpy())
 
     def to_dict(self) -> dict:
         return {"model": self.name, "feature": "hidden", "config": asdict(self.config_), "options": self.log_}

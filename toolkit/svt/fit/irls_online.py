@@ -42,6 +42,20 @@ class OnlineOptions:
     reject_negative_slope: bool = False
     warmup_refits: int = 0  # refits during which live AV verifies everything (used by live AV)
 
+    def validate(self) -> OnlineOptions:
+        from svt.errors import ConfigError
+
+        checks = (("cycle_steps", self.cycle_steps >= 1, "an integer >= 1"),
+                  ("damping", self.damping >= 0, "a number >= 0"), ("ridge", self.ridge >= 0, "a number >= 0"),
+                  ("min_obs", self.min_obs >= 0, "an integer >= 0"),
+                  ("warmup_refits", self.warmup_refits >= 0, "an integer >= 0"),
+                  ("init_slope", np.isfinite(self.init_slope), "a finite number"),
+                  ("init_intercept", np.isfinite(self.init_intercept), "a finite number"))
+        for key, ok, expected in checks:
+            if not ok:
+                raise ConfigError(f"Expected `{key}` to be {expected}, but got {getattr(self, key)!r}.")
+        return self
+
 
 PRESETS = {
     "source": OnlineOptions(),
@@ -197,7 +211,7 @@ class IRLSOnlineFitter(Fitter):
     online = True
 
     def __init__(self, online: OnlineOptions | None = None, feature: str | None = None):
-        self.options = online or OnlineOptions()
+        self.options = (online or OnlineOptions()).validate()
         if feature is not None and online is None:
             self.options.feature = feature
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import polars as pl
 
 from svt.errors import DataError
-from svt.traces.io import open_run
+from svt.traces.io import open_runs
 
 
 def load_cache_drafts_for_fit(runs: list[str | Path], where: pl.Expr | None = None,
@@ -15,8 +15,7 @@ def load_cache_drafts_for_fit(runs: list[str | Path], where: pl.Expr | None = No
     """Cache-draft rows of the runs (with ``_run``), sorted by run, request and decode position;
     only rows with a draft unless ``with_empty``."""
     frames, infos = [], []
-    for i, path in enumerate(runs):
-        run = open_run(path)
+    for i, (path, run) in enumerate(zip(runs, open_runs(runs), strict=True)):
         if not run.has("cache_drafts"):
             raise DataError(f"{path}: no `cache_drafts` table; collect a greedy run with `cache: true` "
                             "or add it with `svt cache RUN`.")

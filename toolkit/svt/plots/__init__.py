@@ -195,10 +195,28 @@ PLOTS = {"reliability": reliability, "roc": roc, "per-position": per_position, "
 
 
 def get_plot(name: str):
+    """The figure function of ``name``, wrapped so that the wrong kind of input (a fit file for a
+    report figure, or a report without what the figure draws) is one clear error."""
     try:
-        return PLOTS[name]
+        fn = PLOTS[name]
     except KeyError:
         raise ConfigError(f"Unknown plot kind {name!r}; known kinds: {', '.join(PLOTS)}, all.") from None
+
+    def checked(data: dict, ax=None):
+        wants_fit = name == "coefficients"
+        is_report = isinstance(data, dict) and "features" in data and "runs" in data
+        if wants_fit and (not isinstance(data, dict) or "model" not in data):
+            raise DataError("`coefficients` draws a fit file from `svt fit` (an irls-online fit).")
+        if not wants_fit and not is_report:
+            raise DataError(f"`{name}` draws a report from `svt evaluate` (its directory or report.json), "
+                            "not " + ("a fit file." if isinstance(data, dict) and "model" in data else "this file."))
+        try:
+            return fn(data, ax=ax)
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise DataError(f"The input lacks what `{name}` draws ({type(exc).__name__}: {exc}); "
+                            "re-run `svt evaluate` with the options that compute it.") from None
+
+    return checked
 
 
 def read_input(path: str | Path) -> dict:

@@ -15,11 +15,11 @@ import polars as pl
 
 from svt import __version__
 from svt.errors import DataError
-from svt.features import DEFAULT_FEATURES, Feature, get_feature, load_feature_module
+from svt.features import DEFAULT_FEATURES, Feature, check_feature, get_feature, load_feature_module
 from svt.metrics.calibration import calibration_bins
 from svt.metrics.tables import ScoreData, acceptance_by_position, length_calibration, score_table
 from svt.report.lossless_audit import audit
-from svt.traces.io import open_run
+from svt.traces.io import open_run, open_runs
 
 SOFT_LABELS = ("accept_prob", "accept_prob_expected")
 
@@ -45,8 +45,7 @@ def load_drafts(runs: list[Path]) -> tuple[pl.DataFrame, pl.DataFrame | None, li
     names = [Path(r).name for r in runs]
     if len(set(names)) != len(names):
         names = [str(r) for r in runs]
-    for i, (path, name) in enumerate(zip(runs, names, strict=True)):
-        run = open_run(path)
+    for i, (path, name, run) in enumerate(zip(runs, names, open_runs(runs), strict=True)):
         frames.append(run.uncensored_drafts().with_columns(pl.lit(name).alias("run"), pl.lit(i).alias("_run")))
         if run.has("dists"):
             dists.append(run.scan("dists").with_columns(pl.lit(name).alias("run")))
@@ -66,10 +65,14 @@ def _feature_block(labelled: pl.DataFrame, feat: Feature, opts: EvaluateOptions,
                    orders: list[np.ndarray], cache: dict) -> dict:
     if feat.partial:  # a fitted predictor: only the rows it may be scored on
         labelled = labelled.filter(feat.expr.is_not_null())
-    scores = labelled.select(feat.expr.alias("s"))["s"].to_numpy()
+    scores = labelled.select(feat.expr.alias("s"))["s"].to_numpy().astype(np.float64)
     if not np.isfinite(scores).all():
         raise DataError(f"Feature {feat.name!r} gives {int((~np.isfinite(scores)).sum())} NaN/inf "
                         "values on labelled drafts.")
+    if feat.probability and ((scores < 0) | (scores > 1)).any():
+        raise DataError(f"Feature {feat.name!r} is declared a probability but gives "
+                        f"{int(((scores < 0) | (scores > 1)).sum())} values outside [0, 1] (min {scores.min():.4g}, "
+                        f"max {scores.max():.4g}); declare it `probability=False` or fix it.")
     pos, req = ((labelled["position"].to_numpy(), labelled["_req"].to_numpy()) if feat.partial
                 else cache["_cols"])
     y = labelled["label"].to_numpy().astype(np.float64)
@@ -196,6 +199,7 @@ def _simulation(drafts: pl.DataFrame, feats: list[Feature], opts: EvaluateOption
     if frame.height == 0:
         raise DataError("No request is scored by every predictor: nothing to simulate.")
     trace = build_trace(frame, {f.name: f"_p{i}" for i, f in enumerate(preds)})
+    costs.check_covers(trace.k, f"{opts.costs}: ")
     concurrency = tuple(opts.concurrency)
     live = _live_run(opts, feats) if opts.live else None
     if live and live["batch_size"] not in concurrency:
@@ -219,6 +223,8 @@ def evaluate(runs: list[str | Path], opts: EvaluateOptions | None = None) -> dic
         load_feature_module(opts.feature_module)
     feats = [get_feature(n) for n in opts.features]
     drafts, dists, infos = load_drafts([Path(r) for r in runs])
+    for f in feats:
+        check_feature(f, drafts)
     if opts.by is not None and opts.by not in drafts.columns:
         raise DataError(f"Cannot group by {opts.by!r}: the drafts table has no such column "
                         f"(columns: {', '.join(drafts.columns)}).")

@@ -108,6 +108,7 @@ def hvd_report(runs: list[Path], fit_paths: list[str], run_ids: list, *, costs_p
         from svt.simulate.hvd import HVDRequest, best_tau, replay_hvd
 
         costs = load_costs(costs_path)
+        costs.check_covers(k, f"{costs_path}: ")
         reqs, per_pred = [], {n: [] for n in names}
         for _, part in ev.sort("_run", "request", "decode_pos").group_by("_run", "request", maintain_order=True):
             reqs.append(HVDRequest(str(part["workload"][0]), part["draft_len"].to_numpy(),

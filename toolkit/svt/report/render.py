@@ -7,7 +7,7 @@ import math
 import os
 from pathlib import Path
 
-from svt.errors import DataError
+from svt.errors import ConfigError, DataError
 
 HEAD = ("auc", "log_loss", "ece", "brier", "mean_pred", "accept_rate", "n")
 
@@ -238,6 +238,8 @@ def _clean(o):
 def write_report(report: dict, out_dir: str | Path) -> tuple[Path, Path]:
     """report.json and report.md, each written to a temporary name and renamed."""
     out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{out} is a file; --out takes a report directory.")
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     for name, text in (("report.json", json.dumps(_clean(report), indent=2) + "\n"),

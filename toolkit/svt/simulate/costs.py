@@ -68,6 +68,23 @@ class CostTable:
         return val * (batch / b) if b != batch and batch > batches.max() else val
 
 
+    def check_covers(self, k: int, where: str = "") -> None:
+        """A measured table must reach the run's K in every batch row (no extrapolation there)."""
+        if self.kind != "measured":
+            return
+        for b, row in sorted(self.draft_ms.items()):
+            if max(row) < k:
+                raise ConfigError(f"{where}`draft_ms[{b}]` stops at k = {max(row)}, but the run drafts K = {k}; "
+                                  "profile the pair with that K (`svt collect CONFIG --profile-costs --set k=K`).")
+
+
+def _positive(v: float, key: str, path: Path, *, zero_ok: bool = False) -> float:
+    if not np.isfinite(v) or v < 0 or (v == 0 and not zero_ok):
+        raise ConfigError(f"{path}: expected `{key}` to be a finite number {'>= 0' if zero_ok else '> 0'}, "
+                          f"but got {v!r}.")
+    return v
+
+
 def _interp(x, xs, ys):
     """Linear interpolation, linear extrapolation beyond the last two points (never below 0)."""
     out = np.interp(x, xs, ys)
@@ -92,6 +109,17 @@ def load_costs(path: str | Path) -> CostTable:
         except (KeyError, AttributeError, TypeError, ValueError):
             raise ConfigError(f"{path}: a measured table needs `draft_ms[batch][k]` and "
                               "`verify_ms[tokens]` mappings of numbers.") from None
+        if not draft or not verify or any(not row for row in draft.values()):
+            raise ConfigError(f"{path}: `draft_ms` and `verify_ms` must not be empty.")
+        for b, row in draft.items():
+            if b < 1 or any(k < 1 for k in row):
+                raise ConfigError(f"{path}: `draft_ms` keys (batch, k) must be >= 1, but got batch {b}, k {sorted(row)}.")
+            for k, v in row.items():
+                _positive(v, f"draft_ms[{b}][{k}]", path)
+        for t, v in verify.items():
+            if t < 1:
+                raise ConfigError(f"{path}: `verify_ms` keys (tokens) must be >= 1, but got {t}.")
+            _positive(v, f"verify_ms[{t}]", path)
         return CostTable("measured", drafter, data.get("description", ""), draft, verify)
     model = data.get("model") or {}
     try:  # YAML 1.1 reads 3.35e12 as a string: numbers are converted here, once
@@ -102,15 +130,34 @@ def load_costs(path: str | Path) -> CostTable:
     except (KeyError, TypeError, ValueError) as exc:
         raise ConfigError(f"{path}: a roofline model needs numbers for `model.target` and `model.drafter` "
                           f"(params, weight_bytes, overhead_s) ({exc}).") from None
+    for key in ("bandwidth_bytes_per_s", "peak_flops"):
+        _positive(model[key], f"model.{key}", path)
+    for who in ("target", "drafter"):
+        for key in ("params", "weight_bytes", "overhead_s"):
+            _positive(model[who][key], f"model.{who}.{key}", path, zero_ok=key == "overhead_s")
     return CostTable("roofline", drafter, data.get("description", ""), model=model)
 
 
+def check_costs_out(path: str | Path, *, overwrite: bool = False) -> None:
+    """Refuse an output that is a directory, not YAML, or an existing file (unless ``overwrite``)."""
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path} is a directory; --profile-costs writes one cost table file (e.g. costs.yaml).")
+    if path.suffix.lower() not in (".yaml", ".yml"):
+        raise ConfigError(f"Expected a cost table file ending in .yaml, but got {path.name!r}.")
+    if path.exists() and not overwrite:
+        raise ConfigError(f"{path} exists; pass --overwrite to replace it.")
+
+
 def write_costs(table: CostTable, path: str | Path, extra: dict | None = None) -> Path:
+    """Write the cost table atomically (temporary name, then rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = {"kind": table.kind, "drafter": table.drafter, "description": table.description,
             **(extra or {}),
             "draft_ms": {b: {k: round(v, 4) for k, v in row.items()} for b, row in table.draft_ms.items()},
             "verify_ms": {t: round(v, 4) for t, v in table.verify_ms.items()}}
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(yaml.safe_dump(data, sort_keys=False))
+    tmp.replace(path)
     return path

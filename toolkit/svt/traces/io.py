@@ -298,9 +298,41 @@ def _check_records(path: Path, table: str, files: list[Path], recs: dict, deep: 
                               "was changed after it was written.")
 
 
+def check_distinct_runs(paths: list[str | Path]) -> None:
+    """The same run given twice would be counted twice: refuse repeated paths and run ids."""
+    seen: dict = {}
+    for p in paths:
+        key = Path(p).resolve()
+        if key in seen:
+            raise DataError(f"{p}: the same run is given twice; each run is counted once.")
+        seen[key] = p
+    ids: dict = {}
+    for p in paths:
+        if not (Path(p) / RUN_META).is_file():
+            continue  # open_run says what is wrong with it
+        try:
+            rid = read_meta(Path(p)).get("run_id")
+        except SchemaError:
+            continue
+        if rid is not None and rid in ids:
+            raise DataError(f"{p} and {ids[rid]} are the same run (run_id {rid}): a copy would be counted twice.")
+        ids[rid] = p
+
+
+def open_runs(paths: list[str | Path], *, complete: bool = True, **kwargs) -> list[Run]:
+    """Open several runs for fitting or evaluation: each once, each complete."""
+    check_distinct_runs(paths)
+    runs = [open_run(p, **kwargs) for p in paths]
+    if complete:
+        for r in runs:
+            r.require_complete()
+    return runs
+
+
 def scan_runs(paths: list[str | Path], table: str = "drafts", *, deep: bool = True) -> pl.LazyFrame:
     """Several runs' ``table`` as one lazy frame with a leading ``run`` column (the directory name)."""
     frames = []
+    check_distinct_runs(paths)
     for p in paths:
         run = open_run(p, deep=deep, tables=[table, "requests"] if table != "requests" else [table])
         frames.append(run.scan(table).with_columns(pl.lit(Path(p).name).alias("run")))

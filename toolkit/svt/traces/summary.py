@@ -29,6 +29,8 @@ def run_summary(path: str | Path, *, deep: bool = True) -> dict:
     r = run.scan("requests").select(pl.len()).collect().item()
     sampling = run.meta.get("sampling", {})
     return {
+        "status": "complete" if run.complete else
+                  f"INCOMPLETE ({run.meta.get('status')}: interrupted; resume it with svt collect --resume)",
         "requests": r,
         "steps": s["steps"],
         "drafts": d["drafts"],
