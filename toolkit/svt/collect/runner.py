@@ -66,6 +66,13 @@ def _prepare_dir(out: Path, *, resume: bool, overwrite: bool, config: dict) -> d
     if resume:
         if not non_empty:
             raise ConfigError(f"Nothing to resume: {str(out)!r} is empty or missing.")
+        from svt.traces.io import stray_files
+
+        for table in TABLES:
+            stray = stray_files(out, table)
+            if stray:
+                raise ConfigError(f"Cannot resume {str(out)!r}: {stray[0]} is not a shard of the run "
+                                  "(shards are named part-NNNNN.parquet); move it out first.")
         meta = read_meta(out)
         if meta.get("config") != config:
             old, new = meta.get("config", {}), config

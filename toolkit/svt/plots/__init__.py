@@ -64,6 +64,9 @@ def reliability(report: dict, ax=None):
 
 
 def roc(report: dict, ax=None):
+    """ROC curves of every scored feature and predictor (dotted: lossy)."""
+    if not any(f.get("curves", {}).get("roc") and f.get("auc") is not None for f in report["features"].values()):
+        raise DataError("The report has no feature with a ROC curve to draw.")
     fig, ax = _axes(ax)
     ax.plot([0, 1], [0, 1], color="0.6", lw=1, ls="--", label="chance")
     for i, (name, f) in enumerate(report["features"].items()):

@@ -1,0 +1,125 @@
+"""Bad input at the command line: one message, the documented exit code (2 usage/config, 3 schema,
+4 model, 5 data), never a traceback."""
+
+import json
+import sys
+
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from svt.cli import app
+
+runner = CliRunner()
+
+
+def _ok(r, code, text):
+    assert r.exit_code == code, r.output
+    assert text in r.output and "Traceback" not in r.output, r.output
+
+
+@pytest.fixture(scope="module")
+def fit_file(small_run, tmp_path_factory):
+    out = tmp_path_factory.mktemp("fits") / "lg.json"
+    assert runner.invoke(app, ["fit", str(small_run), "--model", "logistic", "--out", str(out)]).exit_code == 0
+    return out
+
+
+@pytest.mark.parametrize(("edit", "text"), [
+    (lambda d: d.pop("intercepts"), "damaged logistic fit"),
+    (lambda d: d.__setitem__("slope", "steep"), "damaged logistic fit"),
+    (lambda d: d.__setitem__("feature", "nope"), "Unknown feature"),
+    (lambda d: d.__setitem__("features", ["nope"]), "Unknown feature"),
+])
+def test_damaged_fit_files(small_run, fit_file, tmp_path, edit, text):
+    d = json.loads(fit_file.read_text())
+    edit(d)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(d))
+    _ok(runner.invoke(app, ["evaluate", str(small_run), "--out", str(tmp_path / "r"), "--fit", str(bad)]), 2, text)
+
+
+@pytest.mark.parametrize(("args", "text"), [
+    (["--model", "irls-online", "--cycle-steps", "0"], "cycle_steps"),
+    (["--model", "irls-online", "--damping", "-1"], "damping"),
+    (["--model", "irls-online", "--ridge", "-0.5"], "ridge"),
+    (["--model", "logistic", "--preset", "vllm"], "--preset"),
+    (["--model", "irls-online", "--preset", "nope"], "Unknown preset"),
+])
+def test_bad_fit_options(small_run, tmp_path, args, text):
+    _ok(runner.invoke(app, ["fit", str(small_run), *args, "--out", str(tmp_path / "f.json")]), 2, text)
+
+
+def test_outputs_of_the_wrong_kind(small_run, fit_file, tmp_path):
+    (tmp_path / "afile").write_text("x")
+    _ok(runner.invoke(app, ["evaluate", str(small_run), "--out", str(tmp_path / "afile"), "--feature", "q_max"]),
+        2, "is a file")
+    (tmp_path / "adir.json").mkdir()
+    _ok(runner.invoke(app, ["fit", str(small_run), "--model", "logistic", "--out", str(tmp_path / "adir.json")]),
+        2, "is a directory")
+    _ok(runner.invoke(app, ["evaluate", str(small_run), "--out", str(tmp_path / "r"), "--bins", "0"]), 2, "--bins")
+    _ok(runner.invoke(app, ["plot", "reliability", str(fit_file), "--out", str(tmp_path / "x.png")]), 5,
+        "not a fit file")
+    _ok(runner.invoke(app, ["fit", str(small_run), str(small_run), "--model", "logistic", "--out",
+                            str(tmp_path / "g.json")]), 5, "given twice")
+
+
+def test_feature_modules_and_user_features(small_run, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a module in the current folder works without PYTHONPATH
+    (tmp_path / "feats_ok.py").write_text(
+        "import polars as pl\nfrom svt.features import feature\n\n"
+        "@feature(lossless=True, description='q_max squared')\ndef qmax_sq_t():\n    return pl.col('q_max') ** 2\n")
+    r = runner.invoke(app, ["evaluate", str(small_run), "--out", "rep", "--feature-module", "feats_ok",
+                            "--feature", "qmax_sq_t"])
+    assert r.exit_code == 0, r.output
+    (tmp_path / "feats_syntax.py").write_text("def broken(:\n")
+    _ok(runner.invoke(app, ["evaluate", str(small_run), "--out", "rep", "--feature-module", "feats_syntax"]), 2,
+        "SyntaxError")
+    (tmp_path / "feats_raise.py").write_text("raise RuntimeError('boom')\n")
+    _ok(runner.invoke(app, ["evaluate", str(small_run), "--out", "rep", "--feature-module", "feats_raise"]), 2, "boom")
+    (tmp_path / "feats_clash.py").write_text(
+        "import polars as pl\nfrom svt.features import feature\n\n"
+        "@feature(lossless=True)\ndef q_max():\n    return pl.col('q_max')\n")
+    _ok(runner.invoke(app, ["evaluate", str(small_run), "--out", "rep", "--feature-module", "feats_clash"]), 2,
+        "built-in feature")
+    (tmp_path / "feats_cols.py").write_text(
+        "import polars as pl\nfrom svt.features import feature\n\n"
+        "@feature(lossless=True)\ndef no_col_t():\n    return pl.col('nope')\n\n"
+        "@feature(lossless=True, probability=True)\ndef bad_prob_t():\n    return pl.col('q_max') * 3\n\n"
+        "@feature(lossless=True)\ndef constant_t():\n    return pl.lit(1.0) + pl.col('q_max') * 0\n")
+    _ok(runner.invoke(app, ["evaluate", str(small_run), "--out", "rep", "--feature-module", "feats_cols",
+                            "--feature", "no_col_t"]), 2, "cannot be computed")
+    _ok(runner.invoke(app, ["evaluate", str(small_run), "--out", "rep", "--feature-module", "feats_cols",
+                            "--feature", "bad_prob_t"]), 5, "outside [0, 1]")
+    r = runner.invoke(app, ["evaluate", str(small_run), "--out", "rep", "--feature-module", "feats_cols",
+                            "--feature", "constant_t"])
+    assert r.exit_code == 0 and "Traceback" not in r.output, r.output
+    rep = json.loads((tmp_path / "rep" / "report.json").read_text())
+    assert rep["features"]["constant_t"]["auc"] == 0.5  # every pair tied: the ties-count-half AUC
+    for m in [m for m in sys.modules if m.startswith("feats_")]:
+        del sys.modules[m]
+
+
+def test_head_on_a_run_of_another_hidden_size(small_run, tmp_path):
+    import shutil
+
+    from svt.errors import DataError
+    from svt.fit import fit_runs, load_drafts_for_fit, load_fit, predict, save_fit
+
+    from .conftest import reseal
+
+    path = save_fit(fit_runs([small_run], "head", device="cpu"), tmp_path / "h.json")
+    other = tmp_path / "other"
+    shutil.copytree(small_run, other)
+    shard = next((other / "hidden").glob("part-*.parquet"))
+    h = pl.read_parquet(shard)
+    h.with_columns(pl.col("hidden").list.head(16)).write_parquet(shard)
+    meta = json.loads((other / "run.json").read_text())
+    meta["run_id"] = "other"
+    (other / "run.json").write_text(json.dumps(meta))
+    reseal(other)
+    fit = load_fit(path)
+    fit["_runs"] = [other]
+    drafts, _ = load_drafts_for_fit([other])
+    with pytest.raises(DataError, match="hidden states of size"):
+        predict(fit, drafts)
