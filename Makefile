@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: setup test demo bench lint models workloads clean
+.PHONY: setup test demo bench lint models workloads clean mutate
 
 setup: $(VENV)/.svt-installed
 
@@ -58,8 +58,12 @@ bench: setup
 	$(PY) benchmarks/bench_fit.py
 	$(PY) benchmarks/bench_cache.py
 
+# Mutation check (not part of `make test`): planted bugs, each must make the tests fail.
+mutate: setup
+	$(PY) scripts/mutate.py
+
 lint: setup
-	$(VENV)/bin/ruff check toolkit tests benchmarks
+	$(VENV)/bin/ruff check toolkit tests benchmarks scripts
 
 # Reproduce the committed tiny pair and workloads (seeded; ~15 min on 2 cores).
 models: setup

@@ -131,3 +131,67 @@ def test_greedy_accepts_argmax_agreement():
     res = verify(p, q, toks, greedy=True)
     assert res.accepted.tolist() == [1, 2]
     assert res.next_token.tolist() == [0, 2]  # target argmax at the rejection / bonus position
+
+
+def _reference_probs(logits: np.ndarray, temperature: float, top_p: float) -> np.ndarray:
+    """An independent float64 reference: softmax(logits / T), then the smallest set of most likely
+    tokens whose mass reaches top_p (the crossing token kept), renormalised."""
+    z = logits.astype(np.float64) / temperature
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    order = np.argsort(-p, kind="stable")
+    out = np.zeros_like(p)
+    mass = 0.0
+    for i in order:
+        if mass >= top_p:
+            break
+        out[i] = p[i]
+        mass += p[i]
+    return out / out.sum()
+
+
+def test_temperature_then_nucleus_against_a_float64_reference():
+    # a case where the order matters: at T = 1 the nucleus of 0.6 keeps two tokens (0.5 + 0.3);
+    # sharpened by T = 0.5 first (0.66, 0.24, 0.10) it keeps only the first
+    logits = np.log(np.array([0.5, 0.3, 0.2]))
+    want = _reference_probs(logits, 0.5, 0.6)
+    np.testing.assert_allclose(want, [1.0, 0.0, 0.0])
+    got = process_probs(torch.tensor(logits[None], dtype=torch.float32), 0.5, 0.6)[0].double().numpy()
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        v = int(rng.integers(2, 40))
+        logits = rng.normal(0, rng.uniform(0.1, 4), v)
+        t, tp = float(rng.uniform(0.2, 2.0)), float(rng.uniform(0.05, 1.0))
+        got = process_probs(torch.tensor(logits[None], dtype=torch.float32), t, tp)[0].double().numpy()
+        np.testing.assert_allclose(got, _reference_probs(logits, t, tp), atol=2e-6)
+
+
+@pytest.mark.parametrize("kept", [0, 1, 2])
+def test_trimming_keeps_every_emitted_position_on_p(kept):
+    """Live AV's trimmed step on hand-made p and q (K = 2): whatever is kept, token 1 ~ p0, token 2
+    (emitted after an accepted first draft) ~ p1, and trimmed drafts are never emitted."""
+    from svt.collect.sampling import trim
+
+    p = torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.4, 0.3, 0.2, 0.1], [0.25, 0.05, 0.6, 0.1]])
+    q = torch.tensor([[0.4, 0.1, 0.4, 0.1], [0.1, 0.6, 0.1, 0.2]])
+    n = 300_000
+    toks, res = _run_verify(p, q, n, seed=10 + kept)
+    g = torch.Generator().manual_seed(20 + kept)
+    acc, nxt = trim(p.expand(n, 3, 4), res.accepted, res.next_token, torch.full((n,), kept), greedy=False,
+                    generator=g)
+    assert (acc <= kept).all() and (acc == torch.minimum(res.accepted, torch.tensor(kept))).all()
+    first = torch.where(acc >= 1, toks[:, 0], nxt)
+    assert chi2_pvalue(first.numpy(), p[0].numpy()) > ALPHA
+    reached = acc >= 1
+    if kept >= 1:
+        second = torch.where(acc >= 2, toks[:, 1], nxt)[reached]
+        assert chi2_pvalue(second.numpy(), p[1].numpy()) > ALPHA
+        # power: mixing in 5 % of the residual at position 1 (what an off-by-one stop rule emits)
+        # is 2 % TV away from p1, and the same check rejects it
+        resid = (p[1] - q[1]).clamp_min(0)
+        wrong = 0.95 * p[1] + 0.05 * resid / resid.sum()
+        assert 0.5 * (wrong - p[1]).abs().sum().item() == pytest.approx(0.02)
+        assert chi2_pvalue(second.numpy(), wrong.numpy()) < 1e-6
+    else:
+        assert not reached.any()

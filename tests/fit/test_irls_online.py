@@ -90,3 +90,51 @@ def test_prequential_predictions_for_any_row_use_the_coefficients_in_force():
     np.testing.assert_allclose(est.predict_prequential(x, pos, step), est.prequential_, rtol=1e-12)
     with pytest.raises(ValueError, match="replay order"):
         IRLSOnline().fit(x, pos, y, step[::-1])
+
+
+def _one_cycle_reference(x, pos, y, k, ridge):
+    """One Newton step from (w, b) = (1, 0) on the full (K + 1) system, solved by numpy."""
+    X = np.column_stack([x, np.eye(k)[pos]])
+    p = expit(X @ np.r_[1.0, np.zeros(k)])
+    g = X.T @ (p - y)
+    H = (X * (p * (1 - p))[:, None]).T @ X
+    d = np.linalg.solve(H + ridge * np.eye(k + 1), -g)
+    return 1.0 + d[0], d[1:]
+
+
+def test_one_cycle_is_the_full_newton_step():
+    x, pos, y, _, _ = synthetic(50, seed=6)
+    step = np.zeros(x.size, int)
+    est = IRLSOnline(OnlineOptions(cycle_steps=1, damping=0.0, ridge=1e-3)).fit(x, pos, y, step, k=5)
+    w, b = _one_cycle_reference(x, pos, y, 5, 1e-3)
+    assert est.slope_[0] == pytest.approx(w, rel=1e-10)
+    np.testing.assert_allclose(est.intercepts_, b, rtol=1e-9, atol=1e-12)
+
+
+def test_negative_slope_refits_are_discarded_only_when_asked():
+    x, pos, y, step, _ = synthetic(200, w=-1.0, seed=7)  # labels fall with the feature
+    o = dict(cycle_steps=50, damping=100.0, init_slope=0.0)
+    free = IRLSOnline(OnlineOptions(**o)).fit(x, pos, y, step, k=5)
+    assert -1.3 < free.slope_[0] < -0.7
+    kept = IRLSOnline(OnlineOptions(**o, reject_negative_slope=True)).fit(x, pos, y, step, k=5)
+    assert kept.slope_[0] == 0.0 and (kept.intercepts_ == 0.0).all()  # every refit discarded whole
+    pp = IRLSOnline(OnlineOptions(**o, per_position_slope=True, reject_negative_slope=True)).fit(x, pos, y, step, k=5)
+    assert (pp.slope_ == 0.0).all()
+    assert (IRLSOnline(OnlineOptions(**o, per_position_slope=True)).fit(x, pos, y, step, k=5).slope_ < 0).all()
+
+
+def test_min_obs_is_per_position():
+    """One cycle: position 0 has 400 labels, position 4 has 5; with min_obs 50 only position 4
+    keeps its intercept, the others take the full Newton step's values for them."""
+    rng = np.random.default_rng(8)
+    pos = np.r_[np.zeros(400, int), np.full(5, 4), np.ones(100, int), np.full(100, 2), np.full(100, 3)]
+    x = rng.normal(0, 1, pos.size)
+    y = (rng.random(pos.size) < 0.7).astype(float)
+    step = np.zeros(pos.size, int)
+    free = IRLSOnline(OnlineOptions(cycle_steps=1, damping=0.0)).fit(x, pos, y, step, k=5)
+    gated = IRLSOnline(OnlineOptions(cycle_steps=1, damping=0.0, min_obs=50)).fit(x, pos, y, step, k=5)
+    assert gated.intercepts_[4] == 0.0 and free.intercepts_[4] != 0.0
+    np.testing.assert_allclose(gated.intercepts_[:4], free.intercepts_[:4], rtol=1e-12)
+    pp = IRLSOnline(OnlineOptions(cycle_steps=1, damping=0.0, min_obs=50, per_position_slope=True)).fit(
+        x, pos, y, step, k=5)
+    assert pp.intercepts_[4] == 0.0 and pp.slope_[4] == 1.0 and pp.intercepts_[0] != 0.0

@@ -115,3 +115,43 @@ def test_one_class_and_empty_data_are_refused(small_run, tmp_path):
         fit_runs([path], "irls-online")
     with pytest.raises(DataError, match="after the filter"):
         fit_runs([small_run], "logistic", where=pl.col("workload") == "nope")
+
+
+def _frame(n=30_000, seed=0, k=4):
+    rng = np.random.default_rng(seed)
+    q = rng.uniform(0.02, 0.98, n)
+    pos = rng.integers(0, k, n)
+    t_true = np.array([0.7, 1.0, 1.6, 2.5])[pos]  # per-position temperatures
+    z = np.log(q / (1 - q)) / t_true + np.array([0.3, 0.0, -0.2, -0.5])[pos]
+    y = (rng.random(n) < expit(z)).astype(np.int8)
+    import polars as pl
+
+    return pl.DataFrame({"q_max": q.astype(np.float32), "position": pos.astype(np.int16), "label": y})
+
+
+def test_sts_platt_and_per_position_slopes_against_sklearn():
+    from svt.fit import FitData, get_fitter
+
+    f = _frame()
+    k = 4
+    q = f["q_max"].to_numpy().astype(np.float64)
+    z = np.log(q / (1 - q))
+    y = f["label"].to_numpy()
+    pos = f["position"].to_numpy()
+    # sts: p = sigmoid(logit(q) / T_position), T_position = 1 / (sklearn's slope without intercept)
+    sts = get_fitter("sts").from_options(feature="q_max").fit(FitData(f, k))
+    for kk in range(k):
+        m = pos == kk
+        a = LogisticRegression(C=np.inf, fit_intercept=False, tol=1e-12, max_iter=10_000).fit(z[m, None], y[m])
+        assert sts.temperatures_[kk] == pytest.approx(1 / a.coef_[0, 0], rel=2e-3)
+    np.testing.assert_allclose(sts.predict(f), expit(z / sts.temperatures_[pos]), rtol=1e-9)
+    # platt: p = sigmoid(a * q + b)
+    platt = get_fitter("platt").from_options(feature="q_max").fit(FitData(f, k))
+    ref = LogisticRegression(C=np.inf, tol=1e-12, max_iter=10_000).fit(q[:, None], y)
+    np.testing.assert_allclose(platt.predict(f), ref.predict_proba(q[:, None])[:, 1], atol=1e-6)
+    # per-position slopes: predictions equal scikit-learn's on the same design
+    lg = get_fitter("logistic").from_options(feature="logit_qmax", per_position_slope=True).fit(FitData(f, k))
+    X = design(z[:, None], pos, k, per_position_slope=True)
+    ref = LogisticRegression(C=np.inf, fit_intercept=False, tol=1e-12, max_iter=10_000).fit(X, y)
+    np.testing.assert_allclose(lg.predict(f), ref.predict_proba(X)[:, 1], atol=1e-6)
+    assert np.ptp(lg.slope_) > 0.3  # the slopes do differ by position here

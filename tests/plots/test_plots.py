@@ -94,3 +94,36 @@ def test_plot_all_links_related_reports(report_dir, hvd_report):
     assert "Related report" in md and "figures/hvd.png" in md
     r = CliRunner().invoke(app, ["plot", "all", str(report_dir), "--link", str(report_dir / "nope")])
     assert r.exit_code == 5 and "not a report directory" in r.output
+
+
+def test_figures_draw_the_stored_curves(report_dir, hvd_report):
+    """The lines in the figures are the report's stored numbers (plots never recompute)."""
+    import json
+
+    import numpy as np
+
+    from svt import plots
+
+    rep = json.loads((report_dir / "report.json").read_text())
+    fig = plots.roc(rep)
+    lines = {ln.get_label().split(" (")[0]: ln for ln in fig.axes[0].get_lines()}
+    for name, f in rep["features"].items():
+        if f.get("curves", {}).get("roc") and f.get("auc") is not None:
+            np.testing.assert_allclose(lines[name].get_xdata(), f["curves"]["roc"]["fpr"])
+            np.testing.assert_allclose(lines[name].get_ydata(), f["curves"]["roc"]["tpr"])
+    fig = plots.reliability(rep)
+    lines = {ln.get_label().split(" (")[0]: ln for ln in fig.axes[0].get_lines()}
+    q = rep["features"]["q_max"]["curves"]["reliability"]
+    np.testing.assert_allclose(lines["q_max"].get_xdata(), q["mean_pred"])
+    np.testing.assert_allclose(lines["q_max"].get_ydata(), q["rate"])
+    hv = json.loads((hvd_report / "report.json").read_text())
+    fig = plots.hvd(hv)
+    ax = fig.axes[0]  # the `all` panel
+    line = next(ln for ln in ax.get_lines() if ln.get_label() == "HVD yield-linear")
+    want = sorted((r["tau"], r["speedup_vs_greedy"]) for r in hv["hvd"]["rows"]
+                  if r["group"] == "all" and r.get("predictor") == "yield-linear" and np.isfinite(r["tau"]))
+    np.testing.assert_allclose(line.get_xdata(), [t for t, _ in want])
+    np.testing.assert_allclose(line.get_ydata(), [v for _, v in want])
+    model = next(ln for ln in ax.get_lines() if ln.get_label() == "model-only")
+    assert model.get_ydata()[0] == pytest.approx(next(r["speedup_vs_greedy"] for r in hv["hvd"]["rows"]
+                                                     if r["group"] == "all" and r["policy"] == "model-only"))

@@ -77,3 +77,13 @@ def test_walkresult_adds():
     a = WalkResult(1, 2, 3.0, 1, 1)
     a += WalkResult(1, 1, 1.0, 0, 0)
     assert (a.cycles, a.tokens, a.ms, a.cache_cycles, a.accepted) == (2, 3, 4.0, 1, 1)
+
+
+def test_a_prediction_equal_to_tau_does_not_verify_the_cache():
+    """The rule is ŷ > τ, strictly: predictions equal to τ use the model drafter."""
+    r = _req([4, 4, 4, 4, 4, 4], [4, 4, 4, 4, 4, 4], [1] * 6)
+    preds = {"p": [np.full(6, 2.0)]}
+    rows = replay_hvd([r], preds, 3, COSTS, taus=(2.0, 1.999))
+    by = {x["policy"]: x for x in rows if x["group"] == "all"}
+    assert by["hvd p tau=2"]["cycles"] == by["model-only"]["cycles"] == 3
+    assert by["hvd p tau=1.999"]["cycles"] == by["cache-only"]["cycles"] == 2

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from svt.collect.sampling import draft_features, draft_token, process_probs, verify
+from svt.collect.sampling import draft_features, draft_token, process_probs, trim, verify
 
 
 @dataclass(frozen=True)
@@ -203,14 +203,7 @@ def run_batch(
         explored = True
         if av is not None:
             kept, explored = _live_av(av, q, nb, K, generator)
-            # drafts beyond `kept` are not verified: the chain stops there, and when every kept
-            # draft was accepted the next token is the target's own sample at that position
-            # (speculative sampling with draft length `kept`: lossless, as `kept` reads only q)
-            stop = acc >= kept
-            acc = torch.minimum(acc, kept)
-            at_kept = p[torch.arange(nb, device=device), kept.clamp(max=K)]
-            own = at_kept.argmax(-1) if greedy else torch.multinomial(at_kept, 1, generator=generator).squeeze(-1)
-            next_token = torch.where(stop & (kept < K), own, next_token)
+            acc, next_token = trim(p, acc, next_token, kept, greedy=greedy, generator=generator)
         _sync(device)
         t2 = time.perf_counter()
         # ---- caches: target keeps y + accepted drafts; draft keeps its fed accepted drafts --

@@ -116,3 +116,23 @@ def draft_features(q: torch.Tensor, p: torch.Tensor, tokens: torch.Tensor) -> di
         "accept_prob": (p_sampled / q_sampled.clamp_min(FEATURE_EPS)).clamp(max=1.0),
         "accept_prob_expected": torch.minimum(p, q).sum(-1).clamp(max=1.0),
     }
+
+
+def trim(p: torch.Tensor, accepted: torch.Tensor, next_token: torch.Tensor, kept: torch.Tensor, *,
+         greedy: bool, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Apply a trimming decision to a verified step (live Adaptive Verification).
+
+    Drafts beyond ``kept`` ``[B]`` are not verified: the chain stops there. A row whose kept drafts
+    were all accepted (``accepted >= kept``) emits the target's own sample at position ``kept``
+    instead of what verifying the longer draft produced; this is speculative sampling with draft
+    length ``kept``, lossless because ``kept`` depends only on q. ``p`` is ``[B, K + 1, V]``;
+    ``accepted`` and ``next_token`` come from ``verify`` on all K drafts. Returns the trimmed
+    (accepted, next_token).
+    """
+    B, K1, _ = p.shape
+    K = K1 - 1
+    stop = accepted >= kept
+    acc = torch.minimum(accepted, kept)
+    at_kept = p[torch.arange(B, device=p.device), kept.clamp(max=K)]
+    own = at_kept.argmax(-1) if greedy else torch.multinomial(at_kept, 1, generator=generator).squeeze(-1)
+    return acc, torch.where(stop & (kept < K), own, next_token)

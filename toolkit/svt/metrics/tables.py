@@ -177,7 +177,10 @@ def bootstrap_ci(v: dict, group: np.ndarray, mask: np.ndarray | None, *, probabi
     rng = np.random.default_rng(seed)
     if mask is not None:
         v, group = _subset(v, mask), group[mask]
-    n_groups = int(group.max()) + 1 if group.size else 0
+    if group.size == 0:  # an empty scope (e.g. excluding the first position of one-draft steps)
+        return {}
+    _, group = np.unique(group, return_inverse=True)  # the requests present in this scope
+    n_groups = int(group.max()) + 1
     draws: dict[str, list[float]] = {}
     for _ in range(n):
         counts = rng.multinomial(n_groups, np.full(n_groups, 1.0 / n_groups))

@@ -1,0 +1,214 @@
+"""Mutation check: plant small realistic bugs in a copy of the package, one at a time, and run the
+tests on each; a mutant the tests do not catch is a hole in the suite.
+
+    python scripts/mutate.py [--only ID ...] [--full] [--list]
+
+Each mutant replaces one exact snippet of one module (the snippet must occur exactly once). The
+copy (``toolkit/`` and ``tests/``, with ``data/`` and ``configs/`` linked) is imported first through
+PYTHONPATH, checked to be the one under test, and passes its tests unmutated before any mutant
+runs. By default each mutant runs the tests of its area (``tests``), stopping at the first
+failure; ``--full`` runs the whole suite for each (slow). Prints a table of killed and surviving
+mutants and writes reports/mutate.json. Exit status 1 when any mutant survives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    id: str
+    area: str  # the class of bug (the issue's headings)
+    file: str  # relative to toolkit/svt
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+M = Mutant
+ENGINE = ("tests/collect/test_sampling.py", "tests/collect/test_engine.py")
+MUTANTS = [
+    # losslessness of speculative sampling
+    M("resample-half-q", "losslessness", "collect/sampling.py", "residual = (p_at - q_at).clamp_min(0.0)",
+      "residual = (p_at - 0.5 * q_at).clamp_min(0.0)", ENGINE),
+    M("accept-scaled", "losslessness", "collect/sampling.py", "ok = u * q_x < p_x", "ok = u * q_x < 0.9 * p_x", ENGINE),
+    M("nucleus-before-temperature", "losslessness", "collect/sampling.py",
+      "    if temperature > 0:\n        logits = logits / temperature\n    probs = logits.softmax(-1)\n",
+      "    probs = logits.softmax(-1)\n    if temperature > 0:\n        probs = (logits / temperature).softmax(-1) "
+      "if top_p >= 1.0 else probs\n", ENGINE),
+    M("bonus-from-q", "losslessness", "collect/sampling.py",
+      "q_at = torch.cat([q, torch.zeros_like(q[:, :1])], 1)[rows, accepted]",
+      "q_at = torch.cat([q, q[:, -1:]], 1)[rows, accepted]", ENGINE),
+    # live AV trimming
+    M("av-stop-off-by-one", "live AV", "collect/sampling.py", "stop = accepted >= kept", "stop = accepted > kept",
+      ("tests/collect/test_sampling.py", "tests/collect/test_engine.py")),
+    M("av-own-token-shifted", "live AV", "collect/sampling.py",
+      "at_kept = p[torch.arange(B, device=p.device), kept.clamp(max=K)]",
+      "at_kept = p[torch.arange(B, device=p.device), (kept - 1).clamp(min=0)]",
+      ("tests/collect/test_sampling.py", "tests/collect/test_engine.py")),
+    # report numbers
+    M("ece-abs-per-row", "report numbers", "metrics/tables.py", "out[key] = float(np.abs(sp - sy).sum() / total)",
+      "out[key] = float(np.abs(sp - sy).sum() / (total + 1))", ("tests/report", "tests/metrics")),
+    M("bootstrap-by-row", "report numbers", "metrics/tables.py",
+      "_, group = np.unique(d.request[d.order], return_inverse=True)",
+      "group = np.arange(d.request.size)", ("tests/report", "tests/metrics")),
+    M("mean-acceptance-length", "report numbers", "report/evaluate.py",
+      '"mean_acceptance_length": float(1 + steps["a"].mean()),',
+      '"mean_acceptance_length": float(steps["a"].mean()),', ("tests/report",)),
+    M("length-calibration-sum", "report numbers", "metrics/tables.py",
+      'pl.col(confidence).cast(pl.Float64).cum_prod().sum().alias("predicted")',
+      'pl.col(confidence).cast(pl.Float64).sum().alias("predicted")', ("tests/report", "tests/metrics")),
+    M("soft-label-swap", "report numbers", "report/evaluate.py",
+      "ys = labelled[soft].to_numpy().astype(np.float64)",
+      "ys = 1 - labelled[soft].to_numpy().astype(np.float64)", ("tests/report",)),
+    # held-out scoring
+    M("held-out-is-training", "held-out scoring", "fit/__init__.py",
+      "        return ~keys.join(trained_keys", "        return keys.join(trained_keys",
+      ("tests/fit", "tests/report")),
+    # losslessness audit
+    # (trimming above instead of below the threshold is an equivalent mutant for the bias: the TV
+    # distance of trimming a set equals that of trimming its complement)
+    M("audit-q-from-p", "losslessness audit", "report/lossless_audit.py",
+      'pl.Series("q_sampled", q_cand.reshape(-1)).cast(pl.Float32)',
+      'pl.Series("q_sampled", p_vec.reshape(-1)).cast(pl.Float32)', ("tests/metrics", "tests/report")),
+    M("audit-drop-resample", "losslessness audit", "metrics/lossless.py",
+      "p_out = trimmed_mass * p + kept * accept + reject_mass * r", "p_out = trimmed_mass * p + kept * accept + reject_mass * p",
+      ("tests/metrics", "tests/report")),
+    # IRLS options
+    M("irls-no-cross-terms", "IRLS", "fit/irls_online.py", "H[0, 1:] = H[1:, 0] = h_wb", "H[0, 1:] = H[1:, 0] = 0.0",
+      ("tests/fit",)),
+    M("irls-negative-slope-kept", "IRLS", "fit/irls_online.py", "if o.reject_negative_slope and new_w < 0:\n            return",
+      "if False:\n            return", ("tests/fit",)),
+    M("irls-min-obs-ignored", "IRLS", "fit/irls_online.py", "active = n_k >= max(o.min_obs, 1)", "active = n_k >= 1",
+      ("tests/fit",)),
+    M("irls-damping-shared", "IRLS", "fit/irls_online.py", "d[1:] *= n_k / (n_k + o.damping)",
+      "d[1:] *= n_all / (n_all + o.damping)", ("tests/fit",)),
+    # offline fitters
+    M("sts-inverse", "offline fitters", "fit/calibrators.py", "zz = z / np.exp(log_t)", "zz = z * np.exp(log_t)",
+      ("tests/fit",)),
+    M("platt-sign", "offline fitters", "fit/calibrators.py", "return expit(self.a_ * feature_values(frame, self.feature) + self.b_)",
+      "return expit(self.a_ * feature_values(frame, self.feature) - self.b_)", ("tests/fit",)),
+    M("per-position-slope-first", "offline fitters", "fit/logistic.py",
+      "z = np.sum(Xf * self.slope_.reshape(len(self.features), -1)[:, pos].T, axis=1)",
+      "z = np.sum(Xf * self.slope_.reshape(len(self.features), -1)[:, 0][None, :], axis=1)", ("tests/fit",)),
+    # costs and replay
+    M("roofline-no-2", "costs and replay", "simulate/costs.py", "compute = 2.0 * m[\"params\"] * t", "compute = m[\"params\"] * t",
+      ("tests/simulate",)),
+    M("roofline-no-overhead", "costs and replay", "simulate/costs.py", "return (np.maximum(mem, compute) + m[\"overhead_s\"]) * 1e3",
+      "return np.maximum(mem, compute) * 1e3", ("tests/simulate",)),
+    M("measured-not-monotone", "costs and replay", "simulate/costs.py",
+      "ys = np.maximum.accumulate(np.array([self.verify_ms[x] for x in xs]))",
+      "ys = np.array([self.verify_ms[x] for x in xs])", ("tests/simulate",)),
+    M("draft-no-scaling", "costs and replay", "simulate/costs.py",
+      "return val * (batch / b) if b != batch and batch > batches.max() else val", "return val", ("tests/simulate",)),
+    M("parallel-pays-k", "costs and replay", "simulate/costs.py",
+      "        if self.drafter == \"parallel\":\n            k = 1\n", "", ("tests/simulate",)),
+    M("interactivity-total", "costs and replay", "simulate/av.py",
+      "\"interactivity\": float(np.mean(tok_req[active] / (time_req[active] / 1e3))),",
+      "\"interactivity\": total_tok / (total_time / 1e3),", ("tests/simulate",)),
+    M("oracle-one-iteration", "costs and replay", "simulate/av.py", "def oracle_choices(groups, trace, costs, iters: int = 50):",
+      "def oracle_choices(groups, trace, costs, iters: int = 1):", ("tests/simulate",)),
+    # alignment of optional tables
+    M("hidden-from-embeddings", "alignment", "collect/engine.py", "hid.append(o.hidden_states[-1][:, -1])",
+      "hid.append(o.hidden_states[0][:, -1])", ("tests/collect/test_engine.py", "tests/collect/test_runner.py")),
+    M("dists-shifted", "alignment", "collect/engine.py", "position=idx_np[:, 1].astype(np.int16),",
+      "position=((idx_np[:, 1] + 1) % K).astype(np.int16),", ("tests/collect/test_engine.py", "tests/collect/test_runner.py")),
+    # collection inputs
+    M("eos-dropped", "collection inputs", "collect/engine.py", "toks_r = toks_r[: toks_r.index(eos_id) + 1]",
+      "toks_r = toks_r[: toks_r.index(eos_id)]", ("tests/collect",)),
+    M("truncate-keeps-first", "collection inputs", "collect/workloads.py", "ids = list(ids)[-max_tokens:]",
+      "ids = list(ids)[:max_tokens]", ("tests/collect",)),
+    M("chat-without-template", "collection inputs", "collect/workloads.py",
+      "        if getattr(tokenizer, \"chat_template\", None):", "        if False:", ("tests/collect",)),
+    # Hybrid Verified Decoding
+    M("hvd-tau-inclusive", "HVD", "report/hvd.py", "per_pred[n].append(part[f\"_p_{i}\"].to_numpy())",
+      "per_pred[n].append(part[f\"_p_{i}\"].to_numpy() + 1e-9)", ("tests/simulate", "tests/fit/test_yield.py")),
+    M("global-tree-early", "HVD", "collect/cache_run.py", "while pending and info[pending[0]][4] < s:",
+      "while pending and info[pending[0]][4] <= s:", ("tests/collect/test_cache.py",)),
+    M("model-accepted-uncapped", "HVD", "collect/cache.py", "return np.minimum(run[:-1], k)", "return run[:-1]",
+      ("tests/collect/test_cache.py",)),
+    M("hvd-oracle-greedy", "HVD", "simulate/hvd.py", "choice[t] = via_cache < via_model",
+      "choice[t] = req.cache_yield[t] > req.model_yield[t]", ("tests/simulate",)),
+]
+
+
+def _copy_tree(dst: Path) -> None:
+    shutil.copytree(ROOT / "toolkit", dst / "toolkit", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    shutil.copytree(ROOT / "tests", dst / "tests", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("data", "configs", "notebooks", "pyproject.toml"):
+        (dst / name).symlink_to(ROOT / name)
+
+
+def _run(dst: Path, tests: tuple[str, ...], full: bool, timeout: int) -> tuple[bool, float]:
+    env = {**os.environ, "PYTHONPATH": str(dst / "toolkit"), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    args = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-o", "addopts="]
+    args += ["tests"] if full else list(tests)
+    t0 = time.time()
+    try:
+        r = subprocess.run(args, cwd=dst, env=env, capture_output=True, text=True, timeout=timeout)
+        return r.returncode == 0, time.time() - t0
+    except subprocess.TimeoutExpired:
+        return False, time.time() - t0  # a hang counts as caught (the suite would not pass)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--only", nargs="*", help="mutant ids to run")
+    ap.add_argument("--full", action="store_true", help="run the whole suite for every mutant")
+    ap.add_argument("--list", action="store_true")
+    ap.add_argument("--timeout", type=int, default=900)
+    ap.add_argument("--out", type=Path, default=ROOT / "reports" / "mutate.json")
+    args = ap.parse_args(argv)
+    chosen = [m for m in MUTANTS if not args.only or m.id in args.only]
+    if args.list:
+        for m in chosen:
+            print(f"{m.id:28s} {m.area:20s} {m.file}")
+        return 0
+    results = []
+    with tempfile.TemporaryDirectory(prefix="svt-mutate-") as tmp:
+        dst = Path(tmp)
+        _copy_tree(dst)
+        probe = subprocess.run([sys.executable, "-c", "import svt; print(svt.__file__)"], cwd=dst, text=True,
+                               capture_output=True, env={**os.environ, "PYTHONPATH": str(dst / "toolkit")})
+        if not probe.stdout.strip().startswith(str(dst)):
+            print(f"the copy is not the package imported: {probe.stdout} {probe.stderr}")
+            return 2
+        areas = sorted({t for m in chosen for t in m.tests})
+        ok, secs = _run(dst, tuple(areas), args.full, args.timeout)
+        print(f"unmutated copy: {'passes' if ok else 'FAILS'} ({secs:.0f} s)")
+        if not ok:
+            return 2
+        for m in chosen:
+            path = dst / "toolkit" / "svt" / m.file
+            src = path.read_text()
+            if src.count(m.old) != 1:
+                print(f"{m.id}: snippet found {src.count(m.old)} times in {m.file}; fix the mutant list")
+                return 2
+            path.write_text(src.replace(m.old, m.new))
+            try:
+                passed, secs = _run(dst, m.tests, args.full, args.timeout)
+            finally:
+                path.write_text(src)
+            results.append({"id": m.id, "area": m.area, "file": m.file, "killed": not passed, "seconds": round(secs, 1)})
+            print(f"{m.id:28s} {m.area:20s} {'killed' if not passed else 'SURVIVED'}  ({secs:.0f} s)", flush=True)
+    killed = sum(r["killed"] for r in results)
+    print(f"\n{killed}/{len(results)} mutants killed")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"killed": killed, "total": len(results), "mutants": results}, indent=2) + "\n")
+    return 0 if killed == len(results) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
