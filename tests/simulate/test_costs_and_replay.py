@@ -34,9 +34,12 @@ def test_measured_tables_read_as_non_decreasing_and_scaled_beyond_the_largest_ba
     assert float(c.verify(6)) == pytest.approx(7.0)
     assert float(c.verify(12)) == pytest.approx(9.0 + 4 * (9.0 - 5.0) / 4)  # linear beyond the last point
     assert c.draft(16, 2) == pytest.approx(8.0)  # twice the largest measured batch: twice its time
-    assert c.draft(8, 2) == 4.0 and c.draft(2, 1) == 1.0  # within the table: the nearest batch
+    assert c.draft(8, 2) == 4.0
+    assert c.draft(2, 1) == pytest.approx(1.0 + (2.0 - 1.0) / 7)  # between measured batches: linear
     par = CostTable("measured", "parallel", draft_ms=c.draft_ms, verify_ms=c.verify_ms)
-    assert par.draft(8, 2) == 2.0  # one pass for any k
+    # one pass over 4 x 2 = 8 tokens: the measured single-token pass of a batch of 8
+    assert par.draft(4, 2) == 2.0
+    assert par.draft(8, 2) == pytest.approx(4.0)  # 16 tokens: beyond the table, in proportion
 
 
 def _linear(draft=1.0, fixed=10.0, per=1.0):

@@ -32,6 +32,8 @@ class AVConfig:
     explore: float = 0.05  # share of steps that verify every draft (uncensored labels)
     online: bool = False  # irls-online fits: learn while collecting (from the fit's initial options,
     #                       with its warm-up refits) instead of using its final coefficients
+    rule: str = "convex"  # budget rule: convex (on the cost curve's convex minorant: lossless) or
+    #                       engine (the document's rule on the measured curve: lossy when not convex)
 
 
 @dataclass
@@ -82,6 +84,7 @@ class CollectConfig:
         _check(self.log.dists_top_k >= 1, "log.dists_top_k", "an integer >= 1", self.log.dists_top_k)
         if self.av is not None:
             _check(0 <= self.av.explore <= 1, "av.explore", "a number in [0, 1]", self.av.explore)
+            _check(self.av.rule in ("convex", "engine"), "av.rule", "convex or engine", self.av.rule)
         if self.cache is not None:
             self.cache.validate()
             _check(self.temperature == 0, "temperature", "0 (greedy) when `cache` is set: oracle yields "

@@ -52,6 +52,7 @@ class LiveAV:
     # step; warming_up() -> True while every draft must be verified (uncensored warm-up refits)
     observe: object = None
     warming_up: object = None
+    rule: str = "convex"  # the budget rule: convex (lossless, default) or engine (the document's)
 
 
 @dataclass
@@ -297,7 +298,7 @@ def _live_av(av: LiveAV, q: torch.Tensor, nb: int, K: int, generator) -> tuple[t
     conf = np.asarray(av.confidence(feats, np.tile(np.arange(K), (nb, 1))), dtype=np.float64)
     if explore or (av.warming_up is not None and av.warming_up()):
         return torch.full((nb,), K, dtype=torch.long, device=q.device), True
-    return torch.from_numpy(av_keep(conf, av.costs)).to(q.device), False
+    return torch.from_numpy(av_keep(conf, av.costs, av.rule)).to(q.device), False
 
 
 def _log_dists(out: BatchLog, q, p, x, req, step_no, log: LogOptions, generator) -> None:

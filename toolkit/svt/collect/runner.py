@@ -229,10 +229,10 @@ def collect(cfg: CollectConfig, out: str | Path, *, config_path: str | Path | No
             live_confidence(fit)  # the same checks: a lossless feature
             online_est = OnlineLive(OnlineOptions(**fit["options"]), cfg.k)
             live = LiveAV(online_est.confidence, costs, cfg.av.explore, online_est.observe,
-                          online_est.warming_up)
+                          online_est.warming_up, rule=cfg.av.rule)
         else:
             online_est = None
-            live = LiveAV(live_confidence(fit), costs, cfg.av.explore)
+            live = LiveAV(live_confidence(fit), costs, cfg.av.explore, rule=cfg.av.rule)
     batches = [list(range(i, min(i + cfg.batch_size, cfg.requests)))
                for i in range(0, cfg.requests, cfg.batch_size)]
     if cfg.hvd is not None:
@@ -261,7 +261,7 @@ def collect(cfg: CollectConfig, out: str | Path, *, config_path: str | Path | No
         "k": cfg.k,
         "drafter_kinds": ["model"],
         "av": None if cfg.av is None else {"fit": cfg.av.fit, "costs": cfg.av.costs, "explore": cfg.av.explore,
-                                           "online": cfg.av.online,
+                                           "online": cfg.av.online, "rule": cfg.av.rule,
                                            "labels": "censored: trimmed drafts have no label; steps with "
                                                      "explored = true verified every draft"},
         "workloads": {n: str(p) for n, p in zip(names, paths, strict=True)},

@@ -2,7 +2,9 @@
 
 AUC = P(score of a random positive > score of a random negative) + 0.5 P(tie). With weights w and
 soft labels y in [0, 1], each row counts as a positive with weight w * y and as a negative with
-weight w * (1 - y); for 0/1 labels and unit weights this is scikit-learn's ``roc_auc_score``.
+weight w * (1 - y), and only pairs of **distinct** rows count (a row's positive part is never
+compared with its own negative part, which would be a tie pulling the AUC toward 0.5); for 0/1
+labels and unit weights this is scikit-learn's ``roc_auc_score``.
 """
 
 from __future__ import annotations
@@ -23,7 +25,11 @@ def _auc_sorted(s_sorted: np.ndarray, pos: np.ndarray, neg: np.ndarray) -> float
     if total_p <= 0 or total_n <= 0:
         return float("nan")
     below = np.cumsum(N) - N
-    return float(np.dot(P, below + 0.5 * N) / (total_p * total_n))
+    self_pairs = float(np.dot(pos, neg))  # 0 for hard labels
+    den = total_p * total_n - self_pairs
+    if den <= 0:
+        return float("nan")
+    return float((np.dot(P, below + 0.5 * N) - 0.5 * self_pairs) / den)
 
 
 def roc_auc(y_true, y_score, *, sample_weight=None) -> float:
@@ -33,6 +39,8 @@ def roc_auc(y_true, y_score, *, sample_weight=None) -> float:
     0.75
     >>> roc_auc([0, 1], [0.5, 0.5])
     0.5
+    >>> round(roc_auc([0.9, 0.1], [1.0, 0.0]), 4)  # soft labels: distinct pairs only
+    0.9878
     """
     y, s, w = check_arrays(y_true, y_score, sample_weight)
     order = np.argsort(s, kind="stable")

@@ -178,6 +178,7 @@ def _live_run(opts: EvaluateOptions, feats: list[Feature]) -> dict:
         (pl.col("accepted") + 1).mean().alias("t"), pl.len().alias("n"), pl.col("kept").mean().alias("kept")
     ).collect().row(0, named=True)
     return {"run": str(opts.live), "fit": av["fit"], "predictor": fit_feats[match[0]].name,
+            "rule": av.get("rule", "engine"),  # runs made before the lossless rule used the engine's
             "batch_size": int(run.meta["config"]["batch_size"]), "trimmed_steps": steps["n"],
             "live_tokens_per_step": steps["t"], "live_mean_kept": steps["kept"],
             "note": "tokens per step = accepted + 1 on the live run's AV (non-explored) steps; the "
@@ -204,16 +205,40 @@ def _simulation(drafts: pl.DataFrame, feats: list[Feature], opts: EvaluateOption
     live = _live_run(opts, feats) if opts.live else None
     if live and live["batch_size"] not in concurrency:
         concurrency = tuple(sorted({*concurrency, live["batch_size"]}))
-    points = replay(trace, costs, concurrency=concurrency)
+    points = replay(trace, costs, concurrency=concurrency, engine_rule=True)
     if live:
-        rep = next(p for p in points if p["policy"] == f"AV {live['predictor']}"
+        suffix = " [engine rule]" if live["rule"] == "engine" else ""
+        rep = next(p for p in points if p["policy"] == f"AV {live['predictor']}{suffix}"
                    and p["concurrency"] == live["batch_size"])
         live["replayed_tokens_per_step"] = rep["tokens_per_step"]
         live["gap"] = live["live_tokens_per_step"] - rep["tokens_per_step"]
-    return {"live_check": live,"costs": {"path": str(opts.costs), "kind": costs.kind, "drafter": costs.drafter,
+    return {"live_check": live, "rules": _rule_audit(trace, costs, preds, points, concurrency),
+            "costs": {"path": str(opts.costs), "kind": costs.kind, "drafter": costs.drafter,
                       "description": costs.description.strip()},
             "requests": int(trace.request.max()) + 1, "request_steps": int(trace.a.size),
             "k": trace.k, "predictors": [f.name for f in preds], "points": points}
+
+
+def _rule_audit(trace, costs, preds: list[Feature], points: list[dict], concurrency) -> list[dict]:
+    """Per concurrency: how non-convex the verify-cost curve is over a step's token range, how often
+    the engine rule's decision for a draft flips with the request's own later confidences (and the
+    lossless rule's, which must be 0), and the throughput the lossless rule gives up."""
+    from svt.simulate.av import flip_rate, non_convexity
+
+    rows = []
+    for B in concurrency:
+        row = {"concurrency": B, "non_convexity": non_convexity(costs, B, trace.k)}
+        if preds:
+            name = preds[0].name
+            row["predictor"] = name
+            row["engine_flip"] = flip_rate(trace, name, costs, B, rule="engine", max_steps=60)
+            row["convex_flip"] = flip_rate(trace, name, costs, B, rule="convex", max_steps=60)
+            by = {p["policy"]: p for p in points if p["concurrency"] == B}
+            lossless, engine = by[f"AV {name}"]["throughput"], by[f"AV {name} [engine rule]"]["throughput"]
+            row["throughput_convex"], row["throughput_engine"] = lossless, engine
+            row["throughput_given_up"] = 1 - lossless / engine
+        rows.append(row)
+    return rows
 
 
 def evaluate(runs: list[str | Path], opts: EvaluateOptions | None = None) -> dict:

@@ -122,6 +122,24 @@ def to_markdown(report: dict) -> str:
                            fmt(p["interactivity"], 1), fmt(p["throughput"], 1),
                            "bound" if p["pareto"] is None else ("yes" if p["pareto"] else "")]
                           for p in sim["points"]]), ""]
+        rules = sim.get("rules")
+        if rules and any("engine_flip" in r for r in rules):
+            lines += ["### Is the budget rule lossless on this cost table?\n",
+                      "AV above uses the **lossless** budget rule: the document's rule applied to the greatest "
+                      "convex minorant of the verify-cost curve, so every decision depends only on survivals "
+                      "ranked above it (causal). The document's own rule on the measured curve (the "
+                      "`[engine rule]` rows) can decide whether to verify a draft from the same request's later "
+                      "confidences, which depend on the drafted token: lossy. Non-convexity: the largest gap "
+                      "between the curve and its convex minorant over a step's token range, relative to the "
+                      "cost. Flip rate: share of draft decisions that change when only the request's later "
+                      "confidences are replaced (0.01 or 0.99), on sampled steps.\n",
+                      _table(["B", "non-convexity", "engine-rule flips", "lossless-rule flips",
+                              "throughput (lossless)", "throughput (engine rule)", "given up"],
+                             [[str(r["concurrency"]), fmt(r["non_convexity"], 4),
+                               f"{r['engine_flip']['flips']}/{r['engine_flip']['decisions']}",
+                               f"{r['convex_flip']['flips']}/{r['convex_flip']['decisions']}",
+                               fmt(r["throughput_convex"], 1), fmt(r["throughput_engine"], 1),
+                               f"{100 * r['throughput_given_up']:.2f} %"] for r in rules]), ""]
         live = sim.get("live_check")
         if live:
             lines += ["### Live check\n",

@@ -50,14 +50,52 @@ def _groups(trace: StepTrace, B: int) -> list[np.ndarray]:
     return [order[a:b] for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
 
 
-def av_keep(conf: np.ndarray, costs: CostTable) -> np.ndarray:
-    """Drafts kept per request by the AV budget rule for one step (``conf`` ``[B', K]``)."""
+RULES = ("convex", "engine")
+
+
+def convex_minorant(y: np.ndarray) -> np.ndarray:
+    """The greatest convex minorant of ``y`` sampled at 0, 1, 2, ... (its lower convex hull,
+    evaluated at the same points).
+
+    >>> convex_minorant(np.array([1.0, 2.0, 2.4])).round(3).tolist()
+    [1.0, 1.7, 2.4]
+    """
+    x = np.arange(y.size, dtype=np.float64)
+    hull: list[int] = []
+    for i in range(y.size):  # Andrew's monotone chain, lower hull
+        while len(hull) >= 2:
+            a, b = hull[-2], hull[-1]
+            if (y[b] - y[a]) * (x[i] - x[a]) >= (y[i] - y[a]) * (x[b] - x[a]):
+                hull.pop()
+            else:
+                break
+        hull.append(i)
+    return np.interp(x, x[hull], y[hull])
+
+
+def av_keep(conf: np.ndarray, costs: CostTable, rule: str = "convex") -> np.ndarray:
+    """Drafts kept per request by the AV budget rule for one step (``conf`` ``[B', K]``).
+
+    ``engine``: the document's rule, b* = argmax expected / cost over the verify-cost curve as
+    measured. It is causal only when that curve is convex in tokens; on a curve with plateaus or
+    steps the decision to verify draft i can depend on the request's own later confidences (which
+    depend on the drafted token itself), and speculative sampling stops being lossless.
+    ``convex`` (the default): the same rule on the greatest convex minorant of the curve over the
+    step's range of token counts: expected / cost is then unimodal, whether the m-th survival is
+    kept depends only on the survivals ranked above it, and a request's later survivals never rank
+    above its earlier ones, so every decision is causal (lossless with any lossless feature).
+    """
+    if rule not in RULES:
+        raise ValueError(f"Expected `rule` in {RULES}, but got {rule!r}.")
     n, K = conf.shape
     surv = np.cumprod(conf, axis=1)
     flat = surv.ravel()
     order = np.lexsort((np.tile(np.arange(K), n), -flat))  # by survival, then position: prefixes
     expected = n + np.concatenate([[0.0], np.cumsum(flat[order])])
-    cost = costs.draft(n, K) + costs.verify(n + np.arange(n * K + 1))
+    verify = costs.verify(n + np.arange(n * K + 1))
+    if rule == "convex":
+        verify = convex_minorant(np.asarray(verify, dtype=np.float64))
+    cost = costs.draft(n, K) + verify
     b = int(np.argmax(expected / cost))
     kept = np.zeros(n * K, dtype=bool)
     kept[order[:b]] = True
@@ -94,12 +132,12 @@ def _fixed(k: int, trace, costs):
     return per_step
 
 
-def _av(name: str, trace, costs):
+def _av(name: str, trace, costs, rule: str = "convex"):
     conf = trace.confidence[name]
 
     def per_step(rows):
         n = len(rows)
-        kept = av_keep(conf[rows], costs)
+        kept = av_keep(conf[rows], costs, rule)
         tokens = np.minimum(trace.a[rows], kept) + 1
         return tokens, costs.draft(n, trace.k) + float(costs.verify(n + kept.sum()))
     return per_step
@@ -148,15 +186,19 @@ def _oracle(groups, trace, costs):
     return per_step
 
 
-def replay(trace: StepTrace, costs: CostTable, *, concurrency=CONCURRENCY) -> list[dict]:
+def replay(trace: StepTrace, costs: CostTable, *, concurrency=CONCURRENCY, engine_rule: bool = False) -> list[dict]:
     """Every policy at every concurrency: tokens per step, step time, interactivity (tokens/s per
     request), throughput (tokens/s); ``pareto`` marks the points no other policy's point dominates
-    (the oracle, an upper bound, is left out of that comparison: its ``pareto`` is None)."""
+    (the oracle, an upper bound, is left out of that comparison: its ``pareto`` is None). AV uses the
+    lossless (convex) budget rule; ``engine_rule`` adds ``AV <name> [engine rule]`` beside it."""
     points = []
     for B in concurrency:
         groups = _groups(trace, B)
         policies = {f"fixed K={k}": _fixed(k, trace, costs) for k in range(trace.k + 1)}
         policies.update({f"AV {name}": _av(name, trace, costs) for name in trace.confidence})
+        if engine_rule:
+            policies.update({f"AV {name} [engine rule]": _av(name, trace, costs, "engine")
+                             for name in trace.confidence})
         policies["oracle"] = _oracle(groups, trace, costs)
         for name, per_step in policies.items():
             points.append({"policy": name, "concurrency": B, **_accumulate(groups, trace, per_step)})
@@ -175,3 +217,38 @@ def mark_pareto(points: list[dict]) -> None:
     for i, p in enumerate(points):
         dominated = ((inter >= inter[i]) & (thr >= thr[i]) & ((inter > inter[i]) | (thr > thr[i]))).any()
         p["pareto"] = not bool(dominated)
+
+
+def non_convexity(costs: CostTable, n: int, k: int) -> float:
+    """How far the verify-cost curve over a step's token range [n, n (k + 1)] lies above its
+    greatest convex minorant: the largest gap, relative to the cost there (0 for a convex curve)."""
+    v = np.asarray(costs.verify(n + np.arange(n * k + 1)), dtype=np.float64)
+    return float(np.max((v - convex_minorant(v)) / v))
+
+
+def flip_rate(trace: StepTrace, name: str, costs: CostTable, B: int, *, rule: str = "engine",
+              max_steps: int = 200, seed: int = 0) -> dict:
+    """How often a rule's decision to verify a draft changes when only the same request's later
+    confidences change (replaced by 0.01 and by 0.99): each change is a decision that depends on
+    the request's own continuation, i.e. on the drafted token. Measured on up to ``max_steps``
+    engine steps at concurrency B."""
+    conf = trace.confidence[name]
+    groups = _groups(trace, B)
+    rng = np.random.default_rng(seed)
+    picks = rng.choice(len(groups), size=min(max_steps, len(groups)), replace=False) if groups else []
+    decisions = flips = 0
+    for g in picks:
+        c = conf[groups[g]]
+        base = av_keep(c, costs, rule)
+        n, K = c.shape
+        for r in range(n):
+            for i in range(K - 1):
+                decisions += 1
+                kept_i = base[r] > i
+                for v in (0.01, 0.99):
+                    alt = c.copy()
+                    alt[r, i + 1:] = v
+                    if (av_keep(alt, costs, rule)[r] > i) != kept_i:
+                        flips += 1
+                        break
+    return {"decisions": decisions, "flips": flips, "rate": flips / decisions if decisions else float("nan")}

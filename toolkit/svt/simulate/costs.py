@@ -51,7 +51,13 @@ class CostTable:
         return _interp(t, xs, ys)
 
     def draft(self, batch: int, k: int) -> float:
-        """Milliseconds for the drafter to propose ``k`` tokens for ``batch`` requests."""
+        """Milliseconds for the drafter to propose ``k`` tokens for ``batch`` requests.
+
+        Measured tables: an autoregressive drafter pays the measured ``draft_ms[batch][k]`` (k
+        sequential passes); a parallel drafter pays one pass over ``batch * k`` tokens, read as the
+        measured single-token pass of a batch of that many rows. Batch sizes between measured ones
+        are interpolated linearly; beyond the largest, time scales in proportion to the batch.
+        """
         if k <= 0:
             return 0.0
         if self.kind == "roofline":
@@ -59,14 +65,22 @@ class CostTable:
                 return float(self._roofline("drafter", batch * k))
             return float(k * self._roofline("drafter", batch))
         if self.drafter == "parallel":
-            k = 1
-        batches = np.array(sorted(self.draft_ms))
-        b = int(batches[np.argmin(np.abs(batches - batch))]) if batch not in self.draft_ms else batch
-        row = self.draft_ms[b]
-        ks = np.array(sorted(row))
-        val = float(_interp(np.array([k]), ks, np.array([row[x] for x in ks]))[0])
-        return val * (batch / b) if b != batch and batch > batches.max() else val
+            return self._draft_row(batch * k, 1)
+        return self._draft_row(batch, k)
 
+    def _draft_row(self, batch: int, k: int) -> float:
+        """The measured draft time of ``k`` passes at ``batch``, interpolated over batch sizes."""
+        batches = np.array(sorted(self.draft_ms), dtype=np.float64)
+
+        def at(b: int) -> float:
+            row = self.draft_ms[b]
+            ks = np.array(sorted(row))
+            return float(_interp(np.array([k]), ks, np.array([row[x] for x in ks]))[0])
+
+        vals = np.array([at(int(b)) for b in batches])
+        if batch > batches[-1]:
+            return float(vals[-1] * batch / batches[-1])
+        return float(np.interp(batch, batches, vals))
 
     def check_covers(self, k: int, where: str = "") -> None:
         """A measured table must reach the run's K in every batch row (no extrapolation there)."""
