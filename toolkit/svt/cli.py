@@ -230,6 +230,8 @@ def fit(
     cycle_steps: Annotated[int | None, typer.Option(help="irls-online: decode steps per cycle (N).")] = None,
     damping: Annotated[float | None, typer.Option(help="irls-online: c in n / (n + c).")] = None,
     ridge: Annotated[float | None, typer.Option(help="irls-online: ridge added to H.")] = None,
+    label_delay: Annotated[int | None, typer.Option(help="irls-online: decode steps before a label reaches "
+                                                         "the estimator (default 1, as in an engine).")] = None,
     test_fraction: Annotated[float, typer.Option(help="Offline fitters: share of requests held out.")] = 0.3,
     mlp_hidden: Annotated[int, typer.Option(help="head: width of a hidden MLP layer (0 = linear head); "
                                                  "yield-mlp: hidden width (0 = 64).")] = 0,
@@ -254,13 +256,14 @@ def fit(
     try:
         if preset is not None and preset not in PRESETS:
             raise ConfigError(f"Unknown preset {preset!r}; known presets: {', '.join(PRESETS)}.")
-        online_only = {"--preset": preset, "--cycle-steps": cycle_steps, "--damping": damping, "--ridge": ridge}
+        online_only = {"--preset": preset, "--cycle-steps": cycle_steps, "--damping": damping, "--ridge": ridge,
+                       "--label-delay": label_delay}
         given = [k for k, v in online_only.items() if v is not None]
         if given and model != "irls-online":
             raise ConfigError(f"{', '.join(given)} set(s) the online estimator; --model {model} does not use it.")
         online = dataclasses.replace(PRESETS[preset or "source"])
         for key, value in (("feature", feature), ("cycle_steps", cycle_steps), ("damping", damping),
-                           ("ridge", ridge)):
+                           ("ridge", ridge), ("label_delay", label_delay)):
             if value is not None:
                 setattr(online, key, value)
         if per_position_slope:

@@ -41,6 +41,10 @@ class OnlineOptions:
     min_obs: int = 0  # a position with fewer labels in a cycle keeps its coefficients
     reject_negative_slope: bool = False
     warmup_refits: int = 0  # refits during which live AV verifies everything (used by live AV)
+    # decode steps before a draft's label reaches the estimator: in a serving engine the label of a
+    # step's drafts arrives with the next step, so a refit at a cycle's end lacks its last step's
+    # labels (they join the next cycle). 0 = labels available within their own step.
+    label_delay: int = 1
 
     def validate(self) -> OnlineOptions:
         from svt.errors import ConfigError
@@ -48,6 +52,7 @@ class OnlineOptions:
         checks = (("cycle_steps", self.cycle_steps >= 1, "an integer >= 1"),
                   ("damping", self.damping >= 0, "a number >= 0"), ("ridge", self.ridge >= 0, "a number >= 0"),
                   ("min_obs", self.min_obs >= 0, "an integer >= 0"),
+                  ("label_delay", self.label_delay >= 0, "an integer >= 0"),
                   ("warmup_refits", self.warmup_refits >= 0, "an integer >= 0"),
                   ("init_slope", np.isfinite(self.init_slope), "a finite number"),
                   ("init_intercept", np.isfinite(self.init_intercept), "a finite number"))
@@ -91,7 +96,8 @@ class IRLSOnline:
     def fit(self, x: np.ndarray, position: np.ndarray, y: np.ndarray, step: np.ndarray,
             *, k: int | None = None) -> IRLSOnline:
         """Replay labelled drafts. ``step`` is each draft's decode-step index (non-decreasing: the
-        rows must already be in replay order); cycles are ``step // cycle_steps``."""
+        rows must already be in replay order); a draft is scored in cycle ``step // cycle_steps``
+        and its label joins the refit at the end of cycle ``(step + label_delay) // cycle_steps``."""
         x = np.asarray(x, dtype=np.float64)
         position = np.asarray(position, dtype=np.int64)
         y = np.asarray(y, dtype=np.float64)
@@ -100,16 +106,20 @@ class IRLSOnline:
             raise ValueError("Expected rows in replay order (non-decreasing `step`).")
         self._init(int(position.max()) + 1 if k is None else k)
         o = self.options
-        cycle = step // o.cycle_steps
-        bounds = np.flatnonzero(np.r_[True, cycle[1:] != cycle[:-1], True])
+        cycle = step // o.cycle_steps  # when each draft is scored
+        arrive = (step + o.label_delay) // o.cycle_steps  # the refit its label joins
         self.prequential_ = np.empty_like(y)
         path = []
-        for a, b in zip(bounds[:-1], bounds[1:], strict=True):
-            f, pos, yy = x[a:b], position[a:b], y[a:b]
-            p = self.predict_proba(f, pos)
-            self.prequential_[a:b] = p
-            self._update(f, pos, yy, p)
-            path.append((cycle[a], b - a, self.slope_.copy(), self.intercepts_.copy()))
+        scored = 0
+        for c in np.unique(np.r_[cycle, arrive]):
+            end = int(np.searchsorted(cycle, c, side="right"))
+            if end > scored:  # drafts of cycle c: scored with the coefficients in force
+                self.prequential_[scored:end] = self.predict_proba(x[scored:end], position[scored:end])
+                scored = end
+            a, b = np.searchsorted(arrive, c, side="left"), np.searchsorted(arrive, c, side="right")
+            if b > a:  # the labels that have arrived by the end of cycle c (all scored already)
+                self._update(x[a:b], position[a:b], y[a:b], self.prequential_[a:b])
+                path.append((c, b - a, self.slope_.copy(), self.intercepts_.copy()))
         self.path_ = [{"cycle": int(c), "rows": int(n), "slope": w.tolist(), "intercepts": bb.tolist()}
                       for c, n, w, bb in path]
         return self

@@ -22,6 +22,7 @@ class OnlineLive:
         self.steps = 0
         self.refits = 0
         self._pending: list[tuple[np.ndarray, ...]] = []
+        self._inflight: list[tuple[np.ndarray, ...]] = []
         self._last = None
 
     def confidence(self, feats: dict, position: np.ndarray) -> np.ndarray:
@@ -35,12 +36,16 @@ class OnlineLive:
         return p.reshape(position.shape)
 
     def observe(self, labels: np.ndarray) -> None:
+        """The labels of the step just verified; they reach the estimator ``label_delay`` steps
+        later (a refit at a cycle's end lacks the labels still in flight)."""
         x, pos, p = self._last
         y = labels.ravel()
         m = y >= 0
-        self._pending.append((x[m], pos[m], y[m].astype(np.float64), p[m]))
+        self._inflight.append((x[m], pos[m], y[m].astype(np.float64), p[m]))
         self.steps += 1
-        if self.steps % self.est.options.cycle_steps == 0:
+        while len(self._inflight) > self.est.options.label_delay:
+            self._pending.append(self._inflight.pop(0))
+        if self.steps % self.est.options.cycle_steps == 0 and self._pending:
             xs, ps, ys, pp = (np.concatenate(a) for a in zip(*self._pending, strict=True))
             if ys.size:
                 self.est._update(xs, ps, ys, pp)
