@@ -156,3 +156,24 @@ def test_damaged_mlp_weights_and_bad_fit_paths(greedy_run, tmp_path):
         load_fit(path)
     with pytest.raises(ConfigError, match="--feature"):
         fit_runs([greedy_run], "yield-linear", feature="q_max")
+
+
+def test_report_replay_of_a_rule_equals_an_independent_walk(greedy_run):
+    """The report's `hvd match_len tau=2` equals walking every request with `match_len > 2` (an
+    integer rule: many predictions equal τ exactly, which must not verify the cache)."""
+    from svt.fit.yield_data import load_cache_drafts_for_fit
+    from svt.report import EvaluateOptions, evaluate
+    from svt.simulate.costs import load_costs
+    from svt.simulate.hvd import HVDRequest, walk
+
+    rep = evaluate([greedy_run], EvaluateOptions(features=["q_max"], costs=str(COSTS)))
+    rows, _ = load_cache_drafts_for_fit([greedy_run], with_empty=True)
+    assert (rows["match_len"] == 2).sum() > 0
+    costs = load_costs(COSTS)
+    cycles = 0
+    for _, part in rows.group_by("request", maintain_order=True):
+        req = HVDRequest("w", part["draft_len"].to_numpy(), part["oracle_accepted"].to_numpy(),
+                         part["model_accepted"].to_numpy(), part["lookup_ms"].to_numpy().astype(float))
+        cycles += walk(req, part["match_len"].to_numpy() > 2, 4, costs, consult=True).cycles
+    got = next(r for r in rep["hvd"]["rows"] if r["group"] == "all" and r["policy"] == "hvd match_len tau=2")
+    assert got["cycles"] == cycles

@@ -110,3 +110,37 @@ def test_bad_cost_tables_get_one_clear_message(tmp_path, text, msg):
         load_costs(f)
     with pytest.raises(ConfigError, match="not found"):
         load_costs(tmp_path / "none.yaml")
+
+
+def test_draft_lengths_by_hand_and_causal():
+    from svt.simulate.av import draft_lengths
+
+    # B = 1, K = 3: plain decoding 10 ms (rate 0.1 token/ms); one more verified token 1 ms; each
+    # extra draft pass 2 ms: drafting j + 1 is worth it when survival_j * next_conf > 0.3
+    costs = linear_costs(draft_per_token=2.0, verify_fixed=9.0, verify_per_token=1.0)
+    next_conf = np.array([0.9, 0.6, 0.6])
+    assert draft_lengths(np.array([[0.9, 0.9, 0.9]]), costs, next_conf).tolist() == [3]  # .54, .49
+    assert draft_lengths(np.array([[0.9, 0.5, 0.9]]), costs, next_conf).tolist() == [2]  # .54 then .27
+    assert draft_lengths(np.array([[0.4, 0.9, 0.9]]), costs, next_conf).tolist() == [1]  # .24
+    rng = np.random.default_rng(0)
+    for _ in range(200):  # a request's length past j never depends on its confidences after j
+        c = rng.uniform(0.05, 0.99, (4, 5))
+        base = draft_lengths(c, costs, c.mean(0))
+        r, j = rng.integers(0, 4), rng.integers(0, 4)
+        alt = c.copy()
+        alt[r, j + 1:] = rng.uniform(0.05, 0.99, 5 - j - 1)
+        assert (draft_lengths(alt, costs, c.mean(0))[r] > j + 1) == (base[r] > j + 1)
+
+
+def test_av_with_draft_lengths_is_replayed_beside_av():
+    rng = np.random.default_rng(2)
+    k, n = 4, 300
+    a = np.minimum(rng.geometric(0.4, n) - 1, k)
+    trace = StepTrace(np.arange(n) % 30, np.arange(n) // 30, a, k, {"p": np.clip(rng.normal(0.6, 0.2, (n, k)), 0.01, 0.99)})
+    pts = replay(trace, load_costs(COSTS / "h100-llama8b-eagle.yaml"), concurrency=(1, 8))
+    names = {p["policy"] for p in pts}
+    assert {"AV p", "AV+length p", "oracle"} <= names
+    for B in (1, 8):
+        mine = {p["policy"]: p for p in pts if p["concurrency"] == B}
+        assert mine["oracle"]["throughput"] >= mine["AV+length p"]["throughput"]
+        assert 1 <= mine["AV+length p"]["tokens_per_step"] <= k + 1

@@ -73,7 +73,7 @@ def convex_minorant(y: np.ndarray) -> np.ndarray:
     return np.interp(x, x[hull], y[hull])
 
 
-def av_keep(conf: np.ndarray, costs: CostTable, rule: str = "convex") -> np.ndarray:
+def av_keep(conf: np.ndarray, costs: CostTable, rule: str = "convex", k_max: int | None = None) -> np.ndarray:
     """Drafts kept per request by the AV budget rule for one step (``conf`` ``[B', K]``).
 
     ``engine``: the document's rule, b* = argmax expected / cost over the verify-cost curve as
@@ -88,14 +88,15 @@ def av_keep(conf: np.ndarray, costs: CostTable, rule: str = "convex") -> np.ndar
     if rule not in RULES:
         raise ValueError(f"Expected `rule` in {RULES}, but got {rule!r}.")
     n, K = conf.shape
-    surv = np.cumprod(conf, axis=1)
+    K_all = max(K, k_max or K)  # the cost curve's range and the draft cost do not depend on
+    surv = np.cumprod(conf, axis=1)  # how much was drafted (a causal budget needs that)
     flat = surv.ravel()
     order = np.lexsort((np.tile(np.arange(K), n), -flat))  # by survival, then position: prefixes
     expected = n + np.concatenate([[0.0], np.cumsum(flat[order])])
-    verify = costs.verify(n + np.arange(n * K + 1))
+    verify = np.asarray(costs.verify(n + np.arange(n * K_all + 1)), dtype=np.float64)
     if rule == "convex":
-        verify = convex_minorant(np.asarray(verify, dtype=np.float64))
-    cost = costs.draft(n, K) + verify
+        verify = convex_minorant(verify)
+    cost = costs.draft(n, K_all) + verify[: n * K + 1]
     b = int(np.argmax(expected / cost))
     kept = np.zeros(n * K, dtype=bool)
     kept[order[:b]] = True
@@ -140,6 +141,50 @@ def _av(name: str, trace, costs, rule: str = "convex"):
         kept = av_keep(conf[rows], costs, rule)
         tokens = np.minimum(trace.a[rows], kept) + 1
         return tokens, costs.draft(n, trace.k) + float(costs.verify(n + kept.sum()))
+    return per_step
+
+
+def draft_lengths(conf: np.ndarray, costs: CostTable, next_conf: np.ndarray,
+                  sharing: np.ndarray | None = None) -> np.ndarray:
+    """How many drafts each request drafts this step (causal, per request): after drafting position
+    j, draft j + 1 while the predicted marginal tokens of one more draft (survival so far times the
+    predicted next confidence ``next_conf[j + 1]``, a constant per position) are worth more, at the
+    batch's plain-decoding rate (tokens per ms), than one more verified token plus this request's
+    share of the extra draft pass. ``sharing[j]``: how many requests are expected to share pass
+    j + 2 (from earlier steps; default all of them). Each request's length depends only on its own
+    confidences so far, so the lossless verification budget stays causal on top of it."""
+    n, K = conf.shape
+    surv = np.cumprod(conf, axis=1)
+    verify = convex_minorant(np.asarray(costs.verify(n + np.arange(n * K + 1)), dtype=np.float64))
+    rate = n / float(verify[0])  # tokens per ms of plain decoding at this batch size
+    per_token = float(verify[1] - verify[0])  # marginal verify cost of one more token (convex)
+    share = np.full(K, float(n)) if sharing is None else np.maximum(1.0, sharing)
+    lengths = np.ones(n, dtype=np.int64)  # the first draft is always proposed
+    for j in range(K - 1):
+        extra_pass = (costs.draft(n, j + 2) - costs.draft(n, j + 1)) / share[j]
+        worth = surv[:, j] * next_conf[j + 1] > (extra_pass + per_token) * rate
+        lengths = np.where((lengths == j + 1) & worth, j + 2, lengths)
+    return lengths
+
+
+def _av_length(name: str, trace, costs):
+    """Draft-length policy + AV: each request drafts its causal length, the batch pays the longest,
+    then the lossless budget rule chooses what to verify among the drafted positions. How many
+    requests share each extra pass is learned from the previous steps (per batch size)."""
+    conf = trace.confidence[name]
+    next_conf = conf.mean(0)  # the predictor's mean confidence at each position (a constant)
+    sharing: dict[int, np.ndarray] = {}
+
+    def per_step(rows):
+        n = len(rows)
+        c = conf[rows]
+        lengths = draft_lengths(c, costs, next_conf, sharing.get(n))
+        # what this step shows for the next ones: how many requests went on past each position
+        sharing[n] = np.array([(lengths > j + 1).sum() for j in range(trace.k)], dtype=np.float64)
+        drafted = np.where(np.arange(trace.k)[None, :] < lengths[:, None], c, 0.0)
+        kept = np.minimum(av_keep(drafted, costs, "convex"), lengths)
+        tokens = np.minimum(trace.a[rows], kept) + 1
+        return tokens, costs.draft(n, int(lengths.max())) + float(costs.verify(n + kept.sum()))
     return per_step
 
 
@@ -199,6 +244,7 @@ def replay(trace: StepTrace, costs: CostTable, *, concurrency=CONCURRENCY, engin
         if engine_rule:
             policies.update({f"AV {name} [engine rule]": _av(name, trace, costs, "engine")
                              for name in trace.confidence})
+        policies.update({f"AV+length {name}": _av_length(name, trace, costs) for name in trace.confidence})
         policies["oracle"] = _oracle(groups, trace, costs)
         for name, per_step in policies.items():
             points.append({"policy": name, "concurrency": B, **_accumulate(groups, trace, per_step)})
