@@ -1,6 +1,6 @@
 """The batched speculative-sampling engine: one target and one draft KV cache for a batch of rows.
 
-Cache layout (measured exact against unbatched forwards, see NOTES): each model keeps one
+Cache layout (measured exact against unbatched forwards; tested against fresh forwards): each model keeps one
 ``DynamicCache`` for the batch; every forward appends the same number of slots to every row;
 slots a row does not keep (rejected drafts, padding) stay as *holes* masked out forever by a
 cumulative 2D attention mask; ``position_ids`` are each row's count of live tokens, so RoPE positions

@@ -12,8 +12,8 @@ labelled drafts behind it in the cycle, and the coefficients are updated. Memory
 Every draft is scored with the coefficients in force when it was drafted: ``prequential_`` holds
 those predictions, the honest evaluation of an online fitter.
 
-Options cover the serving engine's variant (a public vLLM version of its online acceptance estimator): per-position slopes (2K parameters, one 2x2
-system per position), other initial values, a minimum count per position and cycle below which a
+Options cover the serving engine's variant (as read in the code of a public vLLM version of its
+online acceptance estimator): per-position slopes (2K parameters, one 2x2 system per position), other initial values, a minimum count per position and cycle below which a
 position keeps its coefficients, and discarding refits that would make a slope negative.
 """
 
@@ -64,8 +64,9 @@ class OnlineOptions:
 
 PRESETS = {
     "source": OnlineOptions(),
-    # the serving engine's public variant (a public vLLM version of its online acceptance estimator): logit margin, per-position slope and
-    # intercept, refit every 100 steps from that round alone, min 50 observations, no damping
+    # the serving engine's variant, as read in the code of a public vLLM version of its online
+    # acceptance estimator: logit margin, per-position slope and intercept, refit every 100 steps
+    # from that round alone, min 50 observations, no damping
     "vllm": OnlineOptions(feature="logit_margin", cycle_steps=100, per_position_slope=True, init_slope=0.0,
                           init_intercept=1.5, min_obs=50, reject_negative_slope=True, damping=0.0,
                           warmup_refits=3),
