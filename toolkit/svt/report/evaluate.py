@@ -231,8 +231,8 @@ def _rule_audit(trace, costs, preds: list[Feature], points: list[dict], concurre
         if preds:
             name = preds[0].name
             row["predictor"] = name
-            row["engine_flip"] = flip_rate(trace, name, costs, B, rule="engine", max_steps=60)
-            row["convex_flip"] = flip_rate(trace, name, costs, B, rule="convex", max_steps=60)
+            row["engine_flip"] = flip_rate(trace, name, costs, B, rule="engine", max_steps=40)
+            row["convex_flip"] = flip_rate(trace, name, costs, B, rule="convex", max_steps=40)
             by = {p["policy"]: p for p in points if p["concurrency"] == B}
             lossless, engine = by[f"AV {name}"]["throughput"], by[f"AV {name} [engine rule]"]["throughput"]
             row["throughput_convex"], row["throughput_engine"] = lossless, engine

@@ -73,6 +73,17 @@ def convex_minorant(y: np.ndarray) -> np.ndarray:
     return np.interp(x, x[hull], y[hull])
 
 
+def _verify_curve(costs: CostTable, n: int, width: int, convex: bool) -> np.ndarray:
+    """verify(n .. n + width) as measured or its convex minorant over that range (cached per table:
+    the replay asks for the same few ranges thousands of times)."""
+    cache = costs.__dict__.setdefault("_curves", {})
+    key = (n, width, convex)
+    if key not in cache:
+        v = np.asarray(costs.verify(n + np.arange(width + 1)), dtype=np.float64)
+        cache[key] = convex_minorant(v) if convex else v
+    return cache[key]
+
+
 def av_keep(conf: np.ndarray, costs: CostTable, rule: str = "convex", k_max: int | None = None) -> np.ndarray:
     """Drafts kept per request by the AV budget rule for one step (``conf`` ``[B', K]``).
 
@@ -93,9 +104,7 @@ def av_keep(conf: np.ndarray, costs: CostTable, rule: str = "convex", k_max: int
     flat = surv.ravel()
     order = np.lexsort((np.tile(np.arange(K), n), -flat))  # by survival, then position: prefixes
     expected = n + np.concatenate([[0.0], np.cumsum(flat[order])])
-    verify = np.asarray(costs.verify(n + np.arange(n * K_all + 1)), dtype=np.float64)
-    if rule == "convex":
-        verify = convex_minorant(verify)
+    verify = _verify_curve(costs, n, n * K_all, rule == "convex")
     cost = costs.draft(n, K_all) + verify[: n * K + 1]
     b = int(np.argmax(expected / cost))
     kept = np.zeros(n * K, dtype=bool)
@@ -155,7 +164,7 @@ def draft_lengths(conf: np.ndarray, costs: CostTable, next_conf: np.ndarray,
     confidences so far, so the lossless verification budget stays causal on top of it."""
     n, K = conf.shape
     surv = np.cumprod(conf, axis=1)
-    verify = convex_minorant(np.asarray(costs.verify(n + np.arange(n * K + 1)), dtype=np.float64))
+    verify = _verify_curve(costs, n, n * K, True)
     rate = n / float(verify[0])  # tokens per ms of plain decoding at this batch size
     per_token = float(verify[1] - verify[0])  # marginal verify cost of one more token (convex)
     share = np.full(K, float(n)) if sharing is None else np.maximum(1.0, sharing)
@@ -268,8 +277,8 @@ def mark_pareto(points: list[dict]) -> None:
 def non_convexity(costs: CostTable, n: int, k: int) -> float:
     """How far the verify-cost curve over a step's token range [n, n (k + 1)] lies above its
     greatest convex minorant: the largest gap, relative to the cost there (0 for a convex curve)."""
-    v = np.asarray(costs.verify(n + np.arange(n * k + 1)), dtype=np.float64)
-    return float(np.max((v - convex_minorant(v)) / v))
+    v = _verify_curve(costs, n, n * k, False)
+    return float(np.max((v - _verify_curve(costs, n, n * k, True)) / v))
 
 
 def flip_rate(trace: StepTrace, name: str, costs: CostTable, B: int, *, rule: str = "engine",
