@@ -60,6 +60,13 @@ class CostTable:
         """
         if k <= 0:
             return 0.0
+        cache = self.__dict__.setdefault("_draft_cache", {})  # the replay asks for the same few values
+        key = (int(batch), int(k))
+        if key not in cache:
+            cache[key] = self._draft_uncached(*key)
+        return cache[key]
+
+    def _draft_uncached(self, batch: int, k: int) -> float:
         if self.kind == "roofline":
             if self.drafter == "parallel":
                 return float(self._roofline("drafter", batch * k))
