@@ -121,7 +121,9 @@ def pareto(report: dict, ax=None):
     if not sim:
         raise DataError("The report has no simulation: run `svt evaluate ... --costs COSTS`.")
     fig, ax = _axes(ax, (7.2, 5.2))
-    pts = sim["points"]
+    # the document's (engine) budget rule is compared in report.md's rule audit; drawn here it
+    # would only double every AV curve
+    pts = [p for p in sim["points"] if "[engine rule]" not in p["policy"]]
     policies = list(dict.fromkeys(p["policy"] for p in pts))
     colors = plt.get_cmap("tab20").colors if len(policies) > 10 else COLORS
     for i, pol in enumerate(policies):
