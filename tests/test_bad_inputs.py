@@ -45,6 +45,7 @@ def test_damaged_fit_files(small_run, fit_file, tmp_path, edit, text):
     (["--model", "irls-online", "--ridge", "-0.5"], "ridge"),
     (["--model", "logistic", "--preset", "vllm"], "--preset"),
     (["--model", "irls-online", "--preset", "nope"], "Unknown preset"),
+    (["--model", "irls-online", "--label-delay", "100000"], "label_delay"),
 ])
 def test_bad_fit_options(small_run, tmp_path, args, text):
     _ok(runner.invoke(app, ["fit", str(small_run), *args, "--out", str(tmp_path / "f.json")]), 2, text)

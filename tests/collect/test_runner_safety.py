@@ -56,6 +56,7 @@ def test_overwrite_interrupted_midway_keeps_the_old_run(cfg, done, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         collect(dataclasses.replace(cfg, seed=7), done, overwrite=True, progress=False)
     assert _snapshot(done) == before
+    assert not list(done.parent.glob(".run.svt-*"))  # the partial new run is not left behind
     monkeypatch.setattr(runner_mod, "run_batch", real)
     s = collect(dataclasses.replace(cfg, seed=7), done, overwrite=True, progress=False)
     assert s.run_dir == done and open_run(done).meta["config"]["seed"] == 7

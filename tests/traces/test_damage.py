@@ -77,7 +77,20 @@ def test_named_damage_cases(sealed, tmp_path_factory):
     meta = json.loads((run / "run.json").read_text())
     meta["k"] = 2  # the drafts reach position 3
     (run / "run.json").write_text(json.dumps(meta))
+    with pytest.raises(SchemaError, match="config says"):
+        open_run(run)
+    meta["config"]["k"] = 2
+    (run / "run.json").write_text(json.dumps(meta))
     with pytest.raises(SchemaError, match="K = 2"):
+        open_run(run)
+    meta["k"] = meta["config"]["k"] = 5  # more than the drafts hold
+    (run / "run.json").write_text(json.dumps(meta))
+    with pytest.raises(SchemaError, match="stop at position 3"):
+        open_run(run)
+    meta["k"] = meta["config"]["k"] = 4
+    meta["shards"] = "x"
+    (run / "run.json").write_text(json.dumps(meta))
+    with pytest.raises(SchemaError, match="`shards` must be a mapping"):
         open_run(run)
 
 
@@ -88,5 +101,9 @@ def test_foreign_runs_without_records_still_read(sealed, tmp_path_factory):
     meta.pop("shards")
     (run / "run.json").write_text(json.dumps(meta))
     assert _content(run)["drafts"].equals(_content(sealed)["drafts"])
+    from svt.traces.summary import run_summary
+
+    assert run_summary(run)["shards"].startswith("NOT verified")  # said, not silent
+    assert run_summary(sealed)["shards"] == "verified against run.json"
     reseal(run)
     assert open_run(run).meta["shards"]["drafts"]

@@ -169,8 +169,6 @@ def _frames(log: BatchLog, workload_of: dict[int, str], batch_requests, prompts)
 def collect(cfg: CollectConfig, out: str | Path, *, config_path: str | Path | None = None,
             resume: bool = False, overwrite: bool = False, progress: bool = True) -> CollectSummary:
     """Run speculative decoding over the configured workloads and write a run directory."""
-    import time
-
     final = Path(out)
     config = to_dict(cfg)
     old_meta = _prepare_dir(final, resume=resume, overwrite=overwrite, config=config)
@@ -205,11 +203,7 @@ def collect(cfg: CollectConfig, out: str | Path, *, config_path: str | Path | No
     tok = pair.tokenizer
     ids = [encode_prompt(p, tok, cfg.max_prompt_tokens) for p in prompts]
     workload_of = {i: p.workload for i, p in enumerate(prompts)}
-    eos_id = tok.eos_token_id
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else (eos_id or 0)
-    params = SamplingParams(cfg.temperature, cfg.top_p, cfg.k, cfg.max_new_tokens)
-    log_opts = LogOptions(cfg.log.hidden, cfg.log.dists_fraction, cfg.log.dists_top_k)
-    live = None
+    live = online_est = None
     if cfg.av is not None and cfg.av.online and resume:
         raise ConfigError("Cannot resume a live-AV run with `av.online: true`: the estimator's state is "
                           "not saved between sessions. Use --overwrite.")
@@ -235,6 +229,24 @@ def collect(cfg: CollectConfig, out: str | Path, *, config_path: str | Path | No
             live = LiveAV(live_confidence(fit), costs, cfg.av.explore, rule=cfg.av.rule)
     batches = [list(range(i, min(i + cfg.batch_size, cfg.requests)))
                for i in range(0, cfg.requests, cfg.batch_size)]
+    try:
+        return _collect_into(cfg, out, final, staged, config_path, old_meta, config, pair, ids, workload_of,
+                             names, paths, workload_hashes, batches, live, online_est, progress)
+    except BaseException:
+        if staged:  # an interrupted overwrite: the old run is untouched; drop the partial new one
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+
+
+def _collect_into(cfg, out, final, staged, config_path, old_meta, config, pair, ids, workload_of, names, paths,
+                  workload_hashes, batches, live, online_est, progress) -> CollectSummary:
+    import time
+
+    tok = pair.tokenizer
+    eos_id = tok.eos_token_id
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else (eos_id or 0)
+    params = SamplingParams(cfg.temperature, cfg.top_p, cfg.k, cfg.max_new_tokens)
+    log_opts = LogOptions(cfg.log.hidden, cfg.log.dists_fraction, cfg.log.dists_top_k)
     if cfg.hvd is not None:
         summary = _collect_hvd(cfg, out, config_path, old_meta, config, pair, ids, workload_of, names, paths,
                                workload_hashes)

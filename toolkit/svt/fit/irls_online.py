@@ -232,6 +232,12 @@ class IRLSOnlineFitter(Fitter):
 
     def fit(self, data: FitData) -> IRLSOnlineFitter:
         lab = data.frame
+        span = int(lab["decode_step"].max()) + 1 if lab.height else 0
+        if self.options.label_delay >= max(span, 1):
+            from svt.errors import ConfigError
+
+            raise ConfigError(f"`label_delay` {self.options.label_delay} is not shorter than the run's {span} "
+                              "decode steps: no label would reach the estimator while it runs.")
         self.est_ = IRLSOnline(self.options).fit(feature_values(lab, self.feature), lab["position"].to_numpy(),
                                                  lab["label"].to_numpy(), lab["decode_step"].to_numpy(), k=data.k)
         return self

@@ -56,7 +56,9 @@ def load_drafts(runs: list[Path]) -> tuple[pl.DataFrame, pl.DataFrame | None, li
                                  if isinstance(v, dict)},
                       "counts": meta.get("counts"),
                       "labels": ("live AV run: only explored steps (every draft verified) are used"
-                                 if run.censored else "complete (every step verified its drafts)")})
+                                 if run.censored else "complete (every step verified its drafts)"),
+                      "shards": ("verified against run.json" if run.verified
+                                 else "not verified: run.json records no shards (a foreign or older run)")})
     drafts = pl.concat(frames).collect()
     return drafts, (pl.concat(dists).collect() if dists else None), infos
 

@@ -198,6 +198,11 @@ class Run:
         return bool(self.shards.get(table))
 
     @property
+    def verified(self) -> bool:
+        """Whether run.json records its shards (so missing, extra and changed shards are caught)."""
+        return isinstance(self.meta.get("shards"), dict)
+
+    @property
     def complete(self) -> bool:
         """False for a run whose collection was interrupted (``status: running``)."""
         return self.meta.get("status", "complete") == "complete"
@@ -250,6 +255,11 @@ def open_run(path: str | Path, *, deep: bool = True, tables: list[str] | None = 
     meta = read_meta(path)
     run = Run(path=path, meta=meta)
     recorded = meta.get("shards")
+    if recorded is not None and not isinstance(recorded, dict):
+        raise SchemaError(f"{path / RUN_META}: `shards` must be a mapping of table -> shard records.")
+    cfg_k = (meta.get("config") or {}).get("k") if isinstance(meta.get("config"), dict) else None
+    if cfg_k is not None and meta.get("k") is not None and cfg_k != meta.get("k"):
+        raise SchemaError(f"{path / RUN_META}: `k` is {meta.get('k')!r} but the run's config says {cfg_k!r}.")
     for name, spec in TABLES.items():
         if tables is not None and name not in tables:
             continue
@@ -273,7 +283,12 @@ def open_run(path: str | Path, *, deep: bool = True, tables: list[str] | None = 
         top = run.scan("drafts").select(pl.col("position").max()).collect().item()
         if top is not None and top >= meta["k"]:
             raise SchemaError(f"{path}: drafts reach position {top}, but run.json says K = {meta['k']}.")
+        # svt's collector drafts K tokens at every step (trimmed ones are logged unlabelled)
+        if top is not None and "config" in meta and not meta.get("hvd") and top != meta["k"] - 1:
+            raise SchemaError(f"{path}: run.json says K = {meta['k']}, but the drafts stop at position {top}.")
     return run
+
+    # (runs without shard records are read; `Run.verified` says whether their shards were checked)
 
 
 def _check_records(path: Path, table: str, files: list[Path], recs: dict, deep: bool) -> None:

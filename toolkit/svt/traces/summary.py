@@ -31,6 +31,7 @@ def run_summary(path: str | Path, *, deep: bool = True) -> dict:
     return {
         "status": "complete" if run.complete else
                   f"INCOMPLETE ({run.meta.get('status')}: interrupted; resume it with svt collect --resume)",
+        "shards": "verified against run.json" if run.verified else "NOT verified (run.json records no shards)",
         "requests": r,
         "steps": s["steps"],
         "drafts": d["drafts"],
