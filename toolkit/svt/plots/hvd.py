@@ -23,9 +23,14 @@ def hvd(report: dict, ax=None):
                         "with --costs COSTS.")
     groups = list(dict.fromkeys(r["group"] for r in sim["rows"]))
     if ax is None:
-        fig, axes = plt.subplots(1, len(groups), figsize=(3.6 * len(groups) + 1, 4.2), constrained_layout=True,
+        ncols = min(3, len(groups))
+        nrows = -(-len(groups) // ncols)
+        fig, grid = plt.subplots(nrows, ncols, figsize=(4.3 * ncols, 3.6 * nrows), constrained_layout=True,
                                  squeeze=False, sharey=True)
-        axes = axes[0]
+        axes = list(grid.ravel())
+        for extra in axes[len(groups):]:
+            extra.set_visible(False)
+        axes = axes[: len(groups)]
     else:
         fig, axes = ax.figure, [ax] * len(groups)
     preds = list(dict.fromkeys(r["predictor"] for r in sim["rows"] if "predictor" in r))
@@ -39,9 +44,10 @@ def hvd(report: dict, ax=None):
             v = next(r["speedup_vs_greedy"] for r in rows if r["policy"] == pol)
             a.axhline(v, color=style[0], ls=style[1], lw=1, label=pol + (" (bound)" if pol == "oracle-switch" else ""))
         a.axhline(1.0, color="0.8", lw=0.8)
-        a.set(title=f"{g}", xlabel="τ (verify the cache draft when predicted yield > τ)")
+        a.set(title=f"{g}", xlabel="τ (cache draft verified when predicted yield > τ)")
         a.grid(alpha=0.3)
-    axes[0].set_ylabel("speed-up vs greedy decoding (simulated, batch 1)")
+    for a in axes[:: min(3, len(axes))]:
+        a.set_ylabel("speed-up vs greedy (simulated, B = 1)")
     axes[-1].legend(fontsize=6, loc="best")
     fig.suptitle(f"Hybrid Verified Decoding replay, K = {sim['k']} ({sim['costs']['kind']} costs: "
                  f"{Path(sim['costs']['path']).name})", fontsize=9)
