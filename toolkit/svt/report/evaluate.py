@@ -129,7 +129,7 @@ def _add_fits(drafts: pl.DataFrame, runs, infos, fits: list[str]) -> tuple[pl.Da
     """A column of predictions per fit (null where the fit may not be scored) and its Feature."""
     if not fits:
         return drafts, []
-    from svt.fit import evaluation_mask, load_drafts_for_fit, load_fit, predict
+    from svt.fit import estimator, evaluation_mask, load_drafts_for_fit, load_fit, predict
 
     replay, _ = load_drafts_for_fit([Path(r) for r in runs])
     keys = ["_run", "request", "step", "position"]
@@ -142,11 +142,9 @@ def _add_fits(drafts: pl.DataFrame, runs, infos, fits: list[str]) -> tuple[pl.Da
         col = f"_fit{i}"
         scored = replay.select(keys).with_columns(pl.Series(col, np.where(ok, pred, np.nan)).fill_nan(None))
         drafts = drafts.join(scored, on=keys, how="left", maintain_order="left")
-        # a head reads the drafter's hidden state: a function of the context, not of the token
-        lossless = True if fit["model"] == "head" else get_feature(fit.get("feature", "q_max")).lossless
-        label = f"{fit['model']}({', '.join(fit.get('features') or [fit.get('feature', '')])})"
-        if isinstance(fit.get("slope"), list) and fit["model"] in ("logistic", "irls-online"):
-            label += " per-position slope"
+        est = estimator(fit)
+        lossless = est.lossless  # a head reads the drafter's context, not the token: lossless
+        label = est.label()
         label = label if label not in [f.name for f in feats] else f"{label} [{Path(path).stem}]"
         how = "prequential" if fit["model"] == "irls-online" else fit.get("training", {}).get("evaluation", "")
         feats.append(Feature(label, pl.col(col), f"fitted predictor {Path(path).name} ({how})",
