@@ -123,6 +123,13 @@ class LogisticFitter(Fitter):
 
     @classmethod
     def from_dict(cls, d: dict, path=None) -> LogisticFitter:
+        from svt.features import get_feature
+
+        for name in [*(d.get("features") or []), *([d["feature"]] if d.get("feature") is not None else [])]:
+            get_feature(name)  # an unknown name is one clear error
+        if d.get("feature") is not None:
+            if d.get("features") and d["features"][0] != d["feature"]:
+                raise ValueError(f"`feature` {d['feature']!r} and `features` {d['features']!r} disagree")
         self = cls(features=d.get("features") or [d["feature"]],
                    per_position_slope=bool(d.get("options", {}).get("per_position_slope")))
         self.slope_ = np.asarray(d["slope"], dtype=np.float64)
