@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from svt.errors import ConfigError, SvtError
 
@@ -23,12 +24,19 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 # off a terminal (logs, CI) rich would wrap tables at 80 columns and cut cells: use a wide console
-err = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
-out = Console(width=None if sys.stdout.isatty() else 200)
+# off a terminal (logs, CI) nothing wraps or is cut: tables keep their natural width
+WIDE = 100_000
+err = Console(stderr=True, width=None if sys.stderr.isatty() else WIDE)
+out = Console(width=None if sys.stdout.isatty() else WIDE)
+
+
+def _say(message: str) -> None:
+    """A plain line: paths and names are never read as rich markup."""
+    out.print(message, markup=False, highlight=False)
 
 
 def _fail(exc: SvtError) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+    err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
     return typer.Exit(exc.exit_code)
 
 
@@ -78,10 +86,10 @@ def collect(
             pair = load_pair(resolve_path(cfg.target, config), resolve_path(cfg.draft, config),
                              device=cfg.device, dtype=cfg.dtype)
             table = profile_pair(pair.target, pair.draft, k=cfg.k,
-                                 progress=None if quiet else lambda b: out.print(f"profiled batch {b}"))
+                                 progress=None if quiet else lambda b: _say(f"profiled batch {b}"))
             write_costs(table, out_dir, {"models": {k: v["path"] for k, v in pair.identity().items()
                                                     if isinstance(v, dict) and "path" in v}})
-            out.print(f"wrote {out_dir}")
+            _say(f"wrote {out_dir}")
             return
         summary = run_collect(cfg, out_dir, config_path=config, resume=resume, overwrite=overwrite,
                               progress=not quiet)
@@ -104,18 +112,17 @@ def inspect(
 
     Example: [bold]svt inspect runs/demo[/]
     """
-    from rich.table import Table
-
+    from svt.report.console import add_row, new_table
     from svt.traces.summary import acceptance_by_position, run_summary
 
     try:
         for path in runs:
             summary = run_summary(path, deep=deep)
-            out.print(f"[bold]{path}[/]  " + "  ".join(f"{k}={v}" for k, v in summary.items()))
-            table = Table("position", "proposed", "verified", "accepted",
-                          "conditional rate", "marginal rate", title="acceptance by draft position")
+            out.print(f"[bold]{escape(str(path))}[/]  " + escape("  ".join(f"{k}={v}" for k, v in summary.items())))
+            table = new_table("position", "proposed", "verified", "accepted",
+                              "conditional rate", "marginal rate", title="acceptance by draft position")
             for row in acceptance_by_position(path).iter_rows(named=True):
-                table.add_row(str(row["position"]), f"{row['proposed']:,}", f"{row['verified']:,}",
+                add_row(table, str(row["position"]), f"{row['proposed']:,}", f"{row['verified']:,}",
                               f"{row['accepted']:,}", f"{row['conditional']:.3f}", f"{row['marginal']:.3f}")
             out.print(table)
     except SvtError as exc:
@@ -153,12 +160,10 @@ def evaluate(
     Example: [bold]svt evaluate runs/demo --out reports/demo --by workload --fit fits/online.json[/]
     HVD:     [bold]svt evaluate runs/greedy --out reports/hvd --fit fits/yield-mlp.json --costs costs.yaml[/]
     """
-    from rich.table import Table
-
     from svt.features import DEFAULT_FEATURES
     from svt.report import EvaluateOptions, write_report
     from svt.report import evaluate as build
-    from svt.report.render import HEAD, feature_rows, fmt
+    from svt.report.console import evaluate_tables
 
     if bins < 1 or bootstrap < 0 or high_yield < 1:
         raise _fail(ConfigError(f"Expected --bins >= 1, --bootstrap >= 0 and --high-yield >= 1, but got "
@@ -174,44 +179,9 @@ def evaluate(
         json_path, md_path = write_report(report, out_dir)
     except SvtError as exc:
         raise _fail(exc) from None
-    short = ("auc", "log_loss", "ece", "brier", "n")  # the terminal table; report.md has them all
-    keep = [0, 1, *(2 + HEAD.index(k) for k in short)]
-    for title, scope in (("all positions", None), ("excluding the first position", "excluding_first")):
-        table = Table("feature", "lossless", *short, title=f"acceptance features: {title}")
-        table.columns[0].no_wrap = True
-        for row in feature_rows(report["features"], scope, ci=False):
-            table.add_row(*(row[i] for i in keep))
-        out.print(table)
-    if report.get("simulation"):
-        sim = Table("policy", "B", "tokens/step", "step ms", "tok/s per request", "tok/s total", "Pareto",
-                    title=f"Adaptive Verification replay ({report['simulation']['costs']['kind']} costs)")
-        for p in report["simulation"]["points"]:
-            if p["concurrency"] in (1, 8, 64):
-                sim.add_row(p["policy"], str(p["concurrency"]), f"{p['tokens_per_step']:.3f}",
-                            f"{p['step_ms']:.2f}", f"{p['interactivity']:,.0f}", f"{p['throughput']:,.0f}",
-                            "bound" if p["pareto"] is None else ("yes" if p["pareto"] else ""))
-        out.print(sim)
-    if report.get("yield"):
-        yl = report["yield"]
-        t = Table("predictor", "MSE", "MAE", "precision", "recall", "F1", "AP",
-                  title=f"yield predictors: high yield >= {yl['high_yield']} ({yl['requests']} requests)")
-        for n, b in yl["predictors"].items():
-            t.add_row(n, *(fmt(b[k], 3) for k in ("mse", "mae", "precision", "recall", "f1", "average_precision")))
-        out.print(t)
-    if report.get("hvd"):
-        hv = report["hvd"]
-        t = Table("group", "policy", "cycles/1000", "speed-up vs greedy", "vs model-only",
-                  title=f"Hybrid Verified Decoding replay ({hv['costs']['kind']} costs, batch 1)")
-        best = {(b["group"], b["predictor"]): b for b in hv["best"]}
-        for r in hv["rows"]:
-            if "predictor" not in r:
-                t.add_row(r["group"], r["policy"], f"{r['cycles_per_1000']:.1f}", f"{r['speedup_vs_greedy']:.3f}",
-                          f"{r['speedup_vs_model']:.3f}")
-        for (g, p), b in best.items():
-            t.add_row(g, f"hvd {p} best τ={b['tau']:g}", f"{b['cycles_per_1000']:.1f}",
-                      f"{b['speedup_vs_greedy']:.3f}", f"{b['speedup_vs_model']:.3f}")
-        out.print(t)
-    out.print(f"wrote {json_path} and {md_path}")
+    for item in evaluate_tables(report):
+        out.print(item)
+    _say(f"wrote {json_path} and {md_path}")
 
 
 @app.command()
@@ -247,8 +217,6 @@ def fit(
     Yield:   [bold]svt fit runs/greedy --model yield-mlp --out fits/yield-mlp.json[/]
     """
     import dataclasses
-
-    from rich.table import Table
 
     from svt.fit import PRESETS, fit_runs, save_fit
     from svt.fit.studies import fit_by_group
@@ -287,28 +255,30 @@ def fit(
                 if result["model"] == "yield-mlp":
                     what.append(f"{result['options']['epochs']} epochs, validation MSE "
                                 f"{result['options']['best_val_mse']:.3f}")
-                out.print(f"wrote {out_path}: {result['model']} on {len(result['features'])} cache features"
+                _say(f"wrote {out_path}: {result['model']} on {len(result['features'])} cache features"
                           f"{', ' if what else ''}{', '.join(what)} ({result['training']['rows']:,} cache drafts, "
                           f"mean yield {result['training']['mean_yield']:.3f}; evaluation: "
                           f"{result['training']['evaluation']})")
                 return
-            out.print(f"wrote {out_path}: {result['model']} on {result.get('feature')}, {', '.join(what)} "
+            _say(f"wrote {out_path}: {result['model']} on {result.get('feature')}, {', '.join(what)} "
                       f"({result['training']['rows']:,} labelled drafts; evaluation: "
                       f"{result['training']['evaluation']})")
             return
         summary = fit_by_group(runs, model, by, out_path, **kwargs)
     except SvtError as exc:
         raise _fail(exc) from None
-    table = Table(by, "labelled", "acceptance", "mean draft entropy", "slope", "first intercept",
-                  title=f"{model} fitted per {by}")
+    from svt.report.console import add_row, new_table
+
+    table = new_table(by, "labelled", "acceptance", "mean draft entropy", "slope", "first intercept",
+                      title=f"{model} fitted per {by}")
     for row in summary["groups"]:
-        table.add_row(str(row["group"]), f"{row['labelled']:,}", f"{row['acceptance']:.3f}",
+        add_row(table, str(row["group"]), f"{row['labelled']:,}", f"{row['acceptance']:.3f}",
                       f"{row['mean_entropy']:.3f}", f"{row['slope']:.4f}", f"{row['first_intercept']:.4f}")
     out.print(table)
     for key in ("r_slope_entropy", "r_intercept_entropy"):
         if summary.get(key) is not None:
-            out.print(f"{key} = {summary[key]:.3f}")
-    out.print(f"wrote {out_path}/ (one fit per {by}, summary.json)")
+            _say(f"{key} = {summary[key]:.3f}")
+    _say(f"wrote {out_path}/ (one fit per {by}, summary.json)")
 
 
 @app.command()
@@ -337,7 +307,7 @@ def cache(
         entry = add_cache_to_run(run, parse_set(set_ or []), device=device, target=target, draft=draft)
     except SvtError as exc:
         raise _fail(exc) from None
-    out.print(f"wrote {run / 'cache_drafts'}: {entry['rows']:,} positions (arctic-inference "
+    _say(f"wrote {run / 'cache_drafts'}: {entry['rows']:,} positions (arctic-inference "
               f"{entry['arctic_inference']}, median lookup {entry['lookup_ms_median'] * 1e3:.1f} µs)")
 
 
@@ -367,7 +337,7 @@ def plot(
             written = plots.plot_all(input_path, fit or [])
             link_figures(input_path, written, related=link or [])
             for p in written:
-                out.print(f"wrote {p}")
+                _say(f"wrote {p}")
             return
         fn = plots.get_plot(kind)
         if out_path is None:
@@ -375,7 +345,7 @@ def plot(
         written = plots.save(fn(plots.read_input(input_path)), out_path)
     except SvtError as exc:
         raise _fail(exc) from None
-    out.print(f"wrote {written}")
+    _say(f"wrote {written}")
 
 
 def main() -> None:

@@ -41,6 +41,19 @@ class Feature:
     lossless: bool
     probability: bool = False  # already a probability of acceptance (log-loss/ECE defined)
     partial: bool = False  # scores only some rows (a fitted predictor's held-out rows); nulls skipped
+    direction: int = 1  # +1: a higher value means "more likely accepted"; -1: a lower value does
+
+    def __post_init__(self):
+        if self.direction not in (1, -1):
+            raise ConfigError(f"Feature {self.name!r}: direction must be 1 or -1, not {self.direction!r}.")
+        if self.probability and self.direction != 1:
+            raise ConfigError(f"Feature {self.name!r} is a probability of acceptance, so higher must mean "
+                              "accept (direction=1).")
+
+    @property
+    def shown_as(self) -> str:
+        """The name tables and figures show: a lower-is-accept feature is scored negated."""
+        return self.name if self.direction == 1 else f"−{self.name}"
 
 
 FEATURES: dict[str, Feature] = {}
@@ -80,15 +93,17 @@ def check_feature(f: Feature, frame: pl.DataFrame) -> None:
 
 
 def feature(*, lossless: bool, description: str = "", probability: bool = False,
-            name: str | None = None) -> Callable:
-    """Decorator: register a function returning a polars expression as a feature."""
+            name: str | None = None, direction: int = 1) -> Callable:
+    """Decorator: register a function returning a polars expression as a feature. ``direction=-1``
+    declares a feature whose *lower* values mean acceptance (like entropy): svt scores it negated so
+    that every AUC in a report reads "higher = better", and keeps the raw AUC as ``auc_raw``."""
 
     def wrap(fn: Callable[[], pl.Expr]):
         expr = fn()
         if not isinstance(expr, pl.Expr):
             raise ConfigError(f"Feature function {fn.__name__} must return a polars expression.")
         register(Feature(name or fn.__name__, expr, description or (fn.__doc__ or "").strip(),
-                         lossless, probability), replace=True)
+                         lossless, probability, direction=direction), replace=True)
         return fn
 
     return wrap
@@ -121,8 +136,8 @@ def load_feature_module(module: str) -> list[str]:
     return sorted(set(FEATURES) - before)
 
 
-def _builtin(name, expr, description, lossless, probability=False):
-    register(Feature(name, expr, description, lossless, probability))
+def _builtin(name, expr, description, lossless, probability=False, direction=1):
+    register(Feature(name, expr, description, lossless, probability, direction=direction))
     _BUILTINS.add(name)
 
 
@@ -135,7 +150,8 @@ _builtin("q_sampled", pl.col("q_sampled").cast(pl.Float64),
 _builtin("logit_qsampled", _logit("q_sampled"), "log-odds of q_sampled (lossy)", False)
 _builtin("gumbel_qsampled", -(-_clip("q_sampled").log()).log(), "-log(-log q_sampled) (lossy)", False)
 _builtin("entropy", pl.col("q_entropy").cast(pl.Float64),
-         "entropy of the draft distribution, nats (higher = less likely accepted)", True)
+         "entropy of the draft distribution, nats (lower = more likely accepted: scored negated)", True,
+         direction=-1)
 _builtin("neg_entropy", -pl.col("q_entropy").cast(pl.Float64),
          "minus the draft entropy (ranks in the direction of acceptance)", True)
 _builtin("margin", pl.col("q_margin").cast(pl.Float64), "top-1 minus top-2 draft probability", True)

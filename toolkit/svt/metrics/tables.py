@@ -162,10 +162,13 @@ def score_table(d: ScoreData, *, probability: bool, n_bins: int = 10, bootstrap:
     }
     if bootstrap:
         _, group = np.unique(d.request[d.order], return_inverse=True)
-        table["overall"]["ci95"] = bootstrap_ci(v, group, None, probability=probability,
-                                                n_bins=n_bins, n=bootstrap, seed=seed)
-        table["excluding_first"]["ci95"] = bootstrap_ci(v, group, later, probability=probability,
-                                                        n_bins=n_bins, n=bootstrap, seed=seed)
+        scopes = {"overall": None, "excluding_first": later,
+                  **{k: v["position"] == k for k in table["per_position"]}}
+        cis = bootstrap_cis(v, group, scopes, probability=probability, n_bins=n_bins, n=bootstrap, seed=seed)
+        table["overall"]["ci95"] = cis["overall"]
+        table["excluding_first"]["ci95"] = cis["excluding_first"]
+        for k, block in table["per_position"].items():
+            block["ci95"] = cis[k]
     return table
 
 
@@ -174,22 +177,32 @@ def bootstrap_ci(v: dict, group: np.ndarray, mask: np.ndarray | None, *, probabi
     """Percentile intervals from ``n`` request-level resamples (whole requests drawn with
     replacement: their drafts are correlated, rows are not independent). ``v`` and ``group`` are
     in score order; ``mask`` selects a scope."""
+    return bootstrap_cis(v, group, {"scope": mask}, probability=probability, n_bins=n_bins, n=n,
+                         seed=seed, level=level)["scope"]
+
+
+def bootstrap_cis(v: dict, group: np.ndarray, scopes: dict, *, probability: bool, n_bins: int, n: int,
+                  seed: int = 0, level: float = 0.95) -> dict:
+    """:func:`bootstrap_ci` for several scopes (masks in score order, None = all) from the *same*
+    resamples of the requests, so the intervals of a scope and its parts are consistent."""
     rng = np.random.default_rng(seed)
-    if mask is not None:
-        v, group = _subset(v, mask), group[mask]
-    if group.size == 0:  # an empty scope (e.g. excluding the first position of one-draft steps)
-        return {}
-    _, group = np.unique(group, return_inverse=True)  # the requests present in this scope
-    n_groups = int(group.max()) + 1
-    draws: dict[str, list[float]] = {}
-    for _ in range(n):
-        counts = rng.multinomial(n_groups, np.full(n_groups, 1.0 / n_groups))
-        m = _scope_metrics(v, counts[group].astype(np.float64), probability=probability, n_bins=n_bins)
-        for key in ("auc", "log_loss", "ece", "brier"):
-            if m.get(key) is not None:
-                draws.setdefault(key, []).append(m[key])
+    _, group = np.unique(group, return_inverse=True)
+    n_groups = int(group.max()) + 1 if group.size else 0
+    parts = {name: (v, group) if mask is None else (_subset(v, mask), group[mask]) for name, mask in scopes.items()}
+    draws: dict = {name: {} for name in scopes}
+    for _ in range(n if n_groups else 0):
+        counts = rng.multinomial(n_groups, np.full(n_groups, 1.0 / n_groups)).astype(np.float64)
+        for name, (sv, sg) in parts.items():
+            w = counts[sg]
+            if not w.any():  # an empty scope, or no drawn request reaches it
+                continue
+            m = _scope_metrics(sv, w, probability=probability, n_bins=n_bins)
+            for key in ("auc", "log_loss", "ece", "brier"):
+                if m.get(key) is not None:
+                    draws[name].setdefault(key, []).append(m[key])
     lo, hi = (1 - level) / 2 * 100, (1 + level) / 2 * 100
-    return {k: [float(np.percentile(x, lo)), float(np.percentile(x, hi))] for k, x in draws.items()}
+    return {name: {k: [float(np.percentile(x, lo)), float(np.percentile(x, hi))] for k, x in d.items()}
+            for name, d in draws.items()}
 
 
 def acceptance_by_position(drafts: pl.LazyFrame | pl.DataFrame) -> pl.DataFrame:

@@ -18,6 +18,7 @@ import numpy as np  # noqa: E402
 
 from svt.errors import ConfigError, DataError  # noqa: E402
 from svt.fileio import read_json  # noqa: E402
+from svt.report.render import shown  # noqa: E402
 
 COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
 
@@ -75,7 +76,7 @@ def roc(report: dict, ax=None):
             continue
         ls = "-" if f["lossless"] else ":"
         ax.plot(r["fpr"], r["tpr"], ls, color=COLORS[i % 10], lw=1.3,
-                label=f"{name} (AUC {f['auc']:.3f}{'' if f['lossless'] else ', lossy'})")
+                label=f"{shown(name, f)} (AUC {f['auc']:.3f}{'' if f['lossless'] else ', lossy'})")
     ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="false positive rate (rejected drafts ranked above the cut)",
            ylabel="true positive rate (accepted drafts)", title="ROC of acceptance scores (dotted: lossy features)")
     ax.legend(fontsize=7, loc="lower right")
@@ -99,7 +100,7 @@ def per_position(report: dict, ax=None):
         vals = [np.nan if v is None else v for v in vals]
         lowest = min([lowest, *(v - 0.05 for v in vals if not np.isnan(v))])
         a1.bar(np.arange(len(positions)) + (i - (n - 1) / 2) * width, vals, width, color=COLORS[i % 10],
-               label=name, hatch="" if f["lossless"] else "//")
+               label=shown(name, f), hatch="" if f["lossless"] else "//")
     a1.axhline(0.5, color="0.5", lw=0.8, ls="--")
     a1.set(xticks=range(len(positions)), xticklabels=positions, xlabel="draft position (0-based)",
            ylabel="AUC", ylim=(max(0.0, lowest), 1.0), title="AUC by draft position (hatched: lossy)")
@@ -184,9 +185,10 @@ def features(report: dict, ax=None):
     ax.scatter([np.nan if feats[n]["excluding_first"]["auc"] is None else feats[n]["excluding_first"]["auc"]
                 for n in names], y, marker="s", facecolors="none", edgecolors="C3",
                label="excluding the first position", zorder=3)
-    labels = [f"{n}{'' if feats[n]['lossless'] else '  (lossy)'}" for n in names]
+    labels = [f"{shown(n, feats[n])}{'' if feats[n]['lossless'] else '  (lossy)'}" for n in names]
     ax.axvline(0.5, color="0.5", lw=0.8, ls="--")
-    ax.set(yticks=y, yticklabels=labels, xlabel="AUC (hard labels; 0.5 = chance)", title="Acceptance features")
+    ax.set(yticks=y, yticklabels=labels, xlabel="AUC (hard labels; 0.5 = chance; −name: scored negated, lower = accept)",
+           title="Acceptance features")
     ax.grid(axis="x", alpha=0.3)
     ax.legend(fontsize=7, loc="best", framealpha=0.9)
     _caption(fig, report)

@@ -75,14 +75,16 @@ def _feature_block(labelled: pl.DataFrame, feat: Feature, opts: EvaluateOptions,
         raise DataError(f"Feature {feat.name!r} is declared a probability but gives "
                         f"{int(((scores < 0) | (scores > 1)).sum())} values outside [0, 1] (min {scores.min():.4g}, "
                         f"max {scores.max():.4g}); declare it `probability=False` or fix it.")
+    if feat.direction < 0:  # lower means accept: every AUC (and ROC) is of the negated value
+        scores = -scores
     pos, req = ((labelled["position"].to_numpy(), labelled["_req"].to_numpy()) if feat.partial
                 else cache["_cols"])
     y = labelled["label"].to_numpy().astype(np.float64)
     table_data = ScoreData.build(y, scores, pos, req, order_hints=orders, cache=cache)
     table = score_table(table_data, probability=feat.probability,
                         n_bins=opts.n_bins, bootstrap=opts.bootstrap, seed=opts.seed)
-    block = {"lossless": feat.lossless, "probability": feat.probability,
-             "description": feat.description, **table.pop("overall"), **table}
+    block = {"lossless": feat.lossless, "probability": feat.probability, "direction": feat.direction,
+             "shown_as": feat.shown_as, "description": feat.description, **table.pop("overall"), **table}
     block["curves"] = _curves(table_data, feat.probability, opts.n_bins)
     block["soft"] = {}
     for soft in SOFT_LABELS:
@@ -90,7 +92,21 @@ def _feature_block(labelled: pl.DataFrame, feat: Feature, opts: EvaluateOptions,
         t = score_table(table_data.with_labels(ys), probability=feat.probability,
                         n_bins=opts.n_bins, overall_only=True)
         block["soft"][soft] = {k: v for k, v in t["overall"].items() if k != "reasons"}
+    if feat.direction < 0:
+        _add_raw_auc(block)
     return block
+
+
+def _add_raw_auc(block: dict) -> None:
+    """Beside each AUC of a negated feature, the AUC of its raw value: 1 - AUC exactly (ties count
+    one half either way)."""
+    if block.get("auc") is not None:
+        block["auc_raw"] = 1.0 - block["auc"]
+    for key, sub in block.items():
+        if key in ("curves", "ci95", "reasons"):
+            continue
+        if isinstance(sub, dict):
+            _add_raw_auc(sub)
 
 
 def _curves(d: ScoreData, probability: bool, n_bins: int, points: int = 200) -> dict:

@@ -34,8 +34,18 @@ def feature_rows(features: dict, scope: str | None = None, ci: bool = True) -> l
     rows = []
     for name, f in features.items():
         block = f if scope is None else f[scope]
-        rows.append([name, fmt(f["lossless"]), *(fmt(block.get(k)) + (_ci(block, k) if ci and k in ("auc", "log_loss", "ece", "brier") else "") for k in HEAD)])
+        rows.append([shown(name, f), fmt(f["lossless"]), *(fmt(block.get(k)) + (_ci(block, k) if ci and k in ("auc", "log_loss", "ece", "brier") else "") for k in HEAD)])
     return rows
+
+
+def shown(name: str, block: dict) -> str:
+    """How a feature is named in tables and figures: ``−entropy`` for a feature scored negated."""
+    return block.get("shown_as") or name
+
+
+DIRECTION_NOTE = ("`−name`: a feature whose lower values mean acceptance (e.g. entropy) is scored negated, "
+                  "so every AUC reads higher = better; report.json keeps the raw value's AUC as `auc_raw` "
+                  "(= 1 − AUC).")
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
@@ -56,7 +66,7 @@ def to_markdown(report: dict) -> str:
              "Metrics on hard labels (drafts with a label). `—` = undefined: log-loss, ECE and Brier "
              "need a probability (features marked *probability: no* need a fitted predictor); AUC "
              "needs both classes. ECE: 10 equal-width bins. Brackets: 95% request-level bootstrap "
-             "intervals.\n"]
+             "intervals. " + DIRECTION_NOTE + "\n"]
     header = ["feature", "lossless", *HEAD]
     feats = report["features"]
     lines += ["## All positions\n", _table(header, feature_rows(feats)), ""]
@@ -64,7 +74,7 @@ def to_markdown(report: dict) -> str:
     positions = sorted({int(p) for f in feats.values() for p in f["per_position"]})
     lines += ["## AUC by draft position\n",
               _table(["feature", *map(str, positions)],
-                     [[n, *(fmt(f["per_position"].get(p, f["per_position"].get(str(p), {})).get("auc")) for p in positions)]
+                     [[shown(n, f), *(fmt(f["per_position"].get(p, f["per_position"].get(str(p), {})).get("auc")) for p in positions)]
                       for n, f in feats.items()]), ""]
     prob = {n: f for n, f in feats.items() if f["probability"]}
     if prob:
@@ -77,7 +87,7 @@ def to_markdown(report: dict) -> str:
               "token) and `accept_prob_expected` (1 − TV(p, q)): lower-variance labels.\n",
               _table(["feature", "AUC vs accept_prob", "log-loss vs accept_prob",
                       "AUC vs 1−TV", "log-loss vs 1−TV"],
-                     [[n, fmt(f["soft"]["accept_prob"]["auc"]), fmt(f["soft"]["accept_prob"]["log_loss"]),
+                     [[shown(n, f), fmt(f["soft"]["accept_prob"]["auc"]), fmt(f["soft"]["accept_prob"]["log_loss"]),
                        fmt(f["soft"]["accept_prob_expected"]["auc"]),
                        fmt(f["soft"]["accept_prob_expected"]["log_loss"])] for n, f in feats.items()]), ""]
     lines += ["## Acceptance by draft position\n",
