@@ -23,7 +23,6 @@ app = typer.Typer(
     rich_markup_mode="rich",
     pretty_exceptions_enable=False,
 )
-# off a terminal (logs, CI) rich would wrap tables at 80 columns and cut cells: use a wide console
 # off a terminal (logs, CI) nothing wraps or is cut: tables keep their natural width
 WIDE = 100_000
 err = Console(stderr=True, width=None if sys.stderr.isatty() else WIDE)
@@ -151,6 +150,12 @@ def evaluate(
              "the replay of the same fit (pass it with --fit) and --costs.")] = None,
     high_yield: Annotated[int, typer.Option(
         help="Yield predictors: a cache draft is high-yield when its accepted length is >= this.")] = 6,
+    baseline: Annotated[Path | None, typer.Option(
+        help="A saved report.json (or its directory) to compare with: writes regression.md and "
+             "regression.json; exit 1 when a metric regressed, 6 when the reports cannot be compared.")] = None,
+    tolerance: Annotated[list[str] | None, typer.Option(
+        help="With --baseline: METRIC=VALUE or SCOPE.METRIC=VALUE (e.g. auc=0.005, per_position.auc=0.02); "
+             "overrides the baseline's bootstrap interval for that metric.")] = None,
 ) -> None:
     """Score acceptance features: AUC, log-loss, ECE, Brier, per position and excluding the first,
     soft labels, expected-length calibration and the losslessness bias of trimming. On greedy runs
@@ -170,6 +175,15 @@ def evaluate(
                                 f"{bins}, {bootstrap} and {high_yield}."))
     if live and not costs:
         raise _fail(ConfigError("--live needs --costs (the replay it is compared with)."))
+    from svt.report.compare import load_report, parse_tolerances
+
+    try:
+        if tolerance and baseline is None:
+            raise ConfigError("--tolerance needs --baseline (the report to compare with).")
+        tolerances = parse_tolerances(tolerance)
+        base = load_report(baseline, "Baseline report") if baseline else None
+    except SvtError as exc:
+        raise _fail(exc) from None
     opts = EvaluateOptions(features=list(feature or DEFAULT_FEATURES), feature_module=feature_module,
                            n_bins=bins, bootstrap=bootstrap, seed=seed, by=by,
                            fits=[str(f) for f in fit or []], costs=str(costs) if costs else None,
@@ -182,6 +196,53 @@ def evaluate(
     for item in evaluate_tables(report):
         out.print(item)
     _say(f"wrote {json_path} and {md_path}")
+    if base is not None:
+        report["_path"] = str(json_path)
+        _regression(base, report, tolerances, out_dir)
+
+
+def _regression(base: dict, now: dict, tolerances: dict, out_dir: Path) -> None:
+    from svt.report.compare import EXIT_REGRESSED, compare_reports, write_regression
+    from svt.report.console import regression_table
+
+    try:
+        result = compare_reports(base, now, tolerances)
+        json_path, md_path = write_regression(result, out_dir)
+    except SvtError as exc:
+        raise _fail(exc) from None
+    out.print(regression_table(result))
+    for note in result["not_compared"]:
+        _say(f"not compared: {note}")
+    _say(f"wrote {md_path} and {json_path}")
+    if result["verdict"] == "regressed":
+        err.print(f"[bold red]regressed:[/] {result['regressed']} of {result['compared']} metrics are worse than "
+                  f"their threshold (see {escape(str(md_path))}).", highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_REGRESSED)
+
+
+@app.command()
+def compare(
+    baseline: Annotated[Path, typer.Argument(help="The saved report.json (or its directory).")],
+    report: Annotated[Path, typer.Argument(help="The new report.json (or its directory).")],
+    out_dir: Annotated[Path | None, typer.Option(
+        "--out", "-o", help="Where regression.md and regression.json go (default: the new report's directory).")] = None,
+    tolerance: Annotated[list[str] | None, typer.Option(
+        help="METRIC=VALUE or SCOPE.METRIC=VALUE (e.g. auc=0.005, per_position.auc=0.02).")] = None,
+) -> None:
+    """Compare two evaluation reports metric by metric (direction-aware, bootstrap-aware). Exit 0: no
+    regression; 1: a metric regressed; 6: the reports cannot be compared; 2: bad input.
+
+    Example: [bold]svt compare ci/baseline/report.json reports/ci/report.json[/]
+    """
+    from svt.report.compare import load_report, parse_tolerances
+
+    try:
+        tolerances = parse_tolerances(tolerance)
+        base = load_report(baseline, "Baseline report")
+        now = load_report(report, "Report")
+    except SvtError as exc:
+        raise _fail(exc) from None
+    _regression(base, now, tolerances, out_dir or Path(now["_path"]).parent)
 
 
 @app.command()

@@ -29,3 +29,9 @@ class DataError(SvtError):
     """The data cannot give the asked-for result (no labelled drafts, no dists table, ...)."""
 
     exit_code = 5
+
+
+class IncomparableError(SvtError):
+    """Two reports cannot be compared (different schema, runs, K, features or settings)."""
+
+    exit_code = 6

@@ -97,3 +97,19 @@ def evaluate_tables(report: dict) -> list:
     if report.get("hvd"):
         items.append(hvd_table(report))
     return items
+
+
+def regression_table(result: dict, top: int = 15) -> Table:
+    """The regressions first, then the metrics nearest to their threshold (regression.md has all)."""
+    from svt.report.compare import MARK, _num, _threshold_text
+
+    rows = result["rows"][:max(top, result["regressed"])]
+    t = new_table("section", "predictor / policy", "where", "metric", "baseline", "now", "difference", "threshold",
+                  "verdict", title=f"against the baseline: {result['verdict'].upper()} "
+                                   f"({result['regressed']} of {result['compared']} regressed)")
+    for r in rows:
+        diff = "—" if r["difference"] is None else f"{r['difference']:+.4g}"
+        add_row(t, r["section"], r["item"], r["where"], f"{r['metric']} {'↑' if r['direction'] == 'higher' else '↓'}",
+                _num(r["baseline"], r["metric"]), _num(r["now"], r["metric"]), diff, _threshold_text(r),
+                MARK[r["verdict"]])
+    return t

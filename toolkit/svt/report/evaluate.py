@@ -55,12 +55,32 @@ def load_drafts(runs: list[Path]) -> tuple[pl.DataFrame, pl.DataFrame | None, li
                       "models": {k: v.get("path") for k, v in meta.get("models", {}).items()
                                  if isinstance(v, dict)},
                       "counts": meta.get("counts"),
+                      "experiment": experiment(meta),
                       "labels": ("live AV run: only explored steps (every draft verified) are used"
                                  if run.censored else "complete (every step verified its drafts)"),
                       "shards": ("verified against run.json" if run.verified
                                  else "not verified: run.json records no shards (a foreign or older run)")})
     drafts = pl.concat(frames).collect()
     return drafts, (pl.concat(dists).collect() if dists else None), infos
+
+
+REPORT_SCHEMA = 1  # report.json's layout; `svt compare` refuses reports of another schema
+
+
+def experiment(meta: dict) -> dict:
+    """What defines a run as an experiment (two runs with equal experiments are draws of the same
+    thing and may be compared): the models' weights, K, sampling, the workloads' contents and the
+    sizes. Not the seed, batch size or device, which change the draw but not what is measured."""
+    cfg = meta.get("config") or {}
+    models = meta.get("models") or {}
+    sampling = meta.get("sampling") or {}
+    return {"target_weights": (models.get("target") or {}).get("weights_sha256_16"),
+            "draft_weights": (models.get("draft") or {}).get("weights_sha256_16"),
+            "k": meta.get("k"), "temperature": sampling.get("temperature", cfg.get("temperature")),
+            "top_p": sampling.get("top_p", cfg.get("top_p")),
+            "workloads": meta.get("workload_sha256") or cfg.get("workloads"),
+            "requests": cfg.get("requests"), "max_new_tokens": cfg.get("max_new_tokens"),
+            "max_prompt_tokens": cfg.get("max_prompt_tokens")}
 
 
 def _feature_block(labelled: pl.DataFrame, feat: Feature, opts: EvaluateOptions,
@@ -230,7 +250,7 @@ def _simulation(drafts: pl.DataFrame, feats: list[Feature], opts: EvaluateOption
         live["gap"] = live["live_tokens_per_step"] - rep["tokens_per_step"]
     return {"live_check": live, "rules": _rule_audit(trace, costs, preds, points, concurrency),
             "costs": {"path": str(opts.costs), "kind": costs.kind, "drafter": costs.drafter,
-                      "description": costs.description.strip()},
+                      "description": costs.description.strip(), "fingerprint": costs.fingerprint()},
             "requests": int(trace.request.max()) + 1, "request_steps": int(trace.a.size),
             "k": trace.k, "predictors": [f.name for f in preds], "points": points}
 
@@ -275,6 +295,7 @@ def evaluate(runs: list[str | Path], opts: EvaluateOptions | None = None) -> dic
     feats = feats + fit_feats
     labelled = drafts.filter(pl.col("label").is_not_null())
     report: dict = {
+        "report_schema": REPORT_SCHEMA,
         "svt_version": __version__,
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "runs": infos,
@@ -323,8 +344,7 @@ def evaluate(runs: list[str | Path], opts: EvaluateOptions | None = None) -> dic
     report["groups"] = {}
     for g in groups:
         report["groups"][g] = {
-            str(key): _features_table(part, feats, EvaluateOptions(**{**opts.__dict__, "bootstrap": 0,
-                                                                       "fits": []}))
+            str(key): _features_table(part, feats, EvaluateOptions(**{**opts.__dict__, "fits": []}))
             for key, part in sorted(((k[0], v) for k, v in labelled.group_by(g)), key=lambda kv: str(kv[0]))
         }
     return report

@@ -121,7 +121,8 @@ def hvd_report(runs: list[Path], fit_paths: list[str], run_ids: list, *, costs_p
         lives = [m["hvd"] for m in (open_run(r, deep=False, tables=["requests"]).meta for r in runs) if m.get("hvd")]
         taus = tuple(sorted({*TAUS, *(float(v["tau"]) for v in lives)}))
         points = replay_hvd(reqs, per_pred, k, costs, taus)
-        report["hvd"] = {"costs": {"path": str(costs_path), "kind": costs.kind}, "k": k, "requests": len(reqs),
+        report["hvd"] = {"costs": {"path": str(costs_path), "kind": costs.kind,
+                                           "fingerprint": costs.fingerprint()}, "k": k, "requests": len(reqs),
                          "batch_size": 1, "collected_batch_size": batch_sizes, "rows": points,
                          "best": best_tau(points),
                          "note": "each request replayed at batch 1; the global tree's timing follows the collection's "

@@ -33,6 +33,17 @@ class CostTable:
     verify_ms: dict[int, float] = field(default_factory=dict)  # measured: [tokens]
     model: dict = field(default_factory=dict)  # roofline constants
 
+    def fingerprint(self) -> str:
+        """SHA-256 (16 hex digits) of the numbers that define the table (not its description): two
+        reports' replays are comparable only when their tables' fingerprints agree."""
+        import hashlib
+        import json
+
+        body = {"kind": self.kind, "drafter": self.drafter, "model": self.model,
+                "draft_ms": {str(b): {str(k): v for k, v in sorted(row.items())} for b, row in sorted(self.draft_ms.items())},
+                "verify_ms": {str(t): v for t, v in sorted(self.verify_ms.items())}}
+        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+
     def _roofline(self, who: str, tokens) -> np.ndarray:
         m = self.model[who]
         t = np.asarray(tokens, dtype=np.float64)

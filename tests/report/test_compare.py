@@ -1,0 +1,167 @@
+"""Regression reports: direction-aware, bootstrap-aware verdicts, incomparable reports refused, and
+`svt evaluate --baseline` / `svt compare` exit codes on a real small run."""
+
+import copy
+import json
+import math
+
+import pytest
+from typer.testing import CliRunner
+
+from svt.cli import app
+from svt.errors import ConfigError, IncomparableError
+from svt.report import EvaluateOptions, evaluate, write_report
+from svt.report.compare import compare_reports, judge, load_report, parse_tolerances, to_markdown
+
+
+def _report(**over):
+    feat = {"lossless": True, "probability": True, "direction": 1, "shown_as": "q_max",
+            "auc": 0.70, "log_loss": 0.65, "ece": 0.10, "brier": 0.22,
+            "ci95": {"auc": [0.69, 0.71], "log_loss": [0.64, 0.66], "ece": [0.09, 0.11], "brier": [0.21, 0.23]},
+            "excluding_first": {"auc": 0.72, "log_loss": 0.63, "ece": 0.1, "brier": 0.21},
+            "per_position": {"0": {"auc": 0.69, "ece": 0.1}, "1": {"auc": 0.71, "ece": 0.1}}}
+    rep = {"report_schema": 1, "svt_version": "0", "created": "now",
+           "runs": [{"run": "r", "run_id": "a", "experiment": {"k": 5, "temperature": 1.0, "target_weights": "t"}}],
+           "settings": {"n_bins": 10, "by": None, "labels": "hard", "bootstrap": 100},
+           "features": {"q_max": feat}, "acceptance": {"labelled": 100, "rate": 0.5}, "groups": {},
+           "simulation": {"costs": {"fingerprint": "c1"}, "points": [
+               {"policy": "fixed K=3", "concurrency": 8, "throughput": 1000.0, "interactivity": 200.0}]},
+           "yield": None, "hvd": None}
+    for k, v in over.items():
+        rep[k] = v
+    return rep
+
+
+def _row(result, metric, where="all positions", item="q_max"):
+    return next(r for r in result["rows"] if r["metric"] == metric and r["where"] == where and r["item"] == item)
+
+
+def test_identical_reports_are_unchanged():
+    r = compare_reports(_report(), _report())
+    assert r["verdict"] == "ok" and r["regressed"] == 0
+    assert set(r["counts"]) == {"unchanged"} and r["compared"] == 4 + 4 + 4 + 2
+
+
+def test_direction_and_interval():
+    now = _report()
+    f = now["features"]["q_max"]
+    f["auc"] = 0.695  # worse, inside the interval: noise
+    f["log_loss"] = 0.675  # worse (higher), outside: regressed
+    f["ece"] = 0.05  # better (lower), outside: improved
+    f["brier"] = 0.2250  # worse, inside: noise
+    r = compare_reports(_report(), now)
+    assert _row(r, "auc")["verdict"] == "noise"
+    assert _row(r, "log_loss")["verdict"] == "regressed"
+    assert _row(r, "ece")["verdict"] == "improved"
+    assert _row(r, "brier")["verdict"] == "noise"
+    assert r["verdict"] == "regressed" and r["regressed"] == 1
+    assert r["rows"][0]["metric"] == "log_loss"  # worst first
+    # an explicit tolerance overrides the interval, for every scope or one
+    r = compare_reports(_report(), now, parse_tolerances(["auc=0.001"]))
+    assert _row(r, "auc")["verdict"] == "regressed" and _row(r, "auc")["basis"] == "tolerance"
+    r = compare_reports(_report(), now, parse_tolerances(["per_position.auc=0.001"]))
+    assert _row(r, "auc")["verdict"] == "noise"
+
+
+def test_without_intervals_the_default_tolerance_applies():
+    base = _report()
+    now = copy.deepcopy(base)
+    now["features"]["q_max"]["excluding_first"]["auc"] = 0.72 - 0.004
+    now["features"]["q_max"]["per_position"]["1"]["auc"] = 0.71 - 0.006
+    r = compare_reports(base, now)
+    assert _row(r, "auc", "excluding first")["verdict"] == "within tolerance"
+    assert _row(r, "auc", "position 1")["verdict"] == "regressed"
+
+
+def test_throughput_tolerance_is_relative():
+    base = _report()
+    now = copy.deepcopy(base)
+    now["simulation"]["points"][0]["throughput"] = 1000.0 * (1 - 0.029)
+    now["simulation"]["points"][0]["interactivity"] = 200.0 * (1 - 0.031)
+    r = compare_reports(base, now)
+    assert _row(r, "throughput", "B=8", "fixed K=3")["verdict"] == "within tolerance"
+    assert _row(r, "interactivity", "B=8", "fixed K=3")["verdict"] == "regressed"
+
+
+def test_different_cost_tables_are_not_compared_but_said():
+    now = _report()
+    now["simulation"]["costs"]["fingerprint"] = "other"
+    r = compare_reports(_report(), now)
+    assert not any(x["section"] == "AV replay" for x in r["rows"])
+    assert any("cost tables differ" in s for s in r["not_compared"])
+    assert "cost tables differ" in to_markdown(r)
+
+
+def test_a_metric_that_disappears_is_a_regression():
+    now = _report()
+    now["features"]["q_max"]["per_position"]["1"]["auc"] = None
+    r = compare_reports(_report(), now)
+    assert r["verdict"] == "regressed" and r["rows"][0]["verdict"] == "missing now"
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda r: r.update(report_schema=None), "older svt"),
+    (lambda r: r["runs"][0]["experiment"].update(k=4), "k 5 against 4"),
+    (lambda r: r["runs"][0]["experiment"].update(target_weights="x"), "target_weights"),
+    (lambda r: r["features"].update(entropy=r["features"]["q_max"]), "only now: entropy"),
+    (lambda r: r["settings"].update(n_bins=15), "n_bins"),
+    (lambda r: r["runs"].append(r["runs"][0]), r"1 run\(s\) in the baseline against 2"),
+])
+def test_incomparable_reports_are_refused(change, message):
+    now = _report()
+    change(now)
+    with pytest.raises(IncomparableError, match=message) as exc:
+        compare_reports(_report(), now)
+    assert exc.value.exit_code == 6
+
+
+@pytest.mark.parametrize("spec", ["auc", "auc=-1", "auc=nan", "bogus=1", "perposition.auc=1", "auc=x"])
+def test_bad_tolerances(spec):
+    with pytest.raises(ConfigError, match="--tolerance"):
+        parse_tolerances([spec])
+
+
+def test_judge_treats_the_baseline_as_inside_its_interval():
+    # a biased statistic's bootstrap interval can miss its own estimate (ECE): equal is unchanged,
+    # a small move is noise, never a regression
+    assert judge("ece", "overall", 0.10, 0.10, [0.11, 0.13])["verdict"] == "unchanged"
+    assert judge("ece", "overall", 0.10, 0.105, [0.11, 0.13])["verdict"] == "noise"
+    assert judge("ece", "overall", 0.10, 0.14, [0.11, 0.13])["verdict"] == "regressed"
+    assert judge("ece", "overall", 0.10, 0.05, [0.11, 0.13])["verdict"] == "improved"
+    r = judge("auc", "overall", 0.7, 0.6, None, {"auc": 0.0})
+    assert r["verdict"] == "regressed" and math.isinf(r["excess"])
+
+
+def test_cli_against_a_real_baseline(small_run, tmp_path):
+    base = evaluate([small_run], EvaluateOptions(features=["q_max", "entropy"], bootstrap=20))
+    write_report(base, tmp_path / "base")
+    runner = CliRunner()
+    args = ["evaluate", str(small_run), "--feature", "q_max", "--feature", "entropy", "--bootstrap", "20"]
+    res = runner.invoke(app, [*args, "--out", str(tmp_path / "now"), "--baseline", str(tmp_path / "base")])
+    assert res.exit_code == 0, res.output
+    assert "OK" in (tmp_path / "now" / "regression.md").read_text()
+    reg = json.loads((tmp_path / "now" / "regression.json").read_text())
+    assert reg["verdict"] == "ok" and set(reg["counts"]) == {"unchanged"}
+    # a baseline that was better than now: the CLI fails with exit 1 and says where to look
+    better = load_report(tmp_path / "base")
+    better["features"]["q_max"]["auc"] += 0.2  # beyond its (wide, small-run) interval
+    better["features"]["q_max"]["ci95"]["auc"] = [x + 0.2 for x in better["features"]["q_max"]["ci95"]["auc"]]
+    better.pop("_path")
+    (tmp_path / "better").mkdir()
+    (tmp_path / "better" / "report.json").write_text(json.dumps(better))
+    res = runner.invoke(app, ["compare", str(tmp_path / "better"), str(tmp_path / "now"), "--out", str(tmp_path / "cmp")])
+    assert res.exit_code == 1, res.output
+    md = (tmp_path / "cmp" / "regression.md").read_text()
+    assert md.startswith("# svt regression report") and "**REGRESSED**: 1 of" in md
+    first = md.split("## Worst first")[1].splitlines()[4]
+    assert "q_max" in first and "auc" in first and "regressed" in first
+    # other features: exit 6, one message, nothing regressed claimed
+    res = runner.invoke(app, ["evaluate", str(small_run), "--feature", "q_max", "--out", str(tmp_path / "n2"),
+                              "--baseline", str(tmp_path / "base")])
+    assert res.exit_code == 6 and "only in the baseline: entropy" in res.output
+    assert "Traceback" not in res.output
+    # bad input: exit 2 before anything is evaluated
+    res = runner.invoke(app, [*args, "--out", str(tmp_path / "n3"), "--baseline", str(tmp_path / "nope.json")])
+    assert res.exit_code == 2 and not (tmp_path / "n3").exists()
+    res = runner.invoke(app, [*args, "--out", str(tmp_path / "n4"), "--tolerance", "auc=0.01"])
+    assert res.exit_code == 2 and "--tolerance needs --baseline" in res.output

@@ -1,0 +1,396 @@
+"""Comparing an evaluation report with a saved baseline: the regression report of CI jobs and pull
+requests (`svt evaluate ... --baseline OLD/report.json`, `svt compare OLD NEW`).
+
+Every metric both reports hold is compared in its own direction (AUC, throughput, precision: higher
+is better; log-loss, ECE, Brier, MSE: lower is better) and given a verdict:
+
+- ``regressed``: worse by more than its threshold (the run fails);
+- ``improved``: better by more than its threshold;
+- ``noise``: a change inside the baseline's 95 % bootstrap interval (or, when the new report has
+  intervals too, inside the interval of the difference: sqrt(a² + b²) of the two half-widths);
+- ``within tolerance``: a change no larger than the tolerance;
+- ``unchanged``: equal.
+
+The threshold of a metric is, in this order: a tolerance given for it (``per_position.auc=0.02``
+for one scope, ``auc=0.005`` for every scope); else the baseline's 95 % interval where the baseline
+was evaluated with ``--bootstrap`` (the baseline's value is always taken as inside its interval);
+else the default tolerance below. Tolerances of throughput, interactivity, MSE and MAE are shares of
+the baseline value; the others are absolute.
+
+Reports that do not measure the same thing are refused (:class:`IncomparableError`, exit code 6):
+another report schema, other runs (models, K, sampling, workloads, sizes), other features or
+settings. A replay whose cost tables differ is listed as not compared rather than judged.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+from svt.errors import ConfigError, IncomparableError
+from svt.fileio import read_json
+
+DIRECTIONS = {"auc": 1, "log_loss": -1, "ece": -1, "brier": -1, "throughput": 1, "interactivity": 1,
+              "speedup_vs_greedy": 1, "mse": -1, "mae": -1, "precision": 1, "recall": 1, "f1": 1,
+              "average_precision": 1}
+RELATIVE = frozenset({"throughput", "interactivity", "mse", "mae"})
+# the replay has no interval: two independent draws of the demo experiment (seeds 0 and 1, 240
+# requests) differ by 0.7 % (median) and 2.1 % (max) in replay throughput, hence 3 %
+DEFAULT_TOLERANCES = {"auc": 0.005, "log_loss": 0.005, "ece": 0.003, "brier": 0.003, "throughput": 0.03,
+                      "interactivity": 0.03, "speedup_vs_greedy": 0.01, "mse": 0.02, "mae": 0.02,
+                      "precision": 0.01, "recall": 0.01, "f1": 0.01, "average_precision": 0.01}
+SCOPES = ("overall", "excluding_first", "per_position", "group", "simulation", "yield", "hvd")
+FEATURE_METRICS = ("auc", "log_loss", "ece", "brier")
+YIELD_METRICS = ("mse", "mae", "precision", "recall", "f1", "average_precision")
+VERDICT_ORDER = {"regressed": 0, "missing now": 0, "within tolerance": 1, "noise": 1, "unchanged": 2, "improved": 3}
+EXIT_REGRESSED = 1
+
+
+def parse_tolerances(specs: list[str] | None) -> dict[str, float]:
+    """``["auc=0.005", "per_position.auc=0.02"]`` -> ``{"auc": 0.005, "per_position.auc": 0.02}``."""
+    out: dict[str, float] = {}
+    for spec in specs or []:
+        key, sep, value = spec.partition("=")
+        key = key.strip()
+        scope, _, metric = key.rpartition(".")
+        if not sep or metric not in DIRECTIONS or (scope and scope not in SCOPES):
+            raise ConfigError(f"Bad --tolerance {spec!r}: expected METRIC=VALUE or SCOPE.METRIC=VALUE with "
+                              f"METRIC one of {', '.join(DIRECTIONS)} and SCOPE one of {', '.join(SCOPES)}.")
+        try:
+            tol = float(value)
+        except ValueError:
+            tol = math.nan
+        if not math.isfinite(tol) or tol < 0:
+            raise ConfigError(f"Bad --tolerance {spec!r}: the value must be a finite number >= 0.")
+        out[key] = tol
+    return out
+
+
+def load_report(path: str | Path, what: str = "Report") -> dict:
+    """A report.json (or a report directory holding one), checked to be an svt report."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "report.json"
+    rep = read_json(path, what)
+    if not isinstance(rep, dict) or not isinstance(rep.get("features"), dict) or not isinstance(rep.get("runs"), list):
+        raise ConfigError(f"{path}: not an svt evaluation report (no 'features' and 'runs').")
+    rep["_path"] = str(path)
+    return rep
+
+
+def comparability_problems(base: dict, now: dict) -> list[str]:
+    """Why two reports do not measure the same thing (empty when they do)."""
+    from svt.report.evaluate import REPORT_SCHEMA
+
+    problems = []
+    sb, sn = base.get("report_schema"), now.get("report_schema")
+    if sb != sn or sb != REPORT_SCHEMA:
+        old = [name for name, v in (("the baseline", sb), ("the new report", sn)) if v is None]
+        return [f"report schema {sb} (baseline) against {sn} (now); this svt reads schema {REPORT_SCHEMA}"
+                + (f" — {' and '.join(old)} was written by an older svt (no report_schema)" if old else "")]
+    if len(base["runs"]) != len(now["runs"]):
+        problems.append(f"{len(base['runs'])} run(s) in the baseline against {len(now['runs'])} now")
+    for i, (rb, rn) in enumerate(zip(base["runs"], now["runs"], strict=False)):
+        eb, en = rb.get("experiment") or {}, rn.get("experiment") or {}
+        for key in sorted(set(eb) | set(en)):
+            if eb.get(key) != en.get(key):
+                problems.append(f"run {i + 1} ({rb.get('run')} / {rn.get('run')}): {key} "
+                                f"{_short(eb.get(key))} against {_short(en.get(key))}")
+    fb, fn = list(base["features"]), list(now["features"])
+    if set(fb) != set(fn):
+        gone, new = sorted(set(fb) - set(fn)), sorted(set(fn) - set(fb))
+        problems.append("features differ: " + "; ".join(
+            x for x in (f"only in the baseline: {', '.join(gone)}" if gone else "",
+                        f"only now: {', '.join(new)}" if new else "") if x))
+    for key in ("n_bins", "by", "labels", "high_yield"):
+        vb, vn = base.get("settings", {}).get(key), now.get("settings", {}).get(key)
+        if vb != vn:
+            problems.append(f"setting {key}: {vb!r} against {vn!r}")
+    gb, gn = base.get("groups") or {}, now.get("groups") or {}
+    for g in set(gb) | set(gn):
+        if set(gb.get(g, {})) != set(gn.get(g, {})):
+            problems.append(f"groups by {g}: {sorted(gb.get(g, {}))} against {sorted(gn.get(g, {}))}")
+    return problems
+
+
+def _short(v) -> str:
+    s = json.dumps(v, sort_keys=True) if isinstance(v, dict | list) else repr(v)
+    return s if len(s) <= 80 else s[:77] + "..."
+
+
+def _threshold(metric: str, scope: str, base: float, ci, tolerances: dict) -> tuple[str, float | None, list | None]:
+    """(basis, tolerance in metric units or None, interval or None)."""
+    for key, basis in ((f"{scope}.{metric}", "tolerance"), (metric, "tolerance")):
+        if key in tolerances:
+            tol = tolerances[key]
+            return basis, tol * abs(base) if metric in RELATIVE else tol, None
+    if _valid(ci):
+        return "95% CI", None, [min(ci[0], base), max(ci[1], base)]
+    tol = DEFAULT_TOLERANCES[metric]
+    return "default tolerance", tol * abs(base) if metric in RELATIVE else tol, None
+
+
+def _valid(ci) -> bool:
+    return bool(ci) and len(ci) == 2 and all(isinstance(x, int | float) and math.isfinite(x) for x in ci)
+
+
+def judge(metric: str, scope: str, base, now, ci=None, tolerances: dict | None = None, ci_now=None) -> dict:
+    """One metric's verdict (see the module docstring). ``ci_now``: the new report's own interval,
+    when it has one: the change is then judged against the interval of a difference of two
+    independent estimates, sqrt(a² + b²) of the two half-widths, and never less than the baseline's
+    own interval."""
+    d = DIRECTIONS[metric]
+    basis, tol, interval = _threshold(metric, scope, base, ci, tolerances or {})
+    combined = (math.hypot((interval[1] - interval[0]) / 2, (ci_now[1] - ci_now[0]) / 2)
+                if interval is not None and _valid(ci_now) else None)
+    row = {"metric": metric, "scope": scope, "baseline": base, "now": now, "direction": "higher" if d > 0 else "lower",
+           "basis": basis, "tolerance": tol, "interval": interval, "combined": combined}
+    if now is None:
+        return {**row, "difference": None, "verdict": "missing now", "excess": math.inf}
+    diff = now - base
+    worse = -d * diff  # > 0: worse
+    if interval is not None:
+        bad_room = (base - interval[0]) if d > 0 else (interval[1] - base)
+        good_room = (interval[1] - base) if d > 0 else (base - interval[0])
+        if combined is not None:
+            bad_room, good_room = max(bad_room, combined), max(good_room, combined)
+        inside = "noise"
+    else:
+        bad_room = good_room = tol
+        inside = "within tolerance"
+    if diff == 0:
+        verdict = "unchanged"
+    elif worse > bad_room:
+        verdict = "regressed"
+    elif -worse > good_room:
+        verdict = "improved"
+    else:
+        verdict = inside
+    excess = worse / bad_room if bad_room > 0 else (math.inf if worse > 0 else (0.0 if worse == 0 else -math.inf))
+    return {**row, "difference": diff, "verdict": verdict, "excess": excess}
+
+
+def _feature_rows(base_feats: dict, now_feats: dict, where: str, tolerances: dict, per_position: bool):
+    for name, fb in base_feats.items():
+        fn = now_feats[name]
+        shown = fb.get("shown_as") or name
+        scopes = [("overall", "", fb, fn), ("excluding_first", "excluding first", fb.get("excluding_first") or {},
+                                            fn.get("excluding_first") or {})]
+        if per_position:
+            pn = {str(p): b for p, b in (fn.get("per_position") or {}).items()}  # int keys in memory, str in JSON
+            scopes += [("per_position", f"position {p}", b, pn.get(str(p), {}))
+                       for p, b in (fb.get("per_position") or {}).items()]
+        for scope, label, b, n in scopes:
+            for m in FEATURE_METRICS:
+                if b.get(m) is None:
+                    continue
+                row = judge(m, "group" if where else scope, b[m], n.get(m), (b.get("ci95") or {}).get(m), tolerances,
+                            (n.get("ci95") or {}).get(m))
+                yield {**row, "section": "features", "item": shown,
+                       "where": ", ".join(x for x in (where, label) if x) or "all positions"}
+
+
+def compare_reports(base: dict, now: dict, tolerances: dict | None = None) -> dict:
+    """The regression report of ``now`` against ``base`` (raises IncomparableError)."""
+    tolerances = tolerances or {}
+    problems = comparability_problems(base, now)
+    if problems:
+        raise IncomparableError("The reports cannot be compared (refresh the baseline if the change is "
+                                "deliberate):\n  - " + "\n  - ".join(problems))
+    rows = list(_feature_rows(base["features"], now["features"], "", tolerances, per_position=True))
+    for g, parts in (base.get("groups") or {}).items():
+        for key, feats in parts.items():
+            rows += _feature_rows(feats, now["groups"][g][key], f"{g}={key}", tolerances, per_position=False)
+    skipped: list[str] = []
+    rows += _simulation_rows(base, now, tolerances, skipped)
+    rows += _yield_rows(base, now, tolerances, skipped)
+    rows += _hvd_rows(base, now, tolerances, skipped)
+    rows.sort(key=lambda r: (VERDICT_ORDER[r["verdict"]], -r["excess"] if math.isfinite(r["excess"]) else
+                             (-math.inf if r["excess"] > 0 else math.inf)))
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r["verdict"]] = counts.get(r["verdict"], 0) + 1
+    regressed = counts.get("regressed", 0) + counts.get("missing now", 0)
+    return {"verdict": "regressed" if regressed else "ok", "regressed": regressed, "compared": len(rows),
+            "counts": counts, "tolerances": tolerances, "not_compared": skipped,
+            "baseline": _about(base), "now": _about(now), "rows": rows}
+
+
+def _about(rep: dict) -> dict:
+    acc = rep.get("acceptance") or {}
+    return {"path": rep.get("_path"), "svt_version": rep.get("svt_version"), "created": rep.get("created"),
+            "runs": [{"run": r.get("run"), "run_id": r.get("run_id")} for r in rep["runs"]],
+            "labelled": acc.get("labelled"), "acceptance": acc.get("rate"),
+            "bootstrap": (rep.get("settings") or {}).get("bootstrap")}
+
+
+def _costs_match(name: str, b: dict, n: dict, skipped: list[str]) -> bool:
+    fb, fn = (b.get("costs") or {}).get("fingerprint"), (n.get("costs") or {}).get("fingerprint")
+    if fb != fn:
+        skipped.append(f"{name}: the cost tables differ (fingerprint {fb} against {fn}; a measured table is "
+                       "re-measured on every machine), so its throughputs are not compared")
+        return False
+    return True
+
+
+def _one_side(name: str, b, n, skipped: list[str]) -> bool:
+    if b and n:
+        return True
+    if b or n:
+        skipped.append(f"{name}: only in the {'baseline' if b else 'new report'}")
+    return False
+
+
+def _simulation_rows(base, now, tolerances, skipped):
+    b, n = base.get("simulation"), now.get("simulation")
+    if not _one_side("AV replay", b, n, skipped) or not _costs_match("AV replay", b, n, skipped):
+        return []
+    points = {(p["policy"], p["concurrency"]): p for p in n["points"]}
+    rows, missing = [], []
+    for p in b["points"]:
+        q = points.get((p["policy"], p["concurrency"]))
+        if q is None:
+            missing.append(f"{p['policy']} B={p['concurrency']}")
+            continue
+        for m in ("throughput", "interactivity"):
+            rows.append({**judge(m, "simulation", p[m], q[m], None, tolerances), "section": "AV replay",
+                         "item": p["policy"], "where": f"B={p['concurrency']}"})
+    if missing:
+        skipped.append(f"AV replay: policies only in the baseline: {', '.join(missing[:8])}"
+                       + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
+    return rows
+
+
+def _yield_rows(base, now, tolerances, skipped):
+    b, n = base.get("yield"), now.get("yield")
+    if not _one_side("yield predictors", b, n, skipped):
+        return []
+    rows = []
+    for name, pb in b["predictors"].items():
+        pn = n["predictors"].get(name)
+        if pn is None:
+            skipped.append(f"yield predictor {name}: only in the baseline")
+            continue
+        for m in YIELD_METRICS:
+            if pb.get(m) is not None:
+                rows.append({**judge(m, "yield", pb[m], pn.get(m), None, tolerances), "section": "yield",
+                             "item": name, "where": "all requests"})
+    return rows
+
+
+def _hvd_rows(base, now, tolerances, skipped):
+    b, n = base.get("hvd"), now.get("hvd")
+    if not _one_side("HVD replay", b, n, skipped) or not _costs_match("HVD replay", b, n, skipped):
+        return []
+    rows = []
+    fixed_n = {(r["group"], r["policy"]): r for r in n["rows"] if "predictor" not in r}
+    best_n = {(r["group"], r["predictor"]): r for r in n["best"]}
+    pairs = [((r["group"], r["policy"]), r, fixed_n.get((r["group"], r["policy"])))
+             for r in b["rows"] if "predictor" not in r]
+    pairs += [((r["group"], f"hvd {r['predictor']} at its best τ"), r, best_n.get((r["group"], r["predictor"])))
+              for r in b["best"]]
+    for (group, policy), rb, rn in pairs:
+        rows.append({**judge("speedup_vs_greedy", "hvd", rb["speedup_vs_greedy"],
+                             None if rn is None else rn["speedup_vs_greedy"], None, tolerances),
+                     "section": "HVD replay", "item": policy, "where": group})
+    return rows
+
+
+# --- writing -------------------------------------------------------------------------------------
+
+def _num(v, metric: str) -> str:
+    if v is None:
+        return "—"
+    if metric in ("throughput", "interactivity"):
+        return f"{v:,.1f}"
+    return f"{v:.4f}"
+
+
+def _threshold_text(r: dict) -> str:
+    if r["interval"] is not None:
+        text = f"95% CI [{_num(r['interval'][0], r['metric'])}, {_num(r['interval'][1], r['metric'])}]"
+        return text + (f", difference ±{_num(r['combined'], r['metric'])}" if r.get("combined") is not None else "")
+    return f"±{_num(r['tolerance'], r['metric'])} ({'tolerance' if r['basis'] == 'tolerance' else 'default'})"
+
+
+MARK = {"regressed": "❌ regressed", "missing now": "❌ missing now", "improved": "✅ improved",
+        "noise": "noise", "within tolerance": "within tolerance", "unchanged": "unchanged"}
+
+
+def _md_rows(rows: list[dict]) -> list[str]:
+    out = ["| section | predictor / policy | where | metric | baseline | now | difference | threshold | verdict |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        diff = "—" if r["difference"] is None else f"{r['difference']:+.4f}" if r["metric"] not in (
+            "throughput", "interactivity") else f"{r['difference']:+,.1f}"
+        arrow = "↑" if r["direction"] == "higher" else "↓"
+        out.append(f"| {r['section']} | {r['item']} | {r['where']} | {r['metric']} {arrow} | "
+                   f"{_num(r['baseline'], r['metric'])} | {_num(r['now'], r['metric'])} | {diff} | "
+                   f"{_threshold_text(r)} | {MARK[r['verdict']]} |")
+    return out
+
+
+def to_markdown(result: dict, top: int = 25) -> str:
+    """regression.md: the verdict, then the metrics worst first (fit for a PR comment or a CI job
+    summary), then every compared metric in a collapsed section."""
+    c = result["counts"]
+    b, n = result["baseline"], result["now"]
+    head = ("**REGRESSED**: " + f"{result['regressed']} of {result['compared']} metrics are worse than their "
+            "threshold." if result["verdict"] == "regressed" else
+            f"**OK**: no metric regressed ({result['compared']} compared).")
+    lines = ["# svt regression report\n", head + " " + ", ".join(f"{v} {k}" for k, v in sorted(
+        c.items(), key=lambda kv: VERDICT_ORDER[kv[0]])) + ".\n",
+             f"- baseline: `{b['path']}` (svt {b['svt_version']}, {b['created']}; "
+             f"{_fmt_count(b['labelled'])} labelled drafts, acceptance {_fmt_rate(b['acceptance'])}; "
+             f"bootstrap {b['bootstrap']})",
+             f"- now: `{n['path']}` (svt {n['svt_version']}, {n['created']}; "
+             f"{_fmt_count(n['labelled'])} labelled drafts, acceptance {_fmt_rate(n['acceptance'])})",
+             "- verdicts: worse than the threshold = regressed; inside the baseline's 95% bootstrap interval = "
+             "noise; ↑ higher is better, ↓ lower is better. Thresholds: a `--tolerance` when given, else the "
+             "baseline's interval, else the default tolerance (throughput and MSE/MAE: a share of the baseline).",
+             ""]
+    if result["tolerances"]:
+        lines += ["Tolerances given: " + ", ".join(f"`{k}={v:g}`" for k, v in result["tolerances"].items()) + "\n"]
+    shown = [r for r in result["rows"] if r["verdict"] in ("regressed", "missing now")]
+    rest = [r for r in result["rows"] if r["verdict"] not in ("regressed", "missing now")]
+    shown += rest[:max(0, top - len(shown))] if len(shown) < top else []
+    lines += [f"## Worst first ({len(shown)} of {result['compared']})\n", *_md_rows(shown), ""]
+    if result["not_compared"]:
+        lines += ["## Not compared\n", *(f"- {s}" for s in result["not_compared"]), ""]
+    lines += [f"<details><summary>All {result['compared']} compared metrics</summary>\n",
+              *_md_rows(result["rows"]), "", "</details>", ""]
+    return "\n".join(lines)
+
+
+def _fmt_count(v) -> str:
+    return f"{v:,}" if isinstance(v, int) else "—"
+
+
+def _fmt_rate(v) -> str:
+    return f"{v:.4f}" if isinstance(v, float) else "—"
+
+
+def _jsonable(o):
+    if isinstance(o, float) and not math.isfinite(o):
+        return None if math.isnan(o) else ("inf" if o > 0 else "-inf")
+    if isinstance(o, dict):
+        return {k: _jsonable(v) for k, v in o.items()}
+    if isinstance(o, list | tuple):
+        return [_jsonable(v) for v in o]
+    return o
+
+
+def write_regression(result: dict, out_dir: str | Path) -> tuple[Path, Path]:
+    """regression.json and regression.md in ``out_dir`` (each written beside, then renamed)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, text in (("regression.json", json.dumps(_jsonable(result), indent=2) + "\n"),
+                       ("regression.md", to_markdown(result))):
+        tmp = out / f".{name}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, out / name)
+        paths.append(out / name)
+    return paths[0], paths[1]
