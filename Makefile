@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: setup test demo bench lint models workloads clean mutate
+.PHONY: setup test demo bench lint models workloads clean mutate regression baseline
 
 setup: $(VENV)/.svt-installed
 
@@ -51,6 +51,27 @@ demo: setup
 	$(VENV)/bin/svt plot all reports/hvd-h100
 	$(VENV)/bin/svt plot all reports/demo --fit reports/demo/fits/irls-online.json \
 	  --link reports/hvd --link reports/hvd-h100
+
+# CI regression report: a small collection, two fits, an evaluation compared with the committed
+# baseline (ci/baseline/report.json). Exit 1 when a metric regressed, 6 when the reports cannot be
+# compared (refresh the baseline: `make baseline`, then commit it saying why).
+SVT := $(VENV)/bin/svt
+CI_OUT ?= reports/ci
+CI_BASELINE ?= ci/baseline/report.json
+define ci_evaluate
+	$(SVT) collect configs/collect/ci.yaml --out runs/ci --overwrite --quiet
+	$(SVT) fit runs/ci --model irls-online --out runs/ci-fits/irls-online.json
+	$(SVT) fit runs/ci --model logistic --out runs/ci-fits/logistic.json
+	$(SVT) evaluate runs/ci --out $(1) --by workload --bootstrap 100 \
+	  --fit runs/ci-fits/irls-online.json --fit runs/ci-fits/logistic.json \
+	  --costs configs/costs/h100-llama8b-eagle.yaml $(2)
+endef
+
+regression: setup
+	$(call ci_evaluate,$(CI_OUT),--baseline $(CI_BASELINE))
+
+baseline: setup
+	$(call ci_evaluate,ci/baseline,)
 
 bench: setup
 	$(PY) benchmarks/bench_collect.py

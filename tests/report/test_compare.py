@@ -165,3 +165,25 @@ def test_cli_against_a_real_baseline(small_run, tmp_path):
     assert res.exit_code == 2 and not (tmp_path / "n3").exists()
     res = runner.invoke(app, [*args, "--out", str(tmp_path / "n4"), "--tolerance", "auc=0.01"])
     assert res.exit_code == 2 and "--tolerance needs --baseline" in res.output
+
+
+def test_on_the_same_drafts_intervals_do_not_excuse_a_change():
+    base, now = _report(), _report()
+    for r in (base, now):
+        r["runs"][0]["data_sha256"] = "same"
+    now["features"]["q_max"]["auc"] = 0.69  # inside the interval, but the data are identical
+    r = compare_reports(base, now)
+    assert r["same_draws"] and _row(r, "auc")["verdict"] == "regressed"
+    assert _row(r, "auc")["basis"] == "default tolerance"
+    assert "same drafts" in to_markdown(r)
+    now["runs"][0]["data_sha256"] = "other draw"
+    r = compare_reports(base, now)
+    assert not r["same_draws"] and _row(r, "auc")["verdict"] == "noise"
+
+
+def test_data_fingerprint_follows_the_drafts(small_run, greedy_run):
+    from svt.report.evaluate import load_drafts
+
+    a = load_drafts([small_run])[2][0]["data_sha256"]
+    assert a == load_drafts([small_run])[2][0]["data_sha256"]
+    assert a != load_drafts([greedy_run])[2][0]["data_sha256"]

@@ -17,6 +17,10 @@ was evaluated with ``--bootstrap`` (the baseline's value is always taken as insi
 else the default tolerance below. Tolerances of throughput, interactivity, MSE and MAE are shares of
 the baseline value; the others are absolute.
 
+When both reports scored exactly the same drafts (equal data fingerprints: the same collection, or
+a deterministic re-collection), a difference cannot be sampling noise, so intervals are not used and
+the tolerances decide; this is what catches a changed predictor in CI.
+
 Reports that do not measure the same thing are refused (:class:`IncomparableError`, exit code 6):
 another report schema, other runs (models, K, sampling, workloads, sizes), other features or
 settings. A replay whose cost tables differ is listed as not compared rather than judged.
@@ -172,7 +176,15 @@ def judge(metric: str, scope: str, base, now, ci=None, tolerances: dict | None =
     return {**row, "difference": diff, "verdict": verdict, "excess": excess}
 
 
-def _feature_rows(base_feats: dict, now_feats: dict, where: str, tolerances: dict, per_position: bool):
+def same_draws(base: dict, now: dict) -> bool:
+    """Both reports scored exactly the same drafts (equal data fingerprints for every run)."""
+    fb = [r.get("data_sha256") for r in base["runs"]]
+    fn = [r.get("data_sha256") for r in now["runs"]]
+    return None not in fb and fb == fn
+
+
+def _feature_rows(base_feats: dict, now_feats: dict, where: str, tolerances: dict, per_position: bool,
+                  paired: bool = False):
     for name, fb in base_feats.items():
         fn = now_feats[name]
         shown = fb.get("shown_as") or name
@@ -186,8 +198,8 @@ def _feature_rows(base_feats: dict, now_feats: dict, where: str, tolerances: dic
             for m in FEATURE_METRICS:
                 if b.get(m) is None:
                     continue
-                row = judge(m, "group" if where else scope, b[m], n.get(m), (b.get("ci95") or {}).get(m), tolerances,
-                            (n.get("ci95") or {}).get(m))
+                cis = (None, None) if paired else ((b.get("ci95") or {}).get(m), (n.get("ci95") or {}).get(m))
+                row = judge(m, "group" if where else scope, b[m], n.get(m), cis[0], tolerances, cis[1])
                 yield {**row, "section": "features", "item": shown,
                        "where": ", ".join(x for x in (where, label) if x) or "all positions"}
 
@@ -199,10 +211,13 @@ def compare_reports(base: dict, now: dict, tolerances: dict | None = None) -> di
     if problems:
         raise IncomparableError("The reports cannot be compared (refresh the baseline if the change is "
                                 "deliberate):\n  - " + "\n  - ".join(problems))
-    rows = list(_feature_rows(base["features"], now["features"], "", tolerances, per_position=True))
+    # on the same drafts a difference is the code's, not sampling noise: intervals do not apply
+    paired = same_draws(base, now)
+    rows = list(_feature_rows(base["features"], now["features"], "", tolerances, per_position=True, paired=paired))
     for g, parts in (base.get("groups") or {}).items():
         for key, feats in parts.items():
-            rows += _feature_rows(feats, now["groups"][g][key], f"{g}={key}", tolerances, per_position=False)
+            rows += _feature_rows(feats, now["groups"][g][key], f"{g}={key}", tolerances, per_position=False,
+                                  paired=paired)
     skipped: list[str] = []
     rows += _simulation_rows(base, now, tolerances, skipped)
     rows += _yield_rows(base, now, tolerances, skipped)
@@ -214,6 +229,7 @@ def compare_reports(base: dict, now: dict, tolerances: dict | None = None) -> di
         counts[r["verdict"]] = counts.get(r["verdict"], 0) + 1
     regressed = counts.get("regressed", 0) + counts.get("missing now", 0)
     return {"verdict": "regressed" if regressed else "ok", "regressed": regressed, "compared": len(rows),
+            "same_draws": paired,
             "counts": counts, "tolerances": tolerances, "not_compared": skipped,
             "baseline": _about(base), "now": _about(now), "rows": rows}
 
@@ -347,6 +363,10 @@ def to_markdown(result: dict, top: int = 25) -> str:
              f"bootstrap {b['bootstrap']})",
              f"- now: `{n['path']}` (svt {n['svt_version']}, {n['created']}; "
              f"{_fmt_count(n['labelled'])} labelled drafts, acceptance {_fmt_rate(n['acceptance'])})",
+             ("- the same drafts were scored in both (equal data fingerprints): differences come from the code, "
+              "not from sampling, so tolerances decide, not the bootstrap intervals" if result.get("same_draws") else
+              "- different draws of the experiment: bootstrap intervals (where the baseline has them) separate "
+              "noise from regressions"),
              "- verdicts: worse than the threshold = regressed; inside the baseline's 95% bootstrap interval = "
              "noise; ↑ higher is better, ↓ lower is better. Thresholds: a `--tolerance` when given, else the "
              "baseline's interval, else the default tolerance (throughput and MSE/MAE: a share of the baseline).",

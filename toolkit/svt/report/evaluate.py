@@ -61,10 +61,30 @@ def load_drafts(runs: list[Path]) -> tuple[pl.DataFrame, pl.DataFrame | None, li
                       "shards": ("verified against run.json" if run.verified
                                  else "not verified: run.json records no shards (a foreign or older run)")})
     drafts = pl.concat(frames).collect()
+    for i, info in enumerate(infos):
+        info["data_sha256"] = data_fingerprint(drafts.filter(pl.col("_run") == i))
     return drafts, (pl.concat(dists).collect() if dists else None), infos
 
 
 REPORT_SCHEMA = 1  # report.json's layout; `svt compare` refuses reports of another schema
+
+
+def data_fingerprint(drafts: pl.DataFrame) -> str:
+    """SHA-256 (16 hex digits) of the drafts a report scored: ids, tokens, labels and the draft's
+    probabilities, in a fixed order, from the raw bytes (stable across polars versions). Two reports
+    with equal fingerprints scored the same draw, so their differences are not sampling noise."""
+    import hashlib
+
+    cols = [c for c in ("request", "step", "position", "token", "label", "q_max", "q_sampled", "q_entropy")
+            if c in drafts.columns]
+    d = drafts.select(cols).sort("request", "step", "position")
+    h = hashlib.sha256()
+    for c in cols:
+        col = d[c]
+        h.update(c.encode())
+        h.update(col.is_null().to_numpy().tobytes())
+        h.update(col.fill_null(0).to_numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 def experiment(meta: dict) -> dict:
@@ -347,4 +367,7 @@ def evaluate(runs: list[str | Path], opts: EvaluateOptions | None = None) -> dic
             str(key): _features_table(part, feats, EvaluateOptions(**{**opts.__dict__, "fits": []}))
             for key, part in sorted(((k[0], v) for k, v in labelled.group_by(g)), key=lambda kv: str(kv[0]))
         }
+        for blocks in report["groups"][g].values():  # figures draw the overall curves only
+            for block in blocks.values():
+                block.pop("curves", None)
     return report
