@@ -156,3 +156,17 @@ def test_label_delay_moves_a_steps_labels_to_the_next_refit():
     assert late.path_[0]["slope"] == pytest.approx(ref.path_[0]["slope"], rel=1e-12)
     # scoring is unchanged until the first refit: the first cycle's drafts use the initial state
     np.testing.assert_allclose(late.prequential_[:200], now.prequential_[:200])
+
+
+def test_library_options_are_not_silently_ignored(small_run):
+    """fit_runs(..., per_position_slope=True) / feature= reach the online estimator (they did not)."""
+    from svt.fit import OnlineOptions, fit_runs
+
+    shared = fit_runs([small_run], "irls-online")
+    per = fit_runs([small_run], "irls-online", per_position_slope=True)
+    assert isinstance(shared["slope"], float) and isinstance(per["slope"], list)
+    assert per["options"]["per_position_slope"] is True
+    opts = OnlineOptions(cycle_steps=5)
+    f = fit_runs([small_run], "irls-online", online=opts, feature="logit_margin")
+    assert f["feature"] == "logit_margin" and f["options"]["cycle_steps"] == 5
+    assert opts.feature == "logit_qmax"  # the caller's options object is left as it was

@@ -19,7 +19,7 @@ position keeps its coefficients, and discarding refits that would make a slope n
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import polars as pl
@@ -221,10 +221,14 @@ class IRLSOnlineFitter(Fitter):
     name = "irls-online"
     online = True
 
-    def __init__(self, online: OnlineOptions | None = None, feature: str | None = None):
-        self.options = (online or OnlineOptions()).validate()
-        if feature is not None and online is None:
-            self.options.feature = feature
+    def __init__(self, online: OnlineOptions | None = None, feature: str | None = None,
+                 per_position_slope: bool | None = None):
+        opts = replace(online or OnlineOptions())  # a copy: the caller's options are not changed
+        if feature is not None:
+            opts.feature = feature
+        if per_position_slope:
+            opts.per_position_slope = True
+        self.options = opts.validate()
 
     @property
     def feature(self) -> str:

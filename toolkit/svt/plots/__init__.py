@@ -8,11 +8,16 @@ workload) and ``yield-pr`` (precision-recall of high-yield cache drafts).
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import matplotlib
 
-matplotlib.use("Agg")
+# files, not windows: Agg, unless a backend was chosen (a Jupyter kernel's inline backend draws
+# the returned figures in the notebook)
+if not os.environ.get("MPLBACKEND") and "ipykernel" not in sys.modules:
+    matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 

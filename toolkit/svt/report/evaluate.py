@@ -266,8 +266,8 @@ def _simulation(drafts: pl.DataFrame, feats: list[Feature], opts: EvaluateOption
         suffix = " [engine rule]" if live["rule"] == "engine" else ""
         rep = next(p for p in points if p["policy"] == f"AV {live['predictor']}{suffix}"
                    and p["concurrency"] == live["batch_size"])
-        live["replayed_tokens_per_step"] = rep["tokens_per_step"]
-        live["gap"] = live["live_tokens_per_step"] - rep["tokens_per_step"]
+        live["replayed_tokens_per_step"] = float(rep["tokens_per_step"])
+        live["gap"] = live["live_tokens_per_step"] - float(rep["tokens_per_step"])
     return {"live_check": live, "rules": _rule_audit(trace, costs, preds, points, concurrency),
             "costs": {"path": str(opts.costs), "kind": costs.kind, "drafter": costs.drafter,
                       "description": costs.description.strip(), "fingerprint": costs.fingerprint()},
