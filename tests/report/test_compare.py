@@ -187,3 +187,82 @@ def test_data_fingerprint_follows_the_drafts(small_run, greedy_run):
     a = load_drafts([small_run])[2][0]["data_sha256"]
     assert a == load_drafts([small_run])[2][0]["data_sha256"]
     assert a != load_drafts([greedy_run])[2][0]["data_sha256"]
+
+
+# --- damaged or partial input (found by a hostile-input probe) ---
+
+def test_sections_missing_now_are_regressions():
+    base = _report(yield_={}, hvd=None)
+    base["yield"] = {"predictors": {"yield-mlp": {"mse": 6.0, "precision": 0.8}}}
+    for change in (lambda r: r.update(simulation=None), lambda r: r["simulation"].update(points=[]),
+                   lambda r: r.update(**{"yield": None}), lambda r: r["yield"].update(predictors={})):
+        now = copy.deepcopy(base)
+        change(now)
+        r = compare_reports(base, now)
+        assert r["verdict"] == "regressed" and r["rows"][0]["verdict"] == "missing now", change
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), "0.7", True, None, 1.5, -0.1, 10 ** 400])
+def test_invalid_values_now_are_never_compared_as_numbers(value):
+    now = _report()
+    now["features"]["q_max"]["auc"] = value
+    r = compare_reports(_report(), now)
+    assert _row(r, "auc")["verdict"] == "missing now" and r["verdict"] == "regressed"
+
+
+def test_a_malformed_interval_does_not_excuse_a_drop():
+    now = _report()
+    now["features"]["q_max"]["auc"] = 0.60
+    for bad in ([0.9, 0.5], [True, False], [0.5], "x", [0.1, 2.0]):
+        now["features"]["q_max"]["ci95"]["auc"] = bad
+        assert _row(compare_reports(_report(), now), "auc")["verdict"] == "regressed", bad
+    base = _report()
+    base["features"]["q_max"]["ci95"]["auc"] = [-1e308, 1e308]  # not an AUC interval: default tolerance
+    row = _row(compare_reports(base, now), "auc")
+    assert row["verdict"] == "regressed" and row["basis"] == "default tolerance"
+
+
+@pytest.mark.parametrize("change", [
+    lambda r: r["features"].update(q_max=3),
+    lambda r: r["features"]["q_max"].update(per_position=[1]),
+    lambda r: r["simulation"]["points"][0].pop("policy"),
+    lambda r: r["simulation"].update(points=[r["simulation"]["points"][0]] * 2),
+    lambda r: r.update(groups=[1]),
+])
+def test_damaged_reports_are_one_clear_error(change):
+    now = _report()
+    change(now)
+    with pytest.raises((ConfigError, IncomparableError)) as exc:
+        compare_reports(_report(), now)
+    assert exc.value.exit_code in (2, 6)
+
+
+@pytest.mark.parametrize("spec", [".auc=0.1", "simulation.auc=1", "overall.throughput=1", "per_position.mse=1",
+                                  "auc=１", "auc=1_000"])
+def test_tolerances_that_would_never_apply_are_refused(spec):
+    with pytest.raises(ConfigError):
+        parse_tolerances([spec])
+
+
+def test_markdown_cells_survive_pipes_and_newlines():
+    base = _report()
+    base["features"]["q_max"]["shown_as"] = "a|b\nc"
+    md = to_markdown(compare_reports(base, _report()))
+    row = next(line for line in md.splitlines() if "a\\|b c" in line)
+    assert row.count(" | ") == 8
+
+
+def test_cli_refuses_to_overwrite_its_baseline_and_clears_stale_reports(small_run, tmp_path):
+    runner = CliRunner()
+    args = ["evaluate", str(small_run), "--feature", "q_max"]
+    assert runner.invoke(app, [*args, "--out", str(tmp_path / "r")]).exit_code == 0
+    res = runner.invoke(app, [*args, "--out", str(tmp_path / "r"), "--baseline", str(tmp_path / "r" / "report.json")])
+    assert res.exit_code == 2 and "is the report this command writes" in res.output
+    assert runner.invoke(app, [*args, "--out", str(tmp_path / "s"), "--baseline", str(tmp_path / "r")]).exit_code == 0
+    assert (tmp_path / "s" / "regression.md").is_file()
+    # the next evaluation into s is incomparable: the earlier regression report must not stay behind
+    res = runner.invoke(app, ["evaluate", str(small_run), "--feature", "entropy", "--out", str(tmp_path / "s"),
+                              "--baseline", str(tmp_path / "r")])
+    assert res.exit_code == 6 and not (tmp_path / "s" / "regression.md").exists()
+    res = runner.invoke(app, ["compare", str(tmp_path / "r"), str(tmp_path / "r"), "--out", str(tmp_path / "r" / "report.json")])
+    assert res.exit_code == 2 and "Cannot write" in res.output and "Traceback" not in res.output

@@ -182,6 +182,9 @@ def evaluate(
             raise ConfigError("--tolerance needs --baseline (the report to compare with).")
         tolerances = parse_tolerances(tolerance)
         base = load_report(baseline, "Baseline report") if baseline else None
+        if base is not None and Path(base["_path"]).resolve() == (out_dir / "report.json").resolve():
+            raise ConfigError(f"--baseline {baseline} is the report this command writes (--out {out_dir}); "
+                              "write the new report elsewhere, or keep a copy of the baseline.")
     except SvtError as exc:
         raise _fail(exc) from None
     opts = EvaluateOptions(features=list(feature or DEFAULT_FEATURES), feature_module=feature_module,
@@ -193,6 +196,9 @@ def evaluate(
         json_path, md_path = write_report(report, out_dir)
     except SvtError as exc:
         raise _fail(exc) from None
+    from svt.report.compare import remove_stale
+
+    remove_stale(out_dir)  # a regression report beside the old report.json no longer applies
     for item in evaluate_tables(report):
         out.print(item)
     _say(f"wrote {json_path} and {md_path}")
@@ -202,10 +208,12 @@ def evaluate(
 
 
 def _regression(base: dict, now: dict, tolerances: dict, out_dir: Path) -> None:
-    from svt.report.compare import EXIT_REGRESSED, compare_reports, write_regression
+    from svt.report.compare import EXIT_REGRESSED, compare_reports, remove_stale, write_regression
     from svt.report.console import regression_table
 
     try:
+        if out_dir.is_dir():
+            remove_stale(out_dir)  # an earlier comparison's report must not outlive a failed one
         result = compare_reports(base, now, tolerances)
         json_path, md_path = write_regression(result, out_dir)
     except SvtError as exc:

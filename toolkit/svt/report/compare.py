@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from pathlib import Path
 
 from svt.errors import ConfigError, IncomparableError
@@ -48,6 +49,10 @@ DEFAULT_TOLERANCES = {"auc": 0.005, "log_loss": 0.005, "ece": 0.003, "brier": 0.
 SCOPES = ("overall", "excluding_first", "per_position", "group", "simulation", "yield", "hvd")
 FEATURE_METRICS = ("auc", "log_loss", "ece", "brier")
 YIELD_METRICS = ("mse", "mae", "precision", "recall", "f1", "average_precision")
+SCOPE_METRICS = {**{sc: FEATURE_METRICS for sc in ("overall", "excluding_first", "per_position", "group")},
+                 "simulation": ("throughput", "interactivity"), "yield": YIELD_METRICS, "hvd": ("speedup_vs_greedy",)}
+# the range a metric's value can take: anything outside is a damaged report, not a number to compare
+UNIT = frozenset({"auc", "ece", "brier", "precision", "recall", "f1", "average_precision"})
 VERDICT_ORDER = {"regressed": 0, "missing now": 0, "within tolerance": 1, "noise": 1, "unchanged": 2, "improved": 3}
 EXIT_REGRESSED = 1
 
@@ -58,12 +63,16 @@ def parse_tolerances(specs: list[str] | None) -> dict[str, float]:
     for spec in specs or []:
         key, sep, value = spec.partition("=")
         key = key.strip()
-        scope, _, metric = key.rpartition(".")
-        if not sep or metric not in DIRECTIONS or (scope and scope not in SCOPES):
+        scope, dot, metric = key.rpartition(".")
+        if not sep or metric not in DIRECTIONS or (dot and scope not in SCOPES):
             raise ConfigError(f"Bad --tolerance {spec!r}: expected METRIC=VALUE or SCOPE.METRIC=VALUE with "
                               f"METRIC one of {', '.join(DIRECTIONS)} and SCOPE one of {', '.join(SCOPES)}.")
+        if dot and metric not in SCOPE_METRICS[scope]:
+            raise ConfigError(f"Bad --tolerance {spec!r}: scope {scope} has the metrics "
+                              f"{', '.join(SCOPE_METRICS[scope])}, not {metric}.")
+        value = value.strip()
         try:
-            tol = float(value)
+            tol = float(value) if re.fullmatch(r"[0-9.eE+-]+", value) else math.nan
         except ValueError:
             tol = math.nan
         if not math.isfinite(tol) or tol < 0:
@@ -80,8 +89,24 @@ def load_report(path: str | Path, what: str = "Report") -> dict:
     rep = read_json(path, what)
     if not isinstance(rep, dict) or not isinstance(rep.get("features"), dict) or not isinstance(rep.get("runs"), list):
         raise ConfigError(f"{path}: not an svt evaluation report (no 'features' and 'runs').")
+    if not rep["features"] or not rep["runs"] or not all(isinstance(r, dict) for r in rep["runs"]):
+        raise ConfigError(f"{path}: an empty or damaged report (no features or no runs); nothing to compare.")
     rep["_path"] = str(path)
     return rep
+
+
+def metric_value(v, metric: str) -> float | None:
+    """A metric's value if it is a real number in the metric's range, else None (null, NaN, a string,
+    a boolean, an AUC of 1.5: a damaged or undefined value is never compared as a number)."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    try:
+        v = float(v)
+    except OverflowError:
+        return None
+    if not math.isfinite(v) or v < 0 or (metric in UNIT and v > 1):
+        return None
+    return v
 
 
 def comparability_problems(base: dict, now: dict) -> list[str]:
@@ -90,7 +115,7 @@ def comparability_problems(base: dict, now: dict) -> list[str]:
 
     problems = []
     sb, sn = base.get("report_schema"), now.get("report_schema")
-    if sb != sn or sb != REPORT_SCHEMA:
+    if type(sb) is not int or type(sn) is not int or sb != sn or sb != REPORT_SCHEMA:
         old = [name for name, v in (("the baseline", sb), ("the new report", sn)) if v is None]
         return [f"report schema {sb} (baseline) against {sn} (now); this svt reads schema {REPORT_SCHEMA}"
                 + (f" — {' and '.join(old)} was written by an older svt (no report_schema)" if old else "")]
@@ -116,6 +141,10 @@ def comparability_problems(base: dict, now: dict) -> list[str]:
     for g in set(gb) | set(gn):
         if set(gb.get(g, {})) != set(gn.get(g, {})):
             problems.append(f"groups by {g}: {sorted(gb.get(g, {}))} against {sorted(gn.get(g, {}))}")
+            continue
+        for key in gb.get(g, {}):
+            if set(gb[g][key]) != set(gn[g][key]):
+                problems.append(f"group {g}={key}: features {sorted(gb[g][key])} against {sorted(gn[g][key])}")
     return problems
 
 
@@ -130,14 +159,18 @@ def _threshold(metric: str, scope: str, base: float, ci, tolerances: dict) -> tu
         if key in tolerances:
             tol = tolerances[key]
             return basis, tol * abs(base) if metric in RELATIVE else tol, None
-    if _valid(ci):
+    if _valid(ci, metric):
         return "95% CI", None, [min(ci[0], base), max(ci[1], base)]
     tol = DEFAULT_TOLERANCES[metric]
     return "default tolerance", tol * abs(base) if metric in RELATIVE else tol, None
 
 
-def _valid(ci) -> bool:
-    return bool(ci) and len(ci) == 2 and all(isinstance(x, int | float) and math.isfinite(x) for x in ci)
+def _valid(ci, metric: str = "auc") -> bool:
+    """Two numbers in the metric's range, lo <= hi."""
+    if not isinstance(ci, list | tuple) or len(ci) != 2:
+        return False
+    lo, hi = (metric_value(x, metric) for x in ci)
+    return lo is not None and hi is not None and lo <= hi
 
 
 def judge(metric: str, scope: str, base, now, ci=None, tolerances: dict | None = None, ci_now=None) -> dict:
@@ -148,7 +181,7 @@ def judge(metric: str, scope: str, base, now, ci=None, tolerances: dict | None =
     d = DIRECTIONS[metric]
     basis, tol, interval = _threshold(metric, scope, base, ci, tolerances or {})
     combined = (math.hypot((interval[1] - interval[0]) / 2, (ci_now[1] - ci_now[0]) / 2)
-                if interval is not None and _valid(ci_now) else None)
+                if interval is not None and _valid(ci_now, metric) else None)
     row = {"metric": metric, "scope": scope, "baseline": base, "now": now, "direction": "higher" if d > 0 else "lower",
            "basis": basis, "tolerance": tol, "interval": interval, "combined": combined}
     if now is None:
@@ -184,7 +217,7 @@ def same_draws(base: dict, now: dict) -> bool:
 
 
 def _feature_rows(base_feats: dict, now_feats: dict, where: str, tolerances: dict, per_position: bool,
-                  paired: bool = False):
+                  paired: bool, skipped: list[str]):
     for name, fb in base_feats.items():
         fn = now_feats[name]
         shown = fb.get("shown_as") or name
@@ -195,33 +228,48 @@ def _feature_rows(base_feats: dict, now_feats: dict, where: str, tolerances: dic
             scopes += [("per_position", f"position {p}", b, pn.get(str(p), {}))
                        for p, b in (fb.get("per_position") or {}).items()]
         for scope, label, b, n in scopes:
+            place = ", ".join(x for x in (where, label) if x) or "all positions"
             for m in FEATURE_METRICS:
-                if b.get(m) is None:
+                if b.get(m) is None:  # undefined in the baseline (a score that is not a probability)
+                    continue
+                base = metric_value(b[m], m)
+                if base is None:
+                    skipped.append(f"{shown} {m} ({place}): the baseline's value {b[m]!r} is not a valid number")
                     continue
                 cis = (None, None) if paired else ((b.get("ci95") or {}).get(m), (n.get("ci95") or {}).get(m))
-                row = judge(m, "group" if where else scope, b[m], n.get(m), cis[0], tolerances, cis[1])
-                yield {**row, "section": "features", "item": shown,
-                       "where": ", ".join(x for x in (where, label) if x) or "all positions"}
+                row = judge(m, "group" if where else scope, base, metric_value(n.get(m), m), cis[0], tolerances, cis[1])
+                yield {**row, "section": "features", "item": shown, "where": place}
+
+
+def _damaged(what: str, exc: Exception) -> ConfigError:
+    return ConfigError(f"A report is damaged or not written by svt ({what}: {type(exc).__name__}: {exc}).")
 
 
 def compare_reports(base: dict, now: dict, tolerances: dict | None = None) -> dict:
-    """The regression report of ``now`` against ``base`` (raises IncomparableError)."""
+    """The regression report of ``now`` against ``base`` (raises IncomparableError, or ConfigError
+    for a damaged report)."""
     tolerances = tolerances or {}
-    problems = comparability_problems(base, now)
+    try:
+        problems = comparability_problems(base, now)
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise _damaged("reading its runs, features and settings", exc) from None
     if problems:
         raise IncomparableError("The reports cannot be compared (refresh the baseline if the change is "
                                 "deliberate):\n  - " + "\n  - ".join(problems))
     # on the same drafts a difference is the code's, not sampling noise: intervals do not apply
     paired = same_draws(base, now)
-    rows = list(_feature_rows(base["features"], now["features"], "", tolerances, per_position=True, paired=paired))
-    for g, parts in (base.get("groups") or {}).items():
-        for key, feats in parts.items():
-            rows += _feature_rows(feats, now["groups"][g][key], f"{g}={key}", tolerances, per_position=False,
-                                  paired=paired)
     skipped: list[str] = []
-    rows += _simulation_rows(base, now, tolerances, skipped)
-    rows += _yield_rows(base, now, tolerances, skipped)
-    rows += _hvd_rows(base, now, tolerances, skipped)
+    section = "features"
+    try:
+        rows = list(_feature_rows(base["features"], now["features"], "", tolerances, True, paired, skipped))
+        for g, parts in (base.get("groups") or {}).items():
+            for key, feats in parts.items():
+                rows += _feature_rows(feats, now["groups"][g][key], f"{g}={key}", tolerances, False, paired, skipped)
+        for name, fn in (("AV replay", _simulation_rows), ("yield", _yield_rows), ("HVD replay", _hvd_rows)):
+            section = name
+            rows += fn(base, now, tolerances, skipped)
+    except (AttributeError, KeyError, TypeError, ValueError, OverflowError) as exc:
+        raise _damaged(f"reading its {section} section", exc) from None
     rows.sort(key=lambda r: (VERDICT_ORDER[r["verdict"]], -r["excess"] if math.isfinite(r["excess"]) else
                              (-math.inf if r["excess"] > 0 else math.inf)))
     counts: dict[str, int] = {}
@@ -251,65 +299,93 @@ def _costs_match(name: str, b: dict, n: dict, skipped: list[str]) -> bool:
     return True
 
 
-def _one_side(name: str, b, n, skipped: list[str]) -> bool:
-    if b and n:
-        return True
-    if b or n:
-        skipped.append(f"{name}: only in the {'baseline' if b else 'new report'}")
-    return False
+def _missing(section: str, item: str, where: str, metric: str, scope: str, base) -> dict:
+    """A row for something the baseline has and the new report lacks: a regression."""
+    return {**judge(metric, scope, base, None), "section": section, "item": item, "where": where}
+
+
+def _keyed(items: list, key, what: str) -> dict:
+    out: dict = {}
+    for it in items:
+        k = key(it)
+        if k in out:
+            raise ValueError(f"{what} {k} appears twice")
+        out[k] = it
+    return out
 
 
 def _simulation_rows(base, now, tolerances, skipped):
     b, n = base.get("simulation"), now.get("simulation")
-    if not _one_side("AV replay", b, n, skipped) or not _costs_match("AV replay", b, n, skipped):
+    if not b:
+        if n:
+            skipped.append("AV replay: only in the new report")
         return []
-    points = {(p["policy"], p["concurrency"]): p for p in n["points"]}
-    rows, missing = [], []
-    for p in b["points"]:
-        q = points.get((p["policy"], p["concurrency"]))
-        if q is None:
-            missing.append(f"{p['policy']} B={p['concurrency']}")
-            continue
+    bp = _keyed(b["points"], lambda p: (str(p["policy"]), int(p["concurrency"])), "AV replay point")
+    if n and not _costs_match("AV replay", b, n, skipped):
+        return []
+    np_ = _keyed(n["points"], lambda p: (str(p["policy"]), int(p["concurrency"])), "AV replay point") if n else {}
+    rows = []
+    for (policy, conc), p in bp.items():
+        q = np_.get((policy, conc))
         for m in ("throughput", "interactivity"):
-            rows.append({**judge(m, "simulation", p[m], q[m], None, tolerances), "section": "AV replay",
-                         "item": p["policy"], "where": f"B={p['concurrency']}"})
-    if missing:
-        skipped.append(f"AV replay: policies only in the baseline: {', '.join(missing[:8])}"
-                       + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
+            base = metric_value(p[m], m)
+            if base is None:
+                skipped.append(f"AV replay {policy} B={conc} {m}: the baseline's value is not a valid number")
+            elif q is None:
+                rows.append(_missing("AV replay", policy, f"B={conc}", m, "simulation", base))
+            else:
+                rows.append({**judge(m, "simulation", base, metric_value(q.get(m), m), None, tolerances),
+                             "section": "AV replay", "item": policy, "where": f"B={conc}"})
     return rows
 
 
 def _yield_rows(base, now, tolerances, skipped):
     b, n = base.get("yield"), now.get("yield")
-    if not _one_side("yield predictors", b, n, skipped):
+    if not b:
+        if n:
+            skipped.append("yield predictors: only in the new report")
         return []
+    preds_n = (n or {}).get("predictors") or {}
     rows = []
     for name, pb in b["predictors"].items():
-        pn = n["predictors"].get(name)
-        if pn is None:
-            skipped.append(f"yield predictor {name}: only in the baseline")
-            continue
+        pn = preds_n.get(name)
         for m in YIELD_METRICS:
-            if pb.get(m) is not None:
-                rows.append({**judge(m, "yield", pb[m], pn.get(m), None, tolerances), "section": "yield",
-                             "item": name, "where": "all requests"})
+            if pb.get(m) is None:
+                continue
+            base = metric_value(pb[m], m)
+            if base is None:
+                skipped.append(f"yield {name} {m}: the baseline's value is not a valid number")
+            elif pn is None:
+                rows.append(_missing("yield", name, "all requests", m, "yield", base))
+            else:
+                rows.append({**judge(m, "yield", base, metric_value(pn.get(m), m), None, tolerances),
+                             "section": "yield", "item": name, "where": "all requests"})
     return rows
 
 
 def _hvd_rows(base, now, tolerances, skipped):
     b, n = base.get("hvd"), now.get("hvd")
-    if not _one_side("HVD replay", b, n, skipped) or not _costs_match("HVD replay", b, n, skipped):
+    if not b:
+        if n:
+            skipped.append("HVD replay: only in the new report")
         return []
+    if n and not _costs_match("HVD replay", b, n, skipped):
+        return []
+    fixed_b = _keyed([r for r in b["rows"] if "predictor" not in r], lambda r: (r["group"], r["policy"]), "HVD row")
+    best_b = _keyed(b["best"], lambda r: (r["group"], r["predictor"]), "HVD best row")
+    fixed_n = _keyed([r for r in n["rows"] if "predictor" not in r], lambda r: (r["group"], r["policy"]),
+                     "HVD row") if n else {}
+    best_n = _keyed(n["best"], lambda r: (r["group"], r["predictor"]), "HVD best row") if n else {}
+    pairs = [(k[0], k[1], r, fixed_n.get(k)) for k, r in fixed_b.items()]
+    pairs += [(k[0], f"hvd {k[1]} at its best τ", r, best_n.get(k)) for k, r in best_b.items()]
     rows = []
-    fixed_n = {(r["group"], r["policy"]): r for r in n["rows"] if "predictor" not in r}
-    best_n = {(r["group"], r["predictor"]): r for r in n["best"]}
-    pairs = [((r["group"], r["policy"]), r, fixed_n.get((r["group"], r["policy"])))
-             for r in b["rows"] if "predictor" not in r]
-    pairs += [((r["group"], f"hvd {r['predictor']} at its best τ"), r, best_n.get((r["group"], r["predictor"])))
-              for r in b["best"]]
-    for (group, policy), rb, rn in pairs:
-        rows.append({**judge("speedup_vs_greedy", "hvd", rb["speedup_vs_greedy"],
-                             None if rn is None else rn["speedup_vs_greedy"], None, tolerances),
+    for group, policy, rb, rn in pairs:
+        base = metric_value(rb["speedup_vs_greedy"], "speedup_vs_greedy")
+        if base is None:
+            skipped.append(f"HVD {policy} ({group}): the baseline's speed-up is not a valid number")
+            continue
+        now_v = None if rn is None else metric_value(rn.get("speedup_vs_greedy"), "speedup_vs_greedy")
+        rows.append({**judge("speedup_vs_greedy", "hvd", base, now_v, None, tolerances),
                      "section": "HVD replay", "item": policy, "where": group})
     return rows
 
@@ -331,18 +407,21 @@ def _threshold_text(r: dict) -> str:
     return f"±{_num(r['tolerance'], r['metric'])} ({'tolerance' if r['basis'] == 'tolerance' else 'default'})"
 
 
-MARK = {"regressed": "❌ regressed", "missing now": "❌ missing now", "improved": "✅ improved",
+MARK = {"regressed": "❌ regressed", "missing now": "❌ missing or invalid now", "improved": "✅ improved",
         "noise": "noise", "within tolerance": "within tolerance", "unchanged": "unchanged"}
 
 
 def _md_rows(rows: list[dict]) -> list[str]:
     out = ["| section | predictor / policy | where | metric | baseline | now | difference | threshold | verdict |",
            "|---|---|---|---|---|---|---|---|---|"]
+    def cell(v) -> str:  # a name may hold a pipe or a newline: keep the table a table
+        return str(v).replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ").replace("\r", " ")
+
     for r in rows:
         diff = "—" if r["difference"] is None else f"{r['difference']:+.4f}" if r["metric"] not in (
             "throughput", "interactivity") else f"{r['difference']:+,.1f}"
         arrow = "↑" if r["direction"] == "higher" else "↓"
-        out.append(f"| {r['section']} | {r['item']} | {r['where']} | {r['metric']} {arrow} | "
+        out.append(f"| {cell(r['section'])} | {cell(r['item'])} | {cell(r['where'])} | {r['metric']} {arrow} | "
                    f"{_num(r['baseline'], r['metric'])} | {_num(r['now'], r['metric'])} | {diff} | "
                    f"{_threshold_text(r)} | {MARK[r['verdict']]} |")
     return out
@@ -405,12 +484,24 @@ def _jsonable(o):
 def write_regression(result: dict, out_dir: str | Path) -> tuple[Path, Path]:
     """regression.json and regression.md in ``out_dir`` (each written beside, then renamed)."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name, text in (("regression.json", json.dumps(_jsonable(result), indent=2) + "\n"),
-                       ("regression.md", to_markdown(result))):
-        tmp = out / f".{name}.tmp"
-        tmp.write_text(text)
-        os.replace(tmp, out / name)
-        paths.append(out / name)
-    return paths[0], paths[1]
+    texts = {"regression.json": json.dumps(_jsonable(result), indent=2) + "\n", "regression.md": to_markdown(result)}
+    tmps = {name: out / f".{name}.tmp" for name in texts}
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for name, text in texts.items():  # both written beside, then both renamed
+            tmps[name].write_text(text)
+        for name in texts:
+            os.replace(tmps[name], out / name)
+    except OSError as exc:
+        for tmp in tmps.values():
+            tmp.unlink(missing_ok=True) if tmp.parent.is_dir() else None
+        raise ConfigError(f"Cannot write the regression report into {out}: {exc.strerror or exc}.") from None
+    return out / "regression.json", out / "regression.md"
+
+
+def remove_stale(out_dir: str | Path) -> None:
+    """A regression report left from an earlier comparison no longer describes what is in the folder."""
+    for name in ("regression.json", "regression.md"):
+        p = Path(out_dir) / name
+        if p.is_file():
+            p.unlink()
