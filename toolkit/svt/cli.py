@@ -57,6 +57,9 @@ def collect(
     profile_costs: Annotated[bool, typer.Option(
         "--profile-costs", help="Instead of collecting, measure the pair's draft and verify times "
                                 "over batch sizes 1..64 and write a cost table (YAML) to --out.")] = False,
+    shard: Annotated[str | None, typer.Option(
+        help="Collect only shard i of n (0-based, e.g. --shard $SLURM_ARRAY_TASK_ID/8) into --out; "
+             "`svt merge` puts the shards together into the run an unsharded collection writes.")] = None,
 ) -> None:
     """Run speculative decoding on a local target/draft pair and log every draft with its label.
 
@@ -67,6 +70,8 @@ def collect(
     from svt.config import load_collect_config, parse_set
 
     try:
+        if shard is not None and profile_costs:
+            raise ConfigError("--shard splits a collection; --profile-costs does not collect.")
         overrides = parse_set(set_ or [])
         for key, value in (("requests", limit_requests), ("max_new_tokens", max_new_tokens),
                            ("seed", seed), ("device", device), ("workloads", workload)):
@@ -90,8 +95,10 @@ def collect(
                                                     if isinstance(v, dict) and "path" in v}})
             _say(f"wrote {out_dir}")
             return
+        from svt.collect.shards import parse_shard
+
         summary = run_collect(cfg, out_dir, config_path=config, resume=resume, overwrite=overwrite,
-                              progress=not quiet)
+                              progress=not quiet, shard=parse_shard(shard))
     except SvtError as exc:
         raise _fail(exc) from None
     out.print(
@@ -100,6 +107,31 @@ def collect(
         f"{summary.output_tokens:,} tokens in {summary.seconds:.1f} s"
         + (f" (resumed after {summary.resumed_batches} complete batches)" if summary.resumed_batches else "")
     )
+
+
+@app.command()
+def merge(
+    parts: Annotated[list[Path], typer.Argument(help="The shard run directories (from `svt collect --shard i/n`).")],
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help="The merged run directory to write.")],
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing run in --out.")] = False,
+    link: Annotated[bool, typer.Option(help="Hard-link the shard files instead of copying them "
+                                            "(same filesystem; the parts must then stay read-only).")] = False,
+) -> None:
+    """Merge the shards of one collection into one run: checks that they share the config, model
+    weights and prompt files, that every shard is there once and complete, then writes the run an
+    unsharded collection would have written (the same rows and files).
+
+    Example: [bold]svt merge runs/big.shard-* --out runs/big[/]
+    """
+    from svt.collect.shards import merge_shards
+
+    try:
+        meta = merge_shards(parts, out_dir, overwrite=overwrite, link=link)
+    except SvtError as exc:
+        raise _fail(exc) from None
+    c = meta["counts"]
+    _say(f"wrote {out_dir}: {len(parts)} shards, {c.get('requests', 0):,} requests, {c.get('drafts', 0):,} drafts "
+         f"({c.get('labelled', 0):,} labelled)")
 
 
 @app.command()

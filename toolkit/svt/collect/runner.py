@@ -167,10 +167,17 @@ def _frames(log: BatchLog, workload_of: dict[int, str], batch_requests, prompts)
 
 
 def collect(cfg: CollectConfig, out: str | Path, *, config_path: str | Path | None = None,
-            resume: bool = False, overwrite: bool = False, progress: bool = True) -> CollectSummary:
-    """Run speculative decoding over the configured workloads and write a run directory."""
+            resume: bool = False, overwrite: bool = False, progress: bool = True,
+            shard: tuple[int, int] | None = None) -> CollectSummary:
+    """Run speculative decoding over the configured workloads and write a run directory.
+
+    ``shard=(i, n)`` collects only the batches ``b % n == i`` (see :mod:`svt.collect.shards`)."""
     final = Path(out)
     config = to_dict(cfg)
+    if shard is not None:
+        from svt.collect.shards import check_shardable
+
+        check_shardable(cfg)
     old_meta = _prepare_dir(final, resume=resume, overwrite=overwrite, config=config)
 
     # everything that can fail on bad input is checked before anything is written
@@ -231,7 +238,7 @@ def collect(cfg: CollectConfig, out: str | Path, *, config_path: str | Path | No
                for i in range(0, cfg.requests, cfg.batch_size)]
     try:
         return _collect_into(cfg, out, final, staged, config_path, old_meta, config, pair, ids, workload_of,
-                             names, paths, workload_hashes, batches, live, online_est, progress)
+                             names, paths, workload_hashes, batches, live, online_est, progress, shard)
     except BaseException:
         if staged:  # an interrupted overwrite: the old run is untouched; drop the partial new one
             shutil.rmtree(out, ignore_errors=True)
@@ -239,8 +246,21 @@ def collect(cfg: CollectConfig, out: str | Path, *, config_path: str | Path | No
 
 
 def _collect_into(cfg, out, final, staged, config_path, old_meta, config, pair, ids, workload_of, names, paths,
-                  workload_hashes, batches, live, online_est, progress) -> CollectSummary:
+                  workload_hashes, batches, live, online_est, progress, shard=None) -> CollectSummary:
     import time
+
+    from svt.collect.shards import shard_batches
+
+    mine = shard_batches(len(batches), shard)
+    if not mine:
+        raise ConfigError(f"Shard {shard[0]}/{shard[1]} has no batches: the run has {len(batches)} batch(es) of "
+                          f"{cfg.batch_size} requests; use fewer shards.")
+    shard_meta = None if shard is None else {"index": shard[0], "count": shard[1], "batches": mine}
+    if old_meta is not None and old_meta.get("shard") != shard_meta:
+        was = old_meta.get("shard")
+        raise ConfigError(f"Cannot resume {final}: it was collected as "
+                          f"{'shard ' + str(was['index']) + '/' + str(was['count']) if was else 'a whole run'}, "
+                          f"not {'shard ' + str(shard[0]) + '/' + str(shard[1]) if shard else 'a whole run'}.")
 
     tok = pair.tokenizer
     eos_id = tok.eos_token_id
@@ -284,18 +304,22 @@ def _collect_into(cfg, out, final, staged, config_path, old_meta, config, pair, 
                         "transformers": __import__("transformers").__version__,
                         "threads": torch.get_num_threads()},
         "batches": len(batches),
+        "shard": shard_meta,
     })
+    if shard_meta is None:
+        meta.pop("shard")
     write_meta(out, meta)
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     t_start = time.time()
-    todo = [b for b in range(len(batches)) if b not in done]
+    todo = [b for b in mine if b not in done]
     total_tokens = 0
     with Progress(TextColumn("[bold]collect"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("requests  {task.fields[tps]} tok/s"), TimeElapsedColumn(),
                   disable=not progress, transient=False) as bar:
-        task = bar.add_task("collect", total=cfg.requests, completed=sum(len(batches[b]) for b in done),
+        task = bar.add_task("collect", total=sum(len(batches[b]) for b in mine),
+                            completed=sum(len(batches[b]) for b in done),
                             tps="-")
         for b in todo:
             reqs = batches[b]

@@ -112,14 +112,11 @@ def merge_shards(parts: list[str | Path], out: str | Path, *, overwrite: bool = 
             raise ConfigError(f"{final} holds no run.json; --overwrite only replaces a run directory.")
     stage = _staging(final)
     shutil.rmtree(stage, ignore_errors=True)
+    final.parent.mkdir(parents=True, exist_ok=True)
     try:
         merged = _write_merged(parts, metas, stage, link)
         open_run(stage, deep=True).require_complete()  # the merged run reads back, records and all
-        if final.exists():
-            _swap_in(stage, final)
-        else:
-            final.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(stage, final)
+        _swap_in(stage, final)  # an existing run is replaced only now, when the new one is complete
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
