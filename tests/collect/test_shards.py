@@ -7,7 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import polars as pl
 import pytest
 import yaml
 from typer.testing import CliRunner
