@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -38,6 +39,8 @@ from svt.config import load_collect_config  # noqa: E402
 from svt.models import load_pair  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from timing import fmt, summary  # noqa: E402
 
 
 def hf_rate(model, prompts, max_new, assistant=None, k=5, seed=0) -> tuple[float, int]:
@@ -59,6 +62,7 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, default=ROOT / "reports" / "bench" / "collect.json")
     args = ap.parse_args(argv)
     torch.set_num_threads(2)
@@ -73,26 +77,36 @@ def main(argv=None) -> dict:
     gc.assistant_confidence_threshold = 0.0
 
     hf_rate(pair.target, prompts[:2], 8)  # warm-up
-    rows = {}
-    rows["hf generate (batch 1)"] = hf_rate(pair.target, prompts, args.max_new_tokens)[0]
-    rows["hf assisted (batch 1)"] = hf_rate(pair.target, prompts, args.max_new_tokens, pair.draft)[0]
     base = {"target": str(models / "target"), "draft": str(models / "draft-large"),
             "workloads": [str(ROOT / "data" / "workloads" / "code.jsonl")], "requests": args.prompts,
             "max_new_tokens": args.max_new_tokens, "k": 5, "temperature": 1.0, "device": "cpu",
             "max_prompt_tokens": 384, "log": {"hidden": True, "dists_fraction": 0.02}}
-    for bs in (1, 8):
+
+    def svt_rate(bs):
         cfg = load_collect_config(None, {"batch_size": bs}, base=base)
         with tempfile.TemporaryDirectory() as tmp:
             s = collect(cfg, Path(tmp) / "run", progress=False)
         # EOS can end a request early; the rate counts the tokens actually produced
-        rows[f"svt collect (batch {bs}, logging all)"] = s.output_tokens / s.seconds
-    ref = rows["hf assisted (batch 1)"]
-    table = Table("path", "tokens/s", "vs hf assisted", title="collector throughput (tiny pair, CPU)")
-    for name, rate in rows.items():
-        table.add_row(name, f"{rate:,.0f}", f"{rate / ref:.2f}x")
-    Console().print(table)
-    result = {"prompts": args.prompts, "max_new_tokens": args.max_new_tokens, "tokens_per_s": rows,
-              "ratio_vs_assisted": {k: v / ref for k, v in rows.items()},
+        return s.output_tokens / s.seconds
+
+    fns = {"hf generate (batch 1)": lambda: hf_rate(pair.target, prompts, args.max_new_tokens)[0],
+           "hf assisted (batch 1)": lambda: hf_rate(pair.target, prompts, args.max_new_tokens, pair.draft)[0],
+           "svt collect (batch 1, logging all)": lambda: svt_rate(1),
+           "svt collect (batch 8, logging all)": lambda: svt_rate(8)}
+    rates: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(args.repeats):  # side by side: one of each per round
+        for name, fn in fns.items():
+            rates[name].append(fn())
+    ref = rates["hf assisted (batch 1)"]
+    rows = {k: summary(v) for k, v in rates.items()}
+    vs = {k: summary([a / b for a, b in zip(v, ref, strict=True)]) for k, v in rates.items()}
+    table = Table("path", "tokens/s: median [range]", "vs hf assisted (per round)",
+                  title=f"collector throughput (tiny pair, CPU; {args.repeats} rounds)")
+    for name in fns:
+        table.add_row(name, fmt(rows[name], digits=0), fmt(vs[name], "x"))
+    Console(width=200).print(table)  # off a terminal too: no wrapped cells
+    result = {"prompts": args.prompts, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
+              "tokens_per_s": rows, "ratio_vs_assisted": vs,
               "torch": torch.__version__, "threads": torch.get_num_threads()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

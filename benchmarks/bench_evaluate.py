@@ -21,7 +21,6 @@ import argparse
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -37,22 +36,15 @@ from svt.traces import open_run
 from svt.traces.synthetic import resample_steps
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def best_of(fn, repeats: int) -> tuple[float, object]:
-    times, out = [], None
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t0)
-    return min(times), out
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from timing import fmt, ratios, rounds, summary  # noqa: E402
 
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--source", type=Path, default=ROOT / "runs" / "demo")
     ap.add_argument("--n", type=int, default=4_500_000)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, default=ROOT / "reports" / "bench" / "evaluate.json")
     args = ap.parse_args(argv)
     if not (args.source / "run.json").is_file():
@@ -78,22 +70,25 @@ def main(argv=None) -> dict:
             out[int(k)] = (roc_auc_score(y[mk], q[mk]), log_loss(y[mk], q[mk]))
         return out
 
-    t_svt, res_svt = best_of(svt_one, args.repeats)
-    t_sk, res_sk = best_of(sk_one, args.repeats)
+    feats = [get_feature(f) for f in DEFAULT_FEATURES]
+    times, last = rounds({"sklearn": sk_one, "svt": svt_one,
+                          "full": lambda: _features_table(labelled, feats, EvaluateOptions())}, args.repeats)
+    res_svt, res_sk = last["svt"], last["sklearn"]
     max_diff = max(abs(res_svt["overall"]["auc"] - res_sk["overall"][0]),
                    abs(res_svt["overall"]["log_loss"] - res_sk["overall"][1]),
                    *(abs(res_svt["per_position"][k]["auc"] - res_sk[k][0]) for k in res_svt["per_position"]))
-    feats = [get_feature(f) for f in DEFAULT_FEATURES]
-    t_full, _ = best_of(lambda: _features_table(labelled, feats, EvaluateOptions()), 1)
-    table = Table("path", "seconds", title=f"evaluation on {n:,} labelled drafts (2 threads)")
-    table.add_row("sklearn, one feature (AUC + log-loss; overall, per position, excl. first)", f"{t_sk:.2f}")
-    table.add_row("svt, one feature (AUC, log-loss, 2 ECEs, Brier; same scopes)", f"{t_svt:.2f}")
-    table.add_row(f"svt, full table ({len(feats)} features + soft labels)", f"{t_full:.2f}")
-    Console().print(table)
-    print(f"speed-up vs sklearn: {t_sk / t_svt:.1f}x; largest |svt - sklearn| = {max_diff:.2e}")
-    result = {"labelled_drafts": n, "seconds": {"sklearn_one_feature": t_sk, "svt_one_feature": t_svt,
-              "svt_full_table": t_full}, "speedup_vs_sklearn": t_sk / t_svt, "max_abs_diff": max_diff,
-              "features_in_full_table": len(feats)}
+    t_sk, t_svt, t_full = summary(times["sklearn"]), summary(times["svt"]), summary(times["full"])
+    speedup = ratios(times["sklearn"], times["svt"])
+    table = Table("path", "seconds: median [range]", title=f"evaluation on {n:,} labelled drafts "
+                                                            f"({args.repeats} rounds, side by side)")
+    table.add_row("sklearn, one feature (AUC + log-loss; overall, per position, excl. first)", fmt(t_sk))
+    table.add_row("svt, one feature (AUC, log-loss, 2 ECEs, Brier; same scopes)", fmt(t_svt))
+    table.add_row(f"svt, full table ({len(feats)} features + soft labels)", fmt(t_full))
+    Console(width=200).print(table)  # off a terminal too: no wrapped cells
+    print(f"one feature, svt vs sklearn: {fmt(speedup, 'x', 1)}; largest |svt - sklearn| = {max_diff:.2e}")
+    result = {"labelled_drafts": n, "repeats": args.repeats,
+              "seconds": {"sklearn_one_feature": t_sk, "svt_one_feature": t_svt, "svt_full_table": t_full},
+              "speedup_vs_sklearn": speedup, "max_abs_diff": max_diff, "features_in_full_table": len(feats)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     return result

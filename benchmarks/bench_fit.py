@@ -20,7 +20,6 @@ import argparse
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -36,12 +35,15 @@ from svt.traces import open_run
 from svt.traces.synthetic import resample_steps
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from timing import fmt, ratios, rounds, summary  # noqa: E402
 
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--source", type=Path, default=ROOT / "runs" / "demo")
     ap.add_argument("--n", type=int, default=4_500_000)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, default=ROOT / "reports" / "bench" / "fit.json")
     args = ap.parse_args(argv)
     if not (args.source / "run.json").is_file():  # the demo run is the source; collect it once
@@ -58,27 +60,27 @@ def main(argv=None) -> dict:
     pos, y, step = lab["position"].to_numpy(), lab["label"].to_numpy().astype(float), lab["decode_step"].to_numpy()
     k = int(pos.max()) + 1
 
-    t0 = time.perf_counter()
-    est = IRLSOnline(OnlineOptions()).fit(x, pos, y, step, k=k)
-    t_online = time.perf_counter() - t0
     X = design(x[:, None], pos, k, per_position_slope=False)
-    t0 = time.perf_counter()
-    beta, iters = fit_newton(X, y)
-    t_newton = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    ref = LogisticRegression(C=np.inf, fit_intercept=False, tol=1e-10, max_iter=1000).fit(X, y)
-    t_sk = time.perf_counter() - t0
+    times, last = rounds({
+        "sklearn": lambda: LogisticRegression(C=np.inf, fit_intercept=False, tol=1e-10, max_iter=1000).fit(X, y),
+        "online": lambda: IRLSOnline(OnlineOptions()).fit(x, pos, y, step, k=k),
+        "newton": lambda: fit_newton(X, y),
+    }, args.repeats)
+    est, (beta, iters), ref = last["online"], last["newton"], last["sklearn"]
     diff = float(np.abs(beta - ref.coef_[0]).max())
+    t_online, t_newton, t_sk = summary(times["online"]), summary(times["newton"]), summary(times["sklearn"])
+    speedup = ratios(times["sklearn"], times["online"])
     n = len(y)
-    table = Table("path", "seconds", title=f"fitting on {n:,} labelled drafts")
-    table.add_row(f"svt irls-online (prequential replay, {len(est.path_):,} refits)", f"{t_online:.2f}")
-    table.add_row(f"svt logistic (Newton, {iters} iterations)", f"{t_newton:.2f}")
-    table.add_row("sklearn LogisticRegression (lbfgs)", f"{t_sk:.2f}")
-    Console().print(table)
-    print(f"online replay vs sklearn: {t_sk / t_online:.1f}x; max |svt logistic - sklearn| coef = {diff:.2e}")
-    res = {"labelled_drafts": n, "seconds": {"irls_online": t_online, "logistic_newton": t_newton,
-           "sklearn": t_sk}, "speedup_online_vs_sklearn": t_sk / t_online, "max_coef_diff": diff,
-           "refits": len(est.path_)}
+    table = Table("path", "seconds: median [range]", title=f"fitting on {n:,} labelled drafts "
+                                                            f"({args.repeats} rounds, side by side)")
+    table.add_row(f"svt irls-online (prequential replay, {len(est.path_):,} refits)", fmt(t_online))
+    table.add_row(f"svt logistic (Newton, {iters} iterations)", fmt(t_newton))
+    table.add_row("sklearn LogisticRegression (lbfgs)", fmt(t_sk))
+    Console(width=200).print(table)  # off a terminal too: no wrapped cells
+    print(f"online replay vs sklearn: {fmt(speedup, 'x', 1)}; max |svt logistic - sklearn| coef = {diff:.2e}")
+    res = {"labelled_drafts": n, "repeats": args.repeats,
+           "seconds": {"irls_online": t_online, "logistic_newton": t_newton, "sklearn": t_sk},
+           "speedup_online_vs_sklearn": speedup, "max_coef_diff": diff, "refits": len(est.path_)}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(res, indent=2) + "\n")
     return res
