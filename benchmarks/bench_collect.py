@@ -100,7 +100,7 @@ def main(argv=None) -> dict:
     ref = rates["hf assisted (batch 1)"]
     rows = {k: summary(v) for k, v in rates.items()}
     vs = {k: summary([a / b for a, b in zip(v, ref, strict=True)]) for k, v in rates.items()}
-    table = Table("path", "tokens/s: median [range]", "vs hf assisted (per round)",
+    table = Table("path", "tokens/s: median (range)", "vs hf assisted (per round)",
                   title=f"collector throughput (tiny pair, CPU; {args.repeats} rounds)")
     for name in fns:
         table.add_row(name, fmt(rows[name], digits=0), fmt(vs[name], "x"))

@@ -79,7 +79,7 @@ def main(argv=None) -> dict:
                    *(abs(res_svt["per_position"][k]["auc"] - res_sk[k][0]) for k in res_svt["per_position"]))
     t_sk, t_svt, t_full = summary(times["sklearn"]), summary(times["svt"]), summary(times["full"])
     speedup = ratios(times["sklearn"], times["svt"])
-    table = Table("path", "seconds: median [range]", title=f"evaluation on {n:,} labelled drafts "
+    table = Table("path", "seconds: median (range)", title=f"evaluation on {n:,} labelled drafts "
                                                             f"({args.repeats} rounds, side by side)")
     table.add_row("sklearn, one feature (AUC + log-loss; overall, per position, excl. first)", fmt(t_sk))
     table.add_row("svt, one feature (AUC, log-loss, 2 ECEs, Brier; same scopes)", fmt(t_svt))

@@ -71,7 +71,7 @@ def main(argv=None) -> dict:
     t_online, t_newton, t_sk = summary(times["online"]), summary(times["newton"]), summary(times["sklearn"])
     speedup = ratios(times["sklearn"], times["online"])
     n = len(y)
-    table = Table("path", "seconds: median [range]", title=f"fitting on {n:,} labelled drafts "
+    table = Table("path", "seconds: median (range)", title=f"fitting on {n:,} labelled drafts "
                                                             f"({args.repeats} rounds, side by side)")
     table.add_row(f"svt irls-online (prequential replay, {len(est.path_):,} refits)", fmt(t_online))
     table.add_row(f"svt logistic (Newton, {iters} iterations)", fmt(t_newton))
