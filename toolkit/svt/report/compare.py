@@ -494,7 +494,8 @@ def write_regression(result: dict, out_dir: str | Path) -> tuple[Path, Path]:
             os.replace(tmps[name], out / name)
     except OSError as exc:
         for tmp in tmps.values():
-            tmp.unlink(missing_ok=True) if tmp.parent.is_dir() else None
+            if tmp.parent.is_dir():
+                tmp.unlink(missing_ok=True)
         raise ConfigError(f"Cannot write the regression report into {out}: {exc.strerror or exc}.") from None
     return out / "regression.json", out / "regression.md"
 
