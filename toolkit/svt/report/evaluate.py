@@ -16,7 +16,7 @@ import polars as pl
 from svt import __version__
 from svt.errors import DataError
 from svt.features import DEFAULT_FEATURES, Feature, check_feature, get_feature, load_feature_module
-from svt.metrics.calibration import calibration_bins
+from svt.metrics.ordered import order_keys, pack_rows, score_tables
 from svt.metrics.tables import ScoreData, acceptance_by_position, length_calibration, score_table
 from svt.report.lossless_audit import audit
 from svt.traces.io import open_run, open_runs
@@ -107,7 +107,8 @@ def _feature_block(labelled: pl.DataFrame, feat: Feature, opts: EvaluateOptions,
                    orders: list[np.ndarray], cache: dict) -> dict:
     if feat.partial:  # a fitted predictor: only the rows it may be scored on
         labelled = labelled.filter(feat.expr.is_not_null())
-    scores = labelled.select(feat.expr.alias("s"))["s"].to_numpy().astype(np.float64)
+    scores = (cache["_scores"][feat.name] if feat.name in cache.get("_scores", {})
+              else labelled.select(feat.expr.cast(pl.Float64).alias("s"))["s"].to_numpy())
     if not np.isfinite(scores).all():
         raise DataError(f"Feature {feat.name!r} gives {int((~np.isfinite(scores)).sum())} NaN/inf "
                         "values on labelled drafts.")
@@ -117,21 +118,31 @@ def _feature_block(labelled: pl.DataFrame, feat: Feature, opts: EvaluateOptions,
                         f"max {scores.max():.4g}); declare it `probability=False` or fix it.")
     if feat.direction < 0:  # lower means accept: every AUC (and ROC) is of the negated value
         scores = -scores
-    pos, req = ((labelled["position"].to_numpy(), labelled["_req"].to_numpy()) if feat.partial
-                else cache["_cols"])
-    y = labelled["label"].to_numpy().astype(np.float64)
-    table_data = ScoreData.build(y, scores, pos, req, order_hints=orders, cache=cache)
-    table = score_table(table_data, probability=feat.probability,
-                        n_bins=opts.n_bins, bootstrap=opts.bootstrap, seed=opts.seed)
+    if feat.partial:
+        cols = _columns(labelled)
+    else:
+        cols = cache["_cols"]
+    key = order_keys(scores, orders)  # a monotone transform of an earlier score shares its sort
+    table = score_tables(scores, cols["label"], cols["position"], probability=feat.probability,
+                         n_bins=opts.n_bins, soft={c: cols[c] for c in SOFT_LABELS}, key=key,
+                         packed=cols["_packed"])
+    del table["_key"]
+    if opts.bootstrap:
+        y = cols["label"].astype(np.float64)
+        order = (key & np.uint64(0xFFFFFFFF)).astype(np.intp)
+        d = ScoreData(y, scores, cols["position"], cols["_req"], order, {})
+        cis = score_table(d, probability=feat.probability, n_bins=opts.n_bins, bootstrap=opts.bootstrap,
+                          seed=opts.seed)
+        table["overall"]["ci95"] = cis["overall"]["ci95"]
+        table["excluding_first"]["ci95"] = cis["excluding_first"]["ci95"]
+        for k, block in table["per_position"].items():
+            block["ci95"] = cis["per_position"][k]["ci95"]
     block = {"lossless": feat.lossless, "probability": feat.probability, "direction": feat.direction,
-             "shown_as": feat.shown_as, "description": feat.description, **table.pop("overall"), **table}
-    block["curves"] = _curves(table_data, feat.probability, opts.n_bins)
-    block["soft"] = {}
-    for soft in SOFT_LABELS:
-        ys = labelled[soft].to_numpy().astype(np.float64)
-        t = score_table(table_data.with_labels(ys), probability=feat.probability,
-                        n_bins=opts.n_bins, overall_only=True)
-        block["soft"][soft] = {k: v for k, v in t["overall"].items() if k != "reasons"}
+             "shown_as": feat.shown_as, "description": feat.description, **table.pop("overall")}
+    block["excluding_first"] = table["excluding_first"]
+    block["per_position"] = table["per_position"]
+    block["curves"] = table["curves"]
+    block["soft"] = table["soft"]
     if feat.direction < 0:
         _add_raw_auc(block)
     return block
@@ -149,31 +160,21 @@ def _add_raw_auc(block: dict) -> None:
             _add_raw_auc(sub)
 
 
-def _curves(d: ScoreData, probability: bool, n_bins: int, points: int = 200) -> dict:
-    """ROC points (at most ``points``) and, for probabilities, the reliability bins: what
-    `svt plot` draws (plots never recompute metrics)."""
-    if d.y.size == 0:
-        return {}
-    y = d.y[d.order][::-1]  # descending score
-    s = d.s[d.order][::-1]
-    last = np.r_[np.flatnonzero(s[1:] != s[:-1]), s.size - 1]  # thresholds between tie groups
-    tp, fp = np.cumsum(y)[last], np.cumsum(1 - y)[last]
-    keep = np.unique(np.linspace(0, last.size - 1, min(points, last.size)).astype(int))
-    out = {"roc": {"fpr": np.r_[0.0, fp[keep] / max(fp[-1], 1e-12)].tolist(),
-                   "tpr": np.r_[0.0, tp[keep] / max(tp[-1], 1e-12)].tolist()}}
-    if probability:
-        b = calibration_bins(d.y, d.s, n_bins=n_bins)
-        filled = b["count"] > 0
-        out["reliability"] = {"mean_pred": b["mean_pred"][filled].tolist(), "rate": b["rate"][filled].tolist(),
-                              "count": b["count"][filled].astype(int).tolist()}
-    return out
+def _columns(labelled: pl.DataFrame) -> dict:
+    cols = {c: labelled[c].to_numpy() for c in ("label", "position", "_req", *SOFT_LABELS)}
+    cols["_packed"] = pack_rows(cols["label"], cols["position"], {c: cols[c] for c in SOFT_LABELS})
+    return cols
 
 
 def _features_table(labelled: pl.DataFrame, feats: list[Feature], opts: EvaluateOptions) -> dict:
     if labelled.height == 0:
         raise DataError("No labelled drafts: every draft's label is null, nothing to evaluate.")
     orders: list[np.ndarray] = []
-    cache: dict = {"_cols": (labelled["position"].to_numpy(), labelled["_req"].to_numpy())}
+    cache: dict = {"_cols": _columns(labelled)}
+    # every complete feature in one polars pass (polars runs the expressions in parallel)
+    whole = [f for f in feats if not f.partial]
+    frame = labelled.select([f.expr.cast(pl.Float64).alias(f"_f{i}") for i, f in enumerate(whole)])
+    cache["_scores"] = {f.name: frame[f"_f{i}"].to_numpy() for i, f in enumerate(whole)}
     # numpy releases the GIL in sorts and array arithmetic: features run on a small thread pool
     # (sharing sorts: a feature monotone in an earlier one reuses its order when it is ready)
     with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:

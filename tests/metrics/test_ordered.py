@@ -1,0 +1,129 @@
+"""The one-sort score tables (`svt.metrics.ordered`) against scikit-learn and the public metric
+functions: every scope, ties, chunk cuts inside tie groups, float64 scores that float32 rounding
+merges, soft labels, shared orders and the ROC points."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sklearn.metrics import brier_score_loss, log_loss, roc_auc_score, roc_curve
+
+from svt.metrics import ece
+from svt.metrics.ordered import order_keys, score_tables
+
+
+def _data(n, seed, kind):
+    rng = np.random.default_rng(seed)
+    p = rng.random(n)
+    if kind == "ties":
+        p = np.round(p, 2)
+    elif kind == "merged":  # distinct float64 values that round to one float32 value
+        p = 0.5 + rng.integers(0, 7, n) * 1e-12 + np.round(rng.random(n), 1) * 0.1
+    s = p if kind != "float32" else p.astype(np.float32).astype(np.float64)
+    pos = rng.integers(0, 5, n)
+    y = (rng.random(n) < 0.2 + 0.6 * s).astype(np.int8)
+    return s, y, pos
+
+
+def _check_scope(block, y, s, probability=True):
+    assert block["n"] == y.size
+    assert block["accept_rate"] == pytest.approx(y.mean(), abs=1e-12)
+    assert block["auc"] == pytest.approx(roc_auc_score(y, s), abs=1e-12)
+    if probability:
+        assert block["log_loss"] == pytest.approx(log_loss(y, s, labels=[0, 1]), abs=1e-10)
+        assert block["brier"] == pytest.approx(brier_score_loss(y, s), abs=1e-12)
+        assert block["mean_pred"] == pytest.approx(s.mean(), abs=1e-12)
+        assert block["ece"] == pytest.approx(ece(y, s), abs=1e-12)
+        assert block["ece_mass"] == pytest.approx(ece(y, s, strategy="mass"), abs=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["float32", "float64", "ties", "merged"])
+@pytest.mark.parametrize("chunk", [97, None])
+def test_every_scope_equals_sklearn(kind, chunk):
+    s, y, pos = _data(4000, 1, kind)
+    t = score_tables(s, y, pos, probability=True, chunk=chunk)
+    _check_scope(t["overall"], y, s)
+    m = pos > 0
+    _check_scope(t["excluding_first"], y[m], s[m])
+    assert sorted(t["per_position"]) == sorted(np.unique(pos).tolist())
+    for k, block in t["per_position"].items():
+        _check_scope(block, y[pos == k], s[pos == k])
+
+
+def test_merged_float32_groups_are_ordered_by_the_float64_score():
+    """Scores 1e-12 apart share a float32 value; their order and ties must still be exact."""
+    s = np.r_[np.full(50, 0.3), 0.3 + 1e-12 * np.arange(1, 51)]
+    y = np.r_[np.zeros(50, np.int8), np.ones(50, np.int8)]
+    t = score_tables(s, y, np.zeros(100, int), probability=True)
+    assert t["overall"]["auc"] == 1.0
+    assert roc_auc_score(y, s) == 1.0
+
+
+def test_signed_zeros_and_negative_scores_tie_and_order():
+    s = np.array([-0.0, 0.0, -1.5, 2.0, -0.0, 3.0, -1.5])
+    y = np.array([1, 0, 0, 1, 0, 1, 1], np.int8)
+    t = score_tables(s, y, np.zeros(7, int), probability=False)
+    assert t["overall"]["auc"] == pytest.approx(roc_auc_score(y, s), abs=1e-15)
+    assert t["overall"]["log_loss"] is None and "reasons" in t["overall"]
+
+
+def test_soft_labels_are_weighted_pairs_of_distinct_rows():
+    s, y, pos = _data(3000, 2, "ties")
+    tsoft = np.random.default_rng(3).random(s.size).astype(np.float32)
+    t = score_tables(s, y, pos, probability=True, soft={"a": tsoft}, chunk=61)["soft"]["a"]
+    w = tsoft.astype(np.float64)
+    yy, ss, ww = np.r_[np.ones_like(w), np.zeros_like(w)], np.r_[s, s], np.r_[w, 1 - w]
+    W, selfp = w.sum() * (1 - w).sum(), np.sum(w * (1 - w))
+    assert t["auc"] == pytest.approx((roc_auc_score(yy, ss, sample_weight=ww) * W - 0.5 * selfp) / (W - selfp),
+                                     abs=1e-10)
+    assert t["log_loss"] == pytest.approx(log_loss(yy, ss, sample_weight=ww), abs=1e-10)
+    assert t["ece"] == pytest.approx(ece(w, s), abs=1e-12)
+    assert t["ece_mass"] == pytest.approx(ece(w, s, strategy="mass"), abs=1e-12)
+
+
+def test_a_monotone_transform_reuses_the_order_and_gives_the_same_auc():
+    s, y, pos = _data(5000, 4, "float32")
+    orders: list = []
+    k1 = order_keys(s, orders)
+    k2 = order_keys(np.log(s / (1 - s)), orders)  # monotone: no new sort
+    assert len(orders) == 1
+    assert np.array_equal(k1 & np.uint64(0xFFFFFFFF), k2 & np.uint64(0xFFFFFFFF))
+    order_keys(-s, orders)  # reversed: a new sort
+    assert len(orders) == 2
+    a = score_tables(s, y, pos, probability=False, key=k1)["overall"]["auc"]
+    b = score_tables(np.log(s / (1 - s)), y, pos, probability=False, key=k2)["overall"]["auc"]
+    assert a == b == pytest.approx(roc_auc_score(y, s), abs=1e-12)
+
+
+def test_roc_points_lie_on_sklearns_curve():
+    s, y, pos = _data(2000, 5, "ties")
+    roc = score_tables(s, y, pos, probability=True)["curves"]["roc"]
+    fpr, tpr, _ = roc_curve(y, s, drop_intermediate=False)
+    assert roc["fpr"][0] == roc["tpr"][0] == 0.0 and roc["fpr"][-1] == roc["tpr"][-1] == 1.0
+    assert len(roc["fpr"]) <= 201
+    for f, t in zip(roc["fpr"], roc["tpr"], strict=True):
+        i = np.flatnonzero(np.isclose(fpr, f) & np.isclose(tpr, t))
+        assert i.size, (f, t)
+
+
+def test_one_class_gives_no_auc_and_says_why():
+    t = score_tables(np.array([0.2, 0.4]), np.array([1, 1], np.int8), np.array([0, 1]), probability=True)
+    assert t["overall"]["auc"] is None
+    assert "accepted" in t["overall"]["reasons"]["auc"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 6), st.integers(0, 1), st.integers(0, 2)), min_size=2, max_size=60),
+       st.integers(1, 9))
+def test_the_chunk_size_never_changes_a_number(rows, chunk):
+    s = np.array([r[0] / 6 for r in rows])
+    y = np.array([r[1] for r in rows], np.int8)
+    pos = np.array([r[2] for r in rows])
+    a = score_tables(s, y, pos, probability=True, chunk=chunk)
+    b = score_tables(s, y, pos, probability=True, chunk=1 << 20)
+    for scope in ("overall", "excluding_first"):
+        for m in ("auc", "n", "accept_rate"):
+            assert a[scope][m] == b[scope][m]
+        for m in ("log_loss", "ece", "ece_mass", "brier"):
+            assert a[scope][m] == pytest.approx(b[scope][m], abs=1e-12)
+    assert a["curves"]["roc"] == b["curves"]["roc"]

@@ -1,0 +1,412 @@
+"""Exact metric tables for one score from a single value sort, in bounded extra memory.
+
+The table of `svt evaluate` for one score (AUC, log-loss, Brier, mean prediction, ECE with equal
+width and equal mass bins; overall, excluding the first position and per position; the soft-label
+blocks; the ROC points and reliability bins) is computed in two passes over fixed-size chunks:
+
+- the **unordered pass** needs no order: per-position sums of the label, the score, the log-loss
+  and squared-error terms, and the equal-width bins, combined into every scope afterwards;
+- the **ordered pass** walks the rows in ascending score order, in chunks cut between tie groups,
+  and counts the positives and negatives of every tie group at every position with one integer
+  ``bincount``; each scope (every position, all rows, rows past the first) then accumulates its AUC
+  with ties counted one half (negatives below each group, carried across chunks) and its
+  equal-mass bins (the rows before each group).
+
+The order comes from one sort of 64-bit keys ``rank << 32 | row``: ``rank`` is the score's float32
+bit pattern made monotone. When the scores are not float32 values, rounding may merge distinct
+scores; the merged groups are re-sorted by the float64 score and the keys rebuilt from dense
+ranks, so ties are always exact ties of the float64 score. Sorting distinct 64-bit values (polars'
+parallel sort) is several times faster than ``argsort``, ties come out in row order, and the row
+rides in the key, so no permutation array is held. Each row's label, position and soft labels are
+packed in one record, so reading rows in score order costs one memory access per row. Extra memory
+is the keys (8 bytes per row), the records, and one chunk's temporaries.
+
+With 0/1 labels every AUC sum is an integer or half-integer, exact in float64 up to about 10^8
+labelled drafts of each class.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import polars as pl
+
+from svt.metrics.calibration import LOG_EPS
+
+CHUNK = 1 << 22  # rows per chunk of either pass
+NOT_PROBABILITY = "not a probability: log-loss, ECE and Brier need a fitted predictor (svt fit)"
+_PROB_KEYS = ("log_loss", "brier", "mean_pred", "ece", "ece_mass")
+
+
+def _float32_keys(s: np.ndarray) -> tuple[np.ndarray, bool]:
+    """uint32 keys in the order of ``s`` rounded to float32 (the bit pattern made monotone), and
+    whether that rounding was exact (then the keys are equal exactly where ``s`` is)."""
+    s32 = s.astype(np.float32)
+    s32 += np.float32(0.0)  # -0.0 becomes +0.0: equal scores, one key
+    exact = bool(np.array_equal(s32, s))
+    u = s32.view(np.uint32)
+    u ^= np.negative(u >> np.uint32(31)) | np.uint32(0x80000000)  # negative: flip all bits; else the sign
+    return u, exact
+
+
+def _keys_from_order(rows: np.ndarray, s_sorted: np.ndarray) -> np.ndarray:
+    """Sorted keys from an order and the scores in that order: dense ranks (ties share one)."""
+    key = np.empty(rows.size, dtype=np.uint64)
+    if rows.size:
+        key[0] = 0
+        np.cumsum(s_sorted[1:] != s_sorted[:-1], out=key[1:])
+        key <<= np.uint64(32)
+        key |= rows.astype(np.uint64)
+    return key
+
+
+def order_keys(s: np.ndarray, others: list[np.ndarray] | None = None) -> np.ndarray:
+    """Sorted keys ``rank << 32 | row`` of the scores ``s`` (ascending; ties in row order).
+
+    An order in ``others`` (sorted keys of other scores) that also sorts ``s`` is reused without a
+    new sort (a monotone transform: q_max and logit(q_max)); a new order is appended to it."""
+    n = s.size
+    if n >= 1 << 32:
+        raise ValueError(f"Expected fewer than 2**32 rows per score, but got {n}.")
+    for other in list(others or []):
+        if other.size != n:
+            continue
+        probe = (other[::max(1, n // 4096)] & np.uint64(0xFFFFFFFF)).astype(np.intp)
+        if (np.diff(s[probe]) < 0).any():  # a sample of that order already fails: no full check
+            continue
+        rows = (other & np.uint64(0xFFFFFFFF)).astype(np.intp)
+        ss = s[rows]
+        if not (ss[1:] < ss[:-1]).any():
+            return _keys_from_order(rows, ss)
+    r, exact = _float32_keys(s)
+    key = np.empty(n, dtype=np.uint64)
+    for a in range(0, n, CHUNK):
+        b = min(a + CHUNK, n)
+        key[a:b] = r[a:b].astype(np.uint64) << np.uint64(32)
+        key[a:b] |= np.arange(a, b, dtype=np.uint64)
+    del r
+    # the keys are distinct (the row rides in them): any correct sort gives one result, and
+    # polars' parallel sort is several times faster than numpy's here
+    key = pl.Series(key).sort().to_numpy()
+    if not exact:  # float32 rounding may have merged distinct scores: order those groups by s
+        rows = (key & np.uint64(0xFFFFFFFF)).astype(np.intp)
+        ss = s[rows]
+        down = np.flatnonzero(ss[1:] < ss[:-1])
+        if down.size:
+            high = key >> np.uint64(32)
+            block = np.isin(high, np.unique(high[down]))  # the float32 groups out of order
+            idx = np.flatnonzero(block)
+            sub = idx[np.lexsort((rows[idx], ss[idx], high[idx]))]
+            rows[idx], ss[idx] = rows[sub], ss[sub]
+        key = _keys_from_order(rows, ss)  # dense ranks of the float64 scores
+    if others is not None:
+        others.append(key)
+    return key
+
+
+class _Ordered:
+    """Ordered-pass accumulators of several scopes at once: scope ``j`` counts the positives and
+    negatives ``P[:, j]``, ``N[:, j]`` of each tie group (AUC with ties one half and distinct-row
+    pairs for soft labels; equal-mass bins by the rows before each tie group), carried across
+    chunks; the first scope also keeps ROC points at chosen tie groups."""
+
+    def __init__(self, totals: np.ndarray, n_bins: int, probability: bool, self_pairs: np.ndarray,
+                 roc_groups: np.ndarray | None = None):
+        m = totals.size
+        self.totals, self.n_bins, self.probability = totals.astype(np.float64), n_bins, probability
+        self.num, self.pos, self.neg, self.before = np.zeros(m), np.zeros(m), np.zeros(m), np.zeros(m)
+        self.self_pairs = self_pairs
+        self.mass_s = np.zeros((m, n_bins))
+        self.mass_y = np.zeros((m, n_bins))
+        self.groups = 0
+        self.roc_groups = roc_groups
+        self.roc_pos: list[np.ndarray] = []
+        self.roc_neg: list[np.ndarray] = []
+
+    def add(self, P: np.ndarray, N: np.ndarray, W: np.ndarray, s_group: np.ndarray | None) -> None:
+        """``P``, ``N``: [groups, scopes] positive and negative weight of each tie group (ascending
+        score, every group whole); ``W``: rows of each group and scope; ``s_group``: each group's
+        score."""
+        G = P.shape[0]
+        if G == 0:
+            return
+        cn = np.cumsum(N, axis=0)
+        below = self.neg + cn - N
+        if self.roc_groups is not None:
+            g = self.roc_groups[(self.roc_groups >= self.groups) & (self.roc_groups < self.groups + G)] - self.groups
+            cp = np.cumsum(P[:, 0])
+            self.roc_pos.append(self.pos[0] + cp[g] - P[g, 0])
+            self.roc_neg.append(below[g, 0])
+        self.num += np.einsum("gj,gj->j", P, below + 0.5 * N)
+        if self.probability:
+            cw = np.cumsum(W, axis=0)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                idx = np.minimum(((self.before + cw - W) / self.totals * self.n_bins).astype(np.int64),
+                                 self.n_bins - 1)
+            cell = (np.arange(P.shape[1]) * self.n_bins + np.maximum(idx, 0)).ravel()
+            size = P.shape[1] * self.n_bins
+            self.mass_s += np.bincount(cell, weights=(W * s_group[:, None]).ravel(), minlength=size).reshape(
+                self.mass_s.shape)
+            self.mass_y += np.bincount(cell, weights=P.ravel(), minlength=size).reshape(self.mass_y.shape)
+            self.before += cw[-1]
+        self.neg += cn[-1]
+        self.pos += P.sum(axis=0)
+        self.groups += G
+
+    def auc(self, j: int) -> float | None:
+        den = self.pos[j] * self.neg[j] - self.self_pairs[j]
+        if self.pos[j] <= 0 or self.neg[j] <= 0 or den <= 0:
+            return None
+        return float((self.num[j] - 0.5 * self.self_pairs[j]) / den)
+
+    def ece_mass(self, j: int) -> float:
+        return float(np.abs(self.mass_s[j] - self.mass_y[j]).sum() / self.totals[j])
+
+
+def _auc_reason(n: int, pos: float, neg: float) -> str:
+    if n == 0:
+        return "no labelled drafts"
+    if pos <= 0:
+        return f"only one class (all {n} labelled drafts rejected)"
+    return f"only one class (all {n} labelled drafts accepted)"
+
+
+class _Sums:
+    """Unordered-pass sums for one label column, per position (or overall)."""
+
+    def __init__(self, k: int, n_bins: int):
+        self.k, self.n_bins = k, n_bins
+        z = lambda: np.zeros(k)  # noqa: E731
+        self.n, self.y, self.s, self.ll, self.sq = z(), z(), z(), z(), z()
+        self.w_cnt = np.zeros((k, n_bins))
+        self.w_s = np.zeros((k, n_bins))
+        self.w_y = np.zeros((k, n_bins))
+
+    def add(self, s, y, pos, probability: bool, hard: bool) -> None:
+        """A chunk of rows: scores ``s``, labels ``y`` (0/1 when ``hard``), positions ``pos`` (all 0
+        when this holds one scope)."""
+        k, nb = self.k, self.n_bins
+        one = k == 1
+
+        def per_pos(w):  # a sum per position
+            return np.array([w.sum()]) if one else np.bincount(pos, weights=w, minlength=k)
+
+        if not probability:
+            if hard:  # one integer count gives rows and positives per position
+                c = np.bincount(pos * 2 + (y == 1.0), minlength=2 * k).reshape(k, 2)
+                self.n += c.sum(axis=1)
+                self.y += c[:, 1]
+            else:
+                self.n += np.array([y.size]) if one else np.bincount(pos, minlength=k)
+                self.y += per_pos(y)
+            return
+        cell = np.minimum((s * nb).astype(np.intp), nb - 1)
+        if not one:
+            cell += pos * nb
+        if hard:
+            c = np.bincount(cell * 2 + (y == 1.0), minlength=2 * k * nb).reshape(k, nb, 2)
+            cnt, ysum = c.sum(axis=2), c[:, :, 1]
+        else:
+            cnt = np.bincount(cell, minlength=k * nb).reshape(k, nb)
+            ysum = np.bincount(cell, weights=y, minlength=k * nb).reshape(k, nb)
+        ssum = np.bincount(cell, weights=s, minlength=k * nb).reshape(k, nb)
+        self.w_cnt += cnt
+        self.w_y += ysum
+        self.w_s += ssum
+        self.n += cnt.sum(axis=1)
+        self.y += ysum.sum(axis=1)
+        self.s += ssum.sum(axis=1)
+        p = np.clip(s, LOG_EPS, 1 - LOG_EPS)
+        if hard:  # one log per row
+            ll = -np.log(np.where(y == 1.0, p, 1 - p))
+        else:
+            ll = -(y * np.log(p) + (1 - y) * np.log1p(-p))
+        self.ll += per_pos(ll)
+        self.sq += per_pos((s - y) ** 2)
+
+    def metrics(self, rows, ordered: _Ordered, j: int, probability: bool) -> dict:
+        """The metrics of the positions ``rows`` (a slice or list), scope ``j`` of ``ordered``."""
+        n = float(self.n[rows].sum())
+        out: dict = {"n": int(n)}
+        if n <= 0:
+            out.update({m: None for m in ("auc", "accept_rate", *_PROB_KEYS)})
+            out["reasons"] = {"auc": "no labelled drafts"}
+            return out
+        out["accept_rate"] = float(self.y[rows].sum() / n)
+        reasons = {}
+        auc = ordered.auc(j)
+        out["auc"] = auc
+        if auc is None:
+            reasons["auc"] = _auc_reason(int(n), ordered.pos[j], ordered.neg[j])
+        if probability:
+            out["log_loss"] = float(self.ll[rows].sum() / n)
+            out["brier"] = float(self.sq[rows].sum() / n)
+            out["mean_pred"] = float(self.s[rows].sum() / n)
+            gap = self.w_s[rows].sum(axis=0) - self.w_y[rows].sum(axis=0)
+            out["ece"] = float(np.abs(gap).sum() / n)
+            out["ece_mass"] = ordered.ece_mass(j)
+        else:
+            for key in _PROB_KEYS:
+                out[key] = None
+                reasons[key] = NOT_PROBABILITY
+        if reasons:
+            out["reasons"] = reasons
+        return out
+
+
+def _chunk_ends(high: np.ndarray, n: int, chunk: int) -> list[int]:
+    """Chunk ends in the sorted order, each moved forward past the tie group it would cut."""
+    ends, a = [], 0
+    while a < n:
+        b = min(a + chunk, n)
+        v = high[b - 1]
+        while b < n:  # skip the rest of the tie group ending the chunk
+            window = high[b:b + 65536]
+            j = int(np.searchsorted(window, v, side="right"))
+            b += j
+            if j < window.size:
+                break
+        ends.append(b)
+        a = b
+    return ends
+
+
+def pack_rows(y: np.ndarray, position: np.ndarray, soft: dict[str, np.ndarray] | None = None) -> np.ndarray:
+    """Each row's label, position and soft labels in one record: the ordered pass reads rows in
+    score order, at random places, and one record costs one memory access instead of several."""
+    soft = soft or {}
+    pos = np.asarray(position)
+    if pos.size and (pos.min() < 0 or pos.max() > np.iinfo(np.uint16).max):
+        raise ValueError(f"Expected positions in [0, 65535], but got [{pos.min()}, {pos.max()}].")
+    names, formats, offsets, at = ["y", "pos"], [np.uint8, np.uint16], [0, 2], 4
+    for name, col in soft.items():
+        f = np.result_type(np.asarray(col).dtype, np.float32)
+        at = -(-at // f.itemsize) * f.itemsize
+        names.append(name)
+        formats.append(f)
+        offsets.append(at)
+        at += f.itemsize
+    size = next((w for w in (4, 8, 16) if w >= at), at)  # a numeric width when one fits: fast gathers
+    rec = np.zeros(pos.size, dtype=np.dtype({"names": names, "formats": formats, "offsets": offsets,
+                                             "itemsize": size}))
+    rec["y"] = y
+    rec["pos"] = pos
+    for name, col in soft.items():
+        rec[name] = col
+    return rec
+
+
+_WORDS = {4: np.uint32, 8: np.uint64, 16: np.complex128}
+
+
+def _take(packed: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``packed[rows]``, through a numeric view of the records when their width has one (numpy
+    gathers numbers much faster than records)."""
+    word = _WORDS.get(packed.dtype.itemsize)
+    if word is None or not packed.flags.c_contiguous:
+        return packed[rows]
+    return packed.view(word)[rows].view(packed.dtype)
+
+
+def score_tables(s: np.ndarray, y: np.ndarray, position: np.ndarray, *, probability: bool, n_bins: int = 10,
+                 soft: dict[str, np.ndarray] | None = None, key: np.ndarray | None = None,
+                 packed: np.ndarray | None = None, roc_points: int = 200, chunk: int | None = None) -> dict:
+    """Every metric of one score: ``overall``, ``excluding_first``, ``per_position`` (0/1 labels
+    ``y``), ``soft`` (overall, per soft-label column in [0, 1]) and ``curves`` (ROC points and
+    reliability bins), as `svt evaluate` reports them.
+
+    ``s``: finite scores (float64; in [0, 1] when ``probability``). ``position``: non-negative
+    integers. ``key``: this score's sorted keys from :func:`order_keys` (computed when absent;
+    returned under ``"_key"``); ``packed``: :func:`pack_rows` of ``y``, ``position`` and ``soft``
+    (made when absent). Memory beyond the inputs and the keys is one chunk's worth.
+    """
+    n = s.size
+    soft = soft or {}
+    pos = np.asarray(position)
+    k = int(pos.max()) + 1 if n else 1
+    if chunk is None:  # a chunk's [groups, positions, 2] count table stays near 2**23 cells
+        chunk = max(1 << 16, (1 << 22) // k)
+    if key is None:
+        key = order_keys(s)
+    if packed is None:
+        packed = pack_rows(y, pos, soft)
+    # unordered pass: per-position sums
+    hard = _Sums(k, n_bins)
+    soft_sums = {name: _Sums(1, n_bins) for name in soft}
+    soft_pairs = dict.fromkeys(soft, 0.0)
+    for a in range(0, n, chunk):
+        sl = slice(a, a + chunk)
+        sc, pc = s[sl], pos[sl].astype(np.intp)
+        yc = y[sl].astype(np.float64)
+        hard.add(sc, yc, pc, probability, hard=True)
+        zeros = np.zeros(1, dtype=np.intp)  # one scope: positions unused
+        for name, t in soft.items():
+            tc = t[sl].astype(np.float64)
+            soft_sums[name].add(sc, tc, zeros, probability, hard=False)
+            soft_pairs[name] += float(np.dot(tc, 1.0 - tc))  # a row is never paired with itself
+    # ordered pass: tie groups in ascending score order, chunks cut between groups
+    halves = key.view(np.uint32)  # [low, high] per key on a little-endian machine: no copy
+    low, high = (halves[0::2], halves[1::2]) if sys.byteorder == "little" else (halves[1::2], halves[0::2])
+    roc_groups = None
+    if n:
+        n_groups = 1 + sum(int(np.count_nonzero(high[a + 1:min(a + chunk, n - 1) + 1] != high[a:min(a + chunk, n - 1)]))
+                           for a in range(0, n - 1, chunk))
+        keep_desc = np.unique(np.linspace(0, n_groups - 1, min(roc_points, n_groups)).astype(np.int64))
+        roc_groups = np.sort(n_groups - 1 - keep_desc)  # thresholds at these groups, ascending
+    # scopes: every position, then all rows, then rows past the first position
+    totals = np.r_[hard.n, hard.n.sum(), hard.n[1:].sum()]
+    ordered = _Ordered(totals, n_bins, probability, np.zeros(k + 2))
+    ordered.roc_groups = None
+    overall_roc = _Ordered(totals[k:k + 1], n_bins, False, np.zeros(1), roc_groups)
+    soft_ord = {name: _Ordered(totals[k:k + 1], n_bins, probability, np.array([soft_pairs[name]])) for name in soft}
+    a = 0
+    for b in _chunk_ends(high, n, chunk):
+        rows = low[a:b].astype(np.intp)
+        hc = high[a:b]
+        first = np.empty(hc.size, dtype=bool)
+        first[0] = True
+        np.not_equal(hc[1:], hc[:-1], out=first[1:])
+        gidx = np.cumsum(first) - 1
+        G = int(gidx[-1]) + 1
+        starts = np.flatnonzero(first)
+        rec = _take(packed, rows)
+        cells = (gidx * k + rec["pos"]) * 2 + rec["y"]
+        C = np.bincount(cells, minlength=G * k * 2).reshape(G, k, 2).astype(np.float64)
+        N, P = C[:, :, 0], C[:, :, 1]
+        Ps = np.concatenate([P, P.sum(axis=1, keepdims=True), P[:, 1:].sum(axis=1, keepdims=True)], axis=1)
+        Ns = np.concatenate([N, N.sum(axis=1, keepdims=True), N[:, 1:].sum(axis=1, keepdims=True)], axis=1)
+        Ws = Ps + Ns
+        s_group = s[rows[starts]].astype(np.float64) if probability else None
+        ordered.add(Ps, Ns, Ws, s_group)
+        overall_roc.add(Ps[:, k:k + 1], Ns[:, k:k + 1], Ws[:, k:k + 1], None)
+        for name in soft:
+            Pt = np.add.reduceat(rec[name], starts, dtype=np.float64)[:, None]
+            soft_ord[name].add(Pt, Ws[:, k:k + 1] - Pt, Ws[:, k:k + 1], s_group)
+        a = b
+    table = {"overall": hard.metrics(slice(None), ordered, k, probability),
+             "excluding_first": hard.metrics(slice(1, None), ordered, k + 1, probability),
+             "per_position": {int(p): hard.metrics([p], ordered, int(p), probability)
+                              for p in np.flatnonzero(hard.n > 0)}}
+    table["soft"] = {}
+    for name in soft:
+        block = soft_sums[name].metrics(slice(None), soft_ord[name], 0, probability)
+        block.pop("reasons", None)
+        table["soft"][name] = block
+    curves: dict = {}
+    if n:
+        o = overall_roc
+        tp_below = np.concatenate(o.roc_pos) if o.roc_pos else np.zeros(0)
+        fp_below = np.concatenate(o.roc_neg) if o.roc_neg else np.zeros(0)
+        tp, fp = (o.pos[0] - tp_below)[::-1], (o.neg[0] - fp_below)[::-1]  # descending thresholds
+        curves["roc"] = {"fpr": np.r_[0.0, fp / max(o.neg[0], 1e-12)].tolist(),
+                         "tpr": np.r_[0.0, tp / max(o.pos[0], 1e-12)].tolist()}
+        if probability:
+            cnt, sp, sy = hard.w_cnt.sum(axis=0), hard.w_s.sum(axis=0), hard.w_y.sum(axis=0)
+            filled = cnt > 0
+            curves["reliability"] = {"mean_pred": (sp[filled] / cnt[filled]).tolist(),
+                                     "rate": (sy[filled] / cnt[filled]).tolist(),
+                                     "count": cnt[filled].astype(int).tolist()}
+    table["curves"] = curves
+    table["_key"] = key
+    return table
