@@ -10,11 +10,17 @@ from collections.abc import Callable
 import numpy as np
 
 
-def rounds(fns: dict[str, Callable[[], object]], repeats: int) -> tuple[dict[str, list[float]], dict[str, object]]:
+def rounds(fns: dict[str, Callable[[], object]], repeats: int,
+           warmup: bool = True) -> tuple[dict[str, list[float]], dict[str, object]]:
     """Seconds of each function over ``repeats`` rounds (each round runs every function once, in
-    order), and each function's last result."""
+    order), and each function's last result. With ``warmup`` every function first runs once,
+    untimed, so that one-time costs (imports, loading compiled code, first-touch allocations) fall
+    on no contender's figure; the rounds measure the steady state."""
     times: dict[str, list[float]] = {k: [] for k in fns}
     last: dict[str, object] = {}
+    if warmup:
+        for fn in fns.values():
+            fn()
     for _ in range(repeats):
         for name, fn in fns.items():
             t0 = time.perf_counter()

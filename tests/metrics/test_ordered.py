@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sklearn.metrics import brier_score_loss, log_loss, roc_auc_score, roc_curve
 
-from svt.metrics import ece
+from svt.metrics import ece, ordered
 from svt.metrics.ordered import order_keys, score_tables
 
 
@@ -37,9 +37,16 @@ def _check_scope(block, y, s, probability=True):
         assert block["ece_mass"] == pytest.approx(ece(y, s, strategy="mass"), abs=1e-12)
 
 
+@pytest.fixture(params=["dense", "segments"])
+def path(request, monkeypatch):
+    """Both ways of counting tie groups: one [group, position] table, or each scope's rows."""
+    monkeypatch.setattr(ordered, "DENSE_LIMIT", 10**9 if request.param == "dense" else 0)
+    return request.param
+
+
 @pytest.mark.parametrize("kind", ["float32", "float64", "ties", "merged"])
 @pytest.mark.parametrize("chunk", [97, None])
-def test_every_scope_equals_sklearn(kind, chunk):
+def test_every_scope_equals_sklearn(kind, chunk, path):
     s, y, pos = _data(4000, 1, kind)
     t = score_tables(s, y, pos, probability=True, chunk=chunk)
     _check_scope(t["overall"], y, s)
@@ -67,8 +74,8 @@ def test_signed_zeros_and_negative_scores_tie_and_order():
     assert t["overall"]["log_loss"] is None and "reasons" in t["overall"]
 
 
-def test_soft_labels_are_weighted_pairs_of_distinct_rows():
-    s, y, pos = _data(3000, 2, "ties")
+def test_soft_labels_are_weighted_pairs_of_distinct_rows(path):
+    s, y, pos = _data(3000, 2, "ties" if path == "dense" else "float64")
     tsoft = np.random.default_rng(3).random(s.size).astype(np.float32)
     t = score_tables(s, y, pos, probability=True, soft={"a": tsoft}, chunk=61)["soft"]["a"]
     w = tsoft.astype(np.float64)
@@ -95,7 +102,7 @@ def test_a_monotone_transform_reuses_the_order_and_gives_the_same_auc():
     assert a == b == pytest.approx(roc_auc_score(y, s), abs=1e-12)
 
 
-def test_roc_points_lie_on_sklearns_curve():
+def test_roc_points_lie_on_sklearns_curve(path):
     s, y, pos = _data(2000, 5, "ties")
     roc = score_tables(s, y, pos, probability=True)["curves"]["roc"]
     fpr, tpr, _ = roc_curve(y, s, drop_intermediate=False)
@@ -115,15 +122,32 @@ def test_one_class_gives_no_auc_and_says_why():
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 6), st.integers(0, 1), st.integers(0, 2)), min_size=2, max_size=60),
        st.integers(1, 9))
-def test_the_chunk_size_never_changes_a_number(rows, chunk):
+def test_chunks_and_counting_paths_never_change_a_number(rows, chunk):
     s = np.array([r[0] / 6 for r in rows])
     y = np.array([r[1] for r in rows], np.int8)
     pos = np.array([r[2] for r in rows])
     a = score_tables(s, y, pos, probability=True, chunk=chunk)
-    b = score_tables(s, y, pos, probability=True, chunk=1 << 20)
+    saved = ordered.DENSE_LIMIT
+    try:
+        ordered.DENSE_LIMIT = 0  # each scope's rows
+        b = score_tables(s, y, pos, probability=True, chunk=1 << 20)
+    finally:
+        ordered.DENSE_LIMIT = saved
     for scope in ("overall", "excluding_first"):
         for m in ("auc", "n", "accept_rate"):
-            assert a[scope][m] == b[scope][m]
+            assert a[scope][m] == b[scope][m]  # integer sums: exactly equal
         for m in ("log_loss", "ece", "ece_mass", "brier"):
             assert a[scope][m] == pytest.approx(b[scope][m], abs=1e-12)
     assert a["curves"]["roc"] == b["curves"]["roc"]
+
+
+def test_scores_finer_than_float32_everywhere_take_the_float64_sort():
+    """More than 2**16 rows whose float32 rounding merges scores throughout (the sample test)."""
+    rng = np.random.default_rng(9)
+    n = 1 << 17
+    s = 0.5 + rng.uniform(-1e-8, 1e-8, n)
+    y = (rng.random(n) < s).astype(np.int8)
+    pos = rng.integers(0, 3, n)
+    t = score_tables(s, y, pos, probability=True)
+    _check_scope(t["overall"], y, s)
+    _check_scope(t["per_position"][2], y[pos == 2], s[pos == 2])

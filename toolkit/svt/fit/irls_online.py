@@ -95,21 +95,44 @@ class IRLSOnline:
         return expit(w * x + self.intercepts_[position])
 
     def fit(self, x: np.ndarray, position: np.ndarray, y: np.ndarray, step: np.ndarray,
-            *, k: int | None = None) -> IRLSOnline:
+            *, k: int | None = None, compiled: bool = True) -> IRLSOnline:
         """Replay labelled drafts. ``step`` is each draft's decode-step index (non-decreasing: the
         rows must already be in replay order); a draft is scored in cycle ``step // cycle_steps``
-        and its label joins the refit at the end of cycle ``(step + label_delay) // cycle_steps``."""
-        x = np.asarray(x, dtype=np.float64)
-        position = np.asarray(position, dtype=np.int64)
-        y = np.asarray(y, dtype=np.float64)
-        step = np.asarray(step, dtype=np.int64)
-        if step.size and (np.diff(step) < 0).any():
+        and its label joins the refit at the end of cycle ``(step + label_delay) // cycle_steps``.
+
+        ``compiled``: run the replay as one compiled loop (`svt.fit.irls_kernel`, the default) or
+        as numpy calls per cycle (the reference implementation, same numbers to rounding)."""
+        # writable contiguous copies: the compiled loop has one signature (numba types a read-only
+        # array, as polars hands out, as another type and would compile again)
+        x = np.array(x, dtype=np.float64)
+        position = np.array(position, dtype=np.int64)
+        y = np.array(y, dtype=np.float64)
+        step = np.ascontiguousarray(step, dtype=np.int64)
+        if step.size and (step[1:] < step[:-1]).any():
             raise ValueError("Expected rows in replay order (non-decreasing `step`).")
         self._init(int(position.max()) + 1 if k is None else k)
         o = self.options
+        self.prequential_ = np.empty_like(y)
+        if compiled:
+            from svt.fit.irls_kernel import replay
+
+            # at most one refit per cycle between the first and the last label's arrival
+            m = ((int(step[-1]) + o.label_delay) // o.cycle_steps - int(step[0]) // o.cycle_steps + 1
+                 if step.size else 0)
+            n_w = self.k if o.per_position_slope else 1
+            pc, pr = np.zeros(m, np.int64), np.zeros(m, np.int64)
+            pw, pb = np.zeros((m, n_w)), np.zeros((m, self.k))
+            done = replay(x, position, y, step, int(o.cycle_steps), int(o.label_delay), int(self.k),
+                          bool(o.per_position_slope), float(o.init_slope), float(o.init_intercept),
+                          float(o.damping), float(o.ridge), int(o.min_obs), bool(o.reject_negative_slope),
+                          self.prequential_, pc, pr, pw, pb)
+            if done:
+                self.slope_, self.intercepts_ = pw[done - 1].copy(), pb[done - 1].copy()
+            self._path = None  # the list of dicts is built when first read
+            self._path_arrays = (pc[:done], pr[:done], pw[:done], pb[:done])
+            return self
         cycle = step // o.cycle_steps  # when each draft is scored
         arrive = (step + o.label_delay) // o.cycle_steps  # the refit its label joins
-        self.prequential_ = np.empty_like(y)
         path = []
         scored = 0
         for c in np.unique(np.r_[cycle, arrive]):
@@ -169,6 +192,22 @@ class IRLSOnline:
             return
         self.slope_[0] = new_w
         self.intercepts_ = self.intercepts_ + d[1:]
+
+    @property
+    def path_(self) -> list[dict]:
+        """One entry per refit: the cycle, the rows it used, and the coefficients after it."""
+        if getattr(self, "_path", None) is None:
+            arrays = getattr(self, "_path_arrays", None)
+            if arrays is None:
+                return []
+            self._path = [{"cycle": c, "rows": r, "slope": w, "intercepts": bb}
+                          for c, r, w, bb in zip(*(a.tolist() for a in arrays), strict=True)]
+        return self._path
+
+    @path_.setter
+    def path_(self, value: list[dict]) -> None:
+        self._path = value
+        self._path_arrays = None
 
     def coefficients_at(self, cycles: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Slopes ``[n, K or 1]`` and intercepts ``[n, K]`` in force during each given cycle: the

@@ -35,6 +35,7 @@ import polars as pl
 from svt.metrics.calibration import LOG_EPS
 
 CHUNK = 1 << 22  # rows per chunk of either pass
+DENSE_LIMIT = 4  # a chunk's [group, position] count table when its cells are under 4x its rows
 NOT_PROBABILITY = "not a probability: log-loss, ECE and Brier need a fitted predictor (svt fit)"
 _PROB_KEYS = ("log_loss", "brier", "mean_pred", "ece", "ece_mass")
 
@@ -48,6 +49,12 @@ def _float32_keys(s: np.ndarray) -> tuple[np.ndarray, bool]:
     u = s32.view(np.uint32)
     u ^= np.negative(u >> np.uint32(31)) | np.uint32(0x80000000)  # negative: flip all bits; else the sign
     return u, exact
+
+
+def _stable_float64_order(s: np.ndarray) -> np.ndarray:
+    """Rows in ascending order of ``s``, ties in row order (polars' parallel stable sort)."""
+    return (pl.DataFrame({"s": s}).with_row_index("row").sort("s", maintain_order=True)["row"]
+            .to_numpy().astype(np.intp))
 
 
 def _keys_from_order(rows: np.ndarray, s_sorted: np.ndarray) -> np.ndarray:
@@ -80,6 +87,15 @@ def order_keys(s: np.ndarray, others: list[np.ndarray] | None = None) -> np.ndar
         if not (ss[1:] < ss[:-1]).any():
             return _keys_from_order(rows, ss)
     r, exact = _float32_keys(s)
+    if not exact and n > 1 << 16:  # a sample whose float32 rounding merges scores: merges everywhere
+        sample = np.sort(s[:: n >> 16])
+        s32 = sample.astype(np.float32)
+        if ((s32[1:] == s32[:-1]) & (sample[1:] != sample[:-1])).any():
+            rows = _stable_float64_order(s)
+            key = _keys_from_order(rows, s[rows])
+            if others is not None:
+                others.append(key)
+            return key
     key = np.empty(n, dtype=np.uint64)
     for a in range(0, n, CHUNK):
         b = min(a + CHUNK, n)
@@ -95,10 +111,14 @@ def order_keys(s: np.ndarray, others: list[np.ndarray] | None = None) -> np.ndar
         down = np.flatnonzero(ss[1:] < ss[:-1])
         if down.size:
             high = key >> np.uint64(32)
-            block = np.isin(high, np.unique(high[down]))  # the float32 groups out of order
-            idx = np.flatnonzero(block)
-            sub = idx[np.lexsort((rows[idx], ss[idx], high[idx]))]
-            rows[idx], ss[idx] = rows[sub], ss[sub]
+            idx = (np.flatnonzero(np.isin(high, np.unique(high[down]))) if down.size <= n // 64
+                   else None)  # the groups out of order, when they are few
+            if idx is not None and idx.size <= n // 16:  # re-sort them (stable: rows stay ascending)
+                sub = idx[np.lexsort((ss[idx], high[idx]))]
+                rows[idx], ss[idx] = rows[sub], ss[sub]
+            else:  # merges everywhere (scores finer than float32): one stable float64 sort
+                rows = _stable_float64_order(s)
+                ss = s[rows]
         key = _keys_from_order(rows, ss)  # dense ranks of the float64 scores
     if others is not None:
         others.append(key)
@@ -124,35 +144,35 @@ class _Ordered:
         self.roc_pos: list[np.ndarray] = []
         self.roc_neg: list[np.ndarray] = []
 
-    def add(self, P: np.ndarray, N: np.ndarray, W: np.ndarray, s_group: np.ndarray | None) -> None:
+    def add(self, P: np.ndarray, N: np.ndarray, W: np.ndarray, s_group: np.ndarray | None,
+            cols: slice = slice(None)) -> None:
         """``P``, ``N``: [groups, scopes] positive and negative weight of each tie group (ascending
-        score, every group whole); ``W``: rows of each group and scope; ``s_group``: each group's
-        score."""
+        score, every group whole) for the scopes ``cols``; ``W``: rows of each group and scope;
+        ``s_group``: each group's score."""
         G = P.shape[0]
         if G == 0:
             return
         cn = np.cumsum(N, axis=0)
-        below = self.neg + cn - N
+        below = self.neg[cols] + cn - N
         if self.roc_groups is not None:
             g = self.roc_groups[(self.roc_groups >= self.groups) & (self.roc_groups < self.groups + G)] - self.groups
             cp = np.cumsum(P[:, 0])
             self.roc_pos.append(self.pos[0] + cp[g] - P[g, 0])
             self.roc_neg.append(below[g, 0])
-        self.num += np.einsum("gj,gj->j", P, below + 0.5 * N)
+            self.groups += G
+        self.num[cols] += np.einsum("gj,gj->j", P, below + 0.5 * N)
         if self.probability:
             cw = np.cumsum(W, axis=0)
+            m, nb = P.shape[1], self.n_bins
             with np.errstate(invalid="ignore", divide="ignore"):
-                idx = np.minimum(((self.before + cw - W) / self.totals * self.n_bins).astype(np.int64),
-                                 self.n_bins - 1)
-            cell = (np.arange(P.shape[1]) * self.n_bins + np.maximum(idx, 0)).ravel()
-            size = P.shape[1] * self.n_bins
-            self.mass_s += np.bincount(cell, weights=(W * s_group[:, None]).ravel(), minlength=size).reshape(
-                self.mass_s.shape)
-            self.mass_y += np.bincount(cell, weights=P.ravel(), minlength=size).reshape(self.mass_y.shape)
-            self.before += cw[-1]
-        self.neg += cn[-1]
-        self.pos += P.sum(axis=0)
-        self.groups += G
+                idx = np.minimum(((self.before[cols] + cw - W) / self.totals[cols] * nb).astype(np.int64), nb - 1)
+            cell = (np.arange(m) * nb + np.maximum(idx, 0)).ravel()
+            self.mass_s[cols] += np.bincount(cell, weights=(W * s_group[:, None]).ravel(),
+                                             minlength=m * nb).reshape(m, nb)
+            self.mass_y[cols] += np.bincount(cell, weights=P.ravel(), minlength=m * nb).reshape(m, nb)
+            self.before[cols] += cw[-1]
+        self.neg[cols] += cn[-1]
+        self.pos[cols] += P.sum(axis=0)
 
     def auc(self, j: int) -> float | None:
         den = self.pos[j] * self.neg[j] - self.self_pairs[j]
@@ -371,18 +391,40 @@ def score_tables(s: np.ndarray, y: np.ndarray, position: np.ndarray, *, probabil
         G = int(gidx[-1]) + 1
         starts = np.flatnonzero(first)
         rec = _take(packed, rows)
-        cells = (gidx * k + rec["pos"]) * 2 + rec["y"]
-        C = np.bincount(cells, minlength=G * k * 2).reshape(G, k, 2).astype(np.float64)
-        N, P = C[:, :, 0], C[:, :, 1]
-        Ps = np.concatenate([P, P.sum(axis=1, keepdims=True), P[:, 1:].sum(axis=1, keepdims=True)], axis=1)
-        Ns = np.concatenate([N, N.sum(axis=1, keepdims=True), N[:, 1:].sum(axis=1, keepdims=True)], axis=1)
-        Ws = Ps + Ns
         s_group = s[rows[starts]].astype(np.float64) if probability else None
-        ordered.add(Ps, Ns, Ws, s_group)
-        overall_roc.add(Ps[:, k:k + 1], Ns[:, k:k + 1], Ws[:, k:k + 1], None)
+        if G * (k + 2) <= DENSE_LIMIT * rows.size:  # ties are many: one [group, position] count table
+            cells = (gidx * k + rec["pos"]) * 2 + rec["y"]
+            C = np.bincount(cells, minlength=G * k * 2).reshape(G, k, 2).astype(np.float64)
+            N, P = C[:, :, 0], C[:, :, 1]
+            Ps = np.concatenate([P, P.sum(axis=1, keepdims=True), P[:, 1:].sum(axis=1, keepdims=True)], axis=1)
+            Ns = np.concatenate([N, N.sum(axis=1, keepdims=True), N[:, 1:].sum(axis=1, keepdims=True)], axis=1)
+            ordered.add(Ps, Ns, Ps + Ns, s_group)
+            P_all, W_all = Ps[:, k:k + 1], Ps[:, k:k + 1] + Ns[:, k:k + 1]
+        else:  # mostly distinct scores: each scope's rows in score order, its groups by reduceat
+            yv = rec["y"].astype(np.float64)
+            pv = rec["pos"]
+
+            def scope(idx, j, gidx=gidx, yv=yv, s_group=s_group):
+                g = gidx[idx]
+                if g.size == 0:
+                    return None, None
+                st = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
+                w = np.diff(np.r_[st, g.size]).astype(np.float64)[:, None]
+                p = np.add.reduceat(yv[idx], st)[:, None]
+                ordered.add(p, w - p, w, s_group[g[st]] if probability else None, cols=slice(j, j + 1))
+                return p, w
+
+            P_all, W_all = scope(slice(None), k)
+            scope(np.flatnonzero(pv > 0), k + 1)
+            by = np.argsort(pv, kind="stable")  # each position's rows, still in score order
+            cuts = np.r_[0, np.cumsum(np.bincount(pv, minlength=k))]
+            for p in range(k):
+                if cuts[p + 1] > cuts[p]:
+                    scope(by[cuts[p]:cuts[p + 1]], p)
+        overall_roc.add(P_all, W_all - P_all, W_all, None)
         for name in soft:
             Pt = np.add.reduceat(rec[name], starts, dtype=np.float64)[:, None]
-            soft_ord[name].add(Pt, Ws[:, k:k + 1] - Pt, Ws[:, k:k + 1], s_group)
+            soft_ord[name].add(Pt, W_all - Pt, W_all, s_group)
         a = b
     table = {"overall": hard.metrics(slice(None), ordered, k, probability),
              "excluding_first": hard.metrics(slice(1, None), ordered, k + 1, probability),
