@@ -331,7 +331,8 @@ def _take(packed: np.ndarray, rows: np.ndarray) -> np.ndarray:
 
 def score_tables(s: np.ndarray, y: np.ndarray, position: np.ndarray, *, probability: bool, n_bins: int = 10,
                  soft: dict[str, np.ndarray] | None = None, key: np.ndarray | None = None,
-                 packed: np.ndarray | None = None, roc_points: int = 200, chunk: int | None = None) -> dict:
+                 packed: np.ndarray | None = None, shared: dict | None = None, roc_points: int = 200,
+                 chunk: int | None = None) -> dict:
     """Every metric of one score: ``overall``, ``excluding_first``, ``per_position`` (0/1 labels
     ``y``), ``soft`` (overall, per soft-label column in [0, 1]) and ``curves`` (ROC points and
     reliability bins), as `svt evaluate` reports them.
@@ -339,7 +340,8 @@ def score_tables(s: np.ndarray, y: np.ndarray, position: np.ndarray, *, probabil
     ``s``: finite scores (float64; in [0, 1] when ``probability``). ``position``: non-negative
     integers. ``key``: this score's sorted keys from :func:`order_keys` (computed when absent;
     returned under ``"_key"``); ``packed``: :func:`pack_rows` of ``y``, ``position`` and ``soft``
-    (made when absent). Memory beyond the inputs and the keys is one chunk's worth.
+    (made when absent); ``shared``: a dict kept between scores of the same rows (what depends on
+    the labels alone is computed once). Memory beyond the inputs and the keys is one chunk's worth.
     """
     n = s.size
     soft = soft or {}
@@ -351,20 +353,35 @@ def score_tables(s: np.ndarray, y: np.ndarray, position: np.ndarray, *, probabil
         key = order_keys(s)
     if packed is None:
         packed = pack_rows(y, pos, soft)
-    # unordered pass: per-position sums
-    hard = _Sums(k, n_bins)
-    soft_sums = {name: _Sums(1, n_bins) for name in soft}
-    soft_pairs = dict.fromkeys(soft, 0.0)
-    for a in range(0, n, chunk):
-        sl = slice(a, a + chunk)
-        sc, pc = s[sl], pos[sl].astype(np.intp)
-        yc = y[sl].astype(np.float64)
-        hard.add(sc, yc, pc, probability, hard=True)
+    # unordered pass: per-position sums. What depends on the labels alone (counts, soft-label
+    # sums and self-pairs) is the same for every score of these rows: ``shared`` keeps it.
+    base_key = ("label sums", id(packed), k, n_bins, tuple(soft))
+    base = shared.get(base_key) if shared is not None else None
+    if base is None:
+        base = {"hard": _Sums(k, n_bins), "soft": {name: _Sums(1, n_bins) for name in soft},
+                "pairs": dict.fromkeys(soft, 0.0)}
+        for a in range(0, n, chunk):
+            sl = slice(a, a + chunk)
+            base["hard"].add(None, y[sl].astype(np.float64), pos[sl].astype(np.intp), False, hard=True)
+            for name, t in soft.items():
+                tc = t[sl].astype(np.float64)
+                base["soft"][name].add(None, tc, None, False, hard=False)
+                base["pairs"][name] += float((tc * (1.0 - tc)).sum())  # a row is never paired with itself
+        if shared is not None:
+            shared[base_key] = base
+    soft_pairs = base["pairs"]
+    if probability:
+        hard = _Sums(k, n_bins)
+        soft_sums = {name: _Sums(1, n_bins) for name in soft}
         zeros = np.zeros(1, dtype=np.intp)  # one scope: positions unused
-        for name, t in soft.items():
-            tc = t[sl].astype(np.float64)
-            soft_sums[name].add(sc, tc, zeros, probability, hard=False)
-            soft_pairs[name] += float(np.dot(tc, 1.0 - tc))  # a row is never paired with itself
+        for a in range(0, n, chunk):
+            sl = slice(a, a + chunk)
+            sc = s[sl]
+            hard.add(sc, y[sl].astype(np.float64), pos[sl].astype(np.intp), True, hard=True)
+            for name, t in soft.items():
+                soft_sums[name].add(sc, t[sl].astype(np.float64), zeros, True, hard=False)
+    else:
+        hard, soft_sums = base["hard"], base["soft"]
     # ordered pass: tie groups in ascending score order, chunks cut between groups
     halves = key.view(np.uint32)  # [low, high] per key on a little-endian machine: no copy
     low, high = (halves[0::2], halves[1::2]) if sys.byteorder == "little" else (halves[1::2], halves[0::2])

@@ -125,7 +125,7 @@ def _feature_block(labelled: pl.DataFrame, feat: Feature, opts: EvaluateOptions,
     key = order_keys(scores, orders)  # a monotone transform of an earlier score shares its sort
     table = score_tables(scores, cols["label"], cols["position"], probability=feat.probability,
                          n_bins=opts.n_bins, soft={c: cols[c] for c in SOFT_LABELS}, key=key,
-                         packed=cols["_packed"])
+                         packed=cols["_packed"], shared=cols.setdefault("_shared", {}))
     del table["_key"]
     if opts.bootstrap:
         y = cols["label"].astype(np.float64)
