@@ -141,8 +141,12 @@ def test_chunks_and_counting_paths_never_change_a_number(rows, chunk):
     assert a["curves"]["roc"] == b["curves"]["roc"]
 
 
-def test_scores_finer_than_float32_everywhere_take_the_float64_sort():
-    """More than 2**16 rows whose float32 rounding merges scores throughout (the sample test)."""
+@pytest.mark.parametrize("large", [False, True])
+def test_scores_finer_than_float32_everywhere_are_reordered_by_the_float64_score(large, monkeypatch):
+    """Float32 rounding merges scores throughout; ``large``: the in-place sort and small chunks."""
+    if large:
+        monkeypatch.setattr(ordered, "LARGE", 0)
+        monkeypatch.setattr(ordered, "CHUNK", 5000)
     rng = np.random.default_rng(9)
     n = 1 << 17
     s = 0.5 + rng.uniform(-1e-8, 1e-8, n)

@@ -35,41 +35,72 @@ import polars as pl
 from svt.metrics.calibration import LOG_EPS
 
 CHUNK = 1 << 22  # rows per chunk of either pass
+LARGE = 1 << 25  # rows beyond which sorts work in place (memory before speed)
 DENSE_LIMIT = 4  # a chunk's [group, position] count table when its cells are under 4x its rows
 NOT_PROBABILITY = "not a probability: log-loss, ECE and Brier need a fitted predictor (svt fit)"
 _PROB_KEYS = ("log_loss", "brier", "mean_pred", "ece", "ece_mass")
 
 
-def _float32_keys(s: np.ndarray) -> tuple[np.ndarray, bool]:
-    """uint32 keys in the order of ``s`` rounded to float32 (the bit pattern made monotone), and
-    whether that rounding was exact (then the keys are equal exactly where ``s`` is)."""
-    s32 = s.astype(np.float32)
-    s32 += np.float32(0.0)  # -0.0 becomes +0.0: equal scores, one key
-    exact = bool(np.array_equal(s32, s))
-    u = s32.view(np.uint32)
-    u ^= np.negative(u >> np.uint32(31)) | np.uint32(0x80000000)  # negative: flip all bits; else the sign
-    return u, exact
+def _float32_keys(s: np.ndarray, out: np.ndarray) -> bool:
+    """Write ``rank << 32 | row`` into ``out`` (unsorted), where ``rank`` is ``s`` rounded to
+    float32 with its bit pattern made monotone; return whether the rounding was exact (then the
+    ranks are equal exactly where ``s`` is)."""
+    exact = True
+    for a in range(0, s.size, CHUNK):
+        sc = s[a:a + CHUNK]
+        s32 = sc.astype(np.float32)
+        s32 += np.float32(0.0)  # -0.0 becomes +0.0: equal scores, one key
+        exact = exact and bool(np.array_equal(s32, sc))
+        u = s32.view(np.uint32)
+        u ^= np.negative(u >> np.uint32(31)) | np.uint32(0x80000000)  # negative: flip all bits; else the sign
+        out[a:a + CHUNK] = u.astype(np.uint64) << np.uint64(32)
+        out[a:a + CHUNK] |= np.arange(a, a + sc.size, dtype=np.uint64)
+    return exact
 
 
-def _stable_float64_order(s: np.ndarray) -> np.ndarray:
-    """Rows in ascending order of ``s``, ties in row order (polars' parallel stable sort)."""
-    return (pl.DataFrame({"s": s}).with_row_index("row").sort("s", maintain_order=True)["row"]
-            .to_numpy().astype(np.intp))
-
-
-def _keys_from_order(rows: np.ndarray, s_sorted: np.ndarray) -> np.ndarray:
-    """Sorted keys from an order and the scores in that order: dense ranks (ties share one)."""
-    key = np.empty(rows.size, dtype=np.uint64)
-    if rows.size:
-        key[0] = 0
-        np.cumsum(s_sorted[1:] != s_sorted[:-1], out=key[1:])
-        key <<= np.uint64(32)
-        key |= rows.astype(np.uint64)
+def _sort_in_place(key: np.ndarray) -> np.ndarray:
+    """Sort distinct 64-bit keys: polars' parallel sort (faster, but it copies) up to LARGE rows,
+    numpy's in-place sort beyond (no second copy of the keys in memory)."""
+    if key.size <= LARGE:
+        return pl.Series(key).sort().to_numpy(writable=True)
+    key.sort()
     return key
 
 
+def _ranks_from_order(key: np.ndarray, s: np.ndarray, check_only: bool = False) -> bool:
+    """Rewrite sorted-by-float32 keys in place as ``dense rank << 32 | row`` of the float64 ``s``,
+    chunk by chunk: float32 rounding is monotone, so only rows that share a float32 value can be out
+    of order, and each chunk (cut between float32 values) is re-sorted by ``s`` where it needs to be.
+    With ``check_only``, return whether the order already sorts ``s`` and change nothing."""
+    halves = key.view(np.uint32)
+    high = halves[1::2] if sys.byteorder == "little" else halves[0::2]
+    rank, last = -1, None
+    a = 0
+    for b in _chunk_ends(high, key.size, CHUNK):
+        rows = (key[a:b] & np.uint64(0xFFFFFFFF)).astype(np.intp)
+        ss = s[rows]
+        down = (ss[1:] < ss[:-1]).any() or (last is not None and ss[0] < last)
+        if check_only:
+            if down:
+                return False
+        else:
+            if down:  # a stable sort: equal scores keep their rows ascending
+                o = np.argsort(ss, kind="stable")
+                rows, ss = rows[o], ss[o]
+            new = np.empty(ss.size, dtype=np.int64)
+            new[0] = rank + (1 if last is None or ss[0] != last else 0)
+            np.cumsum(ss[1:] != ss[:-1], out=new[1:])
+            new[1:] += new[0]
+            key[a:b] = (new.astype(np.uint64) << np.uint64(32)) | rows.astype(np.uint64)
+            rank = int(new[-1])
+        last = ss[-1]
+        a = b
+    return True
+
+
 def order_keys(s: np.ndarray, others: list[np.ndarray] | None = None) -> np.ndarray:
-    """Sorted keys ``rank << 32 | row`` of the scores ``s`` (ascending; ties in row order).
+    """Sorted keys ``rank << 32 | row`` of the scores ``s`` (ascending; ties in row order; equal
+    ranks exactly where ``s`` is equal).
 
     An order in ``others`` (sorted keys of other scores) that also sorts ``s`` is reused without a
     new sort (a monotone transform: q_max and logit(q_max)); a new order is appended to it."""
@@ -82,44 +113,15 @@ def order_keys(s: np.ndarray, others: list[np.ndarray] | None = None) -> np.ndar
         probe = (other[::max(1, n // 4096)] & np.uint64(0xFFFFFFFF)).astype(np.intp)
         if (np.diff(s[probe]) < 0).any():  # a sample of that order already fails: no full check
             continue
-        rows = (other & np.uint64(0xFFFFFFFF)).astype(np.intp)
-        ss = s[rows]
-        if not (ss[1:] < ss[:-1]).any():
-            return _keys_from_order(rows, ss)
-    r, exact = _float32_keys(s)
-    if not exact and n > 1 << 16:  # a sample whose float32 rounding merges scores: merges everywhere
-        sample = np.sort(s[:: n >> 16])
-        s32 = sample.astype(np.float32)
-        if ((s32[1:] == s32[:-1]) & (sample[1:] != sample[:-1])).any():
-            rows = _stable_float64_order(s)
-            key = _keys_from_order(rows, s[rows])
-            if others is not None:
-                others.append(key)
+        if _ranks_from_order(other, s, check_only=True):
+            key = other.copy()
+            _ranks_from_order(key, s)
             return key
     key = np.empty(n, dtype=np.uint64)
-    for a in range(0, n, CHUNK):
-        b = min(a + CHUNK, n)
-        key[a:b] = r[a:b].astype(np.uint64) << np.uint64(32)
-        key[a:b] |= np.arange(a, b, dtype=np.uint64)
-    del r
-    # the keys are distinct (the row rides in them): any correct sort gives one result, and
-    # polars' parallel sort is several times faster than numpy's here
-    key = pl.Series(key).sort().to_numpy()
-    if not exact:  # float32 rounding may have merged distinct scores: order those groups by s
-        rows = (key & np.uint64(0xFFFFFFFF)).astype(np.intp)
-        ss = s[rows]
-        down = np.flatnonzero(ss[1:] < ss[:-1])
-        if down.size:
-            high = key >> np.uint64(32)
-            idx = (np.flatnonzero(np.isin(high, np.unique(high[down]))) if down.size <= n // 64
-                   else None)  # the groups out of order, when they are few
-            if idx is not None and idx.size <= n // 16:  # re-sort them (stable: rows stay ascending)
-                sub = idx[np.lexsort((ss[idx], high[idx]))]
-                rows[idx], ss[idx] = rows[sub], ss[sub]
-            else:  # merges everywhere (scores finer than float32): one stable float64 sort
-                rows = _stable_float64_order(s)
-                ss = s[rows]
-        key = _keys_from_order(rows, ss)  # dense ranks of the float64 scores
+    exact = _float32_keys(s, key)
+    key = _sort_in_place(key)
+    if not exact:  # rounding to float32 may have merged distinct scores: order them by s
+        _ranks_from_order(key, s)
     if others is not None:
         others.append(key)
     return key
@@ -307,7 +309,7 @@ def pack_rows(y: np.ndarray, position: np.ndarray, soft: dict[str, np.ndarray] |
         formats.append(f)
         offsets.append(at)
         at += f.itemsize
-    size = next((w for w in (4, 8, 16) if w >= at), at)  # a numeric width when one fits: fast gathers
+    size = -(-at // 4) * 4  # whole 32-bit words: gathers copy rows of words
     rec = np.zeros(pos.size, dtype=np.dtype({"names": names, "formats": formats, "offsets": offsets,
                                              "itemsize": size}))
     rec["y"] = y
@@ -317,16 +319,13 @@ def pack_rows(y: np.ndarray, position: np.ndarray, soft: dict[str, np.ndarray] |
     return rec
 
 
-_WORDS = {4: np.uint32, 8: np.uint64, 16: np.complex128}
-
-
 def _take(packed: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """``packed[rows]``, through a numeric view of the records when their width has one (numpy
-    gathers numbers much faster than records)."""
-    word = _WORDS.get(packed.dtype.itemsize)
-    if word is None or not packed.flags.c_contiguous:
+    """``packed[rows]``, as rows of 32-bit words (``np.take`` along the first axis of a 2-D view is
+    several times faster than indexing records)."""
+    if not packed.flags.c_contiguous:
         return packed[rows]
-    return packed.view(word)[rows].view(packed.dtype)
+    words = packed.view(np.uint32).reshape(packed.size, packed.dtype.itemsize // 4)
+    return np.take(words, rows, axis=0).view(packed.dtype).reshape(rows.size)
 
 
 def score_tables(s: np.ndarray, y: np.ndarray, position: np.ndarray, *, probability: bool, n_bins: int = 10,

@@ -10,6 +10,9 @@ into requests is new. With the demo run as the source this gives the 4.5M-draft 
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import numpy as np
 import polars as pl
 
@@ -31,3 +34,104 @@ def resample_steps(drafts: pl.DataFrame, n_labelled: int, *, steps_per_request: 
         (pl.col("_new") // steps_per_request).alias("request"),
         (pl.col("_new") % steps_per_request).cast(pl.Int32).alias("step"),
     ).drop("_sid", "_new")
+
+
+def write_run(source: str | Path, out: str | Path, n_labelled: int, *, steps_per_request: int = 60,
+              shard_labelled: int = 5_000_000, seed: int = 0) -> Path:
+    """A synthetic run directory of about ``n_labelled`` labelled drafts, resampled (whole steps)
+    from the run ``source`` and written shard by shard, so memory holds one shard at a time.
+
+    Each shard holds whole batches of whole requests, its rows in replay order (batch, step,
+    request, position), like the collector's; ``steps`` and ``requests`` follow the drafts (the
+    requests have no token ids). run.json is the source's with new counts, shard records and a
+    ``synthetic`` block naming the source, the size and the seed. The run is written beside
+    ``out`` and moved into place when complete.
+    """
+    import json
+    import shutil
+    import uuid
+
+    from svt.traces.io import open_run, record_shards, write_meta, write_shard
+
+    src = open_run(source)
+    out = Path(out)
+    if out.exists():
+        raise FileExistsError(f"{out} exists; remove it or choose another --out.")
+    bs = int((src.meta.get("config") or {}).get("batch_size", 1) or 1)
+    keys = ["request", "step"]
+    drafts = src.scan("drafts").collect()
+    steps_src = src.scan("steps").collect()
+    workload_of = dict(src.scan("requests").select("request", "workload").collect().iter_rows())
+    sids = drafts.select(keys).unique().sort(keys).with_row_index("_sid")
+    d = drafts.join(sids, on=keys).sort("_sid", "position")
+    per_step = d.group_by("_sid").agg(pl.col("label").is_not_null().sum().alias("n"))
+    mean_labelled = float(per_step["n"].mean())
+    # shards of whole batches: requests per shard a multiple of the batch size
+    req_per_shard = max(bs, int(round(shard_labelled / mean_labelled / steps_per_request / bs)) * bs)
+    n_requests = max(bs, int(np.ceil(n_labelled / mean_labelled / steps_per_request / bs)) * bs)
+    tmp = out.with_name(f".{out.name}.tmp-{uuid.uuid4().hex[:8]}")
+    meta = json.loads(json.dumps(src.meta))
+    meta.update({"run_id": uuid.uuid4().hex[:12], "status": "running", "shards": {}})
+    meta["config"] = {**(meta.get("config") or {}), "requests": n_requests, "log": {"hidden": False,
+                                                                                    "dists_fraction": 0.0}}
+    meta["synthetic"] = {"source": str(source), "source_run_id": src.meta.get("run_id"),
+                         "labelled_target": int(n_labelled), "steps_per_request": steps_per_request,
+                         "seed": seed, "method": "whole steps resampled with replacement"}
+    meta.pop("counts", None)
+    try:
+        written: dict[str, list[Path]] = {"drafts": [], "steps": [], "requests": []}
+        labelled = 0
+        for shard, first in enumerate(range(0, n_requests, req_per_shard)):
+            reqs = min(req_per_shard, n_requests - first)
+            rng = np.random.default_rng([seed, shard])
+            n_steps = reqs * steps_per_request
+            pick = pl.DataFrame({"_sid": rng.integers(0, sids.height, n_steps).astype(np.uint32),
+                                 "_new": np.arange(n_steps, dtype=np.int64)})
+            new = pick.join(sids, on="_sid", how="left", maintain_order="left").rename(
+                {"request": "_src_req", "step": "_src_step"}).with_columns(
+                (first + pl.col("_new") // steps_per_request).alias("request"),
+                (pl.col("_new") % steps_per_request).cast(pl.Int32).alias("step"))
+            part = (new.select("_sid", "request", "step").join(d.drop(keys), on="_sid", how="left")
+                    .with_columns((pl.col("request") // bs).alias("_b"))
+                    .sort("_b", "step", "request", "position").drop("_sid", "_b"))
+            labelled += int(part["label"].is_not_null().sum())
+            st = (new.join(steps_src.rename({"request": "_src_req", "step": "_src_step"}),
+                           on=["_src_req", "_src_step"], how="left")
+                  .with_columns((pl.col("request") // bs).alias("_b")).sort("_b", "step", "request"))
+            rq = (new.filter(pl.col("step") == 0).select(
+                "request", pl.col("_src_req").replace_strict(workload_of, return_dtype=pl.String).alias("workload"))
+                .with_columns(pl.lit([], dtype=pl.List(pl.Int32)).alias("prompt_ids"),
+                              pl.lit([], dtype=pl.List(pl.Int32)).alias("output_ids"),
+                              pl.lit("synthetic").alias("finish_reason")))
+            for table, frame in (("drafts", part), ("steps", st), ("requests", rq)):
+                written[table].append(write_shard(tmp, table, shard, frame))
+        for table, paths in written.items():
+            record_shards(meta, table, paths)
+        meta["status"] = "complete"
+        meta["synthetic"]["labelled"] = labelled
+        write_meta(tmp, meta)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def main(argv=None) -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m svt.traces.synthetic",
+                                 description="Write a synthetic run resampled from a real one (benchmarks at scale).")
+    ap.add_argument("source", type=Path, help="a run directory (e.g. runs/demo)")
+    ap.add_argument("out", type=Path, help="the new run directory (must not exist)")
+    ap.add_argument("--labelled", type=float, required=True, help="labelled drafts, e.g. 1e8")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--shard-labelled", type=float, default=5e6, help="labelled drafts per shard")
+    args = ap.parse_args(argv)
+    path = write_run(args.source, args.out, int(args.labelled), seed=args.seed,
+                     shard_labelled=int(args.shard_labelled))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
