@@ -247,24 +247,37 @@ def length_calibration(drafts: pl.LazyFrame | pl.DataFrame, confidence: str, *, 
         )
         .collect()
     )
-    if per_step.height == 0:
+    return length_calibration_from_steps([per_step["predicted"].to_numpy()], [per_step["realised"].to_numpy()],
+                                         int(per_step["k"].max()) if per_step.height else 0, n_bins)
+
+
+def length_calibration_from_steps(predicted: list[np.ndarray], realised: list[np.ndarray], k: int,
+                                  n_bins: int = 10) -> dict:
+    """:func:`length_calibration` from per-step predicted and realised lengths given in parts
+    (each part's steps whole), with ``k`` the longest step's draft count."""
+    steps = sum(p.size for p in predicted)
+    if steps == 0:
         return {"steps": 0, "bins": [], "mean_predicted": None, "mean_realised": None, "length_ece": None}
-    k = int(per_step["k"].max())
-    pred, real = per_step["predicted"].to_numpy(), per_step["realised"].to_numpy()
-    idx = np.minimum((pred / k * n_bins).astype(np.int64), n_bins - 1)
-    count = np.bincount(idx, minlength=n_bins)
-    sp = np.bincount(idx, weights=pred, minlength=n_bins)
-    sr = np.bincount(idx, weights=real, minlength=n_bins)
+    count, sp, sr = np.zeros(n_bins, np.int64), np.zeros(n_bins), np.zeros(n_bins)
+    tot_p = tot_r = 0.0
+    for pred, real in zip(predicted, realised, strict=True):
+        pred, real = pred.astype(np.float64), real.astype(np.float64)
+        idx = np.minimum((pred / k * n_bins).astype(np.int64), n_bins - 1)
+        count += np.bincount(idx, minlength=n_bins)
+        sp += np.bincount(idx, weights=pred, minlength=n_bins)
+        sr += np.bincount(idx, weights=real, minlength=n_bins)
+        tot_p += float(pred.sum())
+        tot_r += float(real.sum())
     bins = [
         {"lo": i * k / n_bins, "hi": (i + 1) * k / n_bins, "count": int(count[i]),
          "mean_predicted": float(sp[i] / count[i]), "mean_realised": float(sr[i] / count[i])}
         for i in range(n_bins) if count[i]
     ]
     return {
-        "steps": int(per_step.height),
+        "steps": int(steps),
         "k": k,
-        "mean_predicted": float(pred.mean()),
-        "mean_realised": float(real.mean()),
-        "length_ece": float(np.sum(np.abs(sp - sr)[count > 0]) / per_step.height),
+        "mean_predicted": tot_p / steps,
+        "mean_realised": tot_r / steps,
+        "length_ece": float(np.sum(np.abs(sp - sr)[count > 0]) / steps),
         "bins": bins,
     }

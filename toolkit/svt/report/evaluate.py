@@ -16,8 +16,15 @@ import polars as pl
 from svt import __version__
 from svt.errors import DataError
 from svt.features import DEFAULT_FEATURES, Feature, check_feature, get_feature, load_feature_module
+from svt.metrics import ordered
 from svt.metrics.ordered import order_keys, pack_rows, score_tables
-from svt.metrics.tables import ScoreData, acceptance_by_position, length_calibration, score_table
+from svt.metrics.tables import (
+    ScoreData,
+    acceptance_by_position,
+    length_calibration,
+    length_calibration_from_steps,
+    score_table,
+)
 from svt.report.lossless_audit import audit
 from svt.traces.io import open_run, open_runs
 
@@ -37,16 +44,32 @@ class EvaluateOptions:
     live: str | None = None  # a run collected with live AV: its tokens/step against the replay
     concurrency: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
     high_yield: int = 6  # yield predictors: "high yield" is oracle_accepted >= this
+    in_memory: bool = False  # hold the drafts in memory (they are anyway when a section needs it)
 
 
-def load_drafts(runs: list[Path]) -> tuple[pl.DataFrame, pl.DataFrame | None, list[dict]]:
-    """Drafts (with a ``run`` column) and dists of one or more runs, validated."""
-    frames, dists, infos = [], [], []
+@dataclass
+class Opened:
+    """Runs opened for evaluation: each run's drafts shard by shard (lazy, uncensored, with ``run``
+    and ``_run`` columns), its dists (lazy) and the report's run blocks."""
+
+    parts: list[list[pl.LazyFrame]]
+    dists: list[pl.LazyFrame]
+    infos: list[dict]
+
+    @property
+    def drafts(self) -> pl.LazyFrame:
+        return pl.concat([p for run_parts in self.parts for p in run_parts])
+
+
+def open_for_evaluation(runs: list[Path]) -> Opened:
+    """Open and validate the runs; nothing is loaded but each run's fingerprint, shard by shard."""
+    parts, dists, infos = [], [], []
     names = [Path(r).name for r in runs]
     if len(set(names)) != len(names):
         names = [str(r) for r in runs]
     for i, (path, name, run) in enumerate(zip(runs, names, open_runs(runs), strict=True)):
-        frames.append(run.uncensored_drafts().with_columns(pl.lit(name).alias("run"), pl.lit(i).alias("_run")))
+        parts.append([p.with_columns(pl.lit(name).alias("run"), pl.lit(i).alias("_run"))
+                      for p in run.uncensored_parts()])
         if run.has("dists"):
             dists.append(run.scan("dists").with_columns(pl.lit(name).alias("run")))
         meta = run.meta
@@ -59,32 +82,68 @@ def load_drafts(runs: list[Path]) -> tuple[pl.DataFrame, pl.DataFrame | None, li
                       "labels": ("live AV run: only explored steps (every draft verified) are used"
                                  if run.censored else "complete (every step verified its drafts)"),
                       "shards": ("verified against run.json" if run.verified
-                                 else "not verified: run.json records no shards (a foreign or older run)")})
-    drafts = pl.concat(frames).collect()
-    for i, info in enumerate(infos):
-        info["data_sha256"] = data_fingerprint(drafts.filter(pl.col("_run") == i))
-    return drafts, (pl.concat(dists).collect() if dists else None), infos
+                                 else "not verified: run.json records no shards (a foreign or older run)"),
+                      "data_sha256": data_fingerprint(parts[-1])})
+    return Opened(parts, dists, infos)
+
+
+def load_drafts(runs: list[Path]) -> tuple[pl.DataFrame, pl.DataFrame | None, list[dict]]:
+    """Drafts (with a ``run`` column) and dists of one or more runs, validated, in memory."""
+    opened = open_for_evaluation(runs)
+    return (opened.drafts.collect(), pl.concat(opened.dists).collect() if opened.dists else None,
+            opened.infos)
 
 
 REPORT_SCHEMA = 1  # report.json's layout; `svt compare` refuses reports of another schema
 
 
-def data_fingerprint(drafts: pl.DataFrame) -> str:
-    """SHA-256 (16 hex digits) of the drafts a report scored: ids, tokens, labels and the draft's
-    probabilities, in a fixed order, from the raw bytes (stable across polars versions). Two reports
-    with equal fingerprints scored the same draw, so their differences are not sampling noise."""
+_FP_COLUMNS = ("request", "step", "position", "token", "label", "q_max", "q_sampled", "q_entropy")
+
+
+def _mix64(h: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser (uint64 arithmetic wraps)."""
+    h = h ^ (h >> np.uint64(30))
+    h = h * np.uint64(0xBF58476D1CE4E5B9)
+    h = h ^ (h >> np.uint64(27))
+    h = h * np.uint64(0x94D049BB133111EB)
+    return h ^ (h >> np.uint64(31))
+
+
+def data_fingerprint(parts) -> str:
+    """A fingerprint (16 hex digits) of the drafts a report scored: ids, tokens, labels and the
+    draft's probabilities, from the raw bit patterns (stable across polars versions).
+
+    Each row is hashed (splitmix64 over its columns) and the row hashes are summed modulo 2**64,
+    twice with two mixes, so the fingerprint depends on the rows and not on their order or on how
+    the run is split into shards, and it is computed one shard at a time. Two reports with equal
+    fingerprints scored the same draw, so their differences are not sampling noise.
+    ``parts``: frames (lazy or not) of the drafts."""
     import hashlib
 
-    cols = [c for c in ("request", "step", "position", "token", "label", "q_max", "q_sampled", "q_entropy")
-            if c in drafts.columns]
-    d = drafts.select(cols).sort("request", "step", "position")
-    h = hashlib.sha256()
-    for c in cols:
-        col = d[c]
-        h.update(c.encode())
-        h.update(col.is_null().to_numpy().tobytes())
-        h.update(col.fill_null(0).to_numpy().tobytes())
-    return h.hexdigest()[:16]
+    if isinstance(parts, (pl.DataFrame, pl.LazyFrame)):
+        parts = [parts]
+    acc, rows, cols = [0, 0], 0, None
+    mask = (1 << 64) - 1
+    for part in parts:
+        if cols is None:
+            names = part.collect_schema().names() if isinstance(part, pl.LazyFrame) else part.columns
+            cols = [c for c in _FP_COLUMNS if c in names]
+        frame = part.select(cols)
+        frame = frame.collect() if isinstance(frame, pl.LazyFrame) else frame
+        for a in range(0, frame.height, 1 << 22):
+            chunk = frame.slice(a, 1 << 22)
+            h = np.full(chunk.height, 0x9E3779B97F4A7C15, dtype=np.uint64)
+            for i, c in enumerate(cols):
+                col = chunk[c]
+                v = col.fill_null(0).to_numpy()
+                bits = v.view(f"u{v.dtype.itemsize}").astype(np.uint64)
+                bits[col.is_null().to_numpy()] = np.uint64(0xFFFFFFFFFFFFFFFF)  # null: a value no column has
+                h = _mix64(h ^ _mix64(bits + np.uint64(((i + 1) * 0x9E3779B97F4A7C15) & mask)))
+            acc[0] = (acc[0] + int(h.sum(dtype=np.uint64))) & mask
+            acc[1] = (acc[1] + int(_mix64(h ^ np.uint64(0xD6E8FEB86659FD93)).sum(dtype=np.uint64))) & mask
+            rows += chunk.height
+    digest = hashlib.sha256(f"{cols}|{rows}|{acc[0]}|{acc[1]}".encode())
+    return digest.hexdigest()[:16]
 
 
 def experiment(meta: dict) -> dict:
@@ -103,12 +162,23 @@ def experiment(meta: dict) -> dict:
             "max_prompt_tokens": cfg.get("max_prompt_tokens")}
 
 
-def _feature_block(labelled: pl.DataFrame, feat: Feature, opts: EvaluateOptions,
+def _feature_block(labelled: pl.LazyFrame, feat: Feature, opts: EvaluateOptions,
                    orders: list[np.ndarray], cache: dict) -> dict:
     if feat.partial:  # a fitted predictor: only the rows it may be scored on
         labelled = labelled.filter(feat.expr.is_not_null())
-    scores = (cache["_scores"][feat.name] if feat.name in cache.get("_scores", {})
-              else labelled.select(feat.expr.cast(pl.Float64).alias("s"))["s"].to_numpy())
+        cols = _columns(labelled, opts.bootstrap > 0)
+        scores = labelled.select(feat.expr.cast(pl.Float64).alias("s")).collect()["s"].to_numpy()
+    else:
+        cols = cache["_cols"]
+        scores = cache["_scores"].pop(feat.name, None)
+        if scores is None:  # one feature at a time (large runs): float32 when that is exact
+            scores = labelled.select(feat.expr.alias("s")).collect()["s"].to_numpy()
+            if scores.dtype != np.float32:
+                scores = scores.astype(np.float64, copy=False)
+                s32 = scores.astype(np.float32)
+                if np.array_equal(s32, scores):
+                    scores = s32
+                del s32
     if not np.isfinite(scores).all():
         raise DataError(f"Feature {feat.name!r} gives {int((~np.isfinite(scores)).sum())} NaN/inf "
                         "values on labelled drafts.")
@@ -117,20 +187,19 @@ def _feature_block(labelled: pl.DataFrame, feat: Feature, opts: EvaluateOptions,
                         f"{int(((scores < 0) | (scores > 1)).sum())} values outside [0, 1] (min {scores.min():.4g}, "
                         f"max {scores.max():.4g}); declare it `probability=False` or fix it.")
     if feat.direction < 0:  # lower means accept: every AUC (and ROC) is of the negated value
-        scores = -scores
-    if feat.partial:
-        cols = _columns(labelled)
-    else:
-        cols = cache["_cols"]
+        scores = np.negative(scores, out=scores) if scores.flags.writeable else -scores
+    if cache.get("_large"):  # keep one earlier order only: each is 8 bytes per row
+        del orders[:-1]
     key = order_keys(scores, orders)  # a monotone transform of an earlier score shares its sort
-    table = score_tables(scores, cols["label"], cols["position"], probability=feat.probability,
-                         n_bins=opts.n_bins, soft={c: cols[c] for c in SOFT_LABELS}, key=key,
-                         packed=cols["_packed"], shared=cols.setdefault("_shared", {}))
+    packed = cols["_packed"]
+    table = score_tables(scores, packed["y"], packed["pos"], probability=feat.probability,
+                         n_bins=opts.n_bins, soft={c: packed[c] for c in SOFT_LABELS}, key=key,
+                         packed=packed, shared=cols.setdefault("_shared", {}))
     del table["_key"]
     if opts.bootstrap:
-        y = cols["label"].astype(np.float64)
+        y = packed["y"].astype(np.float64)
         order = (key & np.uint64(0xFFFFFFFF)).astype(np.intp)
-        d = ScoreData(y, scores, cols["position"], cols["_req"], order, {})
+        d = ScoreData(y, scores.astype(np.float64), packed["pos"], cols["_req"], order, {})
         cis = score_table(d, probability=feat.probability, n_bins=opts.n_bins, bootstrap=opts.bootstrap,
                           seed=opts.seed)
         table["overall"]["ci95"] = cis["overall"]["ci95"]
@@ -160,24 +229,38 @@ def _add_raw_auc(block: dict) -> None:
             _add_raw_auc(sub)
 
 
-def _columns(labelled: pl.DataFrame) -> dict:
-    cols = {c: labelled[c].to_numpy() for c in ("label", "position", "_req", *SOFT_LABELS)}
-    cols["_packed"] = pack_rows(cols["label"], cols["position"], {c: cols[c] for c in SOFT_LABELS})
+def _columns(labelled: pl.LazyFrame, requests: bool) -> dict:
+    """Labels, positions and soft labels packed one record per row (and the request keys for the
+    bootstrap); the separate columns are not kept."""
+    frame = labelled.select("label", "position", *SOFT_LABELS, *(["_req"] if requests else [])).collect()
+    cols = {"_packed": pack_rows(frame["label"].to_numpy(), frame["position"].to_numpy(),
+                                 {c: frame[c].to_numpy() for c in SOFT_LABELS}), "n": frame.height}
+    if requests:
+        cols["_req"] = frame["_req"].to_numpy()
     return cols
 
 
-def _features_table(labelled: pl.DataFrame, feats: list[Feature], opts: EvaluateOptions) -> dict:
-    if labelled.height == 0:
+def _features_table(labelled: pl.LazyFrame | pl.DataFrame, feats: list[Feature], opts: EvaluateOptions) -> dict:
+    """Every feature's block. ``labelled``: the labelled drafts. Up to ``ordered.LARGE`` rows the features
+    are computed together and scored on a thread pool; beyond, one at a time (a score, its sort
+    keys and the packed rows are what memory holds: about 29 bytes per labelled draft)."""
+    labelled = labelled.lazy()
+    cache: dict = {"_cols": _columns(labelled, opts.bootstrap > 0)}
+    n = cache["_cols"]["n"]
+    if n == 0:
         raise DataError("No labelled drafts: every draft's label is null, nothing to evaluate.")
+    cache["_large"] = large = n > ordered.LARGE
     orders: list[np.ndarray] = []
-    cache: dict = {"_cols": _columns(labelled)}
-    # every complete feature in one polars pass (polars runs the expressions in parallel)
-    whole = [f for f in feats if not f.partial]
-    frame = labelled.select([f.expr.cast(pl.Float64).alias(f"_f{i}") for i, f in enumerate(whole)])
-    cache["_scores"] = {f.name: frame[f"_f{i}"].to_numpy() for i, f in enumerate(whole)}
+    cache["_scores"] = {}
+    if not large:  # every complete feature in one polars pass (polars runs them in parallel)
+        whole = [f for f in feats if not f.partial]
+        frame = labelled.select([f.expr.cast(pl.Float64).alias(f"_f{i}") for i, f in enumerate(whole)]).collect()
+        cache["_scores"] = {f.name: frame[f"_f{i}"].to_numpy(writable=True) for i, f in enumerate(whole)}
+        del frame
     # numpy releases the GIL in sorts and array arithmetic: features run on a small thread pool
     # (sharing sorts: a feature monotone in an earlier one reuses its order when it is ready)
-    with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
+    workers = 1 if large else min(4, os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
         blocks = list(pool.map(lambda f: _feature_block(labelled, f, opts, orders, cache), feats))
     return {f.name: b for f, b in zip(feats, blocks, strict=True)}
 
@@ -298,23 +381,74 @@ def _rule_audit(trace, costs, preds: list[Feature], points: list[dict], concurre
     return rows
 
 
+def _step_parts(opened: Opened, frame: pl.DataFrame | None) -> list[pl.LazyFrame]:
+    """Frames whose steps are whole (every draft of a step in one frame): each shard when no request
+    spans two shards of a run (the collector writes whole batches per shard), else everything."""
+    if frame is not None:
+        return [frame.lazy()]
+    parts = [p for run_parts in opened.parts for p in run_parts]
+    if len(parts) > 1:
+        keys = pl.concat([p.select("_run", "request").unique().collect() for p in parts])
+        if keys.height != keys.unique().height:
+            return [opened.drafts]
+    return parts
+
+
+def _step_tables(parts: list[pl.LazyFrame], feats: list[Feature], n_bins: int) -> tuple[float, dict]:
+    """Mean acceptance length and each complete probability feature's expected-length calibration,
+    from per-step sums computed frame by frame."""
+    keys = ["run", "request", "step"]
+    cols: dict[str, list[np.ndarray]] = {"a": [], "k": [], **{f.name: [] for f in feats}}
+    for part in parts:
+        per_step = (part.sort([*keys, "position"]).group_by(keys, maintain_order=True)
+                    .agg((pl.col("label") == 1).sum().alias("_a"), pl.len().alias("_k"),
+                         *[f.expr.cast(pl.Float64).cum_prod().sum().alias(f"_p{i}") for i, f in enumerate(feats)])
+                    .collect())
+        cols["a"].append(per_step["_a"].to_numpy())
+        cols["k"].append(per_step["_k"].to_numpy())
+        for i, f in enumerate(feats):
+            cols[f.name].append(per_step[f"_p{i}"].to_numpy())
+    steps = sum(a.size for a in cols["a"])
+    accepted = sum(float(a.sum()) for a in cols["a"])
+    k = max((int(a.max()) for a in cols["k"] if a.size), default=0)
+    calib = {f.name: length_calibration_from_steps(cols[f.name], cols["a"], k, n_bins) for f in feats}
+    return (1 + accepted / steps if steps else float("nan")), calib
+
+
 def evaluate(runs: list[str | Path], opts: EvaluateOptions | None = None) -> dict:
-    """Build the evaluation report for one or more run directories."""
+    """Build the evaluation report for one or more run directories.
+
+    The feature table, acceptance and expected-length calibration read the runs shard by shard
+    and column by column, so a run far larger than memory is evaluated (see `_features_table`).
+    Fits, the bootstrap, groups, the replay and the losslessness audit hold the drafts in memory.
+    """
     opts = opts or EvaluateOptions()
     if opts.feature_module:
         load_feature_module(opts.feature_module)
     feats = [get_feature(n) for n in opts.features]
-    drafts, dists, infos = load_drafts([Path(r) for r in runs])
+    opened = open_for_evaluation([Path(r) for r in runs])
+    infos = opened.infos
+    lazy = opened.drafts
+    head = lazy.head(1000).collect()
     for f in feats:
-        check_feature(f, drafts)
-    if opts.by is not None and opts.by not in drafts.columns:
+        check_feature(f, head)
+    if opts.by is not None and opts.by not in head.columns:
         raise DataError(f"Cannot group by {opts.by!r}: the drafts table has no such column "
-                        f"(columns: {', '.join(drafts.columns)}).")
-    drafts = drafts.with_columns(pl.struct("run", "request").rank("dense").alias("_req"))
+                        f"(columns: {', '.join(head.columns)}).")
     acc_fits, yield_fits = _split_fits(opts.fits)
-    drafts, fit_feats = _add_fits(drafts, runs, infos, acc_fits)
+    in_memory = bool(acc_fits or opts.bootstrap or opts.by or len(runs) > 1 or opts.costs or opts.live
+                     or opened.dists or opts.in_memory)
+    drafts = labelled = dists = None
+    fit_feats: list[Feature] = []
+    if in_memory:
+        drafts = lazy.collect().with_columns(pl.struct("run", "request").rank("dense").alias("_req"))
+        drafts, fit_feats = _add_fits(drafts, runs, infos, acc_fits)
+        labelled = drafts.filter(pl.col("label").is_not_null())
+        dists = pl.concat(opened.dists).collect() if opened.dists else None
+        source = drafts.lazy()
+    else:
+        source = lazy
     feats = feats + fit_feats
-    labelled = drafts.filter(pl.col("label").is_not_null())
     report: dict = {
         "report_schema": REPORT_SCHEMA,
         "svt_version": __version__,
@@ -323,18 +457,22 @@ def evaluate(runs: list[str | Path], opts: EvaluateOptions | None = None) -> dic
         "settings": {"features": opts.features, "n_bins": opts.n_bins, "bootstrap": opts.bootstrap,
                      "seed": opts.seed, "by": opts.by, "labels": "hard labels (label not null)",
                      "soft_labels": list(SOFT_LABELS)},
-        "features": _features_table(labelled, feats, opts),
+        "features": _features_table(source.filter(pl.col("label").is_not_null()), feats, opts),
     }
-    steps = drafts.group_by("run", "request", "step").agg((pl.col("label") == 1).sum().alias("a"))
+    totals = source.select(pl.col("label").is_not_null().sum().alias("n"),
+                           pl.col("label").cast(pl.Float64).mean().alias("rate")).collect().row(0, named=True)
+    complete = [f for f in feats if f.probability and not f.partial]
+    mean_length, calib = _step_tables(_step_parts(opened, drafts), complete, opts.n_bins)
     report["acceptance"] = {
-        "labelled": labelled.height,
-        "rate": float(labelled["label"].mean()),
-        "mean_acceptance_length": float(1 + steps["a"].mean()),
-        "by_position": acceptance_by_position(drafts).to_dicts(),
+        "labelled": int(totals["n"]),
+        "rate": float(totals["rate"]),
+        "mean_acceptance_length": float(mean_length),
+        "by_position": acceptance_by_position(source).to_dicts(),
     }
     report["length_calibration"] = {
-        f.name: length_calibration(drafts.with_columns(f.expr.alias("_c")).filter(pl.col("_c").is_not_null()), "_c",
-                                   n_bins=opts.n_bins, keys=("run", "request", "step"))
+        f.name: (calib[f.name] if not f.partial else
+                 length_calibration(drafts.with_columns(f.expr.alias("_c")).filter(pl.col("_c").is_not_null()),
+                                    "_c", n_bins=opts.n_bins, keys=("run", "request", "step")))
         for f in feats if f.probability
     }
     if dists is not None and dists.height:

@@ -232,6 +232,25 @@ class Run:
             )
         return drafts.join(explored, on=["request", "step"], how="semi")
 
+    def uncensored_parts(self) -> list[pl.LazyFrame]:
+        """:meth:`uncensored_drafts` shard by shard (one lazy frame per drafts shard, in order)."""
+        parts = self.parts("drafts")
+        if not self.censored:
+            return parts
+        self.uncensored_drafts()  # the check that some step was explored
+        explored = self.scan("steps").filter(pl.col("explored")).select("request", "step").collect().lazy()
+        return [p.join(explored, on=["request", "step"], how="semi") for p in parts]
+
+    def parts(self, table: str) -> list[pl.LazyFrame]:
+        """Each shard of ``table`` as its own lazy frame cast to the schema's dtypes (for work done
+        shard by shard, in bounded memory)."""
+        spec = get_table(table)
+        files = self.shards.get(table) or []
+        if not files:
+            raise SchemaError(f"{self.path}: the run has no `{table}` table.")
+        return [pl.scan_parquet(str(f)).with_columns([pl.col(c).cast(t) for c, t in spec.columns.items()])
+                for f in files]
+
     def scan(self, table: str) -> pl.LazyFrame:
         """All shards of ``table`` as one lazy frame cast to the schema's dtypes."""
         spec = get_table(table)
