@@ -67,6 +67,69 @@ def load_drafts_for_fit(runs: list[str | Path], where: pl.Expr | None = None) ->
     return drafts, infos
 
 
+def replay_arrays(runs: list[str | Path], feature: str, where: pl.Expr | None = None
+                  ) -> tuple[dict[str, np.ndarray], list[dict], int] | None:
+    """The labelled drafts of the runs as replay arrays (``x`` the feature, ``position``,
+    ``label``, ``decode_step``), read shard by shard into arrays of 19 bytes per labelled draft,
+    with decode steps numbered over all drafts exactly as :func:`load_drafts_for_fit` numbers them.
+
+    Needs the shards in replay order (run, batch, step, request, position: how the collector and
+    `svt.traces.synthetic` write them), which is checked; returns None when they are not (then
+    :func:`load_drafts_for_fit` sorts in memory).
+    """
+    from svt.features import check_feature, get_feature
+
+    f = get_feature(feature)
+    parts, infos = [], []
+    for i, (path, run) in enumerate(zip(runs, open_runs(runs), strict=True)):
+        bs = int((run.meta.get("config") or {}).get("batch_size", 1) or 1)
+        for p in run.uncensored_parts():
+            p = p.filter(where) if where is not None else p
+            parts.append((i, bs, p))
+        infos.append({"path": str(path), "run_id": run.meta.get("run_id"), "k": run.meta.get("k")})
+    if parts:
+        check_feature(f, parts[0][2].head(1000).collect())
+    counts = [int(p.select(pl.col("label").is_not_null().sum()).collect().item()) for _, _, p in parts]
+    n = sum(counts)
+    out = {"x": np.empty(n, np.float64), "position": np.empty(n, np.int16), "label": np.empty(n, np.int8),
+           "decode_step": np.empty(n, np.int64)}
+    at, last, step_id, k = 0, None, -1, 0
+    for (run_i, bs, part), m in zip(parts, counts, strict=True):
+        d = part.select("request", "step", "position", pl.col("label"), f.expr.cast(pl.Float64).alias("_x")).collect()
+        if d.height == 0:
+            continue
+        req, step, pos = d["request"].to_numpy(), d["step"].to_numpy(), d["position"].to_numpy()
+        keys = [np.full(d.height, run_i), req // bs, step, req, pos]
+        if last is not None:  # the previous shard's last row comes first
+            keys = [np.r_[lk, kk] for lk, kk in zip(last, keys, strict=True)]
+        ahead = np.zeros(keys[0].size - 1, dtype=bool)  # row i+1 after row i (lexicographically)
+        same = np.ones(keys[0].size - 1, dtype=bool)
+        for kk in keys:
+            dk = np.diff(kk)
+            ahead |= same & (dk > 0)
+            same &= dk == 0
+        if not ahead.all():
+            return None
+        new_step = np.diff(keys[0]) != 0
+        for kk in keys[1:3]:
+            new_step |= np.diff(kk) != 0
+        if last is None:
+            new_step = np.r_[True, new_step]
+        ids = step_id + np.cumsum(new_step)
+        step_id = int(ids[-1])
+        last = [kk[-1:] for kk in keys]
+        lab = d["label"].is_not_null().to_numpy()
+        out["x"][at:at + m] = d["_x"].to_numpy()[lab]
+        out["position"][at:at + m] = pos[lab]
+        out["label"][at:at + m] = d["label"].to_numpy()[lab]
+        out["decode_step"][at:at + m] = ids[lab]
+        k = max(k, int(pos.max()) + 1)
+        at += m
+    if n == 0:
+        raise DataError("No drafts to fit on" + (" after the filter." if where is not None else "."))
+    return out, infos, k
+
+
 def split_mask(drafts: pl.DataFrame, test_fraction: float, seed: int) -> np.ndarray:
     """True for rows of held-out requests: a seeded permutation of the (run, request) pairs."""
     if not 0 <= test_fraction < 1:
@@ -113,7 +176,16 @@ def fit_runs(runs: list[str | Path], model: str, *, test_fraction: float = 0.3, 
         k = int(rows["draft_len"].max())
         est.fit(FitData(train, k, [Path(r) for r in runs], seed))
         target = train["oracle_accepted"]
-        stats = {"mean_yield": float(target.mean())}
+        stats = {"mean_yield": float(target.mean()), "rows": train.height}
+    elif cls.online and cls.streams and (streamed := replay_arrays(runs, est.feature, where)) is not None:
+        arrays, infos, k = streamed  # shard by shard into arrays: runs larger than memory
+        y = arrays["label"]
+        if y.size == 0:
+            raise DataError("No labelled drafts: nothing to fit.")
+        if y.min() == y.max():
+            raise DataError(f"Only one class among the {y.size} labelled drafts: a predictor cannot be fitted.")
+        est.fit_arrays(arrays["x"], arrays["position"], y, arrays["decode_step"], k)
+        stats = {"accept_rate": float(y.mean()), "rows": int(y.size)}
     else:
         drafts, infos = load_drafts_for_fit(runs, where)
         k = int(drafts["position"].max()) + 1
@@ -123,13 +195,15 @@ def fit_runs(runs: list[str | Path], model: str, *, test_fraction: float = 0.3, 
             test = split_mask(drafts, test_fraction, seed)
             train = _labelled(drafts.filter(~pl.Series(test)))
         est.fit(FitData(train, k, [Path(r) for r in runs], seed))
-        stats = {"accept_rate": float(train["label"].mean())}
+        stats = {"accept_rate": float(train["label"].mean()), "rows": train.height}
     out.update(est.to_dict())
     out["_est"] = est
     if cls.online:
-        out["training"] = {"runs": infos, "rows": train.height, "k": k, "cycles": len(est.est_.path_),
+        rows = stats.pop("rows")
+        out["training"] = {"runs": infos, "rows": rows, "k": k, "cycles": len(est.est_.path_),
                            **stats, "evaluation": "prequential"}
     else:
+        stats.pop("rows", None)
         ids = train.select("_run", "request").unique().sort("_run", "request")
         out["training"] = {"runs": infos, "rows": train.height, "k": k, "test_fraction": test_fraction,
                            "split_seed": seed, "train_requests": ids.height,

@@ -51,6 +51,7 @@ class Fitter:
     table: ClassVar[str] = "drafts"
     target: ClassVar[str] = "acceptance"
     online: ClassVar[bool] = False
+    streams: ClassVar[bool] = False  # an online fitter that trains from replay arrays (fit_arrays)
 
     @classmethod
     def from_options(cls, **options) -> Fitter:

@@ -102,17 +102,21 @@ class IRLSOnline:
 
         ``compiled``: run the replay as one compiled loop (`svt.fit.irls_kernel`, the default) or
         as numpy calls per cycle (the reference implementation, same numbers to rounding)."""
-        # writable contiguous copies: the compiled loop has one signature (numba types a read-only
-        # array, as polars hands out, as another type and would compile again)
-        x = np.array(x, dtype=np.float64)
-        position = np.array(position, dtype=np.int64)
-        y = np.array(y, dtype=np.float64)
-        step = np.ascontiguousarray(step, dtype=np.int64)
+        # one dtype per argument, writable and contiguous: the compiled loop then has one signature
+        # (numba types a read-only array, as polars hands out, as another type); copies are made
+        # only where an input differs (a replay of 10^8 drafts holds no second copy)
+        x = np.require(x, np.float64, ["C", "W"])
+        position = np.require(position, np.int16, ["C", "W"])
+        y8 = np.require(y, np.int8, ["C", "W"])
+        if y8 is not y and not np.array_equal(y8, y):
+            raise ValueError("Expected 0/1 labels in `y`.")
+        y = y8
+        step = np.require(step, np.int64, ["C", "W"])
         if step.size and (step[1:] < step[:-1]).any():
             raise ValueError("Expected rows in replay order (non-decreasing `step`).")
         self._init(int(position.max()) + 1 if k is None else k)
         o = self.options
-        self.prequential_ = np.empty_like(y)
+        self.prequential_ = np.empty(y.size, dtype=np.float64)
         if compiled:
             from svt.fit.irls_kernel import replay
 
@@ -133,6 +137,7 @@ class IRLSOnline:
             return self
         cycle = step // o.cycle_steps  # when each draft is scored
         arrive = (step + o.label_delay) // o.cycle_steps  # the refit its label joins
+        position, y = position.astype(np.int64), y.astype(np.float64)
         path = []
         scored = 0
         for c in np.unique(np.r_[cycle, arrive]):
@@ -259,6 +264,7 @@ class IRLSOnlineFitter(Fitter):
 
     name = "irls-online"
     online = True
+    streams = True  # trains from replay arrays read shard by shard (`fit_arrays`)
 
     def __init__(self, online: OnlineOptions | None = None, feature: str | None = None,
                  per_position_slope: bool | None = None):
@@ -283,6 +289,20 @@ class IRLSOnlineFitter(Fitter):
                               "decode steps: no label would reach the estimator while it runs.")
         self.est_ = IRLSOnline(self.options).fit(feature_values(lab, self.feature), lab["position"].to_numpy(),
                                                  lab["label"].to_numpy(), lab["decode_step"].to_numpy(), k=data.k)
+        return self
+
+    def fit_arrays(self, x: np.ndarray, position: np.ndarray, y: np.ndarray, decode_step: np.ndarray,
+                   k: int) -> IRLSOnlineFitter:
+        """:meth:`fit` on labelled drafts given as arrays in replay order (`svt.fit.replay_arrays`)."""
+        span = int(decode_step[-1]) + 1 if decode_step.size else 0
+        if self.options.label_delay >= max(span, 1):
+            from svt.errors import ConfigError
+
+            raise ConfigError(f"`label_delay` {self.options.label_delay} is not shorter than the run's {span} "
+                              "decode steps: no label would reach the estimator while it runs.")
+        if not np.isfinite(x).all():
+            raise DataError(f"Feature {self.feature!r} gives NaN/inf values; cannot fit on it.")
+        self.est_ = IRLSOnline(self.options).fit(x, position, y, decode_step, k=k)
         return self
 
     def predict(self, frame, ctx=None) -> np.ndarray:
