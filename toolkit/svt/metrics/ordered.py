@@ -98,25 +98,29 @@ def _ranks_from_order(key: np.ndarray, s: np.ndarray, check_only: bool = False) 
     return True
 
 
-def order_keys(s: np.ndarray, others: list[np.ndarray] | None = None) -> np.ndarray:
+def order_keys(s: np.ndarray, others: list[np.ndarray] | None = None, *, in_place: bool = False) -> np.ndarray:
     """Sorted keys ``rank << 32 | row`` of the scores ``s`` (ascending; ties in row order; equal
     ranks exactly where ``s`` is equal).
 
     An order in ``others`` (sorted keys of other scores) that also sorts ``s`` is reused without a
-    new sort (a monotone transform: q_max and logit(q_max)); a new order is appended to it."""
+    new sort (a monotone transform: q_max and logit(q_max)); a new order is appended to it. With
+    ``in_place``, an order in ``others`` is rewritten for ``s`` rather than copied, and the orders
+    of ``others`` are dropped before a new sort (large inputs: one key array at a time)."""
     n = s.size
     if n >= 1 << 32:
         raise ValueError(f"Expected fewer than 2**32 rows per score, but got {n}.")
-    for other in list(others or []):
-        if other.size != n:
+    for i in range(len(others or [])):
+        if others[i].size != n:
             continue
-        probe = (other[::max(1, n // 4096)] & np.uint64(0xFFFFFFFF)).astype(np.intp)
+        probe = (others[i][::max(1, n // 4096)] & np.uint64(0xFFFFFFFF)).astype(np.intp)
         if (np.diff(s[probe]) < 0).any():  # a sample of that order already fails: no full check
             continue
-        if _ranks_from_order(other, s, check_only=True):
-            key = other.copy()
+        if _ranks_from_order(others[i], s, check_only=True):
+            key = others[i] if in_place else others[i].copy()
             _ranks_from_order(key, s)
             return key
+    if in_place and others:
+        others.clear()  # the only references: their memory is free before the new keys
     key = np.empty(n, dtype=np.uint64)
     exact = _float32_keys(s, key)
     key = _sort_in_place(key)

@@ -166,19 +166,13 @@ def _feature_block(labelled: pl.LazyFrame, feat: Feature, opts: EvaluateOptions,
                    orders: list[np.ndarray], cache: dict) -> dict:
     if feat.partial:  # a fitted predictor: only the rows it may be scored on
         labelled = labelled.filter(feat.expr.is_not_null())
-        cols = _columns(labelled, opts.bootstrap > 0)
+        cols = _columns([labelled], opts.bootstrap > 0)
         scores = labelled.select(feat.expr.cast(pl.Float64).alias("s")).collect()["s"].to_numpy()
     else:
         cols = cache["_cols"]
         scores = cache["_scores"].pop(feat.name, None)
-        if scores is None:  # one feature at a time (large runs): float32 when that is exact
-            scores = labelled.select(feat.expr.alias("s")).collect()["s"].to_numpy()
-            if scores.dtype != np.float32:
-                scores = scores.astype(np.float64, copy=False)
-                s32 = scores.astype(np.float32)
-                if np.array_equal(s32, scores):
-                    scores = s32
-                del s32
+        if scores is None:  # one feature at a time (large runs), part by part
+            scores = _part_scores(cache["_parts"], feat, cache["_cols"]["counts"])
     if not np.isfinite(scores).all():
         raise DataError(f"Feature {feat.name!r} gives {int((~np.isfinite(scores)).sum())} NaN/inf "
                         "values on labelled drafts.")
@@ -188,9 +182,10 @@ def _feature_block(labelled: pl.LazyFrame, feat: Feature, opts: EvaluateOptions,
                         f"max {scores.max():.4g}); declare it `probability=False` or fix it.")
     if feat.direction < 0:  # lower means accept: every AUC (and ROC) is of the negated value
         scores = np.negative(scores, out=scores) if scores.flags.writeable else -scores
-    if cache.get("_large"):  # keep one earlier order only: each is 8 bytes per row
+    if cache.get("_large"):  # keep one earlier order only (8 bytes per row), rewritten in place
         del orders[:-1]
-    key = order_keys(scores, orders)  # a monotone transform of an earlier score shares its sort
+    key = order_keys(scores, orders, in_place=bool(cache.get("_large")))  # a monotone transform of an
+    # earlier score shares its sort
     packed = cols["_packed"]
     table = score_tables(scores, packed["y"], packed["pos"], probability=feat.probability,
                          n_bins=opts.n_bins, soft={c: packed[c] for c in SOFT_LABELS}, key=key,
@@ -229,23 +224,59 @@ def _add_raw_auc(block: dict) -> None:
             _add_raw_auc(sub)
 
 
-def _columns(labelled: pl.LazyFrame, requests: bool) -> dict:
-    """Labels, positions and soft labels packed one record per row (and the request keys for the
-    bootstrap); the separate columns are not kept."""
-    frame = labelled.select("label", "position", *SOFT_LABELS, *(["_req"] if requests else [])).collect()
-    cols = {"_packed": pack_rows(frame["label"].to_numpy(), frame["position"].to_numpy(),
-                                 {c: frame[c].to_numpy() for c in SOFT_LABELS}), "n": frame.height}
+def _part_scores(parts: list[pl.LazyFrame], feat: Feature, counts: list[int]) -> np.ndarray:
+    """A feature's values over the parts, filled part by part: float32 while every value so far is
+    exactly a float32 (q_max and the other logged probabilities), float64 from the first that is not."""
+    out, at = None, 0
+    for part, m in zip(parts, counts, strict=True):
+        v = part.select(feat.expr.cast(pl.Float64).alias("s")).collect()["s"].to_numpy()
+        if v.size != m:
+            raise DataError(f"Feature {feat.name!r}: {v.size} values on a part of {m} labelled drafts.")
+        exact = np.array_equal(v.astype(np.float32), v)
+        if out is None:
+            out = np.empty(sum(counts), dtype=np.float32 if exact else np.float64)
+        elif out.dtype == np.float32 and not exact:
+            out = out.astype(np.float64)  # the values so far are exact float32: no loss
+        out[at:at + m] = v
+        at += m
+        del v
+    return out if out is not None else np.empty(0)
+
+
+def _columns(parts: list[pl.LazyFrame], requests: bool) -> dict:
+    """Labels, positions and soft labels packed one record per row, filled part by part (and the
+    request keys for the bootstrap); the separate columns are not kept."""
+    counts = [int(p.select(pl.len()).collect().item()) for p in parts]
+    n = sum(counts)
+    first = parts[0].select("label", "position", *SOFT_LABELS).head(1).collect()
+    packed = np.empty(n, dtype=pack_rows(first["label"].to_numpy(), first["position"].to_numpy(),
+                                         {c: first[c].to_numpy() for c in SOFT_LABELS}).dtype)
+    req = np.empty(n, dtype=np.int64) if requests else None
+    at = 0
+    for part, m in zip(parts, counts, strict=True):
+        frame = part.select("label", "position", *SOFT_LABELS, *(["_req"] if requests else [])).collect()
+        if frame.height != m:
+            raise DataError(f"A part of the drafts changed while it was read ({frame.height} rows, then {m}).")
+        packed[at:at + m] = pack_rows(frame["label"].to_numpy(), frame["position"].to_numpy(),
+                                      {c: frame[c].to_numpy() for c in SOFT_LABELS})
+        if requests:
+            req[at:at + m] = frame["_req"].to_numpy()
+        at += m
+    cols = {"_packed": packed, "n": n, "counts": counts}
     if requests:
-        cols["_req"] = frame["_req"].to_numpy()
+        cols["_req"] = req
     return cols
 
 
-def _features_table(labelled: pl.LazyFrame | pl.DataFrame, feats: list[Feature], opts: EvaluateOptions) -> dict:
-    """Every feature's block. ``labelled``: the labelled drafts. Up to ``ordered.LARGE`` rows the features
-    are computed together and scored on a thread pool; beyond, one at a time (a score, its sort
-    keys and the packed rows are what memory holds: about 29 bytes per labelled draft)."""
+def _features_table(labelled: pl.LazyFrame | pl.DataFrame, feats: list[Feature], opts: EvaluateOptions,
+                    parts: list[pl.LazyFrame] | None = None) -> dict:
+    """Every feature's block. ``labelled``: the labelled drafts (``parts``: the same rows in
+    pieces, e.g. one per shard, read one at a time). Up to ``ordered.LARGE`` rows the features are
+    computed together and scored on a thread pool; beyond, one at a time (a score, its sort keys
+    and the packed rows are what memory holds: 25 to 29 bytes per labelled draft)."""
     labelled = labelled.lazy()
-    cache: dict = {"_cols": _columns(labelled, opts.bootstrap > 0)}
+    parts = parts or [labelled]
+    cache: dict = {"_cols": _columns(parts, opts.bootstrap > 0), "_parts": parts}
     n = cache["_cols"]["n"]
     if n == 0:
         raise DataError("No labelled drafts: every draft's label is null, nothing to evaluate.")
@@ -457,7 +488,9 @@ def evaluate(runs: list[str | Path], opts: EvaluateOptions | None = None) -> dic
         "settings": {"features": opts.features, "n_bins": opts.n_bins, "bootstrap": opts.bootstrap,
                      "seed": opts.seed, "by": opts.by, "labels": "hard labels (label not null)",
                      "soft_labels": list(SOFT_LABELS)},
-        "features": _features_table(source.filter(pl.col("label").is_not_null()), feats, opts),
+        "features": _features_table(source.filter(pl.col("label").is_not_null()), feats, opts,
+                                    parts=None if in_memory else [p.filter(pl.col("label").is_not_null())
+                                                                  for run_parts in opened.parts for p in run_parts]),
     }
     totals = source.select(pl.col("label").is_not_null().sum().alias("n"),
                            pl.col("label").cast(pl.Float64).mean().alias("rate")).collect().row(0, named=True)
