@@ -93,38 +93,43 @@ def replay_arrays(runs: list[str | Path], feature: str, where: pl.Expr | None = 
     n = sum(counts)
     out = {"x": np.empty(n, np.float64), "position": np.empty(n, np.int16), "label": np.empty(n, np.int8),
            "decode_step": np.empty(n, np.int64)}
-    at, last, step_id, k = 0, None, -1, 0
+    at, expected, last, step_id, k = 0, 0, None, -1, 0
     for (run_i, bs, part), m in zip(parts, counts, strict=True):
         d = part.select("request", "step", "position", pl.col("label"), f.expr.cast(pl.Float64).alias("_x")).collect()
-        if d.height == 0:
-            continue
-        req, step, pos = d["request"].to_numpy(), d["step"].to_numpy(), d["position"].to_numpy()
-        keys = [np.full(d.height, run_i), req // bs, step, req, pos]
-        if last is not None:  # the previous shard's last row comes first
-            keys = [np.r_[lk, kk] for lk, kk in zip(last, keys, strict=True)]
-        ahead = np.zeros(keys[0].size - 1, dtype=bool)  # row i+1 after row i (lexicographically)
-        same = np.ones(keys[0].size - 1, dtype=bool)
-        for kk in keys:
-            dk = np.diff(kk)
-            ahead |= same & (dk > 0)
-            same &= dk == 0
-        if not ahead.all():
-            return None
-        new_step = np.diff(keys[0]) != 0
-        for kk in keys[1:3]:
-            new_step |= np.diff(kk) != 0
-        if last is None:
-            new_step = np.r_[True, new_step]
-        ids = step_id + np.cumsum(new_step)
-        step_id = int(ids[-1])
-        last = [kk[-1:] for kk in keys]
-        lab = d["label"].is_not_null().to_numpy()
-        out["x"][at:at + m] = d["_x"].to_numpy()[lab]
-        out["position"][at:at + m] = pos[lab]
-        out["label"][at:at + m] = d["label"].to_numpy()[lab]
-        out["decode_step"][at:at + m] = ids[lab]
-        k = max(k, int(pos.max()) + 1)
-        at += m
+        for c in range(0, d.height, 1 << 21):  # slices: the order checks' temporaries stay small
+            sl = d.slice(c, 1 << 21)
+            req, step, pos = sl["request"].to_numpy(), sl["step"].to_numpy(), sl["position"].to_numpy()
+            keys = [np.full(sl.height, run_i), req // bs, step, req, pos]
+            if last is not None:  # the previous slice's last row comes first
+                keys = [np.r_[lk, kk] for lk, kk in zip(last, keys, strict=True)]
+            ahead = np.zeros(keys[0].size - 1, dtype=bool)  # row i+1 after row i (lexicographically)
+            same = np.ones(keys[0].size - 1, dtype=bool)
+            for kk in keys:
+                dk = np.diff(kk)
+                ahead |= same & (dk > 0)
+                same &= dk == 0
+            if not ahead.all():
+                return None
+            new_step = np.diff(keys[0]) != 0
+            for kk in keys[1:3]:
+                new_step |= np.diff(kk) != 0
+            if last is None:
+                new_step = np.r_[True, new_step]
+            ids = step_id + np.cumsum(new_step)
+            step_id = int(ids[-1])
+            last = [kk[-1:] for kk in keys]
+            lab = sl["label"].is_not_null().to_numpy()
+            j = int(lab.sum())
+            out["x"][at:at + j] = sl["_x"].to_numpy()[lab]
+            out["position"][at:at + j] = pos[lab]
+            out["label"][at:at + j] = sl["label"].to_numpy()[lab]
+            out["decode_step"][at:at + j] = ids[lab]
+            k = max(k, int(pos.max()) + 1)
+            at += j
+        del d
+        expected += m
+        if at != expected:
+            raise DataError(f"A shard's drafts changed while they were read ({at} labelled so far, {expected} counted).")
     if n == 0:
         raise DataError("No drafts to fit on" + (" after the filter." if where is not None else "."))
     return out, infos, k
@@ -186,6 +191,7 @@ def fit_runs(runs: list[str | Path], model: str, *, test_fraction: float = 0.3, 
             raise DataError(f"Only one class among the {y.size} labelled drafts: a predictor cannot be fitted.")
         est.fit_arrays(arrays["x"], arrays["position"], y, arrays["decode_step"], k)
         stats = {"accept_rate": float(y.mean()), "rows": int(y.size)}
+        del arrays, y, streamed  # 19 bytes per draft, no longer needed while the fit is written out
     else:
         drafts, infos = load_drafts_for_fit(runs, where)
         k = int(drafts["position"].max()) + 1

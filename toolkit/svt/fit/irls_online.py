@@ -303,6 +303,7 @@ class IRLSOnlineFitter(Fitter):
         if not np.isfinite(x).all():
             raise DataError(f"Feature {self.feature!r} gives NaN/inf values; cannot fit on it.")
         self.est_ = IRLSOnline(self.options).fit(x, position, y, decode_step, k=k)
+        self.est_.prequential_ = None  # 8 bytes per draft; `predict` replays again
         return self
 
     def predict(self, frame, ctx=None) -> np.ndarray:
