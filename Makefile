@@ -78,6 +78,7 @@ bench: setup
 	$(PY) benchmarks/bench_evaluate.py
 	$(PY) benchmarks/bench_fit.py
 	$(PY) benchmarks/bench_cache.py
+	$(PY) benchmarks/bench_scale.py
 
 # Mutation check (not part of `make test`): planted bugs, each must make the tests fail.
 mutate: setup
