@@ -91,6 +91,12 @@ def _ranks_from_order(key: np.ndarray, s: np.ndarray, check_only: bool = False) 
             new[0] = rank + (1 if last is None or ss[0] != last else 0)
             np.cumsum(ss[1:] != ss[:-1], out=new[1:])
             new[1:] += new[0]
+            if ((new[1:] == new[:-1]) & (rows[1:] < rows[:-1])).any():
+                # ties of s that an earlier score's order split: rows ascending within each tie,
+                # as a fresh sort gives them (sums over a tie then do not depend on which order
+                # was reused)
+                o = np.lexsort((rows, new))
+                rows = rows[o]
             key[a:b] = (new.astype(np.uint64) << np.uint64(32)) | rows.astype(np.uint64)
             rank = int(new[-1])
         last = ss[-1]
