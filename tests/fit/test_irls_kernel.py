@@ -59,3 +59,18 @@ def test_one_row_is_scored_with_the_initial_coefficients():
         np.array([0.25]), np.array([0]), np.array([1.0]), np.array([0]), k=1)
     assert est.prequential_[0] == pytest.approx(1 / (1 + np.exp(-(2.0 * 0.25 + 0.5))), abs=1e-15)
     assert len(est.path_) == 1
+
+
+def test_a_singular_per_position_system_keeps_the_coefficients_in_both_paths():
+    """ridge 0 and a feature constant at a position within a cycle: det = 0, the step is NaN and
+    the position keeps its coefficients (numpy's arithmetic, not a ZeroDivisionError)."""
+    o = OnlineOptions(ridge=0.0, per_position_slope=True, damping=0.0)
+    x = np.array([0.0, 0.0, 0.5, 1.0, 0.0, 0.0, 0.3, 0.9])
+    pos = np.array([0, 0, 1, 1, 0, 0, 1, 1])
+    y = np.array([1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0, 1.0])
+    step = np.array([0, 0, 0, 0, 10, 10, 10, 10])
+    a = IRLSOnline(o).fit(x, pos, y, step, k=2)
+    b = IRLSOnline(o).fit(x, pos, y, step, k=2, compiled=False)
+    np.testing.assert_array_equal(a.slope_, b.slope_)
+    np.testing.assert_array_equal(a.intercepts_, b.intercepts_)
+    assert a.slope_[0] == 1.0 and a.intercepts_[0] == 0.0  # position 0 kept its initial values

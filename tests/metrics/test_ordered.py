@@ -170,3 +170,29 @@ def test_a_reused_order_gives_the_keys_of_a_fresh_sort():
     reused = order_keys(clipped, orders)
     assert len(orders) == 1  # it was reused
     assert np.array_equal(fresh, reused)
+
+
+def test_float32_scores_give_the_float64_table():
+    """Scores held as float32 (large runs keep exact float32 values so) give the same numbers:
+    bins and logs are computed in float64 (0.7f * 10 is 7.0 in float32 but 6.99... in float64)."""
+    rng = np.random.default_rng(12)
+    s32 = np.r_[np.float32(0.7), np.float32(0.9), rng.random(3000).astype(np.float32)]
+    y = (rng.random(s32.size) < 0.6).astype(np.int8)
+    pos = rng.integers(0, 3, s32.size)
+    a = score_tables(s32, y, pos, probability=True)
+    b = score_tables(s32.astype(np.float64), y, pos, probability=True)
+    for m in ("auc", "ece", "ece_mass", "log_loss", "brier", "mean_pred"):
+        assert a["overall"][m] == b["overall"][m]
+    assert a["curves"] == b["curves"]
+
+
+def test_a_reused_order_puts_ties_across_chunks_in_row_order(monkeypatch):
+    monkeypatch.setattr(ordered, "CHUNK", 7)
+    rng = np.random.default_rng(13)
+    q = rng.random(3000)
+    clipped = np.clip(q, 0.3, 0.7)
+    orders: list = []
+    order_keys(q, orders)
+    reused = order_keys(clipped, orders)
+    assert len(orders) == 1
+    assert np.array_equal(order_keys(clipped), reused)

@@ -85,3 +85,24 @@ def test_fingerprint_ignores_row_order_and_sharding(synthetic):
     assert data_fingerprint(changed) != fp
     assert data_fingerprint(whole.head(whole.height - 1)) != fp
     assert np.isfinite(len(fp)) and len(fp) == 16
+
+
+def test_streamed_report_of_a_censored_run_keeps_labels_with_their_rows(small_run, tmp_path):
+    """A live-AV run (only explored steps count): the semi-join with the explored steps must keep
+    each shard's row order, since a shard is read column by column (a reviewer's reproduction)."""
+    from svt.traces.io import record_shards, write_meta
+
+    run = write_run(small_run, tmp_path / "cens", 30_000, shard_labelled=8_000, steps_per_request=20, seed=1)
+    meta = open_run(run, deep=False).meta
+    meta["av"] = {"fit": "none.json"}
+    parts = sorted((run / "steps").glob("part-*.parquet"))
+    rng = np.random.default_rng(0)
+    for p in parts:
+        st = pl.read_parquet(p)
+        st.with_columns(pl.Series("explored", rng.random(st.height) < 0.7)).write_parquet(p)
+    record_shards(meta, "steps", parts)
+    write_meta(run, meta)
+    streamed = evaluate([run])
+    mem = evaluate([run], EvaluateOptions(in_memory=True))
+    assert json.dumps(_strip(streamed), sort_keys=True) == json.dumps(_strip(mem), sort_keys=True)
+    assert streamed["acceptance"]["labelled"] < open_run(run).meta["counts"]["labelled"]

@@ -15,7 +15,7 @@ import numpy as np
 from numba import njit
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")
 def _sigmoid(z):
     if z >= 0:
         return 1.0 / (1.0 + math.exp(-z))
@@ -23,7 +23,7 @@ def _sigmoid(z):
     return e / (1.0 + e)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, error_model="numpy")  # x / 0 is inf or nan, as in numpy
 def replay(x, pos, y, step, cycle_steps, label_delay, k, per_position_slope, init_slope, init_intercept, damping, ridge,
            min_obs, reject_negative_slope, prequential, path_cycle, path_rows, path_slope, path_intercepts):
     """Score every row with the coefficients in force in its cycle (``step // cycle_steps``) and

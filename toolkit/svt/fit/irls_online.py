@@ -167,8 +167,9 @@ class IRLSOnline:
             h_ww = np.bincount(pos, weights=vf * f, minlength=K)
             a11, a12, a22 = h_ww + o.ridge, h_wb, h_bb + o.ridge
             det = a11 * a22 - a12 * a12
-            d_w = -(a22 * g_w - a12 * g_b) / det
-            d_b = -(-a12 * g_w + a11 * g_b) / det
+            with np.errstate(divide="ignore", invalid="ignore"):  # det 0: a NaN step, not taken
+                d_w = -(a22 * g_w - a12 * g_b) / det
+                d_b = -(-a12 * g_w + a11 * g_b) / det
             damp = n_k / (n_k + o.damping) if o.damping > 0 else np.ones(K)
             new_w = self.slope_ + damp * d_w
             new_b = self.intercepts_ + damp * d_b

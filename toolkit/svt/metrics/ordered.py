@@ -67,16 +67,38 @@ def _sort_in_place(key: np.ndarray) -> np.ndarray:
     return key
 
 
-def _ranks_from_order(key: np.ndarray, s: np.ndarray, check_only: bool = False) -> bool:
+def _score_tie_ends(key: np.ndarray, s: np.ndarray, chunk: int) -> list[int]:
+    """Chunk ends of keys already in ascending order of ``s``, each moved past the tie of ``s``
+    it would cut."""
+    n, ends, a = key.size, [], 0
+    mask = np.uint64(0xFFFFFFFF)
+    while a < n:
+        b = min(a + chunk, n)
+        v = s[int(key[b - 1] & mask)]
+        while b < n:
+            window = s[(key[b:b + 65536] & mask).astype(np.intp)]
+            j = int(np.searchsorted(window, v, side="right"))
+            b += j
+            if j < window.size:
+                break
+        ends.append(b)
+        a = b
+    return ends
+
+
+def _ranks_from_order(key: np.ndarray, s: np.ndarray, check_only: bool = False, sorted_by_s: bool = False) -> bool:
     """Rewrite sorted-by-float32 keys in place as ``dense rank << 32 | row`` of the float64 ``s``,
     chunk by chunk: float32 rounding is monotone, so only rows that share a float32 value can be out
     of order, and each chunk (cut between float32 values) is re-sorted by ``s`` where it needs to be.
-    With ``check_only``, return whether the order already sorts ``s`` and change nothing."""
+    With ``check_only``, return whether the order already sorts ``s`` and change nothing. With
+    ``sorted_by_s`` (an order that sorts ``s``, reused), chunks are cut between ties of ``s``, so
+    each tie's rows are put back in row order whole."""
     halves = key.view(np.uint32)
     high = halves[1::2] if sys.byteorder == "little" else halves[0::2]
     rank, last = -1, None
     a = 0
-    for b in _chunk_ends(high, key.size, CHUNK):
+    ends = _score_tie_ends(key, s, CHUNK) if sorted_by_s else _chunk_ends(high, key.size, CHUNK)
+    for b in ends:
         rows = (key[a:b] & np.uint64(0xFFFFFFFF)).astype(np.intp)
         ss = s[rows]
         down = (ss[1:] < ss[:-1]).any() or (last is not None and ss[0] < last)
@@ -123,7 +145,7 @@ def order_keys(s: np.ndarray, others: list[np.ndarray] | None = None, *, in_plac
             continue
         if _ranks_from_order(others[i], s, check_only=True):
             key = others[i] if in_place else others[i].copy()
-            _ranks_from_order(key, s)
+            _ranks_from_order(key, s, sorted_by_s=True)
             return key
     if in_place and others:
         others.clear()  # the only references: their memory is free before the new keys
@@ -385,7 +407,7 @@ def score_tables(s: np.ndarray, y: np.ndarray, position: np.ndarray, *, probabil
         zeros = np.zeros(1, dtype=np.intp)  # one scope: positions unused
         for a in range(0, n, chunk):
             sl = slice(a, a + chunk)
-            sc = s[sl]
+            sc = s[sl].astype(np.float64)  # float32 scores too: bins and logs in float64
             hard.add(sc, y[sl].astype(np.float64), pos[sl].astype(np.intp), True, hard=True)
             for name, t in soft.items():
                 soft_sums[name].add(sc, t[sl].astype(np.float64), zeros, True, hard=False)

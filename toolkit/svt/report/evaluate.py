@@ -286,7 +286,7 @@ def _features_table(labelled: pl.LazyFrame | pl.DataFrame, feats: list[Feature],
     if not large:  # every complete feature in one polars pass (polars runs them in parallel)
         whole = [f for f in feats if not f.partial]
         frame = labelled.select([f.expr.cast(pl.Float64).alias(f"_f{i}") for i, f in enumerate(whole)]).collect()
-        cache["_scores"] = {f.name: frame[f"_f{i}"].to_numpy(writable=True) for i, f in enumerate(whole)}
+        cache["_scores"] = {f.name: frame[f"_f{i}"].to_numpy() for i, f in enumerate(whole)}
         del frame
     # numpy releases the GIL in sorts and array arithmetic: features run on a small thread pool
     # (sharing sorts: a feature monotone in an earlier one reuses its order when it is ready)

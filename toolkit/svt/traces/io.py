@@ -230,7 +230,7 @@ class Run:
                 "verified every draft; evaluating or fitting on it would treat censored labels as "
                 "complete. Collect with `av.explore` > 0 (or without AV)."
             )
-        return drafts.join(explored, on=["request", "step"], how="semi")
+        return drafts.join(explored, on=["request", "step"], how="semi", maintain_order="left")
 
     def uncensored_parts(self) -> list[pl.LazyFrame]:
         """:meth:`uncensored_drafts` shard by shard (one lazy frame per drafts shard, in order)."""
@@ -239,7 +239,9 @@ class Run:
             return parts
         self.uncensored_drafts()  # the check that some step was explored
         explored = self.scan("steps").filter(pl.col("explored")).select("request", "step").collect().lazy()
-        return [p.join(explored, on=["request", "step"], how="semi") for p in parts]
+        # the drafts' order kept: a shard is read several times (column by column) and its rows
+        # must line up every time
+        return [p.join(explored, on=["request", "step"], how="semi", maintain_order="left") for p in parts]
 
     def parts(self, table: str) -> list[pl.LazyFrame]:
         """Each shard of ``table`` as its own lazy frame cast to the schema's dtypes (for work done

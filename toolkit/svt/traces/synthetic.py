@@ -80,7 +80,7 @@ def write_run(source: str | Path, out: str | Path, n_labelled: int, *, steps_per
     meta.pop("counts", None)
     try:
         written: dict[str, list[Path]] = {"drafts": [], "steps": [], "requests": []}
-        labelled = 0
+        labelled = accepted = n_drafts = n_steps_all = emitted = 0
         for shard, first in enumerate(range(0, n_requests, req_per_shard)):
             reqs = min(req_per_shard, n_requests - first)
             rng = np.random.default_rng([seed, shard])
@@ -95,9 +95,13 @@ def write_run(source: str | Path, out: str | Path, n_labelled: int, *, steps_per
                     .with_columns((pl.col("request") // bs).alias("_b"))
                     .sort("_b", "step", "request", "position").drop("_sid", "_b"))
             labelled += int(part["label"].is_not_null().sum())
+            accepted += int((part["label"] == 1).sum())
+            n_drafts += part.height
             st = (new.join(steps_src.rename({"request": "_src_req", "step": "_src_step"}),
                            on=["_src_req", "_src_step"], how="left")
                   .with_columns((pl.col("request") // bs).alias("_b")).sort("_b", "step", "request"))
+            n_steps_all += st.height
+            emitted += int(st["emitted"].sum())
             rq = (new.filter(pl.col("step") == 0).select(
                 "request", pl.col("_src_req").replace_strict(workload_of, return_dtype=pl.String).alias("workload"))
                 .with_columns(pl.lit([], dtype=pl.List(pl.Int32)).alias("prompt_ids"),
@@ -109,6 +113,8 @@ def write_run(source: str | Path, out: str | Path, n_labelled: int, *, steps_per
             record_shards(meta, table, paths)
         meta["status"] = "complete"
         meta["synthetic"]["labelled"] = labelled
+        meta["counts"] = {"requests": n_requests, "steps": n_steps_all, "drafts": n_drafts, "labelled": labelled,
+                          "accepted": accepted, "output_tokens": emitted}
         write_meta(tmp, meta)
         os.replace(tmp, out)
     except BaseException:
