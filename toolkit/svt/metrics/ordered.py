@@ -113,12 +113,20 @@ def _ranks_from_order(key: np.ndarray, s: np.ndarray, check_only: bool = False, 
             new[0] = rank + (1 if last is None or ss[0] != last else 0)
             np.cumsum(ss[1:] != ss[:-1], out=new[1:])
             new[1:] += new[0]
-            if ((new[1:] == new[:-1]) & (rows[1:] < rows[:-1])).any():
+            bad = np.flatnonzero((new[1:] == new[:-1]) & (rows[1:] < rows[:-1]))
+            if bad.size:
                 # ties of s that an earlier score's order split: rows ascending within each tie,
                 # as a fresh sort gives them (sums over a tie then do not depend on which order
-                # was reused)
-                o = np.lexsort((rows, new))
-                rows = rows[o]
+                # was reused); only the rows of those ties are sorted
+                ties = np.unique(new[bad])
+                edge = np.zeros(new.size + 1, dtype=np.int32)
+                np.add.at(edge, np.searchsorted(new, ties, side="left"), 1)
+                np.add.at(edge, np.searchsorted(new, ties, side="right"), -1)
+                sub = np.flatnonzero(np.cumsum(edge[:-1]) > 0)
+                both = (new[sub].astype(np.uint64) << np.uint64(32)) | rows[sub].astype(np.uint64)
+                both.sort()
+                rows = rows.copy()
+                rows[sub] = (both & np.uint64(0xFFFFFFFF)).astype(np.intp)
             key[a:b] = (new.astype(np.uint64) << np.uint64(32)) | rows.astype(np.uint64)
             rank = int(new[-1])
         last = ss[-1]
@@ -326,9 +334,11 @@ def _chunk_ends(high: np.ndarray, n: int, chunk: int) -> list[int]:
     return ends
 
 
-def pack_rows(y: np.ndarray, position: np.ndarray, soft: dict[str, np.ndarray] | None = None) -> np.ndarray:
+def pack_rows(y: np.ndarray, position: np.ndarray, soft: dict[str, np.ndarray] | None = None,
+              out: np.ndarray | None = None) -> np.ndarray:
     """Each row's label, position and soft labels in one record: the ordered pass reads rows in
-    score order, at random places, and one record costs one memory access instead of several."""
+    score order, at random places, and one record costs one memory access instead of several.
+    ``out``: records to fill in place (a slice of a larger array)."""
     soft = soft or {}
     pos = np.asarray(position)
     if pos.size and (pos.min() < 0 or pos.max() > np.iinfo(np.uint16).max):
@@ -342,8 +352,10 @@ def pack_rows(y: np.ndarray, position: np.ndarray, soft: dict[str, np.ndarray] |
         offsets.append(at)
         at += f.itemsize
     size = -(-at // 4) * 4  # whole 32-bit words: gathers copy rows of words
-    rec = np.zeros(pos.size, dtype=np.dtype({"names": names, "formats": formats, "offsets": offsets,
-                                             "itemsize": size}))
+    dtype = np.dtype({"names": names, "formats": formats, "offsets": offsets, "itemsize": size})
+    if out is not None and out.dtype != dtype:
+        raise ValueError(f"Expected `out` of dtype {dtype}, but got {out.dtype}.")
+    rec = np.zeros(pos.size, dtype=dtype) if out is None else out
     rec["y"] = y
     rec["pos"] = pos
     for name, col in soft.items():

@@ -257,8 +257,8 @@ def _columns(parts: list[pl.LazyFrame], requests: bool) -> dict:
         frame = part.select("label", "position", *SOFT_LABELS, *(["_req"] if requests else [])).collect()
         if frame.height != m:
             raise DataError(f"A part of the drafts changed while it was read ({frame.height} rows, then {m}).")
-        packed[at:at + m] = pack_rows(frame["label"].to_numpy(), frame["position"].to_numpy(),
-                                      {c: frame[c].to_numpy() for c in SOFT_LABELS})
+        pack_rows(frame["label"].to_numpy(), frame["position"].to_numpy(),
+                  {c: frame[c].to_numpy() for c in SOFT_LABELS}, out=packed[at:at + m])
         if requests:
             req[at:at + m] = frame["_req"].to_numpy()
         at += m
