@@ -36,6 +36,9 @@ def resample_steps(drafts: pl.DataFrame, n_labelled: int, *, steps_per_request: 
     ).drop("_sid", "_new")
 
 
+MAX_LABELLED = 4_000_000_000  # evaluation sorts one feature of at most 2**32 labelled drafts
+
+
 def write_run(source: str | Path, out: str | Path, n_labelled: int, *, steps_per_request: int = 60,
               shard_labelled: int = 5_000_000, seed: int = 0) -> Path:
     """A synthetic run directory of about ``n_labelled`` labelled drafts, resampled (whole steps)
@@ -51,12 +54,23 @@ def write_run(source: str | Path, out: str | Path, n_labelled: int, *, steps_per
     import shutil
     import uuid
 
+    from svt.errors import ConfigError
     from svt.traces.io import open_run, record_shards, write_meta, write_shard
 
+    for name, value in (("labelled drafts", n_labelled), ("labelled drafts per shard", shard_labelled),
+                        ("steps per request", steps_per_request)):
+        if not 1 <= value <= MAX_LABELLED:
+            raise ConfigError(f"Expected {name} between 1 and {MAX_LABELLED:,}, but got {value!r}.")
+    if seed < 0:
+        raise ConfigError(f"Expected a seed >= 0, but got {seed}.")
     src = open_run(source)
+    src.require_complete()
     out = Path(out)
     if out.exists():
-        raise FileExistsError(f"{out} exists; remove it or choose another --out.")
+        raise ConfigError(f"{out} exists; remove it or choose another output folder.")
+    stray = sorted(out.parent.glob(f".{out.name}.tmp-*")) if out.parent.is_dir() else []
+    if stray:
+        raise ConfigError(f"{stray[0]} is left from an interrupted write of {out}; delete it first.")
     bs = int((src.meta.get("config") or {}).get("batch_size", 1) or 1)
     keys = ["request", "step"]
     drafts = src.scan("drafts").collect()
@@ -78,6 +92,12 @@ def write_run(source: str | Path, out: str | Path, n_labelled: int, *, steps_per
                          "labelled_target": int(n_labelled), "steps_per_request": steps_per_request,
                          "seed": seed, "method": "whole steps resampled with replacement"}
     meta.pop("counts", None)
+    import signal
+
+    def _term(signum, frame):  # a plain `kill` cleans up like Ctrl-C
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, _term) if _main_thread() else None
     try:
         written: dict[str, list[Path]] = {"drafts": [], "steps": [], "requests": []}
         labelled = accepted = n_drafts = n_steps_all = emitted = 0
@@ -120,22 +140,53 @@ def write_run(source: str | Path, out: str | Path, n_labelled: int, *, steps_per
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     return out
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
 
 
 def main(argv=None) -> None:
     import argparse
+    import math
+    import sys
+
+    from svt.errors import SvtError
+
+    def count(text: str) -> int:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not math.isfinite(v) or v < 1 or v != int(v) or v > MAX_LABELLED:
+            raise argparse.ArgumentTypeError(f"expected a whole number between 1 and {MAX_LABELLED:,}, got {text!r}")
+        return int(v)
 
     ap = argparse.ArgumentParser(prog="python -m svt.traces.synthetic",
                                  description="Write a synthetic run resampled from a real one (benchmarks at scale).")
     ap.add_argument("source", type=Path, help="a run directory (e.g. runs/demo)")
     ap.add_argument("out", type=Path, help="the new run directory (must not exist)")
-    ap.add_argument("--labelled", type=float, required=True, help="labelled drafts, e.g. 1e8")
+    ap.add_argument("--labelled", type=count, required=True, help="labelled drafts, e.g. 1e8 (about 45 bytes "
+                    "of disk each with the demo run as the source)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--shard-labelled", type=float, default=5e6, help="labelled drafts per shard")
+    ap.add_argument("--shard-labelled", type=count, default=5_000_000, help="labelled drafts per shard")
     args = ap.parse_args(argv)
-    path = write_run(args.source, args.out, int(args.labelled), seed=args.seed,
-                     shard_labelled=int(args.shard_labelled))
+    print(f"writing about {args.labelled:,} labelled drafts to {args.out} "
+          f"(about {args.labelled * 45 / 1e9:.1f} GB with the demo run as the source)", flush=True)
+    try:
+        path = write_run(args.source, args.out, args.labelled, seed=args.seed, shard_labelled=args.shard_labelled)
+    except SvtError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(exc.exit_code) from None
+    except KeyboardInterrupt:
+        print(f"interrupted: nothing was written to {args.out}", file=sys.stderr)
+        raise SystemExit(130) from None
     print(f"wrote {path}")
 
 

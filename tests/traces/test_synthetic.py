@@ -1,0 +1,62 @@
+"""`python -m svt.traces.synthetic`: bad input gets one message and an exit code; an interrupted
+write leaves nothing behind."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+
+def _run(*args):
+    return subprocess.run([sys.executable, "-m", "svt.traces.synthetic", *map(str, args)],
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("args, code, words", [
+    (["--labelled", "0"], 2, "whole number"),
+    (["--labelled", "nan"], 2, "whole number"),
+    (["--labelled", "1e30"], 2, "whole number"),
+    (["--labelled", "100", "--shard-labelled", "-1"], 2, "whole number"),
+    (["--labelled", "100", "--seed", "-1"], 2, "seed"),
+])
+def test_bad_numbers_are_refused(small_run, tmp_path, args, code, words):
+    r = _run(small_run, tmp_path / "out", *args)
+    assert r.returncode == code and words in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_existing_and_incomplete_inputs(small_run, tmp_path):
+    r = _run(tmp_path / "nope", tmp_path / "out", "--labelled", "100")
+    assert r.returncode == 3 and r.stderr.startswith("error:") and "Traceback" not in r.stderr
+    r = _run(small_run, small_run, "--labelled", "100")
+    assert r.returncode == 2 and "exists" in r.stderr
+    import shutil
+
+    src = tmp_path / "running"
+    shutil.copytree(small_run, src)
+    meta = json.loads((src / "run.json").read_text())
+    meta["status"] = "running"
+    (src / "run.json").write_text(json.dumps(meta))
+    r = _run(src, tmp_path / "out", "--labelled", "100")
+    assert r.returncode == 5 and "incomplete" in r.stderr and not (tmp_path / "out").exists()
+
+
+def test_a_terminated_write_leaves_nothing(small_run, tmp_path):
+    out = tmp_path / "big"
+    proc = subprocess.Popen([sys.executable, "-m", "svt.traces.synthetic", str(small_run), str(out),
+                             "--labelled", "3e7", "--shard-labelled", "2e5"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not list(tmp_path.glob(".big.tmp-*")) and time.time() < deadline:
+        time.sleep(0.1)
+    assert list(tmp_path.glob(".big.tmp-*")), "the write never started"
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "nothing was written" in err
+    assert not out.exists() and not list(tmp_path.glob(".big.tmp-*"))
+    assert os.listdir(tmp_path) == []
