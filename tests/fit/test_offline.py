@@ -113,8 +113,9 @@ def test_one_class_and_empty_data_are_refused(small_run, tmp_path):
     reseal(path)
     with pytest.raises(DataError, match="Only one class"):
         fit_runs([path], "irls-online")
-    with pytest.raises(DataError, match="after the filter"):
-        fit_runs([small_run], "logistic", where=pl.col("workload") == "nope")
+    for model in ("logistic", "irls-online"):  # in memory, and streamed shard by shard
+        with pytest.raises(DataError, match="after the filter"):
+            fit_runs([small_run], model, where=pl.col("workload") == "nope")
 
 
 def _frame(n=30_000, seed=0, k=4):

@@ -70,20 +70,8 @@ def _sort_in_place(key: np.ndarray) -> np.ndarray:
 def _score_tie_ends(key: np.ndarray, s: np.ndarray, chunk: int) -> list[int]:
     """Chunk ends of keys already in ascending order of ``s``, each moved past the tie of ``s``
     it would cut."""
-    n, ends, a = key.size, [], 0
     mask = np.uint64(0xFFFFFFFF)
-    while a < n:
-        b = min(a + chunk, n)
-        v = s[int(key[b - 1] & mask)]
-        while b < n:
-            window = s[(key[b:b + 65536] & mask).astype(np.intp)]
-            j = int(np.searchsorted(window, v, side="right"))
-            b += j
-            if j < window.size:
-                break
-        ends.append(b)
-        a = b
-    return ends
+    return _tie_cut_ends(lambda a, b: s[(key[a:b] & mask).astype(np.intp)], key.size, chunk)
 
 
 def _ranks_from_order(key: np.ndarray, s: np.ndarray, check_only: bool = False, sorted_by_s: bool = False) -> bool:
@@ -318,13 +306,19 @@ class _Sums:
 
 
 def _chunk_ends(high: np.ndarray, n: int, chunk: int) -> list[int]:
-    """Chunk ends in the sorted order, each moved forward past the tie group it would cut."""
+    """Chunk ends in the sorted order of ``high``, each moved forward past the tie group it would cut."""
+    return _tie_cut_ends(lambda a, b: high[a:b], n, chunk)
+
+
+def _tie_cut_ends(values, n: int, chunk: int) -> list[int]:
+    """Ends of chunks of about ``chunk`` rows over ``n`` rows in ascending order, each moved past
+    the tie it would cut; ``values(a, b)`` gives the sort values of rows ``a:b``."""
     ends, a = [], 0
     while a < n:
         b = min(a + chunk, n)
-        v = high[b - 1]
-        while b < n:  # skip the rest of the tie group ending the chunk
-            window = high[b:b + 65536]
+        v = values(b - 1, b)[0]
+        while b < n:  # skip the rest of the tie ending the chunk, a window at a time
+            window = values(b, b + 65536)
             j = int(np.searchsorted(window, v, side="right"))
             b += j
             if j < window.size:
