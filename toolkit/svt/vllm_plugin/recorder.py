@@ -1,0 +1,226 @@
+"""The recorder: pairs each proposal with its verification and spools rows to disk.
+
+Nothing here touches vLLM: the hooks in :mod:`.internals` hand it plain arrays, so its logic is
+tested without an engine. A proposal is kept per request until the next verification of that
+request; the verification is recorded only when its draft tokens are the proposal's (a mismatch is
+counted, never logged as data).
+
+Spool layout (one folder per process, so processes never share a file)::
+
+    SPOOL/spool/<host>-<pid>/process.json          engine facts (vLLM version, models, K)
+    SPOOL/spool/<host>-<pid>/NNNNN-<table>.parquet  one flush: drafts, steps, requests, ids
+    SPOOL/spool/<host>-<pid>/NNNNN.done             written last: the flush is whole
+
+Every file is written to a temporary name and renamed; a flush without its ``.done`` marker (the
+process died while writing it) is ignored by :func:`svt.vllm_plugin.finish.finish_spool`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+FLUSH_ROWS_ENV = "SVT_TRACE_FLUSH_ROWS"
+WORKLOAD_ENV = "SVT_WORKLOAD"
+PLACEHOLDER = -1  # vLLM's id for positions after a rejection in the sampler's output
+
+SPOOL_SCHEMAS = {
+    "drafts": {"vllm_request": pl.String, "step": pl.Int32, "position": pl.Int16, "token": pl.Int32,
+               "q_max": pl.Float32, "q_margin": pl.Float32, "q_entropy": pl.Float32, "q_sampled": pl.Float32,
+               "p_sampled": pl.Float32, "p_max": pl.Float32, "accept_prob": pl.Float32,
+               "accept_prob_expected": pl.Float32, "label": pl.Int8},
+    "steps": {"vllm_request": pl.String, "step": pl.Int32, "drafted": pl.Int16, "accepted": pl.Int16,
+              "emitted": pl.Int16, "draft_ms": pl.Float32, "verify_ms": pl.Float32, "batch_size": pl.Int16,
+              "kept": pl.Int16, "explored": pl.Boolean},
+    "requests": {"vllm_request": pl.String, "prompt_ids": pl.List(pl.Int32), "output_ids": pl.List(pl.Int32),
+                 "finish_reason": pl.String, "temperature": pl.Float32, "top_p": pl.Float32},
+    "ids": {"external": pl.String, "internal": pl.String},
+}
+
+
+@dataclass
+class Proposal:
+    ids: np.ndarray  # [k] int32 draft tokens
+    q: np.ndarray  # [k, 4] float32: q_max, q_margin, q_entropy, q_sampled
+    draft_ms: float
+
+
+def _atomic_write(frame: pl.DataFrame, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    frame.write_parquet(tmp, compression="zstd")
+    os.replace(tmp, path)
+
+
+class Recorder:
+    """Collects the rows of one process and spools them in flushes of about ``flush_rows`` drafts."""
+
+    def __init__(self, trace_dir: str | Path, flush_rows: int | None = None):
+        self.dir = Path(trace_dir) / "spool" / f"{socket.gethostname()}-{os.getpid()}"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.flush_rows = flush_rows or int(os.environ.get(FLUSH_ROWS_ENV, 1 << 16))
+        self.workload = os.environ.get(WORKLOAD_ENV, "vllm")
+        self.pending: dict[str, Proposal] = {}
+        self.step_of: dict[str, int] = {}
+        self.counters = {"verified_drafts": 0, "mismatched_drafts": 0, "unmatched_drafts": 0,
+                         "nonfinite_drafts": 0}
+        self.flushes = 0
+        self.facts: dict = {}
+        self.notes: dict = {"expand_fix": False}  # what the hooks did besides recording
+        self._reset()
+
+    def _reset(self) -> None:
+        self.drafts: list[dict[str, np.ndarray]] = []
+        self.steps: list[dict] = []
+        self.requests: list[dict] = []
+        self.ids: list[tuple[str, str]] = []
+        self.rows = 0
+
+    # -- events (called by the hooks) ---------------------------------------------------------
+
+    def describe(self, **facts) -> None:
+        """Engine facts (vLLM version, models, K, methods) written to ``process.json``."""
+        self.facts.update(facts)
+        self.facts.setdefault("workload", self.workload)
+        _write_json(self.dir / "process.json", self.facts)
+
+    def named(self, external: str, internal: str) -> None:
+        """The engine renamed a request (vLLM appends a random suffix to the caller's id)."""
+        self.ids.append((external, internal))
+
+    def proposed(self, req_ids: list[str], draft_ids: np.ndarray, q: np.ndarray, draft_ms: float) -> None:
+        """``draft_ids`` ``[B, K]`` and their q statistics ``[B, K, 4]`` for the batch ``req_ids``."""
+        for i, r in enumerate(req_ids):
+            if r is None:
+                continue
+            self.pending[r] = Proposal(draft_ids[i].astype(np.int32), q[i].astype(np.float32), draft_ms)
+
+    def verified(self, req_ids: list[str], num_draft: list[int], draft_ids: np.ndarray, p: np.ndarray,
+                 sampled: np.ndarray, verify_ms: float) -> None:
+        """One verification: ``num_draft[i]`` drafts of request ``req_ids[i]``, flattened in
+        ``draft_ids`` and their p statistics ``p`` ``[sum(num_draft), 4]``; ``sampled`` ``[B, K+1]``
+        is the rejection sampler's output (PLACEHOLDER after the first rejection)."""
+        batch = sum(1 for n in num_draft if n > 0)
+        off = 0
+        for i, (r, n) in enumerate(zip(req_ids, num_draft, strict=True)):
+            lo, off = off, off + n
+            if n == 0:
+                continue
+            prop = self.pending.pop(r, None)
+            if prop is None:
+                self.counters["unmatched_drafts"] += n
+                continue
+            if n > len(prop.ids) or not np.array_equal(prop.ids[:n], draft_ids[lo:off]):
+                self.counters["mismatched_drafts"] += n
+                continue
+            emitted = int((sampled[i] != PLACEHOLDER).sum())
+            accepted = emitted - 1
+            if not 0 <= accepted <= n:
+                self.counters["mismatched_drafts"] += n
+                continue
+            if not (np.isfinite(p[lo:off]).all() and np.isfinite(prop.q[:n]).all()):
+                self.counters["nonfinite_drafts"] += n  # finish_spool refuses such a spool
+                continue
+            step = self.step_of.get(r, 0)
+            self.step_of[r] = step + 1
+            pos = np.arange(n, dtype=np.int16)
+            label = np.where(pos < accepted, 1, np.where(pos == accepted, 0, -1)).astype(np.int8)
+            self.drafts.append({"vllm_request": np.full(n, r, dtype=object), "step": np.full(n, step, np.int32),
+                                "position": pos, "token": prop.ids[:n], "q": prop.q[:n], "p": p[lo:off],
+                                "label": label})
+            self.steps.append({"vllm_request": r, "step": step, "drafted": len(prop.ids), "accepted": accepted,
+                               "emitted": emitted, "draft_ms": prop.draft_ms, "verify_ms": verify_ms,
+                               "batch_size": batch, "kept": n, "explored": n == len(prop.ids)})
+            self.rows += n
+            self.counters["verified_drafts"] += n
+        if self.rows >= self.flush_rows:
+            self.flush()
+
+    def finished(self, req_id: str, prompt_ids, output_ids, reason: str, temperature: float, top_p: float) -> None:
+        self.pending.pop(req_id, None)
+        self.requests.append({"vllm_request": req_id, "prompt_ids": list(prompt_ids),
+                              "output_ids": list(output_ids), "finish_reason": reason,
+                              "temperature": temperature, "top_p": top_p})
+
+    # -- spooling --------------------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Write what is buffered as one whole flush (its ``.done`` marker last)."""
+        if not (self.drafts or self.steps or self.requests or self.ids):
+            return
+        n = self.flushes
+        frames = {"drafts": self._drafts_frame(), "steps": pl.DataFrame(self.steps, schema=SPOOL_SCHEMAS["steps"]),
+                  "requests": pl.DataFrame(self.requests, schema=SPOOL_SCHEMAS["requests"]),
+                  "ids": pl.DataFrame(self.ids, schema=SPOOL_SCHEMAS["ids"], orient="row")}
+        for table, frame in frames.items():
+            _atomic_write(frame, self.dir / f"{n:05d}-{table}.parquet")
+        _write_json(self.dir / f"{n:05d}.done", {"rows": {t: f.height for t, f in frames.items()},
+                                                 "counters": dict(self.counters), "notes": dict(self.notes),
+                                                 "time": time.time()})
+        self.flushes += 1
+        self._reset()
+
+    def _drafts_frame(self) -> pl.DataFrame:
+        schema = SPOOL_SCHEMAS["drafts"]
+        if not self.drafts:
+            return pl.DataFrame(schema=schema)
+        cat = {k: np.concatenate([d[k] for d in self.drafts]) for k in self.drafts[0]}
+        q, p = cat.pop("q"), cat.pop("p")
+        cols = {"vllm_request": cat["vllm_request"].tolist(), "step": cat["step"], "position": cat["position"],
+                "token": cat["token"]}
+        for j, c in enumerate(("q_max", "q_margin", "q_entropy", "q_sampled")):
+            cols[c] = q[:, j]
+        for j, c in enumerate(("p_sampled", "p_max", "accept_prob", "accept_prob_expected")):
+            cols[c] = p[:, j]
+        frame = pl.DataFrame(cols)
+        label = pl.Series("label", cat["label"]).cast(pl.Int8)
+        frame = frame.with_columns(pl.when(label >= 0).then(label).otherwise(None).alias("label"))
+        return frame.select([pl.col(c).cast(t) for c, t in schema.items()])
+
+
+def _write_json(path: Path, obj) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+_ACTIVE: Recorder | None = None
+
+
+def active() -> Recorder | None:
+    """The process's recorder, or None when tracing is off."""
+    return _ACTIVE
+
+
+def activate(trace_dir: str | Path) -> Recorder:
+    """Turn tracing on in this process (idempotent for one directory): check the vLLM version,
+    install the hooks, flush at exit."""
+    global _ACTIVE
+    if _ACTIVE is not None:
+        if Path(trace_dir).resolve() != _ACTIVE.dir.parent.parent.resolve():
+            raise RuntimeError(f"svt: this process already traces into {_ACTIVE.dir.parent.parent}; one "
+                               "trace directory per process.")
+        return _ACTIVE
+    from svt.vllm_plugin import internals
+
+    internals.check_version()
+    rec = Recorder(trace_dir)
+    internals.install()
+    _ACTIVE = rec
+    atexit.register(rec.flush)
+    return rec
+
+
+def deactivate() -> None:
+    """Flush and stop recording (the hooks stay installed and do nothing)."""
+    global _ACTIVE
+    if _ACTIVE is not None:
+        _ACTIVE.flush()
+    _ACTIVE = None

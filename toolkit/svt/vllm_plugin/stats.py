@@ -1,0 +1,70 @@
+"""Per-token statistics of the draft and target distributions, reduced where the tensors live.
+
+Only these few numbers per draft token leave the device (never a vocabulary-sized row). They are
+the columns of svt's ``drafts`` table; see the trace schema for their meaning.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# the drafter's columns, in this order
+Q_COLUMNS = ("q_max", "q_margin", "q_entropy", "q_sampled")
+# the target's columns, in this order
+P_COLUMNS = ("p_sampled", "p_max", "accept_prob", "accept_prob_expected")
+
+
+def draft_stats(probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """``[n, 4]`` float32: q_max, q top-1 minus top-2, entropy (nats), q of ``tokens``, for the
+    rows of ``probs`` ``[n, V]`` (a distribution per row)."""
+    probs = probs.float()
+    top = probs.topk(2, dim=-1).values
+    entropy = -torch.special.xlogy(probs, probs).sum(-1)
+    q_tok = probs.gather(-1, tokens.long().view(-1, 1)).squeeze(-1)
+    return torch.stack([top[:, 0], top[:, 0] - top[:, 1], entropy.clamp_min(0), q_tok], dim=-1)
+
+
+def draft_probs_from_logits(logits: torch.Tensor, temperature: torch.Tensor | None) -> torch.Tensor:
+    """The drafter's distribution for features when it drafted greedily: softmax of its logits at
+    the request's temperature, or unscaled (temperature 1) for greedy requests, as svt's own
+    collector defines features at temperature 0. ``temperature`` has one entry per row, or is None
+    when every request is greedy."""
+    logits = logits.float()
+    if temperature is not None:
+        t = temperature.float().view(-1, 1)
+        if t.shape[0] != logits.shape[0]:  # parallel drafting: K rows per request
+            t = t.repeat_interleave(logits.shape[0] // t.shape[0], dim=0)
+        logits = logits / torch.where(t < 1e-5, torch.ones_like(t), t)
+    return logits.softmax(dim=-1)
+
+
+def target_stats(target_logits: torch.Tensor, tokens: torch.Tensor, draft_probs: torch.Tensor | None,
+                 greedy: torch.Tensor | None) -> torch.Tensor:
+    """``[n, 4]`` float32: p of ``tokens``, p_max, the exact acceptance probability of the drafted
+    token and 1 - TV(p, q), for draft tokens whose processed target logits are ``target_logits``.
+
+    ``greedy`` marks rows of greedy requests (None: all rows are): there acceptance is argmax
+    agreement, so both probabilities are that 0/1 outcome. Otherwise, with the drafter's
+    distribution ``draft_probs`` the token is accepted with probability min(1, p/q) and
+    sum min(p, q) is the acceptance probability before it is drawn; without it the drafter
+    proposed its argmax (a point mass), accepted with probability p(token) both ways.
+    """
+    p = target_logits.float().softmax(dim=-1)
+    tok = tokens.long().view(-1, 1)
+    p_tok = p.gather(-1, tok).squeeze(-1)
+    p_max = p.max(dim=-1).values
+    if draft_probs is not None:
+        q = draft_probs.float()
+        q_tok = q.gather(-1, tok).squeeze(-1)
+        accept = torch.where(q_tok > 0, (p_tok / q_tok.clamp_min(1e-30)).clamp(max=1.0), torch.ones_like(p_tok))
+        expected = torch.minimum(p, q).sum(-1).clamp(0.0, 1.0)
+    else:
+        accept = p_tok
+        expected = p_tok
+    agree = (target_logits.argmax(dim=-1) == tokens.long()).float()
+    if greedy is None:
+        accept = expected = agree
+    else:
+        accept = torch.where(greedy, agree, accept)
+        expected = torch.where(greedy, agree, expected)
+    return torch.stack([p_tok, p_max, accept, expected], dim=-1)
