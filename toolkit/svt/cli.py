@@ -60,6 +60,9 @@ def collect(
     shard: Annotated[str | None, typer.Option(
         help="Collect only shard i of n (0-based, e.g. --shard $SLURM_ARRAY_TASK_ID/8) into --out; "
              "`svt merge` puts the shards together into the run an unsharded collection writes.")] = None,
+    engine: Annotated[str, typer.Option(
+        help="svt (svt's own batched collector) or vllm (an offline vLLM run with svt's plugin "
+             "recording; the config's `vllm:` section sets vLLM's speculative method).")] = "svt",
 ) -> None:
     """Run speculative decoding on a local target/draft pair and log every draft with its label.
 
@@ -70,6 +73,11 @@ def collect(
     from svt.config import load_collect_config, parse_set
 
     try:
+        if engine not in ("svt", "vllm"):
+            raise ConfigError(f"Unknown --engine {engine!r}: expected svt or vllm.")
+        if engine == "vllm" and (shard is not None or profile_costs or resume):
+            raise ConfigError("--engine vllm collects whole runs: --shard, --resume and --profile-costs are "
+                              "svt-engine options.")
         if shard is not None and profile_costs:
             raise ConfigError("--shard splits a collection; --profile-costs does not collect.")
         overrides = parse_set(set_ or [])
@@ -95,10 +103,15 @@ def collect(
                                                     if isinstance(v, dict) and "path" in v}})
             _say(f"wrote {out_dir}")
             return
-        from svt.collect.shards import parse_shard
+        if engine == "vllm":
+            from svt.collect.vllm_run import collect_vllm
 
-        summary = run_collect(cfg, out_dir, config_path=config, resume=resume, overwrite=overwrite,
-                              progress=not quiet, shard=parse_shard(shard))
+            summary = collect_vllm(cfg, out_dir, config_path=config, overwrite=overwrite, progress=not quiet)
+        else:
+            from svt.collect.shards import parse_shard
+
+            summary = run_collect(cfg, out_dir, config_path=config, resume=resume, overwrite=overwrite,
+                                  progress=not quiet, shard=parse_shard(shard))
     except SvtError as exc:
         raise _fail(exc) from None
     out.print(
@@ -107,6 +120,28 @@ def collect(
         f"{summary.output_tokens:,} tokens in {summary.seconds:.1f} s"
         + (f" (resumed after {summary.resumed_batches} complete batches)" if summary.resumed_batches else "")
     )
+
+
+@app.command("vllm-finish")
+def vllm_finish(
+    trace_dir: Annotated[Path, typer.Argument(help="The SVT_TRACE_DIR a vLLM engine traced into.")],
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help="The run directory to write.")],
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing run in --out.")] = False,
+) -> None:
+    """Turn what svt's vLLM plugin spooled (vLLM run with SVT_TRACE_DIR set, e.g. `vllm serve`) into
+    a run directory. Requests are numbered in the order they finished; unfinished and aborted ones
+    are left out (run.json counts them).
+
+    Example: [bold]SVT_TRACE_DIR=traces/serve vllm serve ... ; svt vllm-finish traces/serve --out runs/serve[/]
+    """
+    from svt.vllm_plugin.finish import finish_spool
+
+    try:
+        meta = finish_spool(trace_dir, out_dir, overwrite=overwrite)
+    except SvtError as exc:
+        raise _fail(exc) from None
+    c = meta["counts"]
+    _say(f"wrote {out_dir}: {c['requests']} requests, {c['drafts']:,} drafts ({c['labelled']:,} labelled)")
 
 
 @app.command()

@@ -46,6 +46,29 @@ class HVDConfig:
 
 
 @dataclass
+class VLLMOptions:
+    """`svt collect --engine vllm`: vLLM's speculative settings (the rest of the config is shared)."""
+
+    method: str = "draft_model"  # vLLM's speculative method: draft_model, eagle, eagle3, mtp, ...
+    draft_sample_method: str = "probabilistic"  # probabilistic (vLLM's draft_probs) | greedy (vLLM's default)
+    max_model_len: int = 2048
+    enforce_eager: bool = True
+    kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE on a CPU build (unless already set)
+    engine_args: dict = field(default_factory=dict)  # passed to vllm.LLM as they are
+
+    def validate(self) -> None:
+        _check(self.draft_sample_method in ("probabilistic", "greedy"), "vllm.draft_sample_method",
+               "probabilistic or greedy", self.draft_sample_method)
+        _check(self.max_model_len >= 16, "vllm.max_model_len", "an integer >= 16", self.max_model_len)
+        _check(self.kv_cache_gib >= 1, "vllm.kv_cache_gib", "an integer >= 1 (GiB)", self.kv_cache_gib)
+        _check(isinstance(self.engine_args, dict) and all(isinstance(k, str) for k in self.engine_args),
+               "vllm.engine_args", "a mapping of vllm.LLM argument names to values", self.engine_args)
+        for key in ("model", "tokenizer", "speculative_config", "seed", "max_num_seqs"):
+            _check(key not in self.engine_args, f"vllm.engine_args.{key}",
+                   "unset (svt sets it from the config)", self.engine_args.get(key))
+
+
+@dataclass
 class CollectConfig:
     """What `svt collect` runs. Paths are resolved against the current directory first, then
     against the config file's directory and its parents."""
@@ -68,6 +91,7 @@ class CollectConfig:
     # SuffixDecoding cache drafts (greedy runs): `true` for the defaults, or a mapping of options
     cache: CacheOptions | None = None
     hvd: HVDConfig | None = None
+    vllm: VLLMOptions = field(default_factory=VLLMOptions)  # used by `svt collect --engine vllm` only
 
     def validate(self) -> CollectConfig:
         _check(self.requests >= 1, "requests", "an integer >= 1", self.requests)
@@ -89,6 +113,7 @@ class CollectConfig:
             self.cache.validate()
             _check(self.temperature == 0, "temperature", "0 (greedy) when `cache` is set: oracle yields "
                    "are defined on greedy runs", self.temperature)
+        self.vllm.validate()
         if self.hvd is not None:
             _check(self.temperature == 0, "temperature", "0 (greedy) when `hvd` is set", self.temperature)
             _check(self.av is None, "av", "unset when `hvd` is set (one live policy at a time)", "set")
