@@ -79,12 +79,21 @@ def open_for_evaluation(runs: list[Path]) -> Opened:
                                  if isinstance(v, dict)},
                       "counts": meta.get("counts"),
                       "experiment": experiment(meta),
-                      "labels": ("live AV run: only explored steps (every draft verified) are used"
-                                 if run.censored else "complete (every step verified its drafts)"),
+                      "labels": _labels_note(run),
                       "shards": ("verified against run.json" if run.verified
                                  else "not verified: run.json records no shards (a foreign or older run)"),
                       "data_sha256": data_fingerprint(parts[-1])})
     return Opened(parts, dists, infos)
+
+
+def _labels_note(run) -> str:
+    if run.censored:
+        return "live AV run: only explored steps (every draft verified) are used"
+    if run.meta.get("engine") == "vllm":
+        trimmed = (run.meta.get("vllm") or {}).get("steps_trimmed")
+        return ("vLLM run: every draft the engine verified is labelled; drafts its scheduler did not verify "
+                f"(near max_tokens or max_model_len: {trimmed} step(s)) are not in the table")
+    return "complete (every step verified its drafts)"
 
 
 def load_drafts(runs: list[Path]) -> tuple[pl.DataFrame, pl.DataFrame | None, list[dict]]:

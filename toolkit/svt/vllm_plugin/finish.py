@@ -174,6 +174,7 @@ def _write(run: Path, reqs: pl.DataFrame, drafts: pl.DataFrame, steps: pl.DataFr
                  "draft_sample_method": f0.get("draft_sample_method"),
                  "rejection_sample_method": f0.get("rejection_sample_method"), "dtype": f0.get("dtype"),
                  "processes": len(facts), **status, "dropped": dropped,
+                 "steps_trimmed": int((steps["kept"] < steps["drafted"]).sum()),
                  "draft_probabilities": "vLLM's draft_probs" if f0.get("draft_sample_method") == "probabilistic"
                  else "greedy drafting: the drafter proposed its argmax (a point mass), so accept_prob = "
                       "accept_prob_expected = p(token); q_* describe the draft softmax at the request's "

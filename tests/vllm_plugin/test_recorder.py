@@ -1,0 +1,160 @@
+"""The recorder and the spool -> run step, driven by synthetic engine events (no vLLM needed)."""
+
+import json
+import os
+import sys
+
+import numpy as np
+import polars as pl
+import pytest
+
+from svt.errors import ConfigError, DataError
+from svt.traces.io import open_run
+from svt.vllm_plugin.finish import finish_spool
+from svt.vllm_plugin.recorder import PLACEHOLDER, Recorder
+
+K = 3
+
+
+def _engine(rec: Recorder, requests=4, steps=5, seed=0, aborted=(), unfinished=()):
+    """Propose/verify/finish like the engine: returns {req: [accepted per step]}."""
+    rng = np.random.default_rng(seed)
+    names = [f"{i}-abcd{i:04d}" for i in range(requests)]
+    for i, r in enumerate(names):
+        rec.named(str(i), r)
+    rec.describe(vllm="0.32.0", target="t", draft="d", k=K, method="draft_model",
+                 draft_sample_method="probabilistic", device="cpu")
+    truth = {r: [] for r in names}
+    out = {r: [] for r in names}
+    for _ in range(steps):
+        ids = rng.integers(1, 100, (requests, K))
+        q = rng.random((requests, K, 4)).astype(np.float32)
+        rec.proposed(names, ids, q, draft_ms=1.0)
+        # the last request gets only 2 of its 3 drafts verified (the scheduler trimmed one)
+        num = [K] * (requests - 1) + [2]
+        flat = np.concatenate([ids[i, :n] for i, n in enumerate(num)])
+        p = rng.random((sum(num), 4)).astype(np.float32)
+        sampled = np.full((requests, K + 1), PLACEHOLDER)
+        for i, (r, n) in enumerate(zip(names, num, strict=True)):
+            a = int(rng.integers(0, n + 1))
+            sampled[i, :a + 1] = 7
+            truth[r].append(a)
+            out[r] += [7] * (a + 1)
+        rec.verified(names, num, flat, p, sampled, verify_ms=2.0)
+    for r in names:
+        if r in unfinished:
+            continue
+        rec.finished(r, [1, 2, 3], out[r], "abort" if r in aborted else "length", 1.0, 1.0)
+    rec.flush()
+    return names, truth
+
+
+def test_spool_to_run_labels_and_counts(tmp_path):
+    rec = Recorder(tmp_path / "trace")
+    names, truth = _engine(rec)
+    meta = finish_spool(tmp_path / "trace", tmp_path / "run", order=[str(i) for i in range(4)],
+                        workloads={"0": "code", "1": "prose", "2": "code", "3": "prose"})
+    run = open_run(tmp_path / "run", deep=True)
+    steps = run.scan("steps").sort("request", "step").collect()
+    drafts = run.scan("drafts").collect()
+    for i, r in enumerate(names):
+        assert steps.filter(pl.col("request") == i)["accepted"].to_list() == truth[r]
+    # labels: 1 up to the first rejection, 0 there, null after; position < kept
+    for (req, step), g in drafts.group_by("request", "step"):
+        a = truth[names[req]][step]
+        want = [1 if j < a else 0 if j == a else None for j in range(g.height)]
+        assert g.sort("position")["label"].to_list() == want
+    last = steps.filter(pl.col("request") == 3)
+    assert set(last["kept"].to_list()) == {2} and set(last["drafted"].to_list()) == {K}
+    assert not last["explored"].any()
+    assert meta["counts"]["drafts"] == drafts.height == 5 * (3 * K + 2)
+    assert meta["engine"] == "vllm" and meta["k"] == K
+    assert run.scan("requests").sort("request").collect()["workload"].to_list() == ["code", "prose", "code", "prose"]
+
+
+def test_mismatched_and_unmatched_drafts_are_counted_not_logged(tmp_path):
+    rec = Recorder(tmp_path / "t")
+    rec.describe(k=K, target="t", draft="d")
+    rec.proposed(["a", "b"], np.array([[1, 2, 3], [4, 5, 6]]), np.zeros((2, K, 4)), 1.0)
+    sampled = np.array([[1, 2, 3, 9], [4, 5, 6, 9], [1, -1, -1, -1]])
+    # b's verified drafts are not its proposal; c was never proposed
+    rec.verified(["a", "b", "c"], [3, 3, 1], np.array([1, 2, 3, 4, 5, 7, 1]), np.full((7, 4), 0.5), sampled, 1.0)
+    assert rec.counters == {"verified_drafts": 3, "mismatched_drafts": 3, "unmatched_drafts": 1, "nonfinite_drafts": 0}
+    assert rec.rows == 3
+
+
+def test_nonfinite_statistics_refuse_the_run(tmp_path):
+    rec = Recorder(tmp_path / "t")
+    rec.describe(k=K, target="t", draft="d")
+    rec.proposed(["a"], np.array([[1, 2, 3]]), np.zeros((1, K, 4)), 1.0)
+    p = np.full((3, 4), 0.5, np.float32)
+    p[1, 0] = np.nan
+    rec.verified(["a"], [3], np.array([1, 2, 3]), p, np.array([[1, 2, 3, 4]]), 1.0)
+    rec.finished("a", [1], [1, 2, 3, 4], "length", 1.0, 1.0)
+    rec.flush()
+    with pytest.raises(DataError, match="NaN or infinite"):
+        finish_spool(tmp_path / "t", tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_aborted_and_unfinished_requests_are_dropped_and_counted(tmp_path):
+    rec = Recorder(tmp_path / "t")
+    names, _ = _engine(rec, aborted={"1-abcd0001"}, unfinished={"2-abcd0002"})
+    meta = finish_spool(tmp_path / "t", tmp_path / "run")
+    assert meta["counts"]["requests"] == 2
+    assert meta["vllm"]["dropped"]["requests_not_finished_or_aborted"] == 1  # the aborted one
+    assert meta["vllm"]["dropped"]["drafts_of_dropped_requests"] == 2 * 5 * K
+    # without an order, requests are numbered in the order they finished
+    assert open_run(tmp_path / "run").scan("requests").collect()["request"].to_list() == [0, 1]
+
+
+def test_a_flush_without_its_marker_is_ignored_and_damage_is_an_error(tmp_path):
+    rec = Recorder(tmp_path / "t", flush_rows=10)
+    _engine(rec, steps=6)  # several flushes
+    proc = rec.dir
+    finish_spool(tmp_path / "t", tmp_path / "whole")
+    n_whole = open_run(tmp_path / "whole").meta["counts"]["drafts"]
+    # a process killed while writing its last flush leaves files without a .done marker
+    done = sorted(proc.glob("*.done"))
+    last = done[-1]
+    last.unlink()
+    with pytest.raises(DataError, match="did not finish|finished"):
+        # the requests of the lost flush are gone, so the caller's order no longer matches
+        finish_spool(tmp_path / "t", tmp_path / "partial", order=[str(i) for i in range(4)])
+    (proc / last.name).write_text(json.dumps({"rows": {"drafts": 1, "steps": 0, "requests": 0, "ids": 0}}))
+    with pytest.raises(DataError, match="rows, but"):
+        finish_spool(tmp_path / "t", tmp_path / "bad")
+    assert n_whole > 0 and not (tmp_path / "bad").exists()
+
+
+def test_a_spool_of_two_runs_with_the_same_ids_is_refused(tmp_path):
+    _engine(Recorder(tmp_path / "t"))
+    r2 = Recorder(tmp_path / "t")
+    r2.dir = r2.dir.with_name(r2.dir.name + "-second")
+    r2.dir.mkdir()
+    _engine(r2)
+    with pytest.raises(DataError, match="finished 2 times"):
+        finish_spool(tmp_path / "t", tmp_path / "run")
+
+
+def test_existing_output_needs_overwrite_and_old_run_survives_a_failure(tmp_path):
+    _engine(Recorder(tmp_path / "t"))
+    finish_spool(tmp_path / "t", tmp_path / "run")
+    with pytest.raises(ConfigError, match="--overwrite"):
+        finish_spool(tmp_path / "t", tmp_path / "run")
+    with pytest.raises(DataError):
+        finish_spool(tmp_path / "nothing", tmp_path / "run", overwrite=True)
+    open_run(tmp_path / "run", deep=True)  # untouched
+
+
+def test_register_is_inert_without_trace_dir(monkeypatch):
+    monkeypatch.delenv("SVT_TRACE_DIR", raising=False)
+    for m in [m for m in sys.modules if m.startswith("svt.vllm_plugin.internals")]:
+        monkeypatch.delitem(sys.modules, m)
+    from svt.vllm_plugin import register
+    from svt.vllm_plugin.recorder import active
+
+    register()
+    assert active() is None
+    assert "svt.vllm_plugin.internals" not in sys.modules  # nothing of vLLM's was even imported
+    assert os.environ.get("SVT_TRACE_DIR") is None

@@ -1,0 +1,89 @@
+"""The per-token statistics the plugin reduces on the device, against numpy references."""
+
+import numpy as np
+import pytest
+import torch
+
+from svt.vllm_plugin.internals import expand_reference
+from svt.vllm_plugin.stats import draft_probs_from_logits, draft_stats, target_stats
+
+
+def _dists(rng, n, v, mask=0.0):
+    logits = rng.normal(size=(n, v)) * 2
+    if mask:
+        logits[rng.random((n, v)) < mask] = -np.inf
+        logits[np.arange(n), rng.integers(0, v, n)] = 0.0  # at least one finite entry per row
+    return logits
+
+
+def _softmax(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def test_draft_stats_match_numpy():
+    rng = np.random.default_rng(0)
+    q = _softmax(_dists(rng, 64, 50, mask=0.5))
+    tok = rng.integers(0, 50, 64)
+    got = draft_stats(torch.tensor(q, dtype=torch.float32), torch.tensor(tok)).numpy()
+    s = np.sort(q, -1)[:, ::-1]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ent = -np.where(q > 0, q * np.log(q), 0).sum(-1)
+    ref = np.stack([s[:, 0], s[:, 0] - s[:, 1], ent, q[np.arange(64), tok]], -1)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+    assert np.isfinite(got).all()  # masked (zero-probability) tokens add nothing to the entropy
+
+
+def test_target_stats_probabilistic_exact_enumeration():
+    """accept_prob = min(1, p/q) of the token; accept_prob_expected = sum_x q(x) min(1, p(x)/q(x))
+    (enumerated over the vocabulary) = 1 - TV(p, q)."""
+    rng = np.random.default_rng(1)
+    logits = _dists(rng, 40, 12, mask=0.3)  # top-p / top-k masks are -inf logits
+    q = _softmax(rng.normal(size=(40, 12)))
+    tok = rng.integers(0, 12, 40)
+    got = target_stats(torch.tensor(logits, dtype=torch.float32), torch.tensor(tok), torch.tensor(q, dtype=torch.float32),
+                       torch.zeros(40, dtype=torch.bool)).numpy()
+    p = _softmax(logits)
+    enum = np.array([sum(q[i, x] * min(1.0, p[i, x] / q[i, x]) for x in range(12)) for i in range(40)])
+    np.testing.assert_allclose(got[:, 0], p[np.arange(40), tok], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(got[:, 1], p.max(-1), rtol=1e-5)
+    np.testing.assert_allclose(got[:, 2], np.minimum(1, p[np.arange(40), tok] / q[np.arange(40), tok]), rtol=1e-5,
+                               atol=1e-7)
+    np.testing.assert_allclose(got[:, 3], enum, rtol=1e-5)
+    np.testing.assert_allclose(got[:, 3], 1 - 0.5 * np.abs(p - q).sum(-1), rtol=1e-5, atol=1e-6)
+
+
+def test_target_stats_point_mass_and_greedy_rows():
+    rng = np.random.default_rng(2)
+    logits = _dists(rng, 10, 8)
+    tok = np.argmax(logits, -1)
+    tok[::2] = (tok[::2] + 1) % 8  # half the drafts disagree with the target's argmax
+    greedy = torch.tensor([True, False] * 5)
+    got = target_stats(torch.tensor(logits, dtype=torch.float32), torch.tensor(tok), None, greedy).numpy()
+    p = _softmax(logits)
+    p_tok = p[np.arange(10), tok]
+    agree = (tok == logits.argmax(-1)).astype(float)
+    # greedy rows: the 0/1 outcome; sampled rows with a point-mass proposal: p(token) both ways
+    np.testing.assert_allclose(got[:, 2], np.where(greedy.numpy(), agree, p_tok), rtol=1e-5)
+    np.testing.assert_allclose(got[:, 3], np.where(greedy.numpy(), agree, p_tok), rtol=1e-5)
+    all_greedy = target_stats(torch.tensor(logits, dtype=torch.float32), torch.tensor(tok), None, None).numpy()
+    np.testing.assert_array_equal(all_greedy[:, 2], agree)
+
+
+def test_draft_probs_from_logits_temperature_per_row():
+    logits = torch.tensor([[1.0, 2.0, 0.5], [1.0, 2.0, 0.5], [0.0, 3.0, 1.0], [2.0, 1.0, 0.0]])
+    t = torch.tensor([0.5, 0.0])  # two requests, two rows each (parallel drafting); 0 = greedy: T=1
+    got = draft_probs_from_logits(logits, t).numpy()
+    ref = np.stack([_softmax(logits[0].numpy() / 0.5), _softmax(logits[1].numpy() / 0.5),
+                    _softmax(logits[2].numpy()), _softmax(logits[3].numpy())])
+    np.testing.assert_allclose(got, ref, rtol=1e-6)
+    np.testing.assert_allclose(draft_probs_from_logits(logits, None).numpy(), _softmax(logits.numpy()), rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_expand_reference(dtype):
+    x = torch.tensor([5.5, 0.0, 2.25]).to(dtype)
+    cu = torch.tensor([2, 5, 6])
+    got = expand_reference(x, cu, 6, replace_from=0, replace_to=1)
+    want = [x[0], x[0], 1, 1, 1, x[2]]
+    assert got.tolist() == torch.tensor(want).to(dtype).tolist()
