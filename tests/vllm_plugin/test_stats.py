@@ -87,3 +87,42 @@ def test_expand_reference(dtype):
     got = expand_reference(x, cu, 6, replace_from=0, replace_to=1)
     want = [x[0], x[0], 1, 1, 1, x[2]]
     assert got.tolist() == torch.tensor(want).to(dtype).tolist()
+
+
+def test_deferred_reduction_equals_per_call():
+    """The proposal's distributions reduced in one pass give each call's own statistics."""
+    from svt.vllm_plugin import internals
+
+    g = torch.Generator().manual_seed(0)
+    calls = [(torch.softmax(torch.randn(6, 30, generator=g), -1), torch.randint(0, 30, (6,), generator=g))
+             for _ in range(4)]
+    want = [draft_stats(p, t) for p, t in calls]
+    got = internals._reduce_all(list(calls))
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b)
+    greedy = [(p, None) for p, _ in calls]
+    for a, (p, _) in zip(internals._reduce_all(greedy), calls, strict=True):
+        torch.testing.assert_close(a[:, 3], p.max(-1).values)  # drafted token = argmax
+    big = list(calls)
+    old = internals.DEFER_ELEMENTS
+    internals.DEFER_ELEMENTS = 10
+    try:
+        internals._reduce_if_large(big)
+    finally:
+        internals.DEFER_ELEMENTS = old
+    assert all(isinstance(c, torch.Tensor) for c in big)
+
+
+def test_logit_capture_is_undone():
+    from svt.vllm_plugin import internals
+
+    class M(torch.nn.Module):
+        def compute_logits(self, h):
+            return h * 2
+
+    m = M()
+    cap = internals._capture_logits(m)
+    out = m.compute_logits(torch.ones(2))
+    internals._release_logits(m, cap)
+    assert len(cap) == 1 and cap[0] is out
+    assert "compute_logits" not in vars(m) and m.compute_logits(torch.ones(1)).item() == 2

@@ -85,6 +85,60 @@ def _expand_is_broken(device) -> bool:
     return not torch.equal(got, expand_reference(x, cu, 4))
 
 
+# distributions of one proposal kept until it ends, then reduced in one pass (fewer, larger tensor
+# operations); past this many elements (64 MB of float32) they are reduced as they come
+DEFER_ELEMENTS = 1 << 24
+
+
+def _reduce_all(calls: list) -> list:
+    """Each call's ``(probs, tokens)`` -> its ``[rows, 4]`` statistics, pending ones in one pass."""
+    todo = [i for i, c in enumerate(calls) if isinstance(c, tuple)]
+    if not todo:
+        return calls
+    probs = torch.cat([calls[i][0] for i in todo]) if len(todo) > 1 else calls[todo[0]][0]
+    toks = [calls[i][1] for i in todo]
+    tokens = None if any(t is None for t in toks) else (torch.cat(toks) if len(toks) > 1 else toks[0])
+    if tokens is None and not all(t is None for t in toks):  # mixed paths: one at a time
+        return [draft_stats(*c) if isinstance(c, tuple) else c for c in calls]
+    stats = draft_stats(probs, tokens).split([calls[i][0].shape[0] for i in todo])
+    out = list(calls)
+    for i, st in zip(todo, stats, strict=True):
+        out[i] = st
+    return out
+
+
+def _reduce_if_large(calls: list) -> None:
+    if sum(c[0].numel() for c in calls if isinstance(c, tuple)) > DEFER_ELEMENTS:
+        calls[:] = _reduce_all(calls)
+
+
+def _capture_logits(model) -> list:
+    """Shadow ``model.compute_logits`` with a wrapper that keeps what it returns (undone by
+    :func:`_release_logits`)."""
+    captured: list = []
+    original = model.compute_logits
+
+    def compute_logits(*args, **kwargs):
+        out = original(*args, **kwargs)
+        captured.append(out)
+        return out
+
+    try:
+        object.__setattr__(model, "compute_logits", compute_logits)
+    except Exception:  # a wrapper that refuses attributes: recompute instead
+        captured.append(None)
+        captured.append(None)
+    return captured
+
+
+def _release_logits(model, captured) -> None:
+    try:
+        if "compute_logits" in vars(model):
+            object.__delattr__(model, "compute_logits")
+    except Exception:
+        pass
+
+
 def install() -> None:
     """Install the hooks (once per process)."""
     global _installed
@@ -106,18 +160,27 @@ def install() -> None:
     })
 
     def _sample_draft_tokens(self, hidden_states, sampling_metadata):
-        ids, probs = ORIGINALS["sample_draft_tokens"](self, hidden_states, sampling_metadata)
         calls = _draft["calls"]
-        if calls is not None:
-            if probs is None:  # greedy drafting: the features' distribution, recomputed
-                logits = self.model.compute_logits(hidden_states)
-                if getattr(self, "use_heterogeneous_vocab", False):
-                    logits = self.vocab_mapping.constrain_draft_logits(logits)
-                temp = None if sampling_metadata.all_greedy else sampling_metadata.temperature
-                q = draft_probs_from_logits(logits, temp)
-                calls.append(draft_stats(q, q.argmax(dim=-1)))  # the drafted token is the argmax
+        if calls is None:
+            return ORIGINALS["sample_draft_tokens"](self, hidden_states, sampling_metadata)
+        captured = _capture_logits(self.model)  # greedy drafting computes them: keep, not recompute
+        try:
+            ids, probs = ORIGINALS["sample_draft_tokens"](self, hidden_states, sampling_metadata)
+        finally:
+            _release_logits(self.model, captured)
+        if probs is None:  # greedy drafting: the features' distribution from the draft logits
+            heterogeneous = getattr(self, "use_heterogeneous_vocab", False)
+            if len(captured) == 1 and not heterogeneous:
+                logits = captured[0]
             else:
-                calls.append(draft_stats(probs, ids))
+                logits = self.model.compute_logits(hidden_states)
+                if heterogeneous:
+                    logits = self.vocab_mapping.constrain_draft_logits(logits)
+            temp = None if sampling_metadata.all_greedy else sampling_metadata.temperature
+            calls.append((draft_probs_from_logits(logits, temp), None))  # drafted = the argmax
+        else:
+            calls.append((probs, ids))
+        _reduce_if_large(calls)
         return ids, probs
 
     def propose_draft_token_ids(self, *args, **kwargs):
@@ -133,6 +196,7 @@ def install() -> None:
         finally:
             calls, _draft["calls"] = _draft["calls"], None
         ms = (time.perf_counter() - t0) * 1e3
+        calls = _reduce_all(calls) if calls else calls
         if isinstance(out, torch.Tensor) and out.ndim == 2 and calls:
             b, k = out.shape
             if len(calls) == k and all(c.shape[0] >= b for c in calls):

@@ -108,6 +108,8 @@ class Recorder:
         ``draft_ids`` and their p statistics ``p`` ``[sum(num_draft), 4]``; ``sampled`` ``[B, K+1]``
         is the rejection sampler's output (PLACEHOLDER after the first rejection)."""
         batch = sum(1 for n in num_draft if n > 0)
+        emitted_all = (sampled != PLACEHOLDER).sum(axis=1)
+        good, props, lows = [], [], []
         off = 0
         for i, (r, n) in enumerate(zip(req_ids, num_draft, strict=True)):
             lo, off = off, off + n
@@ -120,26 +122,38 @@ class Recorder:
             if n > len(prop.ids) or not np.array_equal(prop.ids[:n], draft_ids[lo:off]):
                 self.counters["mismatched_drafts"] += n
                 continue
-            emitted = int((sampled[i] != PLACEHOLDER).sum())
-            accepted = emitted - 1
-            if not 0 <= accepted <= n:
+            if not 1 <= emitted_all[i] <= n + 1:
                 self.counters["mismatched_drafts"] += n
                 continue
             if not (np.isfinite(p[lo:off]).all() and np.isfinite(prop.q[:n]).all()):
                 self.counters["nonfinite_drafts"] += n  # finish_spool refuses such a spool
                 continue
-            step = self.step_of.get(r, 0)
-            self.step_of[r] = step + 1
-            pos = np.arange(n, dtype=np.int16)
-            label = np.where(pos < accepted, 1, np.where(pos == accepted, 0, -1)).astype(np.int8)
-            self.drafts.append({"vllm_request": np.full(n, r, dtype=object), "step": np.full(n, step, np.int32),
-                                "position": pos, "token": prop.ids[:n], "q": prop.q[:n], "p": p[lo:off],
-                                "label": label})
-            self.steps.append({"vllm_request": r, "step": step, "drafted": len(prop.ids), "accepted": accepted,
-                               "emitted": emitted, "draft_ms": prop.draft_ms, "verify_ms": verify_ms,
-                               "batch_size": batch, "kept": n, "explored": n == len(prop.ids)})
-            self.rows += n
-            self.counters["verified_drafts"] += n
+            good.append(i)
+            props.append(prop)
+            lows.append(lo)
+        if not good:
+            return
+        ns = np.array([num_draft[i] for i in good])
+        accepted = emitted_all[good] - 1
+        steps = np.array([self.step_of.get(req_ids[i], 0) for i in good], dtype=np.int32)
+        for i, st in zip(good, steps, strict=True):
+            self.step_of[req_ids[i]] = int(st) + 1
+        total = int(ns.sum())
+        pos = np.arange(total) - np.repeat(np.cumsum(ns) - ns, ns)
+        acc = np.repeat(accepted, ns)
+        label = np.where(pos < acc, 1, np.where(pos == acc, 0, -1)).astype(np.int8)
+        rows = np.concatenate([np.arange(lo, lo + n) for lo, n in zip(lows, ns, strict=True)])
+        self.drafts.append({"vllm_request": np.repeat(np.array([req_ids[i] for i in good], dtype=object), ns),
+                            "step": np.repeat(steps, ns), "position": pos.astype(np.int16),
+                            "token": draft_ids[rows].astype(np.int32),
+                            "q": np.concatenate([pr.q[:n] for pr, n in zip(props, ns, strict=True)]),
+                            "p": p[rows], "label": label})
+        for j, i in enumerate(good):
+            pr = props[j]
+            self.steps.append((req_ids[i], int(steps[j]), len(pr.ids), int(accepted[j]), int(accepted[j]) + 1,
+                               pr.draft_ms, verify_ms, batch, int(ns[j]), int(ns[j]) == len(pr.ids)))
+        self.rows += total
+        self.counters["verified_drafts"] += total
         if self.rows >= self.flush_rows:
             self.flush()
 
@@ -156,7 +170,7 @@ class Recorder:
         if not (self.drafts or self.steps or self.requests or self.ids):
             return
         n = self.flushes
-        frames = {"drafts": self._drafts_frame(), "steps": pl.DataFrame(self.steps, schema=SPOOL_SCHEMAS["steps"]),
+        frames = {"drafts": self._drafts_frame(), "steps": pl.DataFrame(self.steps, schema=SPOOL_SCHEMAS["steps"], orient="row"),
                   "requests": pl.DataFrame(self.requests, schema=SPOOL_SCHEMAS["requests"]),
                   "ids": pl.DataFrame(self.ids, schema=SPOOL_SCHEMAS["ids"], orient="row")}
         for table, frame in frames.items():
