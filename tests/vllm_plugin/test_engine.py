@@ -76,12 +76,15 @@ def _check_against_vllm(run, res):
     steps = run.scan("steps").sort("request", "step").collect()
     reqs = run.scan("requests").sort("request").collect()
     assert reqs.height == len(res["request_ids"])
+    assert run.meta["vllm"]["counters"]["mismatched_drafts"] == run.meta["vllm"]["counters"]["unmatched_drafts"] == 0
+    assert run.meta["vllm"]["requests_with_tokens_from_unrecorded_steps"] == 0
     for i in range(reqs.height):
         s = steps.filter(pl.col("request") == i)
         assert s["accepted"].to_list() == res["per_step_accepted"][i], i
         assert s["kept"].to_list() == res["per_step_drafted"][i], i
         assert reqs["output_ids"][i].to_list() == res["output_ids"][i]
         assert reqs["prompt_ids"][i].to_list() == res["prompt_ids"][i]
+        assert s["emitted"].sum() + 1 == len(res["output_ids"][i])  # + the prefill's token
 
 
 def test_tiny_pair_at_temperature_1(tmp_path):

@@ -25,7 +25,7 @@ def _engine(rec: Recorder, requests=4, steps=5, seed=0, aborted=(), unfinished=(
     rec.describe(vllm="0.32.0", target="t", draft="d", k=K, method="draft_model",
                  draft_sample_method="probabilistic", device="cpu")
     truth = {r: [] for r in names}
-    out = {r: [] for r in names}
+    out = {r: [5] for r in names}  # the first output token comes from the prefill
     for _ in range(steps):
         ids = rng.integers(1, 100, (requests, K))
         q = rng.random((requests, K, 4)).astype(np.float32)
@@ -44,7 +44,9 @@ def _engine(rec: Recorder, requests=4, steps=5, seed=0, aborted=(), unfinished=(
     for r in names:
         if r in unfinished:
             continue
-        rec.finished(r, [1, 2, 3], out[r], "abort" if r in aborted else "length", 1.0, 1.0)
+        # the scheduler drops what the last step emitted past max_tokens (request 1 here)
+        output = out[r][:-1] if r == names[1] and truth[r][-1] > 0 else out[r]
+        rec.finished(r, [1, 2, 3], output, "abort" if r in aborted else "length", 1.0, 1.0)
     rec.flush()
     return names, truth
 
@@ -69,6 +71,11 @@ def test_spool_to_run_labels_and_counts(tmp_path):
     assert not last["explored"].any()
     assert meta["counts"]["drafts"] == drafts.height == 5 * (3 * K + 2)
     assert meta["engine"] == "vllm" and meta["k"] == K
+    # emitted: the tokens of the output each step produced (the prefill gave the first)
+    reqs = run.scan("requests").sort("request").collect()
+    per = steps.group_by("request").agg(pl.col("emitted").sum()).sort("request")["emitted"].to_list()
+    assert [e + 1 for e in per] == reqs["output_ids"].list.len().to_list()
+    assert meta["vllm"]["requests_with_tokens_from_unrecorded_steps"] == 0
     assert run.scan("requests").sort("request").collect()["workload"].to_list() == ["code", "prose", "code", "prose"]
 
 

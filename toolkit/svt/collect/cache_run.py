@@ -91,6 +91,11 @@ def build_cache_drafts(run_dir: str | Path, options: CacheOptions, draft_model, 
     run_dir = Path(run_dir)
     run = open_run(run_dir, deep=False, tables=["requests", "steps"])
     meta = run.meta
+    if meta.get("engine", "svt") != "svt":
+        raise DataError(f"{run_dir}: a {meta['engine']} run. `svt cache` replays SuffixDecoding in the server "
+                        "order of svt's own static batches, with every output token from a verification step; "
+                        "an engine run (continuous batching, its first token from prefill) has neither, so the "
+                        "replayed drafts would not be what a server saw. Not supported.")
     if not (meta.get("sampling") or {}).get("greedy"):
         raise ConfigError(f"{run_dir}: cache drafts and their oracle yields are defined on greedy runs "
                           "(temperature 0); this run sampled at temperature "

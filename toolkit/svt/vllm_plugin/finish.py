@@ -114,6 +114,7 @@ def finish_spool(trace_dir: str | Path, out: str | Path, *, overwrite: bool = Fa
     ids = kept.select("vllm_request", "request", "workload")
     drafts = tables["drafts"].join(ids, on="vllm_request", how="inner")
     steps = tables["steps"].join(ids.drop("workload"), on="vllm_request", how="inner")
+    steps = _emitted_into_output(steps, kept)
     dropped = {"requests_not_finished_or_aborted": reqs.height - kept.height,
                "drafts_of_dropped_requests": tables["drafts"].height - drafts.height}
     _check_consistent(drafts, steps, k, trace_dir)
@@ -135,6 +136,19 @@ def finish_spool(trace_dir: str | Path, out: str | Path, *, overwrite: bool = Fa
     return run_meta
 
 
+def _emitted_into_output(steps: pl.DataFrame, reqs: pl.DataFrame) -> pl.DataFrame:
+    """``emitted``: the tokens of the output each step produced. vLLM's sampler emits accepted + 1
+    tokens, but the scheduler drops those past a stop token or max_tokens at a request's last step;
+    and the first output token comes from the prefill, not from a verification step."""
+    budget = reqs.select("request", (pl.col("output_ids").list.len() - 1).clip(lower_bound=0).alias("_budget"))
+    return (steps.sort("request", "step").join(budget, on="request", how="left")
+            .with_columns(pl.col("emitted").cast(pl.Int32).cum_sum().over("request").alias("_cum"))
+            .with_columns(pl.min_horizontal(pl.col("emitted").cast(pl.Int32),
+                                            (pl.col("_budget") - pl.col("_cum") + pl.col("emitted")).clip(lower_bound=0))
+                          .cast(pl.Int16).alias("emitted"))
+            .drop("_budget", "_cum"))
+
+
 def _check_consistent(drafts: pl.DataFrame, steps: pl.DataFrame, k: int, where) -> None:
     """Each step's accepted count equals its drafts' labels; positions stay below K."""
     if drafts.height and int(drafts["position"].max()) >= k:
@@ -147,6 +161,30 @@ def _check_consistent(drafts: pl.DataFrame, steps: pl.DataFrame, k: int, where) 
         row = bad.row(0, named=True)
         raise DataError(f"{where}: request {row['request']} step {row['step']}: the steps table and the drafts "
                         "disagree (accepted count or drafts verified); the spool is damaged.")
+
+
+def _unrecorded(steps: pl.DataFrame, reqs: pl.DataFrame) -> int:
+    """Requests whose output has more tokens than the recorded steps emitted (plus the prefill's
+    one): steps without drafts, or verifications the plugin could not pair with their proposal."""
+    per = steps.group_by("request").agg(pl.col("emitted").cast(pl.Int64).sum().alias("e"))
+    both = reqs.select("request", pl.col("output_ids").list.len().alias("n")).join(per, on="request", how="left")
+    return int(both.filter(pl.col("e").fill_null(0) + 1 < pl.col("n")).height)
+
+
+def _models(facts: dict) -> dict:
+    """The pair as run.json records it; local model folders get their weights hash (as svt's own
+    collector records), so `svt cache RUN` can check it loads the same draft."""
+    from svt.models.loading import weights_hash
+
+    out: dict = {}
+    for role in ("target", "draft"):
+        path = facts.get(role)
+        info: dict = {"path": path}
+        if path and Path(path).is_dir() and any(Path(path).glob("*.safetensors")):
+            info["weights_sha256_16"] = weights_hash(Path(path))
+        out[role] = info
+    out["dtype"] = str(facts.get("dtype") or "").removeprefix("torch.")
+    return out
 
 
 def _write(run: Path, reqs: pl.DataFrame, drafts: pl.DataFrame, steps: pl.DataFrame, facts: list[dict],
@@ -167,7 +205,7 @@ def _write(run: Path, reqs: pl.DataFrame, drafts: pl.DataFrame, steps: pl.DataFr
         "run_id": uuid.uuid4().hex[:12], "svt_version": __version__, "schema_version": SCHEMA_VERSION,
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "status": "running",
         "engine": "vllm",
-        "models": {"target": {"path": f0.get("target")}, "draft": {"path": f0.get("draft")}},
+        "models": _models(f0),
         "sampling": sampling, "k": k, "drafter_kinds": ["model"],
         "device": f0.get("device"),
         "vllm": {"version": f0.get("vllm"), "method": f0.get("method"),
@@ -175,6 +213,7 @@ def _write(run: Path, reqs: pl.DataFrame, drafts: pl.DataFrame, steps: pl.DataFr
                  "rejection_sample_method": f0.get("rejection_sample_method"), "dtype": f0.get("dtype"),
                  "processes": len(facts), **status, "dropped": dropped,
                  "steps_trimmed": int((steps["kept"] < steps["drafted"]).sum()),
+                 "requests_with_tokens_from_unrecorded_steps": _unrecorded(steps, reqs),
                  "draft_probabilities": "vLLM's draft_probs" if f0.get("draft_sample_method") == "probabilistic"
                  else "greedy drafting: the drafter proposed its argmax (a point mass), so accept_prob = "
                       "accept_prob_expected = p(token); q_* describe the draft softmax at the request's "
