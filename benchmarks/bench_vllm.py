@@ -77,7 +77,6 @@ def main() -> None:
     if args.worker:
         return worker(args)
     from rich.console import Console
-
     from timing import fmt, summary
 
     results = {"plain": [], "traced": []}
