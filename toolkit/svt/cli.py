@@ -127,6 +127,9 @@ def vllm_finish(
     trace_dir: Annotated[Path, typer.Argument(help="The SVT_TRACE_DIR a vLLM engine traced into.")],
     out_dir: Annotated[Path, typer.Option("--out", "-o", help="The run directory to write.")],
     overwrite: Annotated[bool, typer.Option(help="Replace an existing run in --out.")] = False,
+    draft: Annotated[Path | None, typer.Option(
+        help="A suffix-method run's model drafter (local folder): its teacher-forced accepted length "
+             "labels each cache draft (`model_accepted`).")] = None,
 ) -> None:
     """Turn what svt's vLLM plugin spooled (vLLM run with SVT_TRACE_DIR set, e.g. `vllm serve`) into
     a run directory. Requests are numbered in the order they finished; unfinished and aborted ones
@@ -137,7 +140,7 @@ def vllm_finish(
     from svt.vllm_plugin.finish import finish_spool
 
     try:
-        meta = finish_spool(trace_dir, out_dir, overwrite=overwrite)
+        meta = finish_spool(trace_dir, out_dir, overwrite=overwrite, draft=draft)
     except SvtError as exc:
         raise _fail(exc) from None
     c = meta["counts"]

@@ -115,7 +115,7 @@ def collect_vllm(cfg, out: str | Path, *, config_path=None, overwrite: bool = Fa
                 "seed": cfg.seed, "last_session_seconds": round(seconds, 2)}
         run_meta = finish_spool(spool, out, overwrite=overwrite, order=order,
                                 workloads={o.request_id: prompts[i].workload for i, o in enumerate(outputs)},
-                                meta=meta)
+                                meta=meta, draft=draft)
         _check_outputs(out, outputs, ids)
     finally:
         deactivate()

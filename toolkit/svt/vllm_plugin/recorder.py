@@ -43,6 +43,10 @@ SPOOL_SCHEMAS = {
     "requests": {"vllm_request": pl.String, "prompt_ids": pl.List(pl.Int32), "output_ids": pl.List(pl.Int32),
                  "finish_reason": pl.String, "temperature": pl.Float32, "top_p": pl.Float32},
     "ids": {"external": pl.String, "internal": pl.String},
+    # the engine's own SuffixDecoding proposals (vLLM's `suffix` method), one per request and step
+    "cache": {"vllm_request": pl.String, "decode_pos": pl.Int32, "context_len": pl.Int32,
+              "draft_ids": pl.List(pl.Int32), "probs": pl.List(pl.Float32), "score": pl.Float32,
+              "match_len": pl.Int16, "from_global": pl.Boolean, "lookup_ms": pl.Float32},
 }
 
 
@@ -81,6 +85,7 @@ class Recorder:
         self.steps: list[dict] = []
         self.requests: list[dict] = []
         self.ids: list[tuple[str, str]] = []
+        self.cache: list[tuple] = []
         self.rows = 0
 
     # -- events (called by the hooks) ---------------------------------------------------------
@@ -157,6 +162,16 @@ class Recorder:
         if self.rows >= self.flush_rows:
             self.flush()
 
+    def cache_proposed(self, req_id: str, decode_pos: int, context_len: int, draft_ids: list[int],
+                       probs: list[float], score: float, match_len: int, from_global: bool, lookup_ms: float) -> None:
+        """The engine's suffix cache proposed ``draft_ids`` (maybe none) for ``req_id`` with
+        ``decode_pos`` output tokens generated."""
+        self.cache.append((req_id, decode_pos, context_len, draft_ids, probs, score, match_len, from_global,
+                           lookup_ms))
+        self.rows += 1
+        if self.rows >= self.flush_rows:
+            self.flush()
+
     def finished(self, req_id: str, prompt_ids, output_ids, reason: str, temperature: float, top_p: float) -> None:
         self.pending.pop(req_id, None)
         self.requests.append({"vllm_request": req_id, "prompt_ids": list(prompt_ids),
@@ -167,12 +182,13 @@ class Recorder:
 
     def flush(self) -> None:
         """Write what is buffered as one whole flush (its ``.done`` marker last)."""
-        if not (self.drafts or self.steps or self.requests or self.ids):
+        if not (self.drafts or self.steps or self.requests or self.ids or self.cache):
             return
         n = self.flushes
         frames = {"drafts": self._drafts_frame(), "steps": pl.DataFrame(self.steps, schema=SPOOL_SCHEMAS["steps"], orient="row"),
                   "requests": pl.DataFrame(self.requests, schema=SPOOL_SCHEMAS["requests"]),
-                  "ids": pl.DataFrame(self.ids, schema=SPOOL_SCHEMAS["ids"], orient="row")}
+                  "ids": pl.DataFrame(self.ids, schema=SPOOL_SCHEMAS["ids"], orient="row"),
+                  "cache": pl.DataFrame(self.cache, schema=SPOOL_SCHEMAS["cache"], orient="row")}
         for table, frame in frames.items():
             _atomic_write(frame, self.dir / f"{n:05d}-{table}.parquet")
         _write_json(self.dir / f"{n:05d}.done", {"rows": {t: f.height for t, f in frames.items()},
