@@ -165,3 +165,56 @@ def test_register_is_inert_without_trace_dir(monkeypatch):
     assert active() is None
     assert "svt.vllm_plugin.internals" not in sys.modules  # nothing of vLLM's was even imported
     assert os.environ.get("SVT_TRACE_DIR") is None
+
+
+def _suffix_engine(rec: Recorder, outputs: dict[str, list[int]], prompt=(1, 2, 3)):
+    """Suffix proposals at every other position of each request, plus one past the end."""
+    rec.describe(vllm="0.32.0", target=str(MODELS / "target"), draft=None, k=4, method="suffix", device="cpu",
+                 suffix={"max_tree_depth": 24})
+    for r, out in outputs.items():
+        for t in list(range(1, len(out), 2)) + [len(out) + 3]:
+            draft = out[t:t + 2] + [9] if t < len(out) else [5, 5]
+            rec.cache_proposed(r, t, len(prompt) + t, draft, [0.5] * len(draft), 1.5, 2, t % 4 == 1, 0.01)
+        rec.finished(r, list(prompt), out, "length", 0.0, 1.0)
+    rec.flush()
+
+
+MODELS = __import__("pathlib").Path(__file__).resolve().parents[2] / "data" / "models"
+
+
+def test_suffix_proposals_become_cache_drafts(tmp_path):
+    outputs = {"a-1": [11, 12, 13, 14, 15, 16, 17, 18], "b-2": [21, 22, 23, 24, 25, 26]}
+    _suffix_engine(Recorder(tmp_path / "t"), outputs)
+    with pytest.raises(DataError, match="--draft"):
+        finish_spool(tmp_path / "t", tmp_path / "run")
+    meta = finish_spool(tmp_path / "t", tmp_path / "run", draft=MODELS / "draft-large")
+    run = open_run(tmp_path / "run", deep=True)
+    c = run.scan("cache_drafts").sort("request", "decode_pos").collect()
+    assert meta["drafter_kinds"] == ["cache"] and meta["counts"]["drafts"] == 0
+    # one row per engine proposal within the output; the one past the end is dropped
+    assert c.filter(pl.col("request") == 0)["decode_pos"].to_list() == [1, 3, 5, 7]
+    # oracle: the draft's common prefix with the real continuation (the last token, 9, is wrong,
+    # and the draft at position 7 runs past the output)
+    assert c.filter(pl.col("request") == 0)["oracle_accepted"].to_list() == [2, 2, 2, 1]
+    # history uses only tokens generated before the row: at position 3 the draft from 1
+    # ([12, 13, 9]) is confirmed on output[1:3] = [12, 13], i.e. 2 tokens
+    row = c.filter((pl.col("request") == 0) & (pl.col("decode_pos") == 3)).row(0, named=True)
+    assert row["hist_yield_max"] == 2 and row["prev_draft_len"] == 3 and row["prev_match_len"] == 2
+    assert row["context_len"] == 6 and row["prob_mean"] == 0.5
+    first = c.filter((pl.col("request") == 0) & (pl.col("decode_pos") == 1)).row(0, named=True)
+    assert first["hist_draft_share"] == 0 and first["prev_draft_len"] == 0
+    assert (c["model_accepted"] <= 4).all()
+    # the yield fitters read it (rows at engine steps, checked against the outputs)
+    from svt.fit import fit_runs
+
+    assert fit_runs([tmp_path / "run"], "yield-linear")["model"] == "yield-linear"
+
+
+def test_damaged_suffix_proposals_are_an_error(tmp_path):
+    rec = Recorder(tmp_path / "t")
+    rec.describe(target=str(MODELS / "target"), k=4, method="suffix")
+    rec.cache_proposed("a", 2, 99, [1], [1.0], 1.0, 1, False, 0.1)  # context length is not prompt + 2
+    rec.finished("a", [1, 2, 3], [4, 5, 6, 7], "length", 0.0, 1.0)
+    rec.flush()
+    with pytest.raises(DataError, match="context of 99 tokens"):
+        finish_spool(tmp_path / "t", tmp_path / "run", draft=MODELS / "draft-large")

@@ -18,7 +18,13 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from svt.collect.cache import CHAR_CLASSES, _shares, char_class_table, common_prefix, teacher_forced_accepted
+from svt.collect.cache import (
+    CHAR_CLASSES,
+    _shares,
+    char_class_table,
+    common_prefix,
+    teacher_forced_accepted,
+)
 from svt.errors import DataError, ModelLoadError
 
 HISTORY = 8  # earlier rows the history features look back over (svt's own default)
