@@ -28,11 +28,19 @@ def test_engine_vllm_without_vllm_says_how_to_get_it(tmp_path):
     (["--engine", "vllm", "--set", "vllm.draft_sample_method=random"], "vllm.draft_sample_method"),
     (["--engine", "vllm", "--set", "vllm.engine_args.seed=3"], "vllm.engine_args.seed"),
     (["--engine", "vllm", "--set", "vllm.kv_cache_gib=0"], "vllm.kv_cache_gib"),
+    (["--engine", "vllm", "--set", "vllm.max_model_len=400"], "vllm.max_model_len"),
 ])
 def test_bad_vllm_options_are_one_message(tmp_path, args, message):
+    (tmp_path / "afile").write_text("x")
     r = runner.invoke(app, ["collect", CONFIG, "--out", str(tmp_path / "o"), *args])
     assert r.exit_code == 2, r.output
     assert message in r.output and "Traceback" not in r.output
+
+
+def test_collect_into_a_file_is_refused_before_any_work(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    r = runner.invoke(app, ["collect", CONFIG, "--engine", "vllm", "--out", str(tmp_path / "afile"), "--overwrite"])
+    assert r.exit_code == 2 and "is a file" in r.output and (tmp_path / "afile").read_text() == "x"
 
 
 def test_vllm_finish(tmp_path):

@@ -128,3 +128,22 @@ def test_draft_equal_to_target_accepts_every_draft(tmp_path, temperature, method
     np.testing.assert_allclose(d["q_max"], d["p_max"], atol=2e-4)
     assert d["accept_prob"].min() > 0.999
     assert run.meta["engine"] == "vllm" and run.meta["vllm"]["draft_sample_method"] == method
+
+
+def test_suffix_method_writes_the_engines_cache_drafts(tmp_path):
+    """vLLM's own SuffixDecoding drafter (arctic-inference) at temperature 0: its proposals become
+    cache_drafts whose oracle yields match the outputs, and a yield predictor trains on them."""
+    out = tmp_path / "run"
+    r = subprocess.run([str(SVT), "collect", "--engine", "vllm", str(ROOT / "configs/collect/vllm.yaml"), "--out",
+                        str(out), "--quiet", "--set", "requests=12", "--set", "max_new_tokens=96",
+                        "--set", "temperature=0", "--set", "vllm.method=suffix", "--set", "k=8"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    run = open_run(out, deep=True)
+    assert run.meta["drafter_kinds"] == ["cache"] and run.meta["vllm"]["method"] == "suffix"
+    c = run.scan("cache_drafts").collect()
+    assert c.height > 100 and (c["draft_len"] > 0).sum() > 20 and (c["oracle_accepted"] > 0).sum() > 10
+    from svt.fit import fit_runs  # checks every oracle yield against the request's output
+
+    fit = fit_runs([out], "yield-linear")
+    assert fit["model"] == "yield-linear"

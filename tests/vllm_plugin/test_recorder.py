@@ -218,3 +218,85 @@ def test_damaged_suffix_proposals_are_an_error(tmp_path):
     rec.flush()
     with pytest.raises(DataError, match="context of 99 tokens"):
         finish_spool(tmp_path / "t", tmp_path / "run", draft=MODELS / "draft-large")
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda d: (d / "00000.done").write_text("{}"), "has no count"),
+    (lambda d: (d / "00000.done").write_text("[]"), "expected a JSON object"),
+    (lambda d: (d / "00000.done").write_bytes(b"\xff\xfe"), "not valid JSON"),
+    (lambda d: (d / "00000.done").write_text('{"rows": {"drafts": "200"}}'), "integers >= 0"),
+    (lambda d: (d / "00000-drafts.parquet").write_bytes(b"garbage"), "not a readable Parquet"),
+    (lambda d: (d / "process.json").write_text("[1]"), "expected a JSON object"),
+    (lambda d: (d / "process.json").write_text('{"k": "4"}'), "`k` must be an integer"),
+    (lambda d: (d / "process.json").write_text('{"k": 9, "target": "t", "draft": "d", "vllm": "0.32.0", '
+                                               '"method": "draft_model", "draft_sample_method": "probabilistic", '
+                                               '"device": "cpu"}'), "proposed at most 3"),
+])
+def test_damaged_spool_files_are_one_clear_error(tmp_path, damage, message):
+    rec = Recorder(tmp_path / "t")
+    _engine(rec)
+    damage(rec.dir)
+    with pytest.raises(DataError, match=message):
+        finish_spool(tmp_path / "t", tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_two_engines_in_one_spool_and_overlapping_out_are_refused(tmp_path):
+    _engine(Recorder(tmp_path / "t"))
+    other = Recorder(tmp_path / "t")
+    other.dir = other.dir.with_name(other.dir.name + "-b")
+    other.dir.mkdir()
+    other.describe(vllm="0.32.0", target="t", draft="another-draft", k=K, method="draft_model",
+                   draft_sample_method="probabilistic", device="cpu")
+    other.finished("z", [1], [1, 2], "length", 1.0, 1.0)
+    other.flush()
+    with pytest.raises(DataError, match="disagree on `draft`"):
+        finish_spool(tmp_path / "t", tmp_path / "run")
+    for inside in (tmp_path / "t", tmp_path / "t" / "spool", tmp_path):
+        with pytest.raises(ConfigError, match="overlaps"):
+            finish_spool(tmp_path / "t", inside, overwrite=True)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match="is a file"):
+        finish_spool(tmp_path / "t", tmp_path / "file", overwrite=True)
+
+
+def test_output_shorter_than_its_steps_is_an_error(tmp_path):
+    rec = Recorder(tmp_path / "t")
+    _engine(rec)
+    # cut one request's output well short of what its steps emitted
+    path = rec.dir / "00000-requests.parquet"
+    reqs = pl.read_parquet(path)
+    reqs = reqs.with_columns(pl.when(pl.col("vllm_request") == reqs["vllm_request"][0])
+                             .then(pl.col("output_ids").list.head(2)).otherwise(pl.col("output_ids")))
+    reqs.write_parquet(path)
+    with pytest.raises(DataError, match="shorter than what its steps"):
+        finish_spool(tmp_path / "t", tmp_path / "run")
+
+
+def test_strict_unpaired_drafts_and_failed_verification_keep_the_old_run(tmp_path):
+    rec = Recorder(tmp_path / "t")
+    rec.verified(["x"], [2], np.array([1, 2]), np.full((2, 4), 0.5), np.array([[1, 2, 3, -1]]), 1.0)  # no proposal
+    _engine(rec)
+    finish_spool(tmp_path / "t", tmp_path / "run")  # counted, not refused
+    with pytest.raises(DataError, match="could not be paired"):
+        finish_spool(tmp_path / "t", tmp_path / "run", overwrite=True, strict=True)
+
+    def bad(staged):
+        raise DataError("outputs differ")
+
+    before = (tmp_path / "run" / "run.json").read_text()
+    with pytest.raises(DataError, match="outputs differ"):
+        finish_spool(tmp_path / "t", tmp_path / "run", overwrite=True, verify=bad)
+    assert (tmp_path / "run" / "run.json").read_text() == before
+    assert not list(tmp_path.glob(".run.svt-*"))
+
+
+def test_spool_without_cache_files_still_reads(tmp_path):
+    """Spools written before the cache table existed have no NNNNN-cache.parquet."""
+    rec = Recorder(tmp_path / "t")
+    _engine(rec)
+    (rec.dir / "00000-cache.parquet").unlink()
+    done = json.loads((rec.dir / "00000.done").read_text())
+    del done["rows"]["cache"]
+    (rec.dir / "00000.done").write_text(json.dumps(done))
+    assert finish_spool(tmp_path / "t", tmp_path / "run")["counts"]["requests"] == 4

@@ -144,7 +144,13 @@ def vllm_finish(
     except SvtError as exc:
         raise _fail(exc) from None
     c = meta["counts"]
-    _say(f"wrote {out_dir}: {c['requests']} requests, {c['drafts']:,} drafts ({c['labelled']:,} labelled)")
+    _say(f"wrote {out_dir}: {c['requests']} requests, {c['drafts']:,} drafts ({c['labelled']:,} labelled)"
+         + (f", {meta['cache']['rows']:,} cache drafts" if meta.get("cache") else ""))
+    v = meta["vllm"]
+    lost = v["counters"].get("unmatched_drafts", 0) + v["counters"].get("mismatched_drafts", 0)
+    if lost and v.get("method") not in ("suffix", "ngram"):
+        _say(f"warning: {lost:,} verified draft(s) could not be paired with their proposal and are not in the run "
+             "(run.json: vllm.counters)")
 
 
 @app.command()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import time
 import uuid
 from pathlib import Path
@@ -58,8 +59,10 @@ def collect_vllm(cfg, out: str | Path, *, config_path=None, overwrite: bool = Fa
                               + ".")
     if cfg.device not in ("auto", "cpu", "cuda") and not cfg.device.startswith("cuda"):
         raise ConfigError(f"Unknown device {cfg.device!r}.")
-    out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
+    out = Path(out).resolve()
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file; expected a run directory to write.")
+    if out.exists() and any(out.iterdir()) and not overwrite:
         raise ConfigError(f"{out} exists and is not empty; pass --overwrite to replace it (the vLLM "
                           "collector does not resume).")
     paths = [resolve_workload(w, config_path) for w in cfg.workloads]
@@ -72,12 +75,16 @@ def collect_vllm(cfg, out: str | Path, *, config_path=None, overwrite: bool = Fa
     for what, p in (("target", target), ("draft", draft)):
         if not (p / "config.json").is_file():
             raise ConfigError(f"`{what}`: {p} is not a local Hugging Face model folder (no config.json).")
-    _need_vllm()
-
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(target))
     ids = [encode_prompt(p, tok, cfg.max_prompt_tokens) for p in prompts]
+    need = max(len(x) for x in ids) + cfg.max_new_tokens + cfg.k + 1
+    if cfg.vllm.max_model_len < need:
+        raise ConfigError(f"Expected `vllm.max_model_len` to be at least the longest prompt ({max(len(x) for x in ids)} "
+                          f"tokens) + max_new_tokens + k + 1 = {need}, but got {cfg.vllm.max_model_len}: vLLM would cut "
+                          "requests short and stop drafting near the end.")
+    _need_vllm()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the recorder lives in this process
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.vllm.kv_cache_gib))
     spool = out.parent / f".{out.name}.svt-spool-{uuid.uuid4().hex[:8]}"
@@ -85,9 +92,13 @@ def collect_vllm(cfg, out: str | Path, *, config_path=None, overwrite: bool = Fa
     from svt.vllm_plugin.finish import finish_spool
     from svt.vllm_plugin.recorder import activate, deactivate
 
-    activate(spool)
+    def _terminated(signum, frame):  # SIGTERM unwinds like Ctrl-C: the spool is removed, --out untouched
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, _terminated)
     t0 = time.time()
     try:
+        activate(spool)
         from vllm import LLM, SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -102,8 +113,10 @@ def collect_vllm(cfg, out: str | Path, *, config_path=None, overwrite: bool = Fa
         except Exception as exc:  # vLLM's own validation (pydantic, ValueError, TypeError...)
             lines = [x.strip() for x in str(exc).splitlines() if x.strip()]
             detail = next((x for x in lines if "rror" in x and "validation error" not in x), lines[0] if lines else "")
+            if len(detail) > 600:
+                detail = detail[:600].rsplit(" ", 1)[0] + " …"
             raise ConfigError(f"vLLM could not build the engine from this config ({type(exc).__name__}: "
-                              f"{detail[:300]}).") from None
+                              f"{detail})") from None
         params = [SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_new_tokens,
                                  seed=request_seed(cfg.seed, i)) for i in range(len(ids))]
         outputs = llm.generate([TokensPrompt(prompt_token_ids=x) for x in ids], params, use_tqdm=progress)
@@ -115,11 +128,12 @@ def collect_vllm(cfg, out: str | Path, *, config_path=None, overwrite: bool = Fa
                 "seed": cfg.seed, "last_session_seconds": round(seconds, 2)}
         run_meta = finish_spool(spool, out, overwrite=overwrite, order=order,
                                 workloads={o.request_id: prompts[i].workload for i, o in enumerate(outputs)},
-                                meta=meta, draft=draft)
-        _check_outputs(out, outputs, ids)
+                                meta=meta, draft=draft, strict=True,
+                                verify=lambda staged: _check_outputs(staged, outputs, ids))
     finally:
         deactivate()
         shutil.rmtree(spool, ignore_errors=True)
+        signal.signal(signal.SIGTERM, previous)
     c = run_meta["counts"]
     return CollectSummary(out, c["requests"], c["drafts"], c["labelled"], c["accepted"], c["output_tokens"],
                           c["steps"], seconds, 0)

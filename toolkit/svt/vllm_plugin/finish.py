@@ -17,12 +17,36 @@ from pathlib import Path
 
 import polars as pl
 
-from svt.errors import ConfigError, DataError
+from svt.errors import ConfigError, DataError, SchemaError
 from svt.traces.io import open_run, record_shards, write_meta, write_shard
 from svt.traces.schema import FINISH_REASONS, SCHEMA_VERSION
 from svt.vllm_plugin.recorder import SPOOL_SCHEMAS
 
 SHARD_REQUESTS = 4096  # requests per shard of the finished run
+
+
+OPTIONAL_SPOOL = frozenset({"cache"})  # tables older spools lack (an absent file reads as empty)
+# facts every process of one spool must share
+SAME_FACTS = ("target", "draft", "method", "k", "draft_sample_method", "rejection_sample_method", "vllm")
+
+
+def _json_object(path: Path, what: str) -> dict:
+    try:
+        obj = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DataError(f"{path}: not valid JSON ({exc}).") from None
+    if not isinstance(obj, dict):
+        raise DataError(f"{path}: expected a JSON object ({what}), but got {type(obj).__name__}.")
+    return obj
+
+
+def _counts(obj, path: Path, key: str) -> dict:
+    if obj is None:
+        return {}
+    if not isinstance(obj, dict) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                                            for v in obj.values()):
+        raise DataError(f"{path}: `{key}` must map names to counts (integers >= 0), but got {obj!r}.")
+    return obj
 
 
 def read_spool(trace_dir: str | Path) -> tuple[dict[str, pl.DataFrame], list[dict], dict]:
@@ -34,49 +58,88 @@ def read_spool(trace_dir: str | Path) -> tuple[dict[str, pl.DataFrame], list[dic
     frames: dict[str, list[pl.DataFrame]] = {t: [] for t in SPOOL_SCHEMAS}
     facts, counters, notes = [], {}, {}
     for proc in sorted(p for p in root.iterdir() if p.is_dir()):
-        if (proc / "process.json").is_file():
-            facts.append(json.loads((proc / "process.json").read_text()))
-        for done in sorted(proc.glob("*.done")):
+        dones = sorted(proc.glob("*.done"))
+        if not dones:
+            continue
+        if not (proc / "process.json").is_file():
+            raise DataError(f"{proc}: no process.json (the engine's facts), but it holds flushes.")
+        fact = _json_object(proc / "process.json", "the engine's facts")
+        k = fact.get("k")
+        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 64:
+            raise DataError(f"{proc / 'process.json'}: `k` must be an integer in [1, 64], but got {k!r}.")
+        facts.append(fact)
+        for done in dones:
             n = done.stem
-            try:
-                marker = json.loads(done.read_text())
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{done}: not valid JSON ({exc}).") from None
+            marker = _json_object(done, "a flush marker")
+            rows = _counts(marker.get("rows"), done, "rows")
             for table, schema in SPOOL_SCHEMAS.items():
                 path = proc / f"{n}-{table}.parquet"
                 if not path.is_file():
+                    if table in OPTIONAL_SPOOL and table not in rows:
+                        continue
                     raise DataError(f"{path}: missing, but {done.name} says the flush is whole.")
-                frame = pl.read_parquet(path)
+                if table not in rows:
+                    raise DataError(f"{done}: `rows` has no count for `{table}`.")
+                try:
+                    frame = pl.read_parquet(path)
+                except Exception as exc:  # noqa: BLE001 - polars raises several kinds for damaged files
+                    raise DataError(f"{path}: not a readable Parquet file ({type(exc).__name__}).") from None
                 if dict(frame.schema) != dict(pl.Schema(schema)):
                     raise DataError(f"{path}: columns {dict(frame.schema)} are not the spool's {schema}.")
-                if frame.height != marker["rows"][table]:
-                    raise DataError(f"{path}: {frame.height} rows, but {done.name} recorded "
-                                    f"{marker['rows'][table]}.")
+                if frame.height != rows[table]:
+                    raise DataError(f"{path}: {frame.height} rows, but {done.name} recorded {rows[table]}.")
                 frames[table].append(frame)
-            for k, v in marker.get("counters", {}).items():  # cumulative per process: keep the last
-                counters.setdefault(proc.name, {})[k] = v
-            for k, v in marker.get("notes", {}).items():
-                notes[k] = notes.get(k) or v
-    total = {}
+            for key, v in _counts(marker.get("counters"), done, "counters").items():
+                counters.setdefault(proc.name, {})[key] = v  # cumulative per process: keep the last
+            extra = marker.get("notes") or {}
+            if not isinstance(extra, dict):
+                raise DataError(f"{done}: `notes` must be a JSON object.")
+            for key, v in extra.items():
+                notes[key] = notes.get(key) or v
+    for key in SAME_FACTS:
+        seen = {json.dumps(f.get(key)) for f in facts}
+        if len(seen) > 1:
+            raise DataError(f"{trace_dir}: its processes disagree on `{key}` ({', '.join(sorted(seen))}): the "
+                            "spool mixes different engines' runs. Use one SVT_TRACE_DIR per run.")
+    total: dict = {}
     for per_proc in counters.values():
-        for k, v in per_proc.items():
-            total[k] = total.get(k, 0) + v
+        for key, v in per_proc.items():
+            total[key] = total.get(key, 0) + v
     tables = {t: pl.concat(f) if f else pl.DataFrame(schema=SPOOL_SCHEMAS[t]) for t, f in frames.items()}
     return tables, facts, {"counters": total, "notes": notes}
 
 
+def check_out(trace_dir: str | Path, out: str | Path, overwrite: bool) -> Path:
+    """``out`` resolved, refused when it is a file, holds a run and ``overwrite`` is off, or
+    overlaps the spool it would be made from."""
+    out = Path(out).resolve()
+    src = Path(trace_dir).resolve()
+    if out == src or src in out.parents or out in src.parents:
+        raise ConfigError(f"--out {out} overlaps the trace directory {src}; write the run elsewhere.")
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file; expected a run directory to write.")
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise ConfigError(f"{out} exists and is not empty; pass --overwrite to replace it.")
+    return out
+
+
 def finish_spool(trace_dir: str | Path, out: str | Path, *, overwrite: bool = False,
                  order: list[str] | None = None, workloads: dict[str, str] | None = None,
-                 meta: dict | None = None, draft: str | Path | None = None) -> dict:
+                 meta: dict | None = None, draft: str | Path | None = None, strict: bool = False,
+                 verify=None) -> dict:
     """Write the run ``out`` from the spool in ``trace_dir``; return its run.json.
 
     ``order``: the caller's request ids in svt's request order (``svt collect --engine vllm`` gives
     them); ``workloads``: caller's id -> workload name. ``meta`` is merged into run.json. ``draft``:
-    the model drafter whose accepted length labels the engine's suffix drafts (``model_accepted``)."""
-    out = Path(out)
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise ConfigError(f"{out} exists and is not empty; pass --overwrite to replace it.")
+    the model drafter whose accepted length labels the engine's suffix drafts (``model_accepted``).
+    ``strict``: a model-drafter verification the plugin could not pair with its proposal is an
+    error (else it is counted in run.json). ``verify(staged_run)`` runs on the finished run before
+    it replaces ``out``; an exception from it leaves ``out`` as it was."""
+    out = check_out(trace_dir, out, overwrite)
     tables, facts, status = read_spool(trace_dir)
+    if not facts:
+        raise DataError(f"{trace_dir}: no whole flush in the spool (the engine wrote none, or was killed while "
+                        "writing its first).")
     if status["counters"].get("plugin_errors"):
         raise DataError(f"{trace_dir}: the trace plugin failed {status['counters']['plugin_errors']} time(s) while the "
                         f"engine ran (first: {status['notes'].get('first_plugin_error')}); the spool is incomplete, "
@@ -93,15 +156,15 @@ def finish_spool(trace_dir: str | Path, out: str | Path, *, overwrite: bool = Fa
     if dup.height:
         raise DataError(f"{trace_dir}: request {dup['vllm_request'][0]!r} finished {dup['len'][0]} times; the "
                         "spool mixes two engines' runs with the same ids. Use one SVT_TRACE_DIR per run.")
-    ks = {f.get("k") for f in facts if f.get("k") is not None}
-    if len(ks) != 1:
-        raise DataError(f"{trace_dir}: the spool's processes report K = {sorted(ks)}; expected one K.")
-    k = ks.pop()
+    k = facts[0]["k"]  # one K: read_spool checked the processes agree
     # the caller's ids (vLLM appends a random suffix to each)
     ext = dict(zip(tables["ids"]["internal"].to_list(), tables["ids"]["external"].to_list(), strict=True))
     reqs = reqs.with_columns(pl.col("vllm_request").replace_strict(ext, default=pl.col("vllm_request"))
                              .alias("external"))
     kept = reqs.filter(pl.col("finish_reason").is_in(list(FINISH_REASONS)))
+    if kept.height == 0:
+        raise DataError(f"{trace_dir}: no request finished normally (stop or length); finish reasons seen: "
+                        f"{sorted(set(reqs['finish_reason'].to_list()))}.")
     if order is not None:
         rank = {e: i for i, e in enumerate(order)}
         missing = [e for e in order if e not in set(kept["external"].to_list())]
@@ -130,12 +193,27 @@ def finish_spool(trace_dir: str | Path, out: str | Path, *, overwrite: bool = Fa
     dropped = {"requests_not_finished_or_aborted": reqs.height - kept.height,
                "drafts_of_dropped_requests": tables["drafts"].height - drafts.height}
     _check_consistent(drafts, steps, k, trace_dir)
+    model_method = facts[0].get("method") not in ("suffix", "ngram")
+    if model_method and steps.height and int(steps["drafted"].max()) != k:
+        raise DataError(f"{trace_dir}: process.json says K = {k}, but the drafter proposed at most "
+                        f"{int(steps['drafted'].max())} drafts per step.")
+    lost = status["counters"].get("unmatched_drafts", 0) + status["counters"].get("mismatched_drafts", 0)
+    if strict and model_method and lost:
+        raise DataError(f"{trace_dir}: {lost} verified draft(s) could not be paired with the proposal they came "
+                        "from (a step the drafter did not run, e.g. past max_model_len); the trace would miss "
+                        "them, so no run is written.")
 
     final = out
     staged = out.parent / f".{out.name}.svt-new"
     shutil.rmtree(staged, ignore_errors=True)
     try:
-        run_meta = _write(staged, kept, drafts, steps, facts, status, dropped, k, meta or {}, cache, draft)
+        try:
+            run_meta = _write(staged, kept, drafts, steps, facts, status, dropped, k, meta or {}, cache, draft)
+        except SchemaError as exc:
+            raise DataError(f"{trace_dir}: the spool's rows break svt's trace schema: "
+                            f"{str(exc).replace(str(staged), 'the run')}") from None
+        if verify is not None:
+            verify(staged)
         old = out.parent / f".{out.name}.svt-old"
         shutil.rmtree(old, ignore_errors=True)
         if out.exists():
@@ -153,12 +231,17 @@ def _emitted_into_output(steps: pl.DataFrame, reqs: pl.DataFrame) -> pl.DataFram
     tokens, but the scheduler drops those past a stop token or max_tokens at a request's last step;
     and the first output token comes from the prefill, not from a verification step."""
     budget = reqs.select("request", (pl.col("output_ids").list.len() - 1).clip(lower_bound=0).alias("_budget"))
-    return (steps.sort("request", "step").join(budget, on="request", how="left")
-            .with_columns(pl.col("emitted").cast(pl.Int32).cum_sum().over("request").alias("_cum"))
-            .with_columns(pl.min_horizontal(pl.col("emitted").cast(pl.Int32),
-                                            (pl.col("_budget") - pl.col("_cum") + pl.col("emitted")).clip(lower_bound=0))
-                          .cast(pl.Int16).alias("emitted"))
-            .drop("_budget", "_cum"))
+    out = (steps.sort("request", "step").join(budget, on="request", how="left")
+           .with_columns(pl.col("emitted").cast(pl.Int32).cum_sum().over("request").alias("_cum"),
+                         (pl.col("step") == pl.col("step").max().over("request")).alias("_last"))
+           .with_columns(pl.min_horizontal(pl.col("emitted").cast(pl.Int32),
+                                           (pl.col("_budget") - pl.col("_cum") + pl.col("emitted")).clip(lower_bound=0))
+                         .cast(pl.Int16).alias("_e")))
+    cut = out.filter(~pl.col("_last") & (pl.col("_e") != pl.col("emitted")))
+    if cut.height:
+        raise DataError(f"request {cut['request'][0]}: its output is shorter than what its steps before the last "
+                        "emitted; the requests table does not match the steps (a damaged spool).")
+    return out.with_columns(pl.col("_e").alias("emitted")).drop("_budget", "_cum", "_last", "_e")
 
 
 def _check_consistent(drafts: pl.DataFrame, steps: pl.DataFrame, k: int, where) -> None:
