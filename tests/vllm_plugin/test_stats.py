@@ -94,15 +94,18 @@ def test_deferred_reduction_equals_per_call():
     from svt.vllm_plugin import internals
 
     g = torch.Generator().manual_seed(0)
-    calls = [(torch.softmax(torch.randn(6, 30, generator=g), -1), torch.randint(0, 30, (6,), generator=g))
+    calls = [(torch.softmax(torch.randn(6, 30, generator=g), -1), torch.randint(0, 30, (6,), generator=g), None)
              for _ in range(4)]
-    want = [draft_stats(p, t) for p, t in calls]
+    want = [draft_stats(p, t) for p, t, _ in calls]
     got = internals._reduce_all(list(calls))
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b)
-    greedy = [(p, None) for p, _ in calls]
-    for a, (p, _) in zip(internals._reduce_all(greedy), calls, strict=True):
+    greedy = [(p, None, p.log()) for p, _, _ in calls]
+    for a, b, (p, _, _) in zip(internals._reduce_all(greedy), want, calls, strict=True):
         torch.testing.assert_close(a[:, 3], p.max(-1).values)  # drafted token = argmax
+        torch.testing.assert_close(a[:, :3], b[:, :3])  # log-probs given or not: the same entropy
+    mixed = internals._reduce_all([calls[0], greedy[1]])
+    torch.testing.assert_close(mixed[0], want[0])
     big = list(calls)
     old = internals.DEFER_ELEMENTS
     internals.DEFER_ELEMENTS = 10

@@ -29,7 +29,7 @@ import time
 import torch
 
 from svt.vllm_plugin import SUPPORTED_VLLM, TRACE_DIR_ENV
-from svt.vllm_plugin.stats import draft_probs_from_logits, draft_stats, target_stats
+from svt.vllm_plugin.stats import draft_log_probs_from_logits, draft_stats, target_stats
 
 log = logging.getLogger("svt.vllm_plugin")
 
@@ -106,24 +106,30 @@ DEFER_ELEMENTS = 1 << 24
 
 
 def _reduce_all(calls: list) -> list:
-    """Each call's ``(probs, tokens)`` -> its ``[rows, 4]`` statistics, pending ones in one pass."""
+    """Each call's ``(probs, tokens, log_probs)`` -> its ``[rows, 4]`` statistics, pending ones in
+    one pass when they are alike (all with tokens or all without; all with log-probs or none)."""
     todo = [i for i, c in enumerate(calls) if isinstance(c, tuple)]
     if not todo:
         return calls
-    probs = torch.cat([calls[i][0] for i in todo]) if len(todo) > 1 else calls[todo[0]][0]
-    toks = [calls[i][1] for i in todo]
-    tokens = None if any(t is None for t in toks) else (torch.cat(toks) if len(toks) > 1 else toks[0])
-    if tokens is None and not all(t is None for t in toks):  # mixed paths: one at a time
+    pend = [calls[i] for i in todo]
+    no_tok = {c[1] is None for c in pend}
+    no_logp = {c[2] is None for c in pend}
+    if len(no_tok) > 1 or len(no_logp) > 1:  # mixed paths: one at a time
         return [draft_stats(*c) if isinstance(c, tuple) else c for c in calls]
-    stats = draft_stats(probs, tokens).split([calls[i][0].shape[0] for i in todo])
+
+    def cat(xs):
+        return xs[0] if len(xs) == 1 else torch.cat(xs)
+
+    stats = draft_stats(cat([c[0] for c in pend]), None if no_tok == {True} else cat([c[1] for c in pend]),
+                        None if no_logp == {True} else cat([c[2] for c in pend]))
     out = list(calls)
-    for i, st in zip(todo, stats, strict=True):
+    for i, st in zip(todo, stats.split([c[0].shape[0] for c in pend]), strict=True):
         out[i] = st
     return out
 
 
 def _reduce_if_large(calls: list) -> None:
-    if sum(c[0].numel() for c in calls if isinstance(c, tuple)) > DEFER_ELEMENTS:
+    if sum(c[0].numel() * (1 if c[2] is None else 2) for c in calls if isinstance(c, tuple)) > DEFER_ELEMENTS:
         calls[:] = _reduce_all(calls)
 
 
@@ -194,9 +200,10 @@ def install() -> None:
                 if heterogeneous:
                     logits = self.vocab_mapping.constrain_draft_logits(logits)
             temp = None if sampling_metadata.all_greedy else sampling_metadata.temperature
-            calls.append((draft_probs_from_logits(logits, temp), None))  # drafted = the argmax
+            logp = draft_log_probs_from_logits(logits, temp)
+            calls.append((logp.exp(), None, logp))  # drafted = the argmax
         else:
-            calls.append((probs, ids))
+            calls.append((probs, ids, None))
         _reduce_if_large(calls)
         return ids, probs
 
@@ -374,6 +381,30 @@ def _suffix_facts(proposer) -> dict:
     return {"draft": None, "arctic_inference": version("arctic-inference"),
             "suffix": {"max_tree_depth": proposer.max_tree_depth, "max_spec_factor": proposer.max_spec_factor,
                        "min_token_prob": proposer.min_token_prob}}
+
+
+def uninstall() -> None:
+    """Put vLLM's own functions back (the benchmark's untraced rounds run vLLM's code unchanged)."""
+    global _installed
+    if not _installed:
+        return
+    from vllm.v1.core.sched import scheduler as sched
+    from vllm.v1.engine import input_processor as inproc
+    from vllm.v1.sample import rejection_sampler as rs
+    from vllm.v1.spec_decode import llm_base_proposer as lbp
+    from vllm.v1.spec_decode import suffix_decoding as sfx
+    from vllm.v1.worker import gpu_model_runner as gmr
+
+    lbp.SpecDecodeBaseProposer._sample_draft_tokens = ORIGINALS["sample_draft_tokens"]
+    gmr.GPUModelRunner.propose_draft_token_ids = ORIGINALS["propose"]
+    gmr.GPUModelRunner._sample = ORIGINALS["sample"]
+    gmr.GPUModelRunner.execute_model = ORIGINALS["execute_model"]
+    rs.rejection_sample = ORIGINALS["rejection_sample"]
+    rs.expand_batch_to_tokens = ORIGINALS["expand"]
+    sched.Scheduler._free_request = ORIGINALS["free_request"]
+    inproc.InputProcessor.assign_request_id = staticmethod(ORIGINALS["assign_request_id"])
+    sfx.SuffixDecodingProposer.propose = ORIGINALS["suffix_propose"]
+    _installed = False
 
 
 def _engine_facts(runner) -> dict:

@@ -55,6 +55,7 @@ class Proposal:
     ids: np.ndarray  # [k] int32 draft tokens
     q: np.ndarray  # [k, 4] float32: q_max, q_margin, q_entropy, q_sampled
     draft_ms: float
+    finite: np.ndarray  # [k] bool: every statistic of the draft is finite
 
 
 def _atomic_write(frame: pl.DataFrame, path: Path) -> None:
@@ -102,10 +103,13 @@ class Recorder:
 
     def proposed(self, req_ids: list[str], draft_ids: np.ndarray, q: np.ndarray, draft_ms: float) -> None:
         """``draft_ids`` ``[B, K]`` and their q statistics ``[B, K, 4]`` for the batch ``req_ids``."""
+        draft_ids = draft_ids.astype(np.int32, copy=False)
+        q = q.astype(np.float32, copy=False)
+        finite = np.isfinite(q).all(axis=2)
         for i, r in enumerate(req_ids):
             if r is None:
                 continue
-            self.pending[r] = Proposal(draft_ids[i].astype(np.int32), q[i].astype(np.float32), draft_ms)
+            self.pending[r] = Proposal(draft_ids[i], q[i], draft_ms, finite[i])
 
     def verified(self, req_ids: list[str], num_draft: list[int], draft_ids: np.ndarray, p: np.ndarray,
                  sampled: np.ndarray, verify_ms: float) -> None:
@@ -114,6 +118,7 @@ class Recorder:
         is the rejection sampler's output (PLACEHOLDER after the first rejection)."""
         batch = sum(1 for n in num_draft if n > 0)
         emitted_all = (sampled != PLACEHOLDER).sum(axis=1)
+        finite_p = np.isfinite(p).all(axis=1)
         good, props, lows = [], [], []
         off = 0
         for i, (r, n) in enumerate(zip(req_ids, num_draft, strict=True)):
@@ -130,7 +135,7 @@ class Recorder:
             if not 1 <= emitted_all[i] <= n + 1:
                 self.counters["mismatched_drafts"] += n
                 continue
-            if not (np.isfinite(p[lo:off]).all() and np.isfinite(prop.q[:n]).all()):
+            if not (finite_p[lo:off].all() and prop.finite[:n].all()):
                 self.counters["nonfinite_drafts"] += n  # finish_spool refuses such a spool
                 continue
             good.append(i)

@@ -14,31 +14,40 @@ Q_COLUMNS = ("q_max", "q_margin", "q_entropy", "q_sampled")
 P_COLUMNS = ("p_sampled", "p_max", "accept_prob", "accept_prob_expected")
 
 
-def draft_stats(probs: torch.Tensor, tokens: torch.Tensor | None) -> torch.Tensor:
+def draft_stats(probs: torch.Tensor, tokens: torch.Tensor | None,
+                log_probs: torch.Tensor | None = None) -> torch.Tensor:
     """``[n, 4]`` float32: q_max, q top-1 minus top-2, entropy (nats), q of ``tokens`` (None: the
-    argmax, i.e. q_max), for the rows of ``probs`` ``[n, V]`` (a distribution per row). Few tensor
-    operations: on a CPU each costs a fixed few microseconds, which is most of the plugin's cost."""
+    argmax, i.e. q_max), for the rows of ``probs`` ``[n, V]`` (a distribution per row);
+    ``log_probs``, when the caller has them, spare a logarithm over the vocabulary. Few passes over
+    the vocabulary: they are most of the plugin's cost."""
     if probs.dtype != torch.float32:
         probs = probs.float()
+    if log_probs is None:  # 0 log 0 = 0: the clamp keeps log finite where the probability is 0
+        log_probs = probs.clamp_min(torch.finfo(torch.float32).tiny).log()
     top = probs.topk(2, dim=-1).values
-    entropy = torch.special.xlogy(probs, probs).sum(-1, keepdim=True).neg_().clamp_min_(0)
+    entropy = (probs * log_probs).sum(-1, keepdim=True).neg_().clamp_min_(0)
     q_tok = top[:, :1] if tokens is None else probs.gather(-1, tokens.view(-1, 1).long())
     margin = top[:, :1] - top[:, 1:]
     return torch.cat([top[:, :1], margin, entropy, q_tok], dim=-1)
 
 
-def draft_probs_from_logits(logits: torch.Tensor, temperature: torch.Tensor | None) -> torch.Tensor:
-    """The drafter's distribution for features when it drafted greedily: softmax of its logits at
-    the request's temperature, or unscaled (temperature 1) for greedy requests, as svt's own
-    collector defines features at temperature 0. ``temperature`` has one entry per row, or is None
-    when every request is greedy."""
+def draft_log_probs_from_logits(logits: torch.Tensor, temperature: torch.Tensor | None) -> torch.Tensor:
+    """The drafter's log-distribution for features when it drafted greedily: log-softmax of its
+    logits at the request's temperature, or unscaled (temperature 1) for greedy requests, as svt's
+    own collector defines features at temperature 0. ``temperature`` has one entry per request (rows
+    are repeated for parallel drafting), or is None when every request is greedy."""
     logits = logits.float()
     if temperature is not None:
         t = temperature.float().view(-1, 1)
         if t.shape[0] != logits.shape[0]:  # parallel drafting: K rows per request
             t = t.repeat_interleave(logits.shape[0] // t.shape[0], dim=0)
         logits = logits / torch.where(t < 1e-5, torch.ones_like(t), t)
-    return logits.softmax(dim=-1)
+    return logits.log_softmax(dim=-1)
+
+
+def draft_probs_from_logits(logits: torch.Tensor, temperature: torch.Tensor | None) -> torch.Tensor:
+    """:func:`draft_log_probs_from_logits`, exponentiated."""
+    return draft_log_probs_from_logits(logits, temperature).exp()
 
 
 def target_stats(target_logits: torch.Tensor, tokens: torch.Tensor, draft_probs: torch.Tensor | None,
