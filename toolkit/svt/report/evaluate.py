@@ -288,10 +288,6 @@ def _features_table(labelled: pl.LazyFrame | pl.DataFrame, feats: list[Feature],
     cache: dict = {"_cols": _columns(parts, opts.bootstrap > 0), "_parts": parts}
     n = cache["_cols"]["n"]
     if n == 0:
-        if not any(p.select(pl.len()).collect().item() for p in parts):
-            raise DataError("The run has no model-drafter drafts (a cache-only run, e.g. vLLM's `suffix` method): "
-                            "`svt evaluate` scores acceptance features on them. Its cache drafts train yield "
-                            "predictors: `svt fit RUN --model yield-mlp`.")
         raise DataError("No labelled drafts: every draft's label is null, nothing to evaluate.")
     cache["_large"] = large = n > ordered.LARGE
     orders: list[np.ndarray] = []
@@ -471,6 +467,11 @@ def evaluate(runs: list[str | Path], opts: EvaluateOptions | None = None) -> dic
         load_feature_module(opts.feature_module)
     feats = [get_feature(n) for n in opts.features]
     opened = open_for_evaluation([Path(r) for r in runs])
+    metas = [open_run(r, deep=False, tables=["requests"]).meta for r in runs]
+    if all((m.get("counts") or {}).get("drafts") == 0 and "cache" in (m.get("drafter_kinds") or []) for m in metas):
+        raise DataError("The run has no model-drafter drafts (a cache-only run, e.g. vLLM's `suffix` method): "
+                        "`svt evaluate` scores acceptance features on them. Its cache drafts train yield "
+                        "predictors: `svt fit RUN --model yield-mlp`.")
     infos = opened.infos
     lazy = opened.drafts
     head = lazy.head(1000).collect()
