@@ -86,7 +86,8 @@ def test_mismatched_and_unmatched_drafts_are_counted_not_logged(tmp_path):
     sampled = np.array([[1, 2, 3, 9], [4, 5, 6, 9], [1, -1, -1, -1]])
     # b's verified drafts are not its proposal; c was never proposed
     rec.verified(["a", "b", "c"], [3, 3, 1], np.array([1, 2, 3, 4, 5, 7, 1]), np.full((7, 4), 0.5), sampled, 1.0)
-    assert rec.counters == {"verified_drafts": 3, "mismatched_drafts": 3, "unmatched_drafts": 1, "nonfinite_drafts": 0}
+    assert rec.counters == {"verified_drafts": 3, "mismatched_drafts": 3, "unmatched_drafts": 1, "nonfinite_drafts": 0,
+                            "unrecorded_proposals": 0}
     assert rec.rows == 3
 
 
@@ -136,10 +137,7 @@ def test_a_flush_without_its_marker_is_ignored_and_damage_is_an_error(tmp_path):
 
 def test_a_spool_of_two_runs_with_the_same_ids_is_refused(tmp_path):
     _engine(Recorder(tmp_path / "t"))
-    r2 = Recorder(tmp_path / "t")
-    r2.dir = r2.dir.with_name(r2.dir.name + "-second")
-    r2.dir.mkdir()
-    _engine(r2)
+    _engine(Recorder(tmp_path / "t", name="second"))
     with pytest.raises(DataError, match="finished 2 times"):
         finish_spool(tmp_path / "t", tmp_path / "run")
 
@@ -243,9 +241,7 @@ def test_damaged_spool_files_are_one_clear_error(tmp_path, damage, message):
 
 def test_two_engines_in_one_spool_and_overlapping_out_are_refused(tmp_path):
     _engine(Recorder(tmp_path / "t"))
-    other = Recorder(tmp_path / "t")
-    other.dir = other.dir.with_name(other.dir.name + "-b")
-    other.dir.mkdir()
+    other = Recorder(tmp_path / "t", name="b")
     other.describe(vllm="0.32.0", target="t", draft="another-draft", k=K, method="draft_model",
                    draft_sample_method="probabilistic", device="cpu")
     other.finished("z", [1], [1, 2], "length", 1.0, 1.0)
@@ -269,7 +265,7 @@ def test_output_shorter_than_its_steps_is_an_error(tmp_path):
     reqs = reqs.with_columns(pl.when(pl.col("vllm_request") == reqs["vllm_request"][0])
                              .then(pl.col("output_ids").list.head(2)).otherwise(pl.col("output_ids")))
     reqs.write_parquet(path)
-    with pytest.raises(DataError, match="shorter than what its steps"):
+    with pytest.raises(DataError, match="shorter than what its steps|began after its output ended"):
         finish_spool(tmp_path / "t", tmp_path / "run")
 
 
@@ -300,3 +296,58 @@ def test_spool_without_cache_files_still_reads(tmp_path):
     del done["rows"]["cache"]
     (rec.dir / "00000.done").write_text(json.dumps(done))
     assert finish_spool(tmp_path / "t", tmp_path / "run")["counts"]["requests"] == 4
+
+
+def test_steps_after_the_output_ended_are_dropped(tmp_path):
+    """Under async scheduling vLLM verifies a finished request once more: that step's tokens went
+    nowhere, so it and its drafts are dropped (and counted), not logged as acceptance events."""
+    rec = Recorder(tmp_path / "t")
+    rec.describe(vllm="0.32.0", target="t", draft="d", k=K, method="draft_model", draft_sample_method="greedy",
+                 async_scheduling=True)
+    out = [5]
+    for step in range(3):
+        rec.proposed(["a"], np.array([[1, 2, 3]]), np.full((1, K, 4), 0.5), 1.0)
+        rec.verified(["a"], [K], np.array([1, 2, 3]), np.full((K, 4), 0.5), np.array([[1, 2, -1, -1]]), 1.0)
+        if step < 2:
+            out += [1, 2]
+    rec.finished("a", [9], out, "length", 0.0, 1.0)  # the third step came after the end
+    rec.flush()
+    meta = finish_spool(tmp_path / "t", tmp_path / "run")
+    assert meta["counts"]["steps"] == 2 and meta["counts"]["drafts"] == 2 * K
+    assert meta["vllm"]["dropped"]["steps_after_the_output_ended"] == 1
+    # without async scheduling such a step is damage, not an artefact
+    facts = json.loads((rec.dir / "process.json").read_text())
+    (rec.dir / "process.json").write_text(json.dumps({**facts, "async_scheduling": False}))
+    with pytest.raises(DataError, match="without async scheduling"):
+        finish_spool(tmp_path / "t", tmp_path / "run2")
+
+
+def test_synthetic_rejection_and_processes_without_engine_facts(tmp_path):
+    rec = Recorder(tmp_path / "t")
+    _engine(rec)
+    server = Recorder(tmp_path / "t", name="api")  # an API server's process: request ids only, no engine facts
+    server.named("zzz", "zzz-1")
+    server.flush()
+    assert finish_spool(tmp_path / "t", tmp_path / "run")["counts"]["requests"] == 4
+    facts = json.loads((rec.dir / "process.json").read_text())
+    (rec.dir / "process.json").write_text(json.dumps({**facts, "rejection_sample_method": "synthetic"}))
+    with pytest.raises(DataError, match="synthetic"):
+        finish_spool(tmp_path / "t", tmp_path / "run2")
+    (rec.dir / "process.json").write_text(json.dumps({"pid": 1}))
+    with pytest.raises(DataError, match="no engine facts"):
+        finish_spool(tmp_path / "t", tmp_path / "run3")
+
+
+def test_activate_turns_off_the_v2_model_runner(tmp_path, monkeypatch):
+    from svt.vllm_plugin import internals, recorder
+
+    monkeypatch.setattr(internals, "check_version", lambda: "0.32.0")
+    monkeypatch.setattr(internals, "install", lambda: None)
+    monkeypatch.setattr(recorder, "_ACTIVE", None)
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    with pytest.raises(RuntimeError, match="V1 model runner"):
+        recorder.activate(tmp_path / "t")
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER")
+    rec = recorder.activate(tmp_path / "t")
+    assert os.environ["VLLM_USE_V2_MODEL_RUNNER"] == "0" and recorder.active() is rec
+    recorder.deactivate()

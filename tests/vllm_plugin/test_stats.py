@@ -51,6 +51,12 @@ def test_target_stats_probabilistic_exact_enumeration():
                                atol=1e-7)
     np.testing.assert_allclose(got[:, 3], enum, rtol=1e-5)
     np.testing.assert_allclose(got[:, 3], 1 - 0.5 * np.abs(p - q).sum(-1), rtol=1e-5, atol=1e-6)
+    # a token the drafter gave no mass is rejected, as vLLM's kernel does (it needs draft_prob > 0)
+    q0 = q.copy()
+    q0[0, tok[0]] = 0.0
+    zero = target_stats(torch.tensor(logits, dtype=torch.float32), torch.tensor(tok), torch.tensor(q0, dtype=torch.float32),
+                        torch.zeros(40, dtype=torch.bool)).numpy()
+    assert zero[0, 2] == 0
 
 
 def test_target_stats_point_mass_and_greedy_rows():

@@ -61,13 +61,15 @@ def read_spool(trace_dir: str | Path) -> tuple[dict[str, pl.DataFrame], list[dic
         dones = sorted(proc.glob("*.done"))
         if not dones:
             continue
-        if not (proc / "process.json").is_file():
-            raise DataError(f"{proc}: no process.json (the engine's facts), but it holds flushes.")
-        fact = _json_object(proc / "process.json", "the engine's facts")
-        k = fact.get("k")
-        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 64:
-            raise DataError(f"{proc / 'process.json'}: `k` must be an integer in [1, 64], but got {k!r}.")
-        facts.append(fact)
+        fact = _json_object(proc / "process.json", "the process's facts") if (proc / "process.json").is_file() else {}
+        # a model runner's process says K and the models; an API server's or a scheduler's has only
+        # request ids and finished requests
+        if "k" in fact:
+            k = fact.get("k")
+            if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 64:
+                raise DataError(f"{proc / 'process.json'}: `k` must be an integer in [1, 64], but got {k!r}.")
+            facts.append(fact)
+        runner = "k" in fact
         for done in dones:
             n = done.stem
             marker = _json_object(done, "a flush marker")
@@ -88,6 +90,9 @@ def read_spool(trace_dir: str | Path) -> tuple[dict[str, pl.DataFrame], list[dic
                     raise DataError(f"{path}: columns {dict(frame.schema)} are not the spool's {schema}.")
                 if frame.height != rows[table]:
                     raise DataError(f"{path}: {frame.height} rows, but {done.name} recorded {rows[table]}.")
+                if table in ("drafts", "steps", "cache") and frame.height and not runner:
+                    raise DataError(f"{path}: draft rows from a process whose process.json gives no engine facts "
+                                    "(K, models); the spool is damaged.")
                 frames[table].append(frame)
             for key, v in _counts(marker.get("counters"), done, "counters").items():
                 counters.setdefault(proc.name, {})[key] = v  # cumulative per process: keep the last
@@ -138,8 +143,13 @@ def finish_spool(trace_dir: str | Path, out: str | Path, *, overwrite: bool = Fa
     out = check_out(trace_dir, out, overwrite)
     tables, facts, status = read_spool(trace_dir)
     if not facts:
-        raise DataError(f"{trace_dir}: no whole flush in the spool (the engine wrote none, or was killed while "
-                        "writing its first).")
+        raise DataError(f"{trace_dir}: no model runner recorded in the spool: none flushed (the engine was killed "
+                        "before its first flush) or its runner never reached the plugin's hooks (vLLM's V2 model "
+                        "runner, which tracing turns off, or a speculative method the plugin does not hook).")
+    if facts[0].get("rejection_sample_method") not in (None, "standard"):
+        raise DataError(f"{trace_dir}: the engine ran rejection_sample_method="
+                        f"{facts[0]['rejection_sample_method']!r}: its acceptances are not drawn from p and q, so "
+                        "the labels would not be acceptance events. Trace with the standard rejection sampler.")
     if status["counters"].get("plugin_errors"):
         raise DataError(f"{trace_dir}: the trace plugin failed {status['counters']['plugin_errors']} time(s) while the "
                         f"engine ran (first: {status['notes'].get('first_plugin_error')}); the spool is incomplete, "
@@ -182,6 +192,8 @@ def finish_spool(trace_dir: str | Path, out: str | Path, *, overwrite: bool = Fa
     ids = kept.select("vllm_request", "request", "workload")
     drafts = tables["drafts"].join(ids, on="vllm_request", how="inner")
     steps = tables["steps"].join(ids.drop("workload"), on="vllm_request", how="inner")
+    steps, drafts, after_end = _drop_steps_after_end(steps, drafts, kept, bool(facts[0].get("async_scheduling")),
+                                                     trace_dir)
     steps = _emitted_into_output(steps, kept)
     cache = None
     if tables["cache"].height:
@@ -190,7 +202,7 @@ def finish_spool(trace_dir: str | Path, out: str | Path, *, overwrite: bool = Fa
         joined = tables["cache"].join(ids, on="vllm_request", how="inner")
         cache = cache_rows(joined, kept.select("request", "prompt_ids", "output_ids"), k,
                            next((f.get("target") for f in facts if f.get("target")), None), draft, trace_dir)
-    dropped = {"requests_not_finished_or_aborted": reqs.height - kept.height,
+    dropped = {"steps_after_the_output_ended": after_end, "requests_not_finished_or_aborted": reqs.height - kept.height,
                "drafts_of_dropped_requests": tables["drafts"].height - drafts.height}
     _check_consistent(drafts, steps, k, trace_dir)
     model_method = facts[0].get("method") not in ("suffix", "ngram")
@@ -224,6 +236,29 @@ def finish_spool(trace_dir: str | Path, out: str | Path, *, overwrite: bool = Fa
         shutil.rmtree(staged, ignore_errors=True)
         raise
     return run_meta
+
+
+def _drop_steps_after_end(steps: pl.DataFrame, drafts: pl.DataFrame, reqs: pl.DataFrame, async_scheduling: bool,
+                          where):
+    """Steps that began once the request's output was complete. Under async scheduling vLLM verifies
+    a finished request once more before it learns it finished: that one step's tokens went nowhere
+    and its context is not in the output, so it and its drafts are dropped (and counted). Any other
+    such step means the requests table and the steps disagree: an error."""
+    budget = reqs.select("request", (pl.col("output_ids").list.len() - 1).clip(lower_bound=0).alias("_budget"))
+    s = (steps.sort("request", "step").join(budget, on="request", how="left")
+         .with_columns((pl.col("emitted").cast(pl.Int32).cum_sum().over("request") - pl.col("emitted"))
+                       .alias("_before")))
+    late = s.filter(pl.col("_before") >= pl.col("_budget")).select("request", "step")
+    if late.height == 0:
+        return steps, drafts, 0
+    per = late.group_by("request").len()
+    if not async_scheduling or int(per["len"].max()) > 1:
+        r = per.sort("len", descending=True).row(0, named=True)
+        raise DataError(f"{where}: request {r['request']}: {r['len']} step(s) began after its output ended "
+                        f"({'more than the one async scheduling adds' if async_scheduling else 'the engine ran without async scheduling'}); "
+                        "the requests table does not match the steps (a damaged spool).")
+    return (steps.join(late, on=["request", "step"], how="anti"), drafts.join(late, on=["request", "step"], how="anti"),
+            late.height)
 
 
 def _emitted_into_output(steps: pl.DataFrame, reqs: pl.DataFrame) -> pl.DataFrame:

@@ -34,7 +34,7 @@ from svt.vllm_plugin.stats import draft_log_probs_from_logits, draft_stats, targ
 log = logging.getLogger("svt.vllm_plugin")
 
 _installed = False
-_draft: dict = {"calls": None}  # q statistics of the proposal being made
+_draft: dict = {"calls": None, "own": 0.0, "skip": False}  # the proposal being made
 _verify: dict = {}  # p statistics of the verification being made
 _expand = {"broken": None}  # None until a float expansion was compared
 ORIGINALS: dict = {}
@@ -137,7 +137,9 @@ def _capture_logits(model) -> list:
     """Shadow ``model.compute_logits`` with a wrapper that keeps what it returns (undone by
     :func:`_release_logits`)."""
     captured: list = []
-    original = model.compute_logits
+    original = getattr(model, "compute_logits", None)
+    if original is None:
+        return [None, None]
 
     def compute_logits(*args, **kwargs):
         out = original(*args, **kwargs)
@@ -146,7 +148,7 @@ def _capture_logits(model) -> list:
 
     try:
         object.__setattr__(model, "compute_logits", compute_logits)
-    except Exception:  # a wrapper that refuses attributes: recompute instead
+    except Exception:  # a wrapper that refuses attributes: the proposal goes unrecorded
         captured.append(None)
         captured.append(None)
     return captured
@@ -191,20 +193,21 @@ def install() -> None:
             ids, probs = ORIGINALS["sample_draft_tokens"](self, hidden_states, sampling_metadata)
         finally:
             _release_logits(self.model, captured)
-        if probs is None:  # greedy drafting: the features' distribution from the draft logits
-            heterogeneous = getattr(self, "use_heterogeneous_vocab", False)
-            if len(captured) == 1 and not heterogeneous:
-                logits = captured[0]
+        t0 = time.perf_counter()
+        with _guard():
+            if probs is not None:
+                calls.append((probs, ids, None))
+            elif len(captured) == 1 and captured[0] is not None and not getattr(self, "use_heterogeneous_vocab", False):
+                # greedy drafting: the features' distribution from the logits the argmax was taken on
+                temp = None if sampling_metadata.all_greedy else sampling_metadata.temperature
+                logp = draft_log_probs_from_logits(captured[0], temp)
+                calls.append((logp.exp(), None, logp))  # drafted = the argmax
             else:
-                logits = self.model.compute_logits(hidden_states)
-                if heterogeneous:
-                    logits = self.vocab_mapping.constrain_draft_logits(logits)
-            temp = None if sampling_metadata.all_greedy else sampling_metadata.temperature
-            logp = draft_log_probs_from_logits(logits, temp)
-            calls.append((logp.exp(), None, logp))  # drafted = the argmax
-        else:
-            calls.append((probs, ids, None))
-        _reduce_if_large(calls)
+                # the drafted token is not the argmax of logits we saw (a reduced argmax, a remapped
+                # vocabulary): recomputing would be a collective only rank 0 enters, so this
+                # proposal goes unrecorded (its verification is counted as unmatched)
+                _draft["skip"] = True
+        _draft["own"] += time.perf_counter() - t0
         return ids, probs
 
     def propose_draft_token_ids(self, *args, **kwargs):
@@ -213,13 +216,16 @@ def install() -> None:
             return ORIGINALS["propose"](self, *args, **kwargs)
         if not rec.facts:
             rec.describe(**_engine_facts(self))
-        _draft["calls"] = []
+        _draft.update(calls=[], own=0.0, skip=False)
         t0 = time.perf_counter()
         try:
             out = ORIGINALS["propose"](self, *args, **kwargs)
         finally:
             calls, _draft["calls"] = _draft["calls"], None
-        ms = (time.perf_counter() - t0) * 1e3
+        ms = (time.perf_counter() - t0 - _draft["own"]) * 1e3  # the drafter's time, not the plugin's
+        if _draft["skip"]:
+            rec.counters["unrecorded_proposals"] += 1
+            return out
         with _guard():
             _record_proposal(self, rec, out, calls, ms)
         return out
@@ -241,8 +247,10 @@ def install() -> None:
     def rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
                          target_logits, bonus_token_ids, sampling_metadata, *args, **kwargs):
         if _verify.get("armed"):  # before vLLM's sampler, which may change its inputs in place
+            t0 = time.perf_counter()
             with _guard():
                 _verify_stats(draft_token_ids, num_draft_tokens, draft_probs, target_logits, sampling_metadata)
+            _verify["own"] = time.perf_counter() - t0
         return ORIGINALS["rejection_sample"](draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
                                              draft_probs, target_logits, bonus_token_ids, sampling_metadata,
                                              *args, **kwargs)
@@ -273,7 +281,7 @@ def install() -> None:
             out = ORIGINALS["sample"](self, logits, spec_decode_metadata)
         finally:
             _verify.pop("armed", None)
-        ms = (time.perf_counter() - t0) * 1e3 + getattr(self, "_svt_forward_ms", 0.0)
+        ms = (time.perf_counter() - t0 - _verify.get("own", 0.0)) * 1e3 + getattr(self, "_svt_forward_ms", 0.0)
         if "p" in _verify:
             with _guard():
                 rec.verified(list(self.input_batch.req_ids), list(spec_decode_metadata.num_draft_tokens),
@@ -413,7 +421,9 @@ def _engine_facts(runner) -> dict:
     cfg = runner.vllm_config
     spec = cfg.speculative_config
     facts = {"vllm": vllm.__version__, "target": str(cfg.model_config.model), "device": str(runner.device),
-             "dtype": str(cfg.model_config.dtype)}
+             "dtype": str(cfg.model_config.dtype),
+             "async_scheduling": bool(getattr(runner, "use_async_scheduling", False)),
+             "tensor_parallel_size": int(cfg.parallel_config.tensor_parallel_size)}
     if spec is not None:
         facts.update({"method": spec.method, "k": int(spec.num_speculative_tokens),
                       "draft": None if spec.method in ("suffix", "ngram") else str(getattr(spec, "model", None)),

@@ -67,19 +67,23 @@ def _atomic_write(frame: pl.DataFrame, path: Path) -> None:
 class Recorder:
     """Collects the rows of one process and spools them in flushes of about ``flush_rows`` drafts."""
 
-    def __init__(self, trace_dir: str | Path, flush_rows: int | None = None):
-        self.dir = Path(trace_dir) / "spool" / f"{socket.gethostname()}-{os.getpid()}"
+    def __init__(self, trace_dir: str | Path, flush_rows: int | None = None, name: str | None = None):
+        self.dir = Path(trace_dir) / "spool" / (name or f"{socket.gethostname()}-{os.getpid()}")
         self.dir.mkdir(parents=True, exist_ok=True)
         self.flush_rows = flush_rows or int(os.environ.get(FLUSH_ROWS_ENV, 1 << 16))
         self.workload = os.environ.get(WORKLOAD_ENV, "vllm")
         self.pending: dict[str, Proposal] = {}
         self.step_of: dict[str, int] = {}
         self.counters = {"verified_drafts": 0, "mismatched_drafts": 0, "unmatched_drafts": 0,
-                         "nonfinite_drafts": 0}
+                         "nonfinite_drafts": 0, "unrecorded_proposals": 0}
         self.flushes = 0
         self.facts: dict = {}
         self.notes: dict = {"expand_fix": False}  # what the hooks did besides recording
         self._reset()
+        # every process says who it is at once; only a model runner's adds the engine facts (K,
+        # models), so finish_spool tells an API server's or scheduler's folder from an empty runner
+        _write_json(self.dir / "process.json", {"pid": os.getpid(), "host": socket.gethostname(),
+                                                 "workload": self.workload})
 
     def _reset(self) -> None:
         self.drafts: list[dict[str, np.ndarray]] = []
@@ -95,7 +99,7 @@ class Recorder:
         """Engine facts (vLLM version, models, K, methods) written to ``process.json``."""
         self.facts.update(facts)
         self.facts.setdefault("workload", self.workload)
-        _write_json(self.dir / "process.json", self.facts)
+        _write_json(self.dir / "process.json", {"pid": os.getpid(), "host": socket.gethostname(), **self.facts})
 
     def named(self, external: str, internal: str) -> None:
         """The engine renamed a request (vLLM appends a random suffix to the caller's id)."""
@@ -246,6 +250,12 @@ def activate(trace_dir: str | Path) -> Recorder:
     from svt.vllm_plugin import internals
 
     internals.check_version()
+    # the hooks are in vLLM's V1 model runner; vLLM 0.32.0 picks its V2 runner on GPU builds unless told
+    v2 = os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "").strip().lower()
+    if v2 in ("1", "true", "yes"):
+        raise RuntimeError("svt's vLLM plugin records from vLLM's V1 model runner, but VLLM_USE_V2_MODEL_RUNNER "
+                           "is set; unset it (tracing sets it to 0) or unset SVT_TRACE_DIR.")
+    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
     rec = Recorder(trace_dir)
     internals.install()
     _ACTIVE = rec

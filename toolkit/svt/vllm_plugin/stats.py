@@ -68,7 +68,8 @@ def target_stats(target_logits: torch.Tensor, tokens: torch.Tensor, draft_probs:
     if draft_probs is not None:
         q = draft_probs.float()
         q_tok = q.gather(-1, tok).squeeze(-1)
-        accept = torch.where(q_tok > 0, (p_tok / q_tok.clamp_min(1e-30)).clamp(max=1.0), torch.ones_like(p_tok))
+        # vLLM's kernel accepts only where draft_prob > 0 (a token q gave no mass is rejected)
+        accept = torch.where(q_tok > 0, (p_tok / q_tok.clamp_min(1e-30)).clamp(max=1.0), torch.zeros_like(p_tok))
         expected = torch.minimum(p, q).sum(-1).clamp(0.0, 1.0)
     else:
         accept = p_tok
