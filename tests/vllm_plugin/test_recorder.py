@@ -41,7 +41,7 @@ def _engine(rec: Recorder, requests=4, steps=5, seed=0, aborted=(), unfinished=(
             truth[r].append(a)
             out[r] += [7] * (a + 1)
         rec.verified(names, num, flat, p, sampled, verify_ms=2.0)
-    for r in names:
+    for r in reversed(names):  # requests finish in another order than they were sent
         if r in unfinished:
             continue
         # the scheduler drops what the last step emitted past max_tokens (request 1 here)
@@ -112,8 +112,10 @@ def test_aborted_and_unfinished_requests_are_dropped_and_counted(tmp_path):
     assert meta["counts"]["requests"] == 2
     assert meta["vllm"]["dropped"]["requests_not_finished_or_aborted"] == 1  # the aborted one
     assert meta["vllm"]["dropped"]["drafts_of_dropped_requests"] == 2 * 5 * K
-    # without an order, requests are numbered in the order they finished
-    assert open_run(tmp_path / "run").scan("requests").collect()["request"].to_list() == [0, 1]
+    # without an order, requests are numbered in the order they finished (3 first, 1 aborted)
+    reqs = open_run(tmp_path / "run").scan("requests").sort("request").collect()
+    assert reqs["request"].to_list() == [0, 1]
+    assert meta["counts"]["output_tokens"] == reqs["output_ids"].list.len().sum()
 
 
 def test_a_flush_without_its_marker_is_ignored_and_damage_is_an_error(tmp_path):
@@ -171,7 +173,8 @@ def _suffix_engine(rec: Recorder, outputs: dict[str, list[int]], prompt=(1, 2, 3
                  suffix={"max_tree_depth": 24})
     for r, out in outputs.items():
         for t in list(range(1, len(out), 2)) + [len(out) + 3]:
-            draft = out[t:t + 2] + [9] if t < len(out) else [5, 5]
+            # at position 1 the draft is right for 3 tokens; elsewhere for 2, then wrong
+            draft = (out[t:t + 3] if t == 1 else out[t:t + 2] + [9]) if t < len(out) else [5, 5]
             rec.cache_proposed(r, t, len(prompt) + t, draft, [0.5] * len(draft), 1.5, 2, t % 4 == 1, 0.01)
         rec.finished(r, list(prompt), out, "length", 0.0, 1.0)
     rec.flush()
@@ -193,9 +196,9 @@ def test_suffix_proposals_become_cache_drafts(tmp_path):
     assert c.filter(pl.col("request") == 0)["decode_pos"].to_list() == [1, 3, 5, 7]
     # oracle: the draft's common prefix with the real continuation (the last token, 9, is wrong,
     # and the draft at position 7 runs past the output)
-    assert c.filter(pl.col("request") == 0)["oracle_accepted"].to_list() == [2, 2, 2, 1]
+    assert c.filter(pl.col("request") == 0)["oracle_accepted"].to_list() == [3, 2, 2, 1]
     # history uses only tokens generated before the row: at position 3 the draft from 1
-    # ([12, 13, 9]) is confirmed on output[1:3] = [12, 13], i.e. 2 tokens
+    # ([12, 13, 14], right for 3 tokens) is confirmed on output[1:3] = [12, 13] only: 2 tokens
     row = c.filter((pl.col("request") == 0) & (pl.col("decode_pos") == 3)).row(0, named=True)
     assert row["hist_yield_max"] == 2 and row["prev_draft_len"] == 3 and row["prev_match_len"] == 2
     assert row["context_len"] == 6 and row["prob_mean"] == 0.5
