@@ -1,6 +1,6 @@
 """The vLLM plugin's overhead: tokens/s of the same offline vLLM run with and without tracing.
 
-    .venv-vllm/bin/python benchmarks/bench_vllm.py [--rounds 8] [--requests 32] [--max-tokens 128]
+    .venv-vllm/bin/python benchmarks/bench_vllm.py [--rounds 12] [--requests 32] [--max-tokens 128]
 
 One engine, one process: rounds alternate between vLLM's own code (the plugin's hooks removed, so
 exactly what an untraced engine runs) and tracing (hooks installed, every row recorded and written
@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=128)
     args = ap.parse_args()
