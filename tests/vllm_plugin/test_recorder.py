@@ -354,3 +354,18 @@ def test_activate_turns_off_the_v2_model_runner(tmp_path, monkeypatch):
     rec = recorder.activate(tmp_path / "t")
     assert os.environ["VLLM_USE_V2_MODEL_RUNNER"] == "0" and recorder.active() is rec
     recorder.deactivate()
+
+
+def test_other_vllm_versions_are_refused(monkeypatch):
+    import types
+
+    from svt.collect.vllm_run import _need_vllm
+    from svt.vllm_plugin import internals
+
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(__version__="0.31.2"))
+    with pytest.raises(RuntimeError, match="written against vLLM 0.32.0, but this is vLLM 0.31.2"):
+        internals.check_version()
+    with pytest.raises(ConfigError, match="refuses to trace"):
+        _need_vllm()
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(__version__="0.32.0"))
+    assert internals.check_version() == "0.32.0"
