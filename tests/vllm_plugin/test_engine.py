@@ -147,3 +147,24 @@ def test_suffix_method_writes_the_engines_cache_drafts(tmp_path):
 
     fit = fit_runs([out], "yield-linear")
     assert fit["model"] == "yield-linear"
+
+
+def test_sigterm_during_collect_leaves_the_old_run_and_nothing_else(tmp_path):
+    import signal
+    import time
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "run.json").write_text("{}")
+    p = subprocess.Popen([str(SVT), "collect", "--engine", "vllm", str(ROOT / "configs/collect/vllm.yaml"), "--out",
+                          str(out), "--overwrite", "--quiet", "--set", "requests=64"], cwd=ROOT,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and not list(tmp_path.glob(".run.svt-spool-*/spool")):
+        time.sleep(0.2)
+    assert list(tmp_path.glob(".run.svt-spool-*")), "the collection never started"
+    time.sleep(2)
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=120) != 0
+    assert (out / "run.json").read_text() == "{}"  # the old run untouched
+    assert not list(tmp_path.glob(".run.svt-*"))  # no spool, no half-written run
