@@ -135,3 +135,17 @@ def test_logit_capture_is_undone():
     internals._release_logits(m, cap)
     assert len(cap) == 1 and cap[0] is out
     assert "compute_logits" not in vars(m) and m.compute_logits(torch.ones(1)).item() == 2
+
+
+def test_a_failure_of_the_plugin_is_counted_not_raised(tmp_path, monkeypatch):
+    from svt.vllm_plugin import internals, recorder
+
+    rec = recorder.Recorder(tmp_path / "t")
+    monkeypatch.setattr(recorder, "_ACTIVE", rec)
+    with internals._guard():
+        raise ValueError("boom")
+    with internals._guard():
+        pass
+    assert rec.counters["plugin_errors"] == 1 and rec.notes["first_plugin_error"] == "ValueError: boom"
+    with pytest.raises(KeyboardInterrupt), internals._guard():  # an interrupt is not the plugin's failure
+        raise KeyboardInterrupt

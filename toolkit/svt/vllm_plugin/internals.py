@@ -22,7 +22,6 @@ and, only if they differ, uses the latter from then on (and says so once).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 
@@ -52,18 +51,31 @@ def check_version() -> str:
     return version
 
 
-@contextlib.contextmanager
-def _guard():
+class _Guard:
     """The plugin's own work never takes the engine down: an error is counted and its first message
-    kept (``svt vllm-finish`` then refuses the spool), and the engine goes on."""
-    try:
-        yield
-    except Exception as exc:  # noqa: BLE001 - any failure of ours, reported through the spool
+    kept (``svt vllm-finish`` then refuses the spool), and the engine goes on. (A class: entered
+    several times per engine step, it costs less than a generator-based context manager.)"""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if exc is None or not isinstance(exc, Exception):
+            return False
         rec = _recorder()
         if rec is not None:
             rec.counters["plugin_errors"] = rec.counters.get("plugin_errors", 0) + 1
             rec.notes.setdefault("first_plugin_error", f"{type(exc).__name__}: {exc}")
-        log.exception("svt: the trace plugin failed (the engine goes on; the spool will be refused)")
+        log.error("svt: the trace plugin failed (the engine goes on; the spool will be refused)",
+                  exc_info=(kind, exc, tb))
+        return True
+
+
+_GUARD = _Guard()
+
+
+def _guard() -> _Guard:
+    return _GUARD
 
 
 def _recorder():

@@ -61,11 +61,14 @@ def target_stats(target_logits: torch.Tensor, tokens: torch.Tensor, draft_probs:
     sum min(p, q) is the acceptance probability before it is drawn; without it the drafter
     proposed its argmax (a point mass), accepted with probability p(token) both ways.
     """
-    p = target_logits.float().softmax(dim=-1)
+    logits = target_logits.float()
     tok = tokens.long().view(-1, 1)
-    p_tok = p.gather(-1, tok).squeeze(-1)
-    p_max = p.max(dim=-1).values
+    top, arg = logits.max(dim=-1)  # one pass: p_max and the argmax
+    lse = logits.logsumexp(dim=-1)
+    p_tok = (logits.gather(-1, tok).squeeze(-1) - lse).exp()
+    p_max = (top - lse).exp()
     if draft_probs is not None:
+        p = (logits - lse.unsqueeze(-1)).exp()
         q = draft_probs.float()
         q_tok = q.gather(-1, tok).squeeze(-1)
         # vLLM's kernel accepts only where draft_prob > 0 (a token q gave no mass is rejected)
@@ -74,7 +77,7 @@ def target_stats(target_logits: torch.Tensor, tokens: torch.Tensor, draft_probs:
     else:
         accept = p_tok
         expected = p_tok
-    agree = (target_logits.argmax(dim=-1) == tokens.long()).float()
+    agree = (arg == tokens.long()).float()
     if greedy is None:
         accept = expected = agree
     else:
