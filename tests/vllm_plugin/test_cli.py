@@ -31,7 +31,6 @@ def test_engine_vllm_without_vllm_says_how_to_get_it(tmp_path):
     (["--engine", "vllm", "--set", "vllm.max_model_len=400"], "vllm.max_model_len"),
 ])
 def test_bad_vllm_options_are_one_message(tmp_path, args, message):
-    (tmp_path / "afile").write_text("x")
     r = runner.invoke(app, ["collect", CONFIG, "--out", str(tmp_path / "o"), *args])
     assert r.exit_code == 2, r.output
     assert message in r.output and "Traceback" not in r.output

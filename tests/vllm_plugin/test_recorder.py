@@ -369,3 +369,21 @@ def test_other_vllm_versions_are_refused(monkeypatch):
         _need_vllm()
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(__version__="0.32.0"))
     assert internals.check_version() == "0.32.0"
+
+
+def test_suffix_draft_model_with_another_tokenizer_is_refused(tmp_path):
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from svt.errors import ModelLoadError
+
+    other = tmp_path / "draft"
+    shutil.copytree(MODELS / "draft-large", other)
+    tok = AutoTokenizer.from_pretrained(str(MODELS / "target"))
+    tok.add_tokens(["<not-in-the-target>"])
+    tok.save_pretrained(str(other))
+    _suffix_engine(Recorder(tmp_path / "t"), {"a-1": [11, 12, 13, 14]})
+    with pytest.raises(ModelLoadError, match="does not share the target's tokenizer"):
+        finish_spool(tmp_path / "t", tmp_path / "run", draft=other)
+    assert not (tmp_path / "run").exists()

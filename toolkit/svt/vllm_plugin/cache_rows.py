@@ -48,6 +48,11 @@ def cache_rows(cache: pl.DataFrame, reqs: pl.DataFrame, k: int, target: str | No
     except Exception as exc:  # noqa: BLE001 - transformers raises many kinds
         raise ModelLoadError(f"Could not load the tokenizer of {target!r} or the draft {str(draft)!r}: {exc}") from None
     model.eval()
+    draft_dir = Path(draft)
+    if (draft_dir / "tokenizer.json").is_file() or (draft_dir / "tokenizer_config.json").is_file():
+        if AutoTokenizer.from_pretrained(str(draft_dir), local_files_only=True).get_vocab() != tok.get_vocab():
+            raise ModelLoadError(f"The draft {str(draft)!r} does not share the target's tokenizer ({target!r}); its "
+                                 "accepted lengths on the target's tokens would mean nothing.")
     outputs = dict(zip(reqs["request"].to_list(), reqs["output_ids"].to_list(), strict=True))
     prompts = dict(zip(reqs["request"].to_list(), reqs["prompt_ids"].to_list(), strict=True))
     top = max([len(tok)] + [max(ids, default=0) + 1 for ids in cache["draft_ids"].to_list()])

@@ -177,7 +177,8 @@ def finish_spool(trace_dir: str | Path, out: str | Path, *, overwrite: bool = Fa
                         f"{sorted(set(reqs['finish_reason'].to_list()))}.")
     if order is not None:
         rank = {e: i for i, e in enumerate(order)}
-        missing = [e for e in order if e not in set(kept["external"].to_list())]
+        finished = set(kept["external"].to_list())
+        missing = [e for e in order if e not in finished]
         if missing:
             raise DataError(f"{trace_dir}: {len(missing)} request(s) the caller sent did not finish in the "
                             f"spool (e.g. {missing[0]!r}).")
@@ -215,8 +216,9 @@ def finish_spool(trace_dir: str | Path, out: str | Path, *, overwrite: bool = Fa
                         "from (a step the drafter did not run, e.g. past max_model_len); the trace would miss "
                         "them, so no run is written.")
 
-    final = out
-    staged = out.parent / f".{out.name}.svt-new"
+    from svt.collect.runner import _staging, _swap_in
+
+    staged = _staging(out)
     shutil.rmtree(staged, ignore_errors=True)
     try:
         try:
@@ -226,12 +228,7 @@ def finish_spool(trace_dir: str | Path, out: str | Path, *, overwrite: bool = Fa
                             f"{str(exc).replace(str(staged), 'the run')}") from None
         if verify is not None:
             verify(staged)
-        old = out.parent / f".{out.name}.svt-old"
-        shutil.rmtree(old, ignore_errors=True)
-        if out.exists():
-            out.rename(old)
-        staged.rename(final)
-        shutil.rmtree(old, ignore_errors=True)
+        _swap_in(staged, out)
     except BaseException:
         shutil.rmtree(staged, ignore_errors=True)
         raise
