@@ -28,3 +28,32 @@ def test_interleave_is_round_robin_and_cycles():
     got = interleave([a, b], 5)
     assert [p.workload for p in got] == ["code", "prose", "code", "prose", "code"]
     assert got[4] == a[0] and got[3] == b[0]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_shipped_references_follow_their_prompts(name):
+    """Each built-in prompt carries the text that really follows it: the file text after the window
+    (checked against the standard-library file itself), the rest of the revised function, or the log's
+    next calls with the module's real names."""
+    import sysconfig
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    rows = [json.loads(line) for line in (ROOT / "data" / "workloads" / f"{name}.jsonl").read_text().splitlines()]
+    for row in rows:
+        assert row["reference"].strip()
+        rel = row["source"].rsplit(":", 1)[0]
+        if name in ("code", "prose", "structured"):
+            path = root / rel
+            if path.is_file():  # another Python's standard library may differ: checked where it is the same
+                text = path.read_text(encoding="utf-8")
+                if row["prompt"] in text:
+                    assert row["prompt"] + row["reference"] in text
+        elif name == "edit":
+            head, ref = row["prompt"].rsplit("nothing else changes.\n", 1)[1], row["reference"]
+            assert (head + ref).count("\n") >= 4 and (head + ref).startswith("def ")
+        else:
+            module = row["prompt"].split("`")[1]
+            first = row["reference"].splitlines()[0]
+            assert first.startswith(f'"{module}", name="') and first.endswith("))")
+            for line in row["reference"].splitlines()[1:]:
+                assert line.startswith(f'calls.append(tool("read_function", module="{module}", name="')

@@ -60,32 +60,39 @@ def collect(
     shard: Annotated[str | None, typer.Option(
         help="Collect only shard i of n (0-based, e.g. --shard $SLURM_ARRAY_TASK_ID/8) into --out; "
              "`svt merge` puts the shards together into the run an unsharded collection writes.")] = None,
-    engine: Annotated[str, typer.Option(
-        help="svt (svt's own batched collector) or vllm (an offline vLLM run with svt's plugin "
-             "recording; the config's `vllm:` section sets vLLM's speculative method).")] = "svt",
+    engine: Annotated[str | None, typer.Option(
+        help="svt (svt's own batched collector), vllm (an offline vLLM run with svt's plugin "
+             "recording; the config's `vllm:` section sets vLLM's speculative method) or reference (no "
+             "target forward: each prompt's reference is the output; cache drafts with oracle yields, "
+             "model-drafter yields from `draft:` teacher-forced or a `stand_in:`). Default: the "
+             "config's `engine` (svt).")] = None,
 ) -> None:
     """Run speculative decoding on a local target/draft pair and log every draft with its label.
 
     Example: [bold]svt collect configs/collect/demo.yaml --out runs/demo --set temperature=0[/]
     Costs:   [bold]svt collect configs/collect/demo.yaml --profile-costs --out costs/tiny-cpu.yaml[/]
+    Real text: [bold]svt collect configs/collect/reference.yaml --out runs/ref[/] (engine: reference)
     """
     from svt.collect.runner import collect as run_collect
     from svt.config import load_collect_config, parse_set
 
     try:
-        if engine not in ("svt", "vllm"):
-            raise ConfigError(f"Unknown --engine {engine!r}: expected svt or vllm.")
-        if engine == "vllm" and (shard is not None or profile_costs or resume):
-            raise ConfigError("--engine vllm collects whole runs: --shard, --resume and --profile-costs are "
-                              "svt-engine options.")
-        if shard is not None and profile_costs:
-            raise ConfigError("--shard splits a collection; --profile-costs does not collect.")
+        from svt.config import ENGINES
+
+        if engine is not None and engine not in ENGINES:
+            raise ConfigError(f"Unknown --engine {engine!r}: expected {', '.join(ENGINES)}.")
         overrides = parse_set(set_ or [])
         for key, value in (("requests", limit_requests), ("max_new_tokens", max_new_tokens),
-                           ("seed", seed), ("device", device), ("workloads", workload)):
+                           ("seed", seed), ("device", device), ("workloads", workload), ("engine", engine)):
             if value is not None:
                 overrides[key] = value
         cfg = load_collect_config(config, overrides)
+        engine = cfg.engine
+        if engine != "svt" and (shard is not None or profile_costs or resume):
+            raise ConfigError(f"--engine {engine} collects whole runs: --shard, --resume and --profile-costs are "
+                              "svt-engine options.")
+        if shard is not None and profile_costs:
+            raise ConfigError("--shard splits a collection; --profile-costs does not collect.")
         if profile_costs:
             from svt.simulate.costs import check_costs_out
 
@@ -107,6 +114,13 @@ def collect(
             from svt.collect.vllm_run import collect_vllm
 
             summary = collect_vllm(cfg, out_dir, config_path=config, overwrite=overwrite, progress=not quiet)
+        elif engine == "reference":
+            from svt.collect.reference_run import collect_reference
+
+            summary = collect_reference(cfg, out_dir, config_path=config, overwrite=overwrite, progress=not quiet)
+            out.print(f"wrote {summary.run_dir}: {summary.requests} requests, {summary.output_tokens:,} reference "
+                      f"tokens (no model drafts: a reference run) in {summary.seconds:.1f} s")
+            return
         else:
             from svt.collect.shards import parse_shard
 
@@ -226,6 +240,9 @@ def evaluate(
              "the replay of the same fit (pass it with --fit) and --costs.")] = None,
     high_yield: Annotated[int, typer.Option(
         help="Yield predictors: a cache draft is high-yield when its accepted length is >= this.")] = 6,
+    reference_run: Annotated[Path | None, typer.Option(
+        help="A reference run of the same prompts (`--engine reference`): its cache statistics go beside "
+             "this run's in the realism table.")] = None,
     baseline: Annotated[Path | None, typer.Option(
         help="A saved report.json (or its directory) to compare with: writes regression.md and "
              "regression.json; exit 1 when a metric regressed, 6 when the reports cannot be compared.")] = None,
@@ -240,6 +257,8 @@ def evaluate(
 
     Example: [bold]svt evaluate runs/demo --out reports/demo --by workload --fit fits/online.json[/]
     HVD:     [bold]svt evaluate runs/greedy --out reports/hvd --fit fits/yield-mlp.json --costs costs.yaml[/]
+    Real text: [bold]svt evaluate runs/ref --out reports/ref --costs costs.yaml[/] (a reference run: the
+    HVD map across drafter strengths, the two-sided switch, the document's checks)
     """
     from svt.features import DEFAULT_FEATURES
     from svt.report import EvaluateOptions, write_report
@@ -266,7 +285,8 @@ def evaluate(
     opts = EvaluateOptions(features=list(feature or DEFAULT_FEATURES), feature_module=feature_module,
                            n_bins=bins, bootstrap=bootstrap, seed=seed, by=by,
                            fits=[str(f) for f in fit or []], costs=str(costs) if costs else None,
-                           live=str(live) if live else None, high_yield=high_yield)
+                           live=str(live) if live else None, high_yield=high_yield,
+                           reference_run=str(reference_run) if reference_run else None)
     try:
         report = build(runs, opts)
         json_path, md_path = write_report(report, out_dir)

@@ -69,13 +69,40 @@ class VLLMOptions:
 
 
 @dataclass
+class StandInConfig:
+    """A reference run's stand-in model drafter (no model forward): its per-position conditional
+    acceptance (the chance draft i is accepted when drafts 0..i-1 were), drawn with the run's seed.
+    Exactly one of: ``accept`` (one rate per position, K = ``k`` of them), ``rate`` (the same at
+    every position), ``from_run`` (a run's measured conditional acceptance by position)."""
+
+    accept: list[float] | None = None
+    rate: float | None = None
+    from_run: str | None = None
+
+    def validate(self, k: int) -> None:
+        given = [n for n in ("accept", "rate", "from_run") if getattr(self, n) is not None]
+        _check(len(given) == 1, "stand_in", "exactly one of accept, rate, from_run",
+               ", ".join(given) or "none of them")
+        if self.rate is not None:
+            _check(0 <= self.rate <= 1, "stand_in.rate", "a number in [0, 1]", self.rate)
+        if self.accept is not None:
+            _check(len(self.accept) == k, "stand_in.accept", f"a list of k = {k} rates (one per draft position)",
+                   self.accept)
+            for i, a in enumerate(self.accept):
+                _check(0 <= a <= 1, f"stand_in.accept[{i}]", "a number in [0, 1]", a)
+
+
+ENGINES = ("svt", "vllm", "reference")
+
+
+@dataclass
 class CollectConfig:
     """What `svt collect` runs. Paths are resolved against the current directory first, then
     against the config file's directory and its parents."""
 
-    target: str
-    draft: str
+    target: str  # a reference run reads only its tokenizer
     workloads: list[str]
+    draft: str | None = None  # required except by a reference run with `stand_in` (teacher-forced otherwise)
     requests: int = 64  # total, taken round-robin across the workloads
     max_new_tokens: int = 128
     k: int = 5  # max draft length
@@ -92,6 +119,8 @@ class CollectConfig:
     cache: CacheOptions | None = None
     hvd: HVDConfig | None = None
     vllm: VLLMOptions = field(default_factory=VLLMOptions)  # used by `svt collect --engine vllm` only
+    engine: str = "svt"  # svt | vllm | reference (no target forward: each prompt's reference is the output)
+    stand_in: StandInConfig | None = None  # reference runs: a stand-in drafter instead of `draft`
 
     def validate(self) -> CollectConfig:
         _check(self.requests >= 1, "requests", "an integer >= 1", self.requests)
@@ -114,6 +143,21 @@ class CollectConfig:
             _check(self.temperature == 0, "temperature", "0 (greedy) when `cache` is set: oracle yields "
                    "are defined on greedy runs", self.temperature)
         self.vllm.validate()
+        _check(self.engine in ENGINES, "engine", " or ".join(ENGINES), self.engine)
+        if self.engine == "reference":
+            _check(self.av is None and self.hvd is None, "av/hvd", "unset for a reference run (no target to "
+                   "verify with)", "set")
+            _check((self.draft is None) != (self.stand_in is None), "draft / stand_in",
+                   "exactly one of them for a reference run (a real drafter teacher-forced on the reference, "
+                   "or a stand-in; e.g. --set draft=null --set stand_in.rate=0.7)",
+                   f"draft={self.draft!r}, stand_in={self.stand_in!r}")
+            if self.stand_in is not None:
+                self.stand_in.validate(self.k)
+        else:
+            _check(self.draft is not None, "draft", "a model directory (only a reference run may use `stand_in`)",
+                   None)
+            _check(self.stand_in is None, "stand_in", "unset: a stand-in drafter is for `engine: reference` runs",
+                   "set")
         if self.hvd is not None:
             _check(self.temperature == 0, "temperature", "0 (greedy) when `hvd` is set", self.temperature)
             _check(self.av is None, "av", "unset when `hvd` is set (one live policy at a time)", "set")
@@ -142,7 +186,8 @@ def _coerce(value: Any, typ: Any, key: str) -> Any:
             value = [value]
         if not isinstance(value, list):
             raise ConfigError(f"Expected `{key}` to be a list, but got {value!r}.")
-        return [str(v) for v in value]
+        (item,) = getattr(typ, "__args__", (str,))
+        return [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
     if typ is bool:
         if not isinstance(value, bool):
             raise ConfigError(f"Expected `{key}` to be true or false, but got {value!r}.")

@@ -82,16 +82,35 @@ def cache_rows_for_batch(drafter: CacheDrafter, options: CacheOptions, classes: 
     return rows
 
 
+def reference_steps(requests: pl.DataFrame) -> pl.DataFrame:
+    """A reference run's timing: one output token per step for every request of a batch (no
+    speculation), so a response enters the global tree after its last token, shorter ones first."""
+    n = requests["output_ids"].list.len().to_numpy()
+    return pl.DataFrame({"request": np.repeat(requests["request"].to_numpy(), n),
+                         "step": np.concatenate([np.arange(m) for m in n]) if n.size else np.zeros(0, np.int64),
+                         "emitted": np.ones(int(n.sum()), dtype=np.int64),
+                         "accepted": np.zeros(int(n.sum()), dtype=np.int64)})
+
+
+ModelYields = Callable[[pl.DataFrame], list[np.ndarray]]
+
+
 def build_cache_drafts(run_dir: str | Path, options: CacheOptions, draft_model, tokenizer,
-                       progress: Callable[[int], None] | None = None) -> dict:
+                       progress: Callable[[int], None] | None = None, *,
+                       model_yields: ModelYields | None = None) -> dict:
     """Write the run's ``cache_drafts`` table (beside the old one, swapped in when complete) and
-    record the options in run.json. Returns the run.json ``cache`` entry."""
+    record the options in run.json. Returns the run.json ``cache`` entry.
+
+    ``model_yields(part)`` gives the model drafter's accepted length at every position of each
+    request of ``part`` (default: ``draft_model`` teacher-forced on the output; a reference run's
+    stand-in drafter passes its own draws)."""
     import arctic_inference
 
     run_dir = Path(run_dir)
     run = open_run(run_dir, deep=False, tables=["requests", "steps"])
     meta = run.meta
-    if meta.get("engine", "svt") != "svt":
+    reference = meta.get("engine") == "reference"
+    if meta.get("engine", "svt") not in ("svt", "reference"):
         raise DataError(f"{run_dir}: a {meta['engine']} run. `svt cache` replays SuffixDecoding in the server "
                         "order of svt's own static batches, with every output token from a verification step; "
                         "an engine run (continuous batching, its first token from prefill) has neither, so the "
@@ -110,10 +129,16 @@ def build_cache_drafts(run_dir: str | Path, options: CacheOptions, draft_model, 
     k = int(meta["k"])
     bs = int((meta.get("config") or {}).get("batch_size", 1) or 1)
     requests = run.scan("requests").sort("request").collect()
-    steps = run.scan("steps").select("request", "step", "emitted", "accepted").collect()
     if requests["request"].n_unique() != requests.height:
         raise DataError(f"{run_dir}: the requests table repeats request ids.")
-    classes = char_class_table(tokenizer, int(draft_model.config.vocab_size))
+    steps = (reference_steps(requests) if reference
+             else run.scan("steps").select("request", "step", "emitted", "accepted").collect())
+    vocab = int(draft_model.config.vocab_size) if draft_model is not None else len(tokenizer)
+    classes = char_class_table(tokenizer, vocab)
+    if model_yields is None:
+        def model_yields(part: pl.DataFrame) -> list[np.ndarray]:
+            return teacher_forced_accepted(draft_model, list(zip(part["prompt_ids"].to_list(),
+                                                                 part["output_ids"].to_list(), strict=True)), k)
     drafter = CacheDrafter(options)
     folder = run_dir / "cache_drafts"
     tmp = run_dir / ".cache_drafts.tmp"
@@ -125,8 +150,7 @@ def build_cache_drafts(run_dir: str | Path, options: CacheOptions, draft_model, 
         part = part.drop("_b")
         rows = cache_rows_for_batch(drafter, options, classes, part,
                                     steps.filter(pl.col("request").is_in(part["request"].implode())))
-        model = teacher_forced_accepted(draft_model, list(zip(part["prompt_ids"].to_list(),
-                                                              part["output_ids"].to_list(), strict=True)), k)
+        model = model_yields(part)
         by_req = dict(zip(part["request"].to_list(), model, strict=True))
         for row in rows:
             row["model_accepted"] = int(by_req[row["request"]][row["decode_pos"]])
@@ -152,7 +176,8 @@ def build_cache_drafts(run_dir: str | Path, options: CacheOptions, draft_model, 
     entry = {"options": options.to_dict(), "arctic_inference": getattr(arctic_inference, "__version__", None)
              or _dist_version("arctic-inference"), "rows": n_rows, "k": k,
              "lookup_ms_median": float(np.median(ms)), "lookup_ms_mean": float(ms.mean()),
-             "global_tree": "a response enters when its request finishes (after its last engine step)",
+             "global_tree": "a response enters when its request finishes (after its last engine step)" if not reference
+             else "a response enters after its last token: a batch's requests advance one token per step",
              "columns": list(ROW_COLUMNS)}
     meta = read_meta(run_dir)
     forget_shards(meta, "cache_drafts")
@@ -188,6 +213,10 @@ def add_cache_to_run(run_dir: str | Path, overrides: dict | None = None, *, devi
     run_dir = Path(run_dir)
     meta = read_meta(run_dir)
     options = _build(CacheOptions, {k: v for k, v in (overrides or {}).items()}, prefix="cache.").validate()
+    if meta.get("engine") == "reference":
+        from svt.collect.reference_run import recache_reference
+
+        return recache_reference(run_dir, options, device)
     models = meta.get("models") or {}
     paths = {}
     moved = {"target": target, "draft": draft}

@@ -21,7 +21,7 @@ import torch
 
 from svt import __version__
 from svt.collect.engine import BatchLog, LogOptions, SamplingParams, run_batch
-from svt.collect.workloads import encode_prompt, interleave, read_workload, resolve_workload
+from svt.collect.workloads import encode_prompt, encode_reference, interleave, read_workload, resolve_workload
 from svt.config import CollectConfig, resolve_path, to_dict
 from svt.errors import ConfigError
 from svt.models.loading import load_pair
@@ -136,6 +136,15 @@ def _batch_seed(seed: int, batch: int) -> int:
     return int(np.random.SeedSequence([seed, batch]).generate_state(1, dtype=np.uint64)[0] >> 1)
 
 
+def reference_frame(requests: list[int], refs: dict[int, list[int]]) -> pl.DataFrame | None:
+    """The ``references`` shard of a batch: the requests whose prompt carries a reference."""
+    have = [r for r in requests if r in refs]
+    if not have:
+        return None
+    return pl.DataFrame({"request": have, "reference_ids": [refs[r] for r in have]},
+                        schema={"request": pl.Int64, "reference_ids": pl.List(pl.Int32)})
+
+
 def _frames(log: BatchLog, workload_of: dict[int, str], batch_requests, prompts) -> dict[str, pl.DataFrame]:
     cat = {k: np.concatenate(v) for k, v in log.drafts.items()}
     label = cat.pop("label")
@@ -209,6 +218,7 @@ def collect(cfg: CollectConfig, out: str | Path, *, config_path: str | Path | No
         shutil.rmtree(out, ignore_errors=True)
     tok = pair.tokenizer
     ids = [encode_prompt(p, tok, cfg.max_prompt_tokens) for p in prompts]
+    refs = {i: encode_reference(p, tok, cfg.max_new_tokens) for i, p in enumerate(prompts) if p.reference}
     workload_of = {i: p.workload for i, p in enumerate(prompts)}
     live = online_est = None
     if cfg.av is not None and cfg.av.online and resume:
@@ -238,7 +248,7 @@ def collect(cfg: CollectConfig, out: str | Path, *, config_path: str | Path | No
                for i in range(0, cfg.requests, cfg.batch_size)]
     try:
         return _collect_into(cfg, out, final, staged, config_path, old_meta, config, pair, ids, workload_of,
-                             names, paths, workload_hashes, batches, live, online_est, progress, shard)
+                             names, paths, workload_hashes, batches, live, online_est, progress, shard, refs)
     except BaseException:
         if staged:  # an interrupted overwrite: the old run is untouched; drop the partial new one
             shutil.rmtree(out, ignore_errors=True)
@@ -246,7 +256,7 @@ def collect(cfg: CollectConfig, out: str | Path, *, config_path: str | Path | No
 
 
 def _collect_into(cfg, out, final, staged, config_path, old_meta, config, pair, ids, workload_of, names, paths,
-                  workload_hashes, batches, live, online_est, progress, shard=None) -> CollectSummary:
+                  workload_hashes, batches, live, online_est, progress, shard=None, refs=None) -> CollectSummary:
     import time
 
     from svt.collect.shards import shard_batches
@@ -269,7 +279,7 @@ def _collect_into(cfg, out, final, staged, config_path, old_meta, config, pair, 
     log_opts = LogOptions(cfg.log.hidden, cfg.log.dists_fraction, cfg.log.dists_top_k)
     if cfg.hvd is not None:
         summary = _collect_hvd(cfg, out, config_path, old_meta, config, pair, ids, workload_of, names, paths,
-                               workload_hashes)
+                               workload_hashes, refs or {})
         return _done(summary, out, final, staged)
 
     done = _completed(out, old_meta)
@@ -327,6 +337,9 @@ def _collect_into(cfg, out, final, staged, config_path, old_meta, config, pair, 
             log = run_batch(pair.target, pair.draft, [ids[r] for r in reqs], params, eos_id=eos_id,
                             pad_id=pad_id, generator=gen, log=log_opts, request_ids=reqs, av=live)
             frames = _frames(log, workload_of, reqs, [ids[r] for r in reqs])
+            ref_frame = reference_frame(reqs, refs or {})
+            if ref_frame is not None:
+                frames["references"] = ref_frame
             _commit_batch(out, meta, b, frames)
             total_tokens += sum(len(o) for o in log.outputs)
             bar.update(task, advance=len(reqs), tps=f"{total_tokens / (time.time() - t_start):,.0f}")
@@ -371,7 +384,7 @@ def _commit_batch(out: Path, meta: dict, b: int, frames: dict[str, pl.DataFrame]
     """Write one batch's shards (``requests`` last), then record them all in run.json: a batch is
     complete once run.json records its ``requests`` shard."""
     written = {}
-    for table in ("drafts", "steps", "hidden", "dists", "cache_drafts", "requests"):
+    for table in ("drafts", "steps", "hidden", "dists", "cache_drafts", "references", "requests"):
         if table in frames:
             written[table] = write_shard(out, table, b, frames[table])
     for table, path in written.items():
@@ -404,7 +417,7 @@ def _finish(out: Path, meta: dict, seconds: float, resumed: int) -> CollectSumma
 
 
 def _collect_hvd(cfg: CollectConfig, out: Path, config_path, old_meta, config, pair, ids, workload_of,
-                 names, paths, workload_hashes) -> CollectSummary:
+                 names, paths, workload_hashes, refs: dict | None = None) -> CollectSummary:
     """Live Hybrid Verified Decoding: one request at a time (one shard per request), greedy."""
     import time
 
@@ -477,7 +490,9 @@ def _collect_hvd(cfg: CollectConfig, out: Path, config_path, old_meta, config, p
             drafts = pl.DataFrame(log.drafts).with_columns(pl.lit(workload_of[r]).alias("workload"))
         else:  # every cycle verified a cache draft: an empty drafts shard of the right schema
             drafts = pl.DataFrame(schema=TABLES["drafts"].columns)
+        ref_frame = reference_frame([r], refs or {})
         _commit_batch(out, meta, r, {"drafts": drafts, "steps": steps, "cache_drafts": rows,
+                                     **({"references": ref_frame} if ref_frame is not None else {}),
                                      "requests": pl.DataFrame(
             {"request": [r], "workload": [workload_of[r]], "prompt_ids": [ids[r]], "output_ids": [log.output],
              "finish_reason": [log.finish]},

@@ -1,4 +1,18 @@
-"""Workloads: prompt sets in JSONL (``{"prompt": ...}`` or chat-style ``{"messages": [...]}``)."""
+"""Workloads: prompt sets in JSONL, each row optionally with its reference continuation.
+
+A row is one of:
+
+- ``{"prompt": "...", "reference": "..."}`` (``response`` or ``completion`` are read as the
+  reference too: prompt/response pairs of logged traffic);
+- an OpenAI-style chat record ``{"messages": [{"role": ..., "content": ...}, ...]}``: when the
+  last message is an ``assistant`` turn it is the reference (what the served model answered) and
+  the messages before it are the prompt, rendered with the tokenizer's chat template where it has
+  one.
+
+The reference is what a strong model or a person wrote after the prompt. A reference run
+(``svt collect --engine reference``) takes it as the output; a target run keeps it beside the
+output, so the report can say how far the pair is from the data.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +31,12 @@ class Prompt:
     workload: str
     text: str | None  # plain prompt
     messages: tuple | None  # chat-style: ((role, content), ...)
+    reference: str | None = None  # the continuation a strong model or a person wrote
+    where: str = ""  # file:line, for messages about this row
+    whole_answer: bool = False  # the reference is a whole answer (a response, an assistant turn), not a window
+
+
+REFERENCE_KEYS = ("reference", "response", "completion")
 
 
 def resolve_workload(name: str, config_path: str | Path | None = None) -> Path:
@@ -43,23 +63,63 @@ def read_workload(path: Path) -> list[Prompt]:
                 raise ConfigError(f"{where}: not valid JSON ({exc.msg}).") from None
             if not isinstance(obj, dict):
                 raise ConfigError(f"{where}: expected a JSON object with `prompt` or `messages`.")
-            if isinstance(obj.get("prompt"), str) and obj["prompt"]:
-                prompts.append(Prompt(name, obj["prompt"], None))
-            elif isinstance(obj.get("messages"), list) and obj["messages"]:
-                msgs = []
-                for m in obj["messages"]:
-                    if not (isinstance(m, dict) and isinstance(m.get("content"), str)):
-                        raise ConfigError(f"{where}: each message needs a string `content`.")
-                    msgs.append((str(m.get("role", "user")), m["content"]))
-                prompts.append(Prompt(name, None, tuple(msgs)))
-            else:
-                raise ConfigError(
-                    f"{where}: expected a non-empty string `prompt` or a list `messages`, "
-                    f"but got keys {sorted(obj)}."
-                )
+            prompts.append(_row(obj, name, where))
     if not prompts:
         raise ConfigError(f"{path}: the workload holds no prompts.")
     return prompts
+
+
+def _row(obj: dict, name: str, where: str) -> Prompt:
+    refs = [k for k in REFERENCE_KEYS if k in obj]
+    if len(refs) > 1:
+        raise ConfigError(f"{where}: give the reference once, but the row has {' and '.join(refs)}.")
+    reference = obj[refs[0]] if refs else None
+    if reference is not None and not isinstance(reference, str):
+        raise ConfigError(f"{where}: `{refs[0]}` must be a string, but got {type(reference).__name__}.")
+    whole = bool(refs) and refs[0] != "reference"
+    if isinstance(obj.get("prompt"), str) and obj["prompt"]:
+        return Prompt(name, obj["prompt"], None, reference, where, whole)
+    if isinstance(obj.get("messages"), list) and obj["messages"]:
+        msgs = []
+        for m in obj["messages"]:
+            if not (isinstance(m, dict) and isinstance(m.get("content"), str)):
+                raise ConfigError(f"{where}: each message needs a string `content`.")
+            msgs.append((str(m.get("role", "user")), m["content"]))
+        if msgs[-1][0] == "assistant":
+            if reference is not None:
+                raise ConfigError(f"{where}: the record ends with an assistant turn and also has `{refs[0]}`; "
+                                  "give the reference once.")
+            reference, whole = msgs.pop()[1], True
+            if not msgs:
+                raise ConfigError(f"{where}: the chat record holds only an assistant turn: no prompt before it.")
+        return Prompt(name, None, tuple(msgs), reference, where, whole)
+    raise ConfigError(
+        f"{where}: expected a non-empty string `prompt` or a list `messages`, but got keys {sorted(obj)}."
+    )
+
+
+def require_references(prompts: list[Prompt]) -> None:
+    """Every prompt must carry a non-empty reference (a reference run's output)."""
+    for p in prompts:
+        if p.reference is None:
+            raise ConfigError(f"{p.where}: no reference. A reference run needs the continuation of every prompt: "
+                              "`reference` (or `response` / `completion`) beside `prompt`, or a chat record "
+                              "whose last message is the assistant's turn.")
+        if not p.reference.strip():
+            raise ConfigError(f"{p.where}: the reference is empty.")
+
+
+def encode_reference(prompt: Prompt, tokenizer, max_tokens: int) -> list[int]:
+    """Token ids of a prompt's reference (its first ``max_tokens``). A whole answer (a response,
+    an assistant turn) ends with the tokenizer's end of sequence, as a served answer does; a
+    ``reference`` window (the built-in workloads' file text) does not."""
+    ids = list(tokenizer.encode(prompt.reference or "", add_special_tokens=False))
+    if not ids:
+        raise ConfigError(f"{prompt.where}: the reference encodes to no tokens.")
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if prompt.whole_answer and eos is not None:
+        ids.append(int(eos))
+    return ids[:max_tokens]
 
 
 def interleave(workloads: list[list[Prompt]], n: int) -> list[Prompt]:

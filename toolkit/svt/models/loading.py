@@ -50,7 +50,7 @@ def weights_hash(path: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def _check_model_dir(path: Path, role: str) -> None:
+def check_model_dir(path: Path, role: str) -> None:
     if not path.is_dir():
         raise ModelLoadError(f"Expected the {role} model at a local directory, but {str(path)!r} is not one.")
     if not (path / "config.json").is_file():
@@ -84,6 +84,51 @@ class ModelPair:
         }
 
 
+def _offline() -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
+def load_tokenizer(path: str | Path):
+    """The tokenizer of a local model directory."""
+    _offline()
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(Path(path), local_files_only=True)
+    except Exception as exc:  # transformers raises many types here
+        raise ModelLoadError(f"Could not load the tokenizer from {str(path)!r}: {exc}") from None
+
+
+def check_draft_tokenizer(tokenizer, target_path: Path, draft_path: Path) -> None:
+    """The draft's own tokenizer (when it ships one) must be the target's."""
+    if (draft_path / "tokenizer.json").is_file() or (draft_path / "tokenizer_config.json").is_file():
+        draft_tok = load_tokenizer(draft_path)
+        if draft_tok.get_vocab() != tokenizer.get_vocab():
+            raise ModelLoadError(
+                f"Expected the target and draft to share one tokenizer, but {str(target_path)!r} "
+                f"and {str(draft_path)!r} have different vocabularies "
+                f"({len(tokenizer)} vs {len(draft_tok)} tokens)."
+            )
+
+
+def load_causal_lm(path: Path, role: str, dev: torch.device, dt: torch.dtype, attn_implementation: str = "sdpa"):
+    """``AutoModelForCausalLM.from_pretrained`` from a local directory, on ``dev`` in eval mode."""
+    _offline()
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=dt, local_files_only=True, attn_implementation=attn_implementation
+        )
+    except Exception as exc:
+        raise ModelLoadError(f"Could not load the {role} model from {str(path)!r}: {exc}") from None
+    return model.to(dev).eval()
+
+
 def load_pair(target_path: str | Path, draft_path: str | Path, *, device: str = "auto",
               dtype: str = "auto", attn_implementation: str = "sdpa") -> ModelPair:
     """Load target and draft with ``AutoModelForCausalLM.from_pretrained`` from local directories.
@@ -91,42 +136,15 @@ def load_pair(target_path: str | Path, draft_path: str | Path, *, device: str = 
     The tokenizer comes from the target's directory; the draft's (when it has one) must have the
     same vocabulary, and both models' output vocabularies must cover it.
     """
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-
     target_path, draft_path = Path(target_path), Path(draft_path)
-    _check_model_dir(target_path, "target")
-    _check_model_dir(draft_path, "draft")
+    check_model_dir(target_path, "target")
+    check_model_dir(draft_path, "draft")
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(target_path, local_files_only=True)
-    except Exception as exc:  # transformers raises many types here
-        raise ModelLoadError(f"Could not load the tokenizer from {str(target_path)!r}: {exc}") from None
-    if (draft_path / "tokenizer.json").is_file() or (draft_path / "tokenizer_config.json").is_file():
-        try:
-            draft_tok = AutoTokenizer.from_pretrained(draft_path, local_files_only=True)
-        except Exception as exc:
-            raise ModelLoadError(f"Could not load the tokenizer from {str(draft_path)!r}: {exc}") from None
-        if draft_tok.get_vocab() != tokenizer.get_vocab():
-            raise ModelLoadError(
-                f"Expected the target and draft to share one tokenizer, but {str(target_path)!r} "
-                f"and {str(draft_path)!r} have different vocabularies "
-                f"({len(tokenizer)} vs {len(draft_tok)} tokens)."
-            )
-    models = []
-    for path, role in ((target_path, "target"), (draft_path, "draft")):
-        try:
-            model = AutoModelForCausalLM.from_pretrained(
-                path, dtype=dt, local_files_only=True, attn_implementation=attn_implementation
-            )
-        except Exception as exc:
-            raise ModelLoadError(f"Could not load the {role} model from {str(path)!r}: {exc}") from None
-        models.append(model.to(dev).eval())
+    tokenizer = load_tokenizer(target_path)
+    check_draft_tokenizer(tokenizer, target_path, draft_path)
+    models = [load_causal_lm(path, role, dev, dt, attn_implementation)
+              for path, role in ((target_path, "target"), (draft_path, "draft"))]
     target, draft = models
     vt, vd = target.config.vocab_size, draft.config.vocab_size
     if vt != vd:

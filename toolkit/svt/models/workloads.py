@@ -17,7 +17,11 @@ must continue in that register:
 - ``toolcalls`` (agentic): an agent log of tool calls of one shape whose arguments are the module's
   real function names and line numbers, cut where the next call's arguments start.
 
-Every prompt carries up to 1,500 characters of the file before the cut as context.
+Every prompt carries up to 1,500 characters of the file before the cut as context, and its
+``reference``: what really follows the cut (the file's next ``REFERENCE_CHARS`` characters for the
+three text workloads, the rest of the revised function for ``edit``, the next calls of the same log,
+with the module's real names and lines, for ``toolcalls``). A reference run
+(``svt collect --engine reference``) uses it as the output a strong model would have written.
 """
 
 from __future__ import annotations
@@ -32,7 +36,10 @@ from pathlib import Path
 from svt.models.train_tiny import is_held_out, stdlib_files
 
 CONTEXT_CHARS = 1500
+REFERENCE_CHARS = 1200  # more than max_new_tokens (128) tokens of the built-in tokenizer
+NEXT_CALLS = 8  # calls of a toolcalls reference after the one the prompt starts
 PER_WORKLOAD = 150
+PER_AGENTIC = 60  # edit and toolcalls (what `make workloads` ships)
 
 
 def _offsets(text: str) -> list[int]:
@@ -45,7 +52,8 @@ def _offsets(text: str) -> list[int]:
 
 
 def _cut(text: str, at: int, src: str) -> dict:
-    return {"prompt": text[max(0, at - CONTEXT_CHARS) : at], "source": src}
+    return {"prompt": text[max(0, at - CONTEXT_CHARS) : at], "reference": text[at : at + REFERENCE_CHARS],
+            "source": src}
 
 
 def code_prompts(text: str, tree: ast.AST, rel: str, offs: list[int]) -> list[dict]:
@@ -158,11 +166,16 @@ def edit_prompts(text: str, tree: ast.AST, rel: str, offs: list[int]) -> list[di
         old = used[len(node.name) % len(used)]  # deterministic (str hash() is salted per process)
         new = next(r for r in RENAMES if r not in names and r != old)
         revised = re.sub(rf"\b{re.escape(old)}\b", new, src)
-        head = "".join(revised.splitlines(keepends=True)[:2])
+        revised_lines = revised.splitlines(keepends=True)
+        head = "".join(revised_lines[:2])
         prompt = (f"{src}\n\n# The same function after a refactor: `{old}` is renamed to `{new}`; "
                   f"nothing else changes.\n{head}")
-        out.append({"prompt": prompt, "source": f"{rel}:{node.lineno}"})
+        out.append({"prompt": prompt, "reference": "".join(revised_lines[2:]), "source": f"{rel}:{node.lineno}"})
     return out
+
+
+def _call(module: str, name: str, line: int) -> str:
+    return f'calls.append(tool("read_function", module="{module}", name="{name}", line={line}))\n'
 
 
 def toolcall_prompts(text: str, tree: ast.AST, rel: str, offs: list[int]) -> list[dict]:
@@ -176,11 +189,16 @@ def toolcall_prompts(text: str, tree: ast.AST, rel: str, offs: list[int]) -> lis
     module = rel.removesuffix(".py").replace("/", ".")
     for start in range(0, len(funcs) - 5, 6):
         chunk = funcs[start : start + 6]
-        calls = "".join(f'calls.append(tool("read_function", module="{module}", name="{name}", line={line}))\n'
-                        for line, name in chunk[:-1])
+        calls = "".join(_call(module, name, line) for line, name in chunk[:-1])
         prompt = (f"# Agent session: reading `{module}` one function at a time.\ncalls = []\n{calls}"
                   'calls.append(tool("read_function", module=')
-        out.append({"prompt": prompt, "source": f"{rel}:{chunk[0][0]}"})
+        # the reference: the started call's arguments, then the log's next calls (the module's
+        # following functions, in line order)
+        line, name = chunk[-1]
+        nxt = funcs[start + 6 : start + 6 + NEXT_CALLS]
+        reference = (f'"{module}", name="{name}", line={line}))\n'
+                     + "".join(_call(module, n, ln) for ln, n in nxt))
+        out.append({"prompt": prompt, "reference": reference, "source": f"{rel}:{chunk[0][0]}"})
     return out
 
 
@@ -189,8 +207,9 @@ BUILDERS = {"code": code_prompts, "prose": prose_prompts, "structured": structur
 AGENTIC = {"edit": edit_prompts, "toolcalls": toolcall_prompts}
 
 
-def build(out_dir: Path, per_workload: int = PER_WORKLOAD, seed: int = 0,
+def build(out_dir: Path, per_workload: int | None = None, seed: int = 0,
           only: list[str] | None = None) -> dict[str, int]:
+    """Write the workloads; ``per_workload`` (default: 150 each, 60 for the agentic two) caps each."""
     builders = {**BUILDERS, **AGENTIC}
     if only:
         builders = {k: v for k, v in builders.items() if k in only}
@@ -205,13 +224,14 @@ def build(out_dir: Path, per_workload: int = PER_WORKLOAD, seed: int = 0,
             continue
         offs = _offsets(text)
         for name, fn in builders.items():
-            found[name].extend(p for p in fn(text, tree, rel, offs) if p["prompt"].strip())
+            found[name].extend(p for p in fn(text, tree, rel, offs) if p["prompt"].strip() and p["reference"].strip())
     out_dir.mkdir(parents=True, exist_ok=True)
     counts = {}
     for name, prompts in found.items():
         rng = random.Random(f"{seed}:{name}")
         rng.shuffle(prompts)
-        chosen = prompts[:per_workload]
+        cap = per_workload if per_workload is not None else (PER_AGENTIC if name in AGENTIC else PER_WORKLOAD)
+        chosen = prompts[:cap]
         with open(out_dir / f"{name}.jsonl", "w", encoding="utf-8") as fh:
             for p in chosen:
                 fh.write(json.dumps(p, ensure_ascii=False) + "\n")
@@ -222,7 +242,8 @@ def build(out_dir: Path, per_workload: int = PER_WORKLOAD, seed: int = 0,
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path("data/workloads"))
-    ap.add_argument("--per-workload", type=int, default=PER_WORKLOAD)
+    ap.add_argument("--per-workload", type=int, default=None,
+                    help=f"prompts per workload (default {PER_WORKLOAD}, {PER_AGENTIC} for edit and toolcalls)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--only", nargs="*", help="build only these workloads (e.g. edit toolcalls)")
     args = ap.parse_args(argv)

@@ -200,10 +200,11 @@ def features(report: dict, ax=None):
     return fig
 
 
-from svt.plots.hvd import hvd, yield_pr  # noqa: E402  (uses the helpers above)
+from svt.plots.hvd import hvd, hvd_map, yield_pr  # noqa: E402  (uses the helpers above)
 
 PLOTS = {"reliability": reliability, "roc": roc, "per-position": per_position, "pareto": pareto,
-         "coefficients": coefficients, "features": features, "hvd": hvd, "yield-pr": yield_pr}
+         "coefficients": coefficients, "features": features, "hvd": hvd, "yield-pr": yield_pr,
+         "hvd-map": hvd_map}
 
 
 def get_plot(name: str):
@@ -219,6 +220,9 @@ def get_plot(name: str):
         is_report = isinstance(data, dict) and "features" in data and "runs" in data
         if wants_fit and (not isinstance(data, dict) or "model" not in data):
             raise DataError("`coefficients` draws a fit file from `svt fit` (an irls-online fit).")
+        if is_report and data.get("kind") == "cache-only" and name not in ("hvd", "yield-pr", "hvd-map"):
+            raise DataError(f"`{name}` draws acceptance features; this report is of runs without model drafts "
+                            "(cache drafts only). Its figures: hvd, yield-pr, hvd-map.")
         if not wants_fit and not is_report:
             raise DataError(f"`{name}` draws a report from `svt evaluate` (its directory or report.json), "
                             "not " + ("a fit file." if isinstance(data, dict) and "model" in data else "this file."))
@@ -254,7 +258,10 @@ def plot_all(report_dir: str | Path, fits: list[str | Path] = ()) -> list[Path]:
     report_dir = Path(report_dir)
     report = read_input(report_dir)
     out = []
-    for kind in ("features", "roc", "reliability", "per-position", "pareto", "hvd", "yield-pr"):
+    kinds = ("features", "roc", "reliability", "per-position", "pareto", "hvd", "yield-pr", "hvd-map")
+    if report.get("kind") == "cache-only":  # no acceptance features: only the cache figures
+        kinds = ("hvd", "yield-pr", "hvd-map")
+    for kind in kinds:
         try:
             out.append(save(PLOTS[kind](report), report_dir / "figures" / f"{kind}.png"))
         except DataError:

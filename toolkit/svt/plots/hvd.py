@@ -79,3 +79,33 @@ def yield_pr(report: dict, ax=None):
     ax.legend(fontsize=7)
     _caption(fig, report, "   dot: prediction >= threshold")
     return fig
+
+
+def hvd_map(report: dict, ax=None):
+    """Where HVD pays off: drafter strength (tokens per cycle of a stand-in model drafter) against
+    workload, coloured by HVD's gain over the better single source (model-only or cache-only), with
+    τ chosen on other requests than those scored. Each cell is annotated with the gain in %."""
+    hmap = report.get("hvd_map") or {}
+    rows = hmap.get("rows")
+    if not rows:
+        raise DataError("The report has no HVD map: run `svt evaluate` on a run with cache drafts, with --costs COSTS.")
+    strengths = sorted({r["strength"] for r in rows})
+    groups = [g for g in dict.fromkeys(r["group"] for r in rows) if g != "all"] + ["all"]
+    grid = np.full((len(groups), len(strengths)), np.nan)
+    for r in rows:
+        grid[groups.index(r["group"]), strengths.index(r["strength"])] = 100.0 * r["hvd_gain_over_best_single"]
+    fig, ax = _axes(ax, (1.3 * len(strengths) + 2.6, 0.55 * len(groups) + 2.0))
+    lim = max(5.0, float(np.nanmax(np.abs(grid))))
+    im = ax.imshow(grid, cmap="RdBu", vmin=-lim, vmax=lim, aspect="auto")
+    for (i, j), v in np.ndenumerate(grid):
+        if np.isfinite(v):
+            ax.text(j, i, f"{v:+.0f}%", ha="center", va="center", fontsize=8,
+                    color="white" if abs(v) > 0.6 * lim else "black")
+    ax.set_xticks(range(len(strengths)), [f"{s:g}" for s in strengths])
+    ax.set_yticks(range(len(groups)), groups)
+    ax.set(xlabel="model drafter strength (tokens per cycle, stand-in)", ylabel="workload",
+           title=f"HVD's gain over the better single source (predictor {hmap['predictor']})")
+    fig.colorbar(im, ax=ax, label="time of best single source / HVD's − 1 (%)")
+    costs = (report.get("hvd") or {}).get("costs") or {}
+    _caption(fig, report, f"   {Path(costs.get('path', '')).name} costs; τ chosen on other requests")
+    return fig

@@ -86,7 +86,14 @@ def hvd_table(report: dict) -> Table:
 
 def evaluate_tables(report: dict) -> list:
     """What `svt evaluate` prints: tables and legend lines, in order."""
-    items: list = [*feature_tables(report)]
+    if report.get("kind") == "cache-only":
+        items: list = [Text(report["note"])]
+        if report.get("yield"):
+            items.append(yield_table(report))
+        if report.get("hvd"):
+            items.append(hvd_table(report))
+        return items
+    items = [*feature_tables(report)]
     legend = direction_legend(report)
     if legend:
         items.append(Text(legend))

@@ -45,6 +45,7 @@ class EvaluateOptions:
     concurrency: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
     high_yield: int = 6  # yield predictors: "high yield" is oracle_accepted >= this
     in_memory: bool = False  # hold the drafts in memory (they are anyway when a section needs it)
+    reference_run: str | None = None  # a reference run of the same prompts: its cache statistics in the realism table
 
 
 @dataclass
@@ -93,6 +94,9 @@ def _labels_note(run) -> str:
         trimmed = (run.meta.get("vllm") or {}).get("steps_trimmed")
         return ("vLLM run: every draft the engine verified is labelled; drafts its scheduler did not verify "
                 f"(near max_tokens or max_model_len: {trimmed} step(s)) are not in the table")
+    if run.meta.get("engine") == "reference":
+        return ("reference run: no model drafts and no target probabilities; cache drafts carry oracle yields "
+                "against each prompt's reference")
     return "complete (every step verified its drafts)"
 
 
@@ -469,9 +473,12 @@ def evaluate(runs: list[str | Path], opts: EvaluateOptions | None = None) -> dic
     opened = open_for_evaluation([Path(r) for r in runs])
     metas = [open_run(r, deep=False, tables=["requests"]).meta for r in runs]
     if all((m.get("counts") or {}).get("drafts") == 0 and "cache" in (m.get("drafter_kinds") or []) for m in metas):
-        raise DataError("The run has no model-drafter drafts (a cache-only run, e.g. vLLM's `suffix` method): "
-                        "`svt evaluate` scores acceptance features on them. Its cache drafts train yield "
-                        "predictors: `svt fit RUN --model yield-mlp`.")
+        from svt.report.reference import cache_only_report
+
+        return cache_only_report(runs, opts, opened.infos, metas)
+    if any(m.get("engine") == "reference" for m in metas):
+        raise DataError("A reference run (no model drafts) cannot be evaluated beside runs with drafts: "
+                        "evaluate it alone, or pass it with --reference-run.")
     infos = opened.infos
     lazy = opened.drafts
     head = lazy.head(1000).collect()
@@ -538,7 +545,7 @@ def evaluate(runs: list[str | Path], opts: EvaluateOptions | None = None) -> dic
         from svt.report.hvd import hvd_report
 
         report.update(hvd_report([Path(r) for r in runs], yield_fits, [i["run_id"] for i in infos],
-                                 costs_path=opts.costs, high_yield=opts.high_yield))
+                                 costs_path=opts.costs, high_yield=opts.high_yield, seed=opts.seed))
         report["settings"]["high_yield"] = opts.high_yield
     else:
         report.update({"cache": None, "yield": None, "hvd": None})
@@ -547,6 +554,9 @@ def evaluate(runs: list[str | Path], opts: EvaluateOptions | None = None) -> dic
         groups.append("run")
     if opts.by and opts.by != "run":
         groups.append(opts.by)
+    from svt.report.reference import realism_section
+
+    report["realism"] = realism_section(runs, opts.reference_run)
     report["groups"] = {}
     for g in groups:
         report["groups"][g] = {

@@ -67,8 +67,46 @@ def yield_block(y: np.ndarray, p: np.ndarray, high_yield: int, curve: bool = Tru
     return block
 
 
+def _sweeps(rows: pl.DataFrame, preds: dict[str, np.ndarray], keys: set, k: int, costs, seed: int):
+    """The strength map and the two-sided switch, with τ chosen on other requests than those scored:
+    a fit's training requests when it has any here, else a seeded half of the requests."""
+    from svt.simulate.hvd import HVDRequest
+    from svt.simulate.hvd_sweep import Split, strength_map, two_sided
+
+    fits = [n for n in preds if n not in YIELD_RULES]
+    name = fits[0] if fits else "score"
+    reqs, pr, ids, cols, order = [], [], [], [], []
+    for (run, req), part in rows.with_columns(pl.Series("_pred", preds[name])).sort(
+            "_run", "request", "decode_pos").group_by("_run", "request", maintain_order=True):
+        reqs.append(HVDRequest(str(part["workload"][0]), part["draft_len"].to_numpy(),
+                               part["oracle_accepted"].to_numpy(), part["model_accepted"].to_numpy(),
+                               part["lookup_ms"].to_numpy().astype(np.float64)))
+        pr.append(part["_pred"].to_numpy().astype(np.float64))
+        ids.append(int(run) * 1_000_003 + int(req))
+        cols.append({c: part[c].to_numpy().astype(np.float64) for c in ("draft_len", "match_len", "score")})
+        order.append((run, req))
+    score = [i for i, key in enumerate(order) if key in keys]
+    choose = [i for i, key in enumerate(order) if key not in keys]
+    how = f"τ chosen on the {len(choose)} requests {name} was trained on, scored on the {len(score)} held out"
+    if not choose:
+        perm = np.random.default_rng(seed).permutation(len(score))
+        half = len(score) // 2
+        choose, score = sorted(score[i] for i in perm[:half]), sorted(score[i] for i in perm[half:])
+        how = (f"τ chosen on a seeded half of the requests ({len(choose)}), scored on the other "
+               f"{len(score)} ({name} has no training requests in these runs)")
+    if len(choose) < 2 or len(score) < 2:
+        note = "too few requests to choose τ on some and score it on others"
+        return {"note": note}, {"note": note}
+    split = Split(choose, score, how)
+    hmap = {"predictor": name, "split": how, "k": k, "seed": seed,
+            "drafter": "stand-in: conditional acceptance a at every position, drawn per position (seeded)",
+            "rows": strength_map(reqs, pr, ids, k, costs, split, seed)}
+    two = {"predictor": name, "split": how, **two_sided(reqs, pr, cols, k, costs, split, seed)}
+    return hmap, two
+
+
 def hvd_report(runs: list[Path], fit_paths: list[str], run_ids: list, *, costs_path: str | None,
-               high_yield: int = 6) -> dict:
+               high_yield: int = 6, seed: int = 0) -> dict:
     """report.json's ``cache``, ``yield`` and ``hvd`` entries for the runs and yield fits."""
     from svt.fit import load_fit
     from svt.fit.yield_data import load_cache_drafts_for_fit
@@ -121,6 +159,7 @@ def hvd_report(runs: list[Path], fit_paths: list[str], run_ids: list, *, costs_p
         lives = [m["hvd"] for m in (open_run(r, deep=False, tables=["requests"]).meta for r in runs) if m.get("hvd")]
         taus = tuple(sorted({*TAUS, *(float(v["tau"]) for v in lives)}))
         points = replay_hvd(reqs, per_pred, k, costs, taus)
+        report["hvd_map"], report["two_sided"] = _sweeps(rows, preds, keys, k, costs, seed)
         report["hvd"] = {"costs": {"path": str(costs_path), "kind": costs.kind,
                                            "fingerprint": costs.fingerprint()}, "k": k, "requests": len(reqs),
                          "batch_size": 1, "collected_batch_size": batch_sizes, "rows": points,

@@ -55,6 +55,8 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def to_markdown(report: dict) -> str:
+    if report.get("kind") == "cache-only":
+        return _cache_only_markdown(report)
     runs = ", ".join(f"`{r['run']}`" for r in report["runs"])
     sampling = report["runs"][0].get("sampling") or {}
     lines = ["# svt evaluation report\n",
@@ -158,6 +160,7 @@ def to_markdown(report: dict) -> str:
                       f"per step live against **{live['replayed_tokens_per_step']:.3f}** replayed on the complete "
                       f"trace at B = {live['batch_size']}; gap {live['gap']:+.3f}. {live['note']}.\n"]
     lines += _hvd_markdown(report)
+    lines += _realism_markdown(report)
     for g, parts in report.get("groups", {}).items():
         names = list(report["features"])
         lines += [f"## AUC by {g}\n",
@@ -167,12 +170,125 @@ def to_markdown(report: dict) -> str:
                   _table([g, "labelled", "acceptance"],
                          [[k, fmt(next(iter(v.values()))["n"]), fmt(next(iter(v.values()))["accept_rate"])]
                           for k, v in parts.items()]), ""]
+    lines += _figures_markdown(report)
+    return "\n".join(lines) + "\n"
+
+
+def _figures_markdown(report: dict) -> list[str]:
+    lines: list[str] = []
     if report.get("figures"):
         lines += ["## Figures\n", *(f"![{Path(f).stem}]({f})\n" for f in report["figures"])]
     for other in report.get("related") or []:
         lines += [f"## Related report: [{other['report']}]({other['report']})\n",
                   *(f"![{Path(f).stem}]({f})\n" for f in other["figures"])]
+    return lines
+
+
+def _cache_only_markdown(report: dict) -> str:
+    runs = ", ".join(f"`{r['run']}`" for r in report["runs"])
+    drafter = report.get("drafter") or {}
+    lines = ["# svt evaluation report (cache drafts only)\n",
+             f"Runs: {runs}. svt {report['svt_version']}, {report['created']}.\n",
+             f"**{report['note']}**\n"]
+    if drafter.get("kind") == "stand-in":
+        lines.append(f"Model drafter: **a stand-in** (conditional acceptance by position "
+                     f"{', '.join(f'{a:.3f}' for a in drafter['accept'])}, {drafter['source']}; "
+                     f"{drafter['tokens_per_cycle']:.2f} tokens per cycle expected). {drafter['note']}.\n")
+    elif drafter.get("kind") == "model":
+        lines.append(f"Model drafter: `{drafter['path']}`, {drafter['note']}.\n")
+    lines += _hvd_markdown(report)
+    lines += _map_markdown(report)
+    lines += _realism_markdown(report)
+    lines += _figures_markdown(report)
     return "\n".join(lines) + "\n"
+
+
+def _map_markdown(report: dict) -> list[str]:
+    lines: list[str] = []
+    hmap = report.get("hvd_map") or {}
+    if hmap.get("rows"):
+        lines += ["## Where HVD pays off: the map across drafter strengths\n",
+                  f"The model drafter replaced by a stand-in at each strength (tokens per cycle = 1 + a + ... + "
+                  f"a^K, the same conditional acceptance a at every position, drawn per position with seed "
+                  f"{hmap['seed']}); yield predictor `{hmap['predictor']}`; {hmap['split']}. Gain: time of the "
+                  "better single source (model-only or cache-only) over HVD's, minus 1.\n",
+                  _table(["strength (tok/cycle)", "group", "τ", "greedy", "model-only", "cache-only", "HVD",
+                          "oracle", "HVD speed-up", "HVD gain vs best single"],
+                         [[fmt(r["strength"], 2), r["group"], fmt(r["tau"]),
+                           *(fmt(r[p]["cycles_per_1000"], 1) for p in ("greedy", "model-only", "cache-only", "hvd",
+                                                                       "oracle-switch")),
+                           fmt(r["hvd"]["speedup_vs_greedy"], 3), fmt(r["hvd_gain_over_best_single"], 3)]
+                          for r in hmap["rows"]]),
+                  "\nColumns greedy .. oracle: cycles per 1000 tokens.\n"]
+    elif hmap.get("note"):
+        lines += ["## Where HVD pays off\n", f"Not computed: {hmap['note']}.\n"]
+    two = report.get("two_sided") or {}
+    if two.get("groups"):
+        lines += ["## Two-sided switch (beyond the document)\n",
+                  f"The model drafter's yield predicted too ({two['regressor']} on causal features: "
+                  f"{', '.join(two['features'])}; held-out MSE {fmt(two['model_yield_mse'], 3)} against the "
+                  f"yield variance {fmt(two['model_yield_var'], 3)}); the cache draft is verified when its predicted "
+                  "tokens per ms beat the drafter's times a margin chosen like τ. On this run's own model-drafter "
+                  f"yields; {two['split']}.\n",
+                  _table(["group", "requests", "greedy cyc/1000", "one-sided cyc/1000", "two-sided cyc/1000",
+                          "oracle cyc/1000", "one-sided speed-up", "two-sided speed-up", "oracle speed-up"],
+                         [[g, fmt(b["requests"]), fmt(b["greedy_cycles_per_1000"], 1),
+                           fmt(b["one_sided"]["cycles_per_1000"], 1), fmt(b["two_sided"]["cycles_per_1000"], 1),
+                           fmt(b["oracle"]["cycles_per_1000"], 1), fmt(b["one_sided"]["speedup_vs_greedy"], 3),
+                           fmt(b["two_sided"]["speedup_vs_greedy"], 3), fmt(b["oracle"]["speedup_vs_greedy"], 3)]
+                          for g, b in two["groups"].items()]), ""]
+    checks = report.get("document_checks")
+    if checks:
+        rows = []
+        if "hvd_vs_greedy" in checks:
+            c = checks["hvd_vs_greedy"]
+            rows.append(["HVD faster than greedy", f"{c['better']} of {c['pairs']} (workload, strength) pairs",
+                         c["document"]])
+            c = checks["hvd_vs_cache_only"]
+            rows.append(["HVD faster than cache-only", f"{c['better']} of {c['pairs']} ({c['ties']} ties)",
+                         c["document"]])
+        if "high_yield" in checks:
+            c = checks["high_yield"]
+            rows.append([f"precision / recall at yield >= {c['threshold']} ({c['predictor']})",
+                         f"{fmt(c['precision'], 3)} / {fmt(c['recall'], 3)}", c["document"]])
+        if "cycles_per_1000" in checks:
+            c = checks["cycles_per_1000"]
+            rows.append(["cycles per 1000 tokens, model-only against HVD",
+                         f"{fmt(c['model_only'], 1)} against {fmt(c['hvd'], 1)}", c["document"]])
+        if "top10_token_share" in checks:
+            rows.append(["accepted tokens carried by the top 10 % of cache drafts",
+                         ", ".join(f"{g} {fmt(v, 2)}" for g, v in checks["top10_token_share"].items()),
+                         checks["top10_document"]])
+        lines += ["## The document's checks, side by side\n", _table(["check", "here", "the document"], rows), ""]
+    return lines
+
+
+def _realism_markdown(report: dict) -> list[str]:
+    realism = report.get("realism")
+    if not realism:
+        return []
+    lines = ["## How far the pair is from the data (realism)\n",
+             "Per workload: the mean common prefix of the output with the prompt's reference (task following), "
+             "and the share of positions whose next 8 tokens already occurred before them in prompt + output "
+             "(copying) and in the output alone (looping), for the output and for the reference text. The "
+             "cache columns put the run's cache statistics beside a reference run's of the same prompts.\n"]
+    for name, block in realism.items():
+        ref_cache = block.get("reference_cache") or {}
+        cache = block.get("cache") or {}
+        rows = []
+        for g, w in block["workloads"].items():
+            c, rc = cache.get(g) or {}, ref_cache.get(g) or {}
+            rows.append([g, fmt(w["requests"]), fmt(w["mean_common_prefix"], 1),
+                         fmt(w["output_repeats_prompt_or_output"], 3), fmt(w["output_repeats_output"], 3),
+                         fmt(w["reference_repeats_prompt_or_output"], 3), fmt(w["reference_repeats_output"], 3),
+                         fmt(c.get("mean_yield"), 2), fmt(rc.get("mean_yield"), 2),
+                         fmt(c.get("top10_token_share"), 2), fmt(rc.get("top10_token_share"), 2)])
+        lines += [f"### `{name}` ({block['kind']} run)\n",
+                  _table(["group", "requests", "common prefix", "output: repeats prompt+output",
+                          "output: repeats itself", "reference: repeats prompt+output", "reference: repeats itself",
+                          "cache yield (run)", "cache yield (reference)", "top-10% share (run)",
+                          "top-10% share (reference)"], rows), ""]
+    return lines
 
 
 def _hvd_markdown(report: dict) -> list[str]:

@@ -135,7 +135,17 @@ CACHE_DRAFTS = TableSchema(
     required=False,
 )
 
-TABLES: dict[str, TableSchema] = {t.name: t for t in (DRAFTS, STEPS, REQUESTS, HIDDEN, DISTS, CACHE_DRAFTS)}
+REFERENCES = TableSchema(
+    "references",
+    {
+        "request": pl.Int64(),
+        "reference_ids": pl.List(pl.Int32()),  # the prompt's reference continuation (max_new_tokens at most)
+    },
+    required=False,
+)
+
+TABLES: dict[str, TableSchema] = {t.name: t for t in (DRAFTS, STEPS, REQUESTS, HIDDEN, DISTS, CACHE_DRAFTS,
+                                                      REFERENCES)}
 FINISH_REASONS = ("stop", "length")
 
 

@@ -1,0 +1,114 @@
+"""`svt evaluate` on reference runs (cache drafts only) and the realism table of target runs."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from svt.errors import DataError
+from svt.metrics.repetition import common_prefix_len, repeated_share
+from svt.report import EvaluateOptions, evaluate, write_report
+
+ROOT = Path(__file__).resolve().parents[2]
+COSTS = str(ROOT / "configs" / "costs" / "h100-llama8b-eagle.yaml")
+
+
+@pytest.fixture(scope="module")
+def ref_run(tmp_path_factory, models_dir):
+    from svt.collect.reference_run import collect_reference
+    from svt.config import load_collect_config
+
+    cfg = load_collect_config(None, base={
+        "engine": "reference", "target": str(models_dir / "target"), "stand_in": {"rate": 0.6},
+        "workloads": [str(ROOT / "data" / "workloads" / f"{w}.jsonl") for w in ("prose", "edit", "toolcalls")],
+        "requests": 18, "batch_size": 6, "max_new_tokens": 48, "k": 5, "temperature": 0, "cache": True,
+        "max_prompt_tokens": 256})
+    out = tmp_path_factory.mktemp("ref") / "ref"
+    collect_reference(cfg, out, progress=False)
+    return out
+
+
+def test_reference_report_has_the_cache_sections_and_says_what_it_lacks(ref_run, tmp_path):
+    rep = evaluate([ref_run], EvaluateOptions(costs=COSTS))
+    assert rep["kind"] == "cache-only" and rep["acceptance"] is None and rep["features"] == {}
+    assert "no target probabilities" in rep["note"] and rep["drafter"]["kind"] == "stand-in"
+    assert set(rep["cache"]) == {"all", "prose", "edit", "toolcalls"}
+    hmap = rep["hvd_map"]
+    assert {r["strength"] for r in hmap["rows"]} == {1.5, 2.0, 2.5, 3.0, 3.5, 4.0}
+    assert "seeded half" in hmap["split"]
+    for r in hmap["rows"]:
+        assert r["oracle-switch"]["ms"] <= min(r["model-only"]["ms"], r["cache-only"]["ms"]) + 1e-6
+    assert rep["two_sided"]["groups"]["all"]["two_sided"]["cycles_per_1000"] > 0
+    checks = rep["document_checks"]
+    assert checks["hvd_vs_greedy"]["pairs"] == len([r for r in hmap["rows"] if r["group"] != "all"])
+    realism = rep["realism"][ref_run.name]
+    assert realism["kind"] == "reference" and realism["workloads"]["all"]["mean_common_prefix"] is None
+    json_path, md_path = write_report(rep, tmp_path / "rep")
+    md = md_path.read_text()
+    for text in ("cache drafts only", "a stand-in", "Where HVD pays off", "Two-sided switch",
+                 "The document's checks", "How far the pair is from the data"):
+        assert text in md
+    json.loads(json_path.read_text())
+
+
+def test_hvd_map_figure_and_refused_acceptance_figures(ref_run, tmp_path):
+    from svt import plots
+
+    rep = evaluate([ref_run], EvaluateOptions(costs=COSTS))
+    write_report(rep, tmp_path / "rep")
+    written = plots.plot_all(tmp_path / "rep")
+    assert {p.name for p in written} == {"hvd.png", "yield-pr.png", "hvd-map.png"}
+    with pytest.raises(DataError, match="acceptance features"):
+        plots.get_plot("roc")(rep)
+
+
+def test_an_acceptance_fit_on_a_reference_run_is_refused(ref_run, small_run, tmp_path):
+    from svt.fit import fit_runs, save_fit
+
+    fit = fit_runs([small_run], "logistic")
+    path = save_fit(fit, tmp_path / "logistic.json") or tmp_path / "logistic.json"
+    with pytest.raises(DataError, match="acceptance fit"):
+        evaluate([ref_run], EvaluateOptions(fits=[str(path)]))
+
+
+def test_target_run_with_references_gets_the_realism_table(greedy_run):
+    from svt.report.reference import realism_rows
+    from svt.traces.io import open_run
+
+    run = open_run(greedy_run)
+    assert run.has("references")
+    rows = realism_rows(run)
+    req = run.scan("requests").collect()
+    refs = dict(zip(*run.scan("references").collect().get_columns(), strict=True))
+    want = np.mean([common_prefix_len(o, refs[r]) for r, o in zip(req["request"], req["output_ids"], strict=True)])
+    assert rows["all"]["mean_common_prefix"] == pytest.approx(want)
+    assert rows["all"]["with_reference"] == req.height
+
+
+def test_reference_run_of_other_prompts_is_refused(greedy_run, ref_run):
+    from svt.report.reference import realism_section
+
+    with pytest.raises(DataError, match="other prompt files"):
+        realism_section([greedy_run], str(ref_run))
+
+
+def _slow_repeated(prompt, output, n):
+    pos = hit_all = hit_out = 0
+    for t in range(len(output) - n + 1):
+        pos += 1
+        w = list(output[t : t + n])
+        before = list(prompt) + list(output[:t])
+        own = list(output[:t])
+        hit_all += any(before[i : i + n] == w for i in range(len(before) - n + 1))
+        hit_out += any(own[i : i + n] == w for i in range(len(own) - n + 1))
+    return pos, hit_all, hit_out
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 3), max_size=12), st.lists(st.integers(0, 3), max_size=30), st.integers(1, 4))
+def test_repeated_share_matches_a_brute_force_search(prompt, output, n):
+    assert repeated_share(np.array(prompt, dtype=np.int64), np.array(output, dtype=np.int64), n) == \
+        _slow_repeated(prompt, output, n)

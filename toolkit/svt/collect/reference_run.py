@@ -1,0 +1,273 @@
+"""Reference runs (``svt collect --engine reference``): what a suffix cache and Hybrid Verified
+Decoding would buy on real text, with no target forward at all.
+
+Each prompt's reference (the continuation a strong model or a person wrote: logged traffic, or the
+built-in workloads' real file text) is taken as the output, tokenized with the target's tokenizer.
+The run's ``cache_drafts`` hold the SuffixDecoding draft at every position with its oracle yield
+against the reference, and the model drafter's yield from either
+
+- a real drafter teacher-forced on the reference (``draft:``): its greedy agreement with the text,
+  the accepted length a lossless greedy verifier would grant if the target had written the text; or
+- a stand-in drafter (``stand_in:``) whose conditional acceptance by position is given: at each
+  position, draft i is accepted with probability ``accept[i]`` when drafts 0..i-1 were, drawn
+  independently per position from the run's seed and the request id (so the draws do not depend
+  on batching). It is labelled as a stand-in in run.json and in every report.
+
+Timing of the global tree: the requests of a batch advance one token per step and a response enters
+the tree after its last token, as a server without speculation would see the finishes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import platform
+import shutil
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from svt import __version__
+from svt.collect.cache import CacheOptions, teacher_forced_accepted
+from svt.collect.workloads import (
+    encode_prompt,
+    encode_reference,
+    interleave,
+    read_workload,
+    require_references,
+    resolve_workload,
+)
+from svt.config import CollectConfig, StandInConfig, resolve_path, to_dict
+from svt.errors import ConfigError, DataError
+from svt.traces.io import read_meta, write_meta
+from svt.traces.schema import SCHEMA_VERSION, TABLES
+
+
+def stand_in_yields(accept: np.ndarray, seed: int, request: int, n: int) -> np.ndarray:
+    """The stand-in drafter's accepted length at each of ``n`` positions of one request: the run of
+    successes of independent draws ``u_i < accept[i]``, capped at the tokens left (``n - t``)."""
+    rng = np.random.default_rng([seed, request, 0x5D])
+    hits = rng.random((n, accept.size)) < accept[None, :]
+    runs = np.cumprod(hits, axis=1).sum(axis=1)
+    return np.minimum(runs, n - np.arange(n)).astype(np.int64)
+
+
+def expected_tokens_per_cycle(accept: np.ndarray) -> float:
+    """1 + sum_i prod_{j<=i} accept[j]: the mean accepted length plus the target's own token."""
+    return float(1.0 + np.cumprod(accept).sum())
+
+
+def measured_acceptance(run_path: Path, k: int) -> np.ndarray:
+    """A run's conditional acceptance at each draft position (accepted / verified there)."""
+    from svt.traces.io import open_run
+
+    run = open_run(run_path, deep=False, tables=["drafts", "requests"])
+    run.require_complete()
+    if run.meta.get("k") != k:
+        raise ConfigError(f"stand_in.from_run: {run_path} was drafted with K = {run.meta.get('k')}, but this run's "
+                          f"k is {k}; set `k: {run.meta.get('k')}`.")
+    by = (run.uncensored_drafts().filter(pl.col("label").is_not_null()).group_by("position")
+          .agg(pl.len().alias("n"), (pl.col("label") == 1).sum().alias("a")).sort("position").collect())
+    if by.height != k:
+        raise DataError(f"stand_in.from_run: {run_path} has verified drafts at {by.height} of its {k} positions; "
+                        "the acceptance of every position is needed.")
+    return (by["a"] / by["n"]).to_numpy().astype(np.float64)
+
+
+def stand_in_accept(stand_in: StandInConfig, k: int, config_path=None) -> tuple[np.ndarray, dict]:
+    """The stand-in's per-position conditional acceptance and what run.json says about it."""
+    if stand_in.accept is not None:
+        acc, source = np.asarray(stand_in.accept, dtype=np.float64), "given per position"
+    elif stand_in.rate is not None:
+        acc, source = np.full(k, float(stand_in.rate)), "one rate at every position"
+    else:
+        path = resolve_path(stand_in.from_run, config_path)
+        acc, source = measured_acceptance(path, k), f"measured in {path}"
+    return acc, {"kind": "stand-in", "accept": acc.tolist(), "source": source,
+                 "tokens_per_cycle": expected_tokens_per_cycle(acc),
+                 "note": "a stand-in drafter: acceptance drawn independently per position from the given "
+                         "rates (no model forward); its yields say nothing about a real drafter's correlations "
+                         "with the text"}
+
+
+def _stand_in_model_yields(accept: np.ndarray, seed: int):
+    def model_yields(part: pl.DataFrame) -> list[np.ndarray]:
+        return [stand_in_yields(accept, seed, int(r), len(o))
+                for r, o in zip(part["request"].to_list(), part["output_ids"].to_list(), strict=True)]
+    return model_yields
+
+
+def _teacher_forced_model_yields(draft_model, k: int):
+    def model_yields(part: pl.DataFrame) -> list[np.ndarray]:
+        return teacher_forced_accepted(draft_model, list(zip(part["prompt_ids"].to_list(),
+                                                             part["output_ids"].to_list(), strict=True)), k)
+    return model_yields
+
+
+def _drafter(cfg_draft: str | None, stand_in: dict | None, k: int, seed: int, tokenizer, device: str,
+             dtype: str, target_path: Path):
+    """(model_yields, the draft model or None, run.json's ``drafter`` entry)."""
+    if stand_in is not None:
+        acc = np.asarray(stand_in["accept"], dtype=np.float64)
+        return _stand_in_model_yields(acc, seed), None, stand_in
+    from svt.models.loading import (
+        check_draft_tokenizer,
+        check_model_dir,
+        load_causal_lm,
+        resolve_device,
+        resolve_dtype,
+        weights_hash,
+    )
+
+    path = Path(cfg_draft)
+    check_model_dir(path, "draft")
+    check_draft_tokenizer(tokenizer, target_path, path)
+    dev = resolve_device(device)
+    model = load_causal_lm(path, "draft", dev, resolve_dtype(dtype, dev))
+    if len(tokenizer) > model.config.vocab_size:
+        raise ConfigError(f"The tokenizer has {len(tokenizer)} tokens but the draft only {model.config.vocab_size}.")
+    entry = {"kind": "model", "path": str(path), "weights_sha256_16": weights_hash(path),
+             "note": "a real drafter teacher-forced on the reference: its accepted length is its greedy agreement "
+                     "with the text (what a greedy verifier grants if the target wrote the text)"}
+    return _teacher_forced_model_yields(model, k), model, entry
+
+
+def collect_reference(cfg: CollectConfig, out: str | Path, *, config_path=None, overwrite: bool = False,
+                      progress: bool = True):
+    """Write a reference run: requests (the reference as output), cache drafts, no model drafts."""
+    from svt.collect.cache_run import build_cache_drafts
+    from svt.collect.runner import _finish, _prepare_dir, _staging, _swap_in, file_sha256
+    from svt.models.loading import check_model_dir, load_tokenizer, weights_hash
+
+    final = Path(out)
+    config = to_dict(cfg)
+    _prepare_dir(final, resume=False, overwrite=overwrite, config=config)
+    paths = [resolve_workload(w, config_path) for w in cfg.workloads]
+    names = [p.stem for p in paths]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"Workload names must be distinct, but got {names}.")
+    prompts = interleave([read_workload(p) for p in paths], cfg.requests)
+    require_references(prompts)
+    target_path = resolve_path(cfg.target, config_path)
+    check_model_dir(target_path, "target (its tokenizer)")
+    tok = load_tokenizer(target_path)
+    ids = [encode_prompt(p, tok, cfg.max_prompt_tokens) for p in prompts]
+    refs = [encode_reference(p, tok, cfg.max_new_tokens) for p in prompts]
+    stand_in = None if cfg.stand_in is None else stand_in_accept(cfg.stand_in, cfg.k, config_path)[1]
+    draft_path = None if cfg.draft is None else resolve_path(cfg.draft, config_path)
+    model_yields, draft_model, drafter = _drafter(None if draft_path is None else str(draft_path), stand_in, cfg.k,
+                                                  cfg.seed, tok, cfg.device, cfg.dtype, target_path)
+    options = cfg.cache or CacheOptions()
+
+    staged = overwrite and final.is_dir() and any(final.iterdir())
+    existed = final.exists()
+    run_dir = _staging(final) if staged else final
+    if staged:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    try:
+        t0 = time.time()
+        _write_requests(run_dir, cfg, config, prompts, ids, refs, names, paths,
+                        {n: file_sha256(p) for n, p in zip(names, paths, strict=True)}, target_path, tok,
+                        drafter, weights_hash(target_path))
+        summary = _finish(run_dir, read_meta(run_dir), 0.0, resumed=0)
+        bar = None
+        if progress:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            bar = Progress(TextColumn("[bold]reference"), BarColumn(), MofNCompleteColumn(), TextColumn("requests"),
+                           TimeElapsedColumn())
+            bar.start()
+            task = bar.add_task("reference", total=len(prompts))
+        try:
+            build_cache_drafts(run_dir, options, draft_model, tok, model_yields=model_yields,
+                               progress=None if bar is None else (lambda n: bar.update(task, advance=n)))
+        finally:
+            if bar is not None:
+                bar.stop()
+        meta = read_meta(run_dir)
+        meta["last_session_seconds"] = round(time.time() - t0, 2)
+        write_meta(run_dir, meta)
+        summary.seconds = time.time() - t0
+        if staged:
+            _swap_in(run_dir, final)
+            summary.run_dir = final
+        return summary
+    except BaseException:
+        # nothing half-written stays: an overwrite leaves the old run as it was; a new run is removed
+        # (a reference run is quick to redo, so it has no --resume)
+        if staged or not existed:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        else:
+            for child in list(run_dir.iterdir()):
+                shutil.rmtree(child, ignore_errors=True) if child.is_dir() else child.unlink(missing_ok=True)
+        raise
+
+
+def _write_requests(run_dir: Path, cfg: CollectConfig, config: dict, prompts, ids, refs, names, paths, hashes,
+                    target_path: Path, tok, drafter: dict, target_hash: str) -> None:
+    from svt.collect.runner import _commit_batch
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "run_id": uuid.uuid4().hex[:12], "svt_version": __version__, "schema_version": SCHEMA_VERSION,
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "config": config,
+        "status": "running", "engine": "reference",
+        "models": {"target": {"path": str(target_path), "weights_sha256_16": target_hash,
+                              "note": "tokenizer only: a reference run makes no target forward"},
+                   "tokenizer": {"path": str(target_path), "vocab_size": len(tok)},
+                   **({"draft": {"path": drafter["path"], "weights_sha256_16": drafter["weights_sha256_16"]}}
+                      if drafter["kind"] == "model" else {})},
+        "sampling": {"temperature": 0.0, "top_p": 1.0, "greedy": True, "reference": True,
+                     "features_from": "none: a reference run has no target probabilities (its output is the "
+                                      "reference text)"},
+        "k": cfg.k, "drafter_kinds": ["cache"], "drafter": drafter, "av": None,
+        "reference": {"output": "each prompt's reference, tokenized with the target's tokenizer, its first "
+                                f"max_new_tokens = {cfg.max_new_tokens} tokens",
+                      "lacks": "target probabilities: no acceptance features, AV replay or losslessness audit"},
+        "workloads": {n: str(p) for n, p in zip(names, paths, strict=True)}, "workload_sha256": hashes,
+        "seed": cfg.seed, "device": "none (no target forward)" if drafter["kind"] != "model" else cfg.device,
+        "environment": {"python": platform.python_version()},
+        "batches": -(-len(prompts) // cfg.batch_size),
+    }
+    write_meta(run_dir, meta)
+    empty = {t: pl.DataFrame(schema=TABLES[t].columns) for t in ("drafts", "steps")}
+    for b, lo in enumerate(range(0, len(prompts), cfg.batch_size)):
+        reqs = list(range(lo, min(lo + cfg.batch_size, len(prompts))))
+        frames = dict(empty) if b == 0 else {}
+        frames["requests"] = pl.DataFrame(
+            {"request": reqs, "workload": [prompts[r].workload for r in reqs], "prompt_ids": [ids[r] for r in reqs],
+             "output_ids": [refs[r] for r in reqs],
+             "finish_reason": ["length" if len(refs[r]) >= cfg.max_new_tokens else "stop" for r in reqs]},
+            schema_overrides={"prompt_ids": pl.List(pl.Int32), "output_ids": pl.List(pl.Int32)})
+        _commit_batch(run_dir, meta, b, frames)
+
+
+def recache_reference(run_dir: Path, options: CacheOptions, device: str = "auto") -> dict:
+    """``svt cache`` on a reference run: the same drafter (the stand-in's recorded rates and seed, or
+    the hash-checked draft model) with new cache options."""
+    from svt.collect.cache_run import build_cache_drafts
+    from svt.errors import ModelLoadError
+    from svt.models.loading import load_tokenizer, weights_hash
+
+    meta = read_meta(run_dir)
+    models = meta.get("models") or {}
+    tok_path = Path(str((models.get("tokenizer") or {}).get("path", "")))
+    if not tok_path.is_dir():
+        raise ModelLoadError(f"{run_dir}: run.json names the tokenizer at {str(tok_path)!r}, not a directory here.")
+    tok = load_tokenizer(tok_path)
+    drafter = meta.get("drafter") or {}
+    if drafter.get("kind") == "stand-in":
+        model_yields, model, _ = _drafter(None, drafter, int(meta["k"]), int(meta.get("seed", 0)), tok, device,
+                                          "auto", tok_path)
+    elif drafter.get("kind") == "model":
+        path = Path(drafter["path"])
+        if not path.is_dir() or weights_hash(path) != drafter.get("weights_sha256_16"):
+            raise ModelLoadError(f"{run_dir}: the draft model this run was made with ({path}) is missing or its "
+                                 "weights changed (hash).")
+        model_yields, model, _ = _drafter(str(path), None, int(meta["k"]), int(meta.get("seed", 0)), tok, device,
+                                          "auto", tok_path)
+    else:
+        raise DataError(f"{run_dir}: run.json does not say which drafter the reference run used (`drafter.kind`).")
+    return build_cache_drafts(run_dir, options, model, tok, model_yields=model_yields)
