@@ -84,7 +84,7 @@ def test_two_sided_switch_learns_a_drafter_with_memory(costs):
     two-sided rule beats the one-sided one, which cannot see it."""
     rng = np.random.default_rng(0)
     reqs, preds, cols = [], [], []
-    for i in range(8):
+    for _ in range(8):
         n = 3000
         regime = np.repeat(rng.integers(0, 2, n // 300), 300)
         m = np.where(regime == 1, 5, 0)

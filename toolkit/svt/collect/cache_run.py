@@ -63,12 +63,19 @@ def cache_rows_for_batch(drafter: CacheDrafter, options: CacheOptions, classes: 
     rows: list[dict] = []
     pending = sorted(range(len(info)), key=lambda i: (info[i][4], info[i][0]["request"]))
     all_steps = np.unique(np.concatenate([x[3] for x in info])) if info else []
+    next_pos = [0] * len(info)
     for s in all_steps:
         while pending and info[pending[0]][4] < s:  # responses finished before step s
             i = pending.pop(0)
             drafter.finish(info[i][0]["request"], info[i][2])
-        for r, prompt, output, s_of, _, feats in info:
-            for t in np.flatnonzero(s_of == s):
+        for i, (r, prompt, output, s_of, _, feats) in enumerate(info):
+            # s_of is non-decreasing: this request's positions emitted at step s start at next_pos[i]
+            lo = next_pos[i]
+            hi = lo
+            while hi < s_of.size and s_of[hi] == s:
+                hi += 1
+            next_pos[i] = hi
+            for t in range(lo, hi):
                 context = np.concatenate([prompt, output[:t]])
                 draft, probs, score, match_len, glob, ms = drafter.propose(r["request"], context)
                 row = feats.row(int(t), output[:t], context, draft, probs, score, match_len, glob)

@@ -174,7 +174,13 @@ def collect_reference(cfg: CollectConfig, out: str | Path, *, config_path=None, 
         summary = _finish(run_dir, read_meta(run_dir), 0.0, resumed=0)
         bar = None
         if progress:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+            )
 
             bar = Progress(TextColumn("[bold]reference"), BarColumn(), MofNCompleteColumn(), TextColumn("requests"),
                            TimeElapsedColumn())

@@ -21,7 +21,13 @@ import torch
 
 from svt import __version__
 from svt.collect.engine import BatchLog, LogOptions, SamplingParams, run_batch
-from svt.collect.workloads import encode_prompt, encode_reference, interleave, read_workload, resolve_workload
+from svt.collect.workloads import (
+    encode_prompt,
+    encode_reference,
+    interleave,
+    read_workload,
+    resolve_workload,
+)
 from svt.config import CollectConfig, resolve_path, to_dict
 from svt.errors import ConfigError
 from svt.models.loading import load_pair

@@ -8,7 +8,6 @@ import datetime as dt
 from pathlib import Path
 
 import numpy as np
-import polars as pl
 
 from svt import __version__
 from svt.errors import DataError

@@ -301,11 +301,11 @@ def _hvd_markdown(report: dict) -> list[str]:
                   "yield at the same positions, and how concentrated the high-yield drafts are: their share "
                   "of drafts and of the tokens all cache drafts would have accepted, and the share of those "
                   "tokens carried by the top 10 % of drafts.\n",
-                  _table(["group", "positions", "with draft", "mean draft len", "mean cache yield",
+                  _table(["group", "positions", "with draft", "mean draft len", "mean cache yield", "yield 0",
                           "mean model yield", "high-yield drafts", "their token share", "top-10% token share",
                           "from global tree"],
                          [[g, fmt(c["positions"]), fmt(c["draft_share"], 3), fmt(c["mean_draft_len"], 2),
-                           fmt(c["mean_yield"], 3), fmt(c["mean_model_yield"], 3), fmt(c["high_yield_share"], 3),
+                           fmt(c["mean_yield"], 3), fmt(c.get("zero_yield_share"), 3), fmt(c["mean_model_yield"], 3), fmt(c["high_yield_share"], 3),
                            fmt(c["high_yield_token_share"], 3), fmt(c["top10_token_share"], 3),
                            fmt(c["from_global_share"], 3)] for g, c in cache.items()]), ""]
     yl = report.get("yield")
