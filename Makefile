@@ -64,13 +64,21 @@ demo: setup
 	$(VENV)/bin/svt evaluate runs/hvd --out reports/hvd --feature q_max --by workload \
 	  --fit reports/hvd/fits/yield-mlp.json --fit reports/hvd/fits/yield-linear.json \
 	  --fit reports/hvd/fits/yield-gbm.json --costs reports/demo/costs-cpu.yaml
+	# the same prompts' real text (a reference run: no target forward), so the report shows which
+	# numbers describe the data and which the tiny pair (the realism table links the two)
+	$(VENV)/bin/svt collect configs/collect/hvd-reference.yaml --out runs/hvd-ref --overwrite
+	$(VENV)/bin/svt fit runs/hvd-ref --model yield-mlp --out reports/hvd-ref/fits/yield-mlp.json
+	$(VENV)/bin/svt evaluate runs/hvd-ref --out reports/hvd-ref --fit reports/hvd-ref/fits/yield-mlp.json \
+	  --costs configs/costs/h100-llama8b-eagle.yaml
 	$(VENV)/bin/svt evaluate runs/hvd --out reports/hvd-h100 --feature q_max \
 	  --fit reports/hvd/fits/yield-mlp.json --fit reports/hvd/fits/yield-linear.json \
-	  --fit reports/hvd/fits/yield-gbm.json --costs configs/costs/h100-llama8b-eagle.yaml
+	  --fit reports/hvd/fits/yield-gbm.json --costs configs/costs/h100-llama8b-eagle.yaml \
+	  --reference-run runs/hvd-ref
 	$(VENV)/bin/svt plot all reports/hvd
-	$(VENV)/bin/svt plot all reports/hvd-h100
+	$(VENV)/bin/svt plot all reports/hvd-ref --link reports/hvd-h100
+	$(VENV)/bin/svt plot all reports/hvd-h100 --link reports/hvd-ref
 	$(VENV)/bin/svt plot all reports/demo --fit reports/demo/fits/irls-online.json \
-	  --link reports/hvd --link reports/hvd-h100
+	  --link reports/hvd --link reports/hvd-h100 --link reports/hvd-ref
 
 # CI regression report: a small collection, two fits, an evaluation compared with the committed
 # baseline (ci/baseline/report.json). Exit 1 when a metric regressed, 6 when the reports cannot be
