@@ -106,6 +106,7 @@ bench: setup
 	$(PY) benchmarks/bench_evaluate.py
 	$(PY) benchmarks/bench_fit.py
 	$(PY) benchmarks/bench_cache.py
+	$(PY) benchmarks/bench_reference.py
 	# the vLLM plugin's overhead, where the vLLM environment exists (make setup-vllm)
 	if [ -x $(VLLM_VENV)/bin/python ]; then $(VLLM_VENV)/bin/python benchmarks/bench_vllm.py; \
 	else echo "bench_vllm skipped: no $(VLLM_VENV) (make setup-vllm)"; fi

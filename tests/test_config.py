@@ -33,7 +33,9 @@ def test_bad_values_get_one_clear_message(over, msg):
 
 
 def test_missing_required_key():
-    with pytest.raises(ConfigError, match="Missing required config key `draft`"):
+    with pytest.raises(ConfigError, match="Missing required config key `target`"):
+        load_collect_config(None, {}, base={"draft": "d", "workloads": ["x"]})
+    with pytest.raises(ConfigError, match="Expected `draft` to be a model directory"):
         load_collect_config(None, {}, base={"target": "t", "workloads": ["x"]})
 
 

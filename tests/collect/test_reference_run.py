@@ -171,3 +171,48 @@ def test_from_run_copies_a_runs_measured_acceptance(small_run, models_dir, tmp_p
     with pytest.raises(ConfigError, match="K = 4"):
         collect_reference(_cfg(models_dir, k=3, stand_in={"from_run": str(small_run)}), tmp_path / "x",
                           progress=False)
+
+
+def test_a_failure_midway_leaves_out_as_it_was(tmp_path, models_dir, monkeypatch, stand_in_run):
+    """Written beside --out and moved in when complete: a failure during the cache table leaves no
+    run claiming to be complete, and an old run is untouched by a failed --overwrite."""
+    import shutil
+
+    import svt.collect.cache_run as cache_run
+
+    def boom(*a, **k):
+        raise KeyboardInterrupt
+
+    old = tmp_path / "old"
+    shutil.copytree(stand_in_run, old)
+    before = read_meta(old)
+    monkeypatch.setattr(cache_run, "build_cache_drafts", boom)
+    for out, overwrite in ((tmp_path / "new", False), (old, True)):
+        with pytest.raises(KeyboardInterrupt):
+            collect_reference(_cfg(models_dir, requests=3), out, progress=False, overwrite=overwrite)
+        assert not (tmp_path / f".{out.name}.svt-new").exists()
+    assert not (tmp_path / "new").exists()
+    assert read_meta(old) == before and open_run(old).has("cache_drafts")
+
+
+def test_finish_reason_says_where_max_new_tokens_cut_the_reference(stand_in_run, tiny_pair):
+    run = open_run(stand_in_run)
+    req = run.scan("requests").collect()
+    for r in req.iter_rows(named=True):
+        assert r["finish_reason"] == ("length" if len(r["output_ids"]) == 40 else "stop")
+    assert set(req["finish_reason"]) <= {"length", "stop"}
+
+
+def test_recache_checks_the_models_it_is_given(stand_in_run, tmp_path, models_dir):
+    import shutil
+
+    from svt.collect.cache_run import add_cache_to_run
+    from svt.errors import ModelLoadError
+
+    copy = tmp_path / "copy"
+    shutil.copytree(stand_in_run, copy)
+    add_cache_to_run(copy, {}, target=models_dir / "target")  # moved: the same weights elsewhere
+    with pytest.raises(ModelLoadError, match="weights differ"):
+        add_cache_to_run(copy, {}, target=models_dir / "draft-small")
+    with pytest.raises(ConfigError, match="--draft does not apply"):
+        add_cache_to_run(copy, {}, draft=models_dir / "draft-small")

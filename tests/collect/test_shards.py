@@ -21,7 +21,7 @@ from svt.traces.schema import TABLES
 
 ROOT = Path(__file__).resolve().parents[2]
 KEYS = {"drafts": ["request", "step", "position"], "steps": ["request", "step"], "requests": ["request"],
-        "hidden": ["request", "step", "position"], "dists": ["request", "step", "position"]}
+        "hidden": ["request", "step", "position"], "dists": ["request", "step", "position"], "references": ["request"]}
 
 
 @pytest.fixture(scope="module")

@@ -57,3 +57,17 @@ def test_shipped_references_follow_their_prompts(name):
             assert first.startswith(f'"{module}", name="') and first.endswith("))")
             for line in row["reference"].splitlines()[1:]:
                 assert line.startswith(f'calls.append(tool("read_function", module="{module}", name="')
+
+
+def test_the_builder_reproduces_the_shipped_workloads(tmp_path):
+    """`make workloads` rebuilds data/workloads byte for byte (prompts and references) on the Python
+    the files were made with; another standard library gives other windows."""
+    import platform
+
+    from svt.models.workloads import build
+
+    if platform.python_version() != "3.11.7":
+        pytest.skip("the shipped workloads come from CPython 3.11.7's standard library")
+    build(tmp_path, only=["code", "edit", "toolcalls"])
+    for name in ("code", "edit", "toolcalls"):
+        assert (tmp_path / f"{name}.jsonl").read_bytes() == (ROOT / "data" / "workloads" / f"{name}.jsonl").read_bytes()

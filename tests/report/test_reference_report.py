@@ -34,7 +34,7 @@ def ref_run(tmp_path_factory, models_dir):
 def test_reference_report_has_the_cache_sections_and_says_what_it_lacks(ref_run, tmp_path):
     rep = evaluate([ref_run], EvaluateOptions(costs=COSTS))
     assert rep["kind"] == "cache-only" and rep["acceptance"] is None and rep["features"] == {}
-    assert "no target probabilities" in rep["note"] and rep["drafter"]["kind"] == "stand-in"
+    assert "no target probabilities" in rep["note"] and rep["drafters"][0]["kind"] == "stand-in"
     assert set(rep["cache"]) == {"all", "prose", "edit", "toolcalls"}
     hmap = rep["hvd_map"]
     assert {r["strength"] for r in hmap["rows"]} == {1.5, 2.0, 2.5, 3.0, 3.5, 4.0}
@@ -52,6 +52,22 @@ def test_reference_report_has_the_cache_sections_and_says_what_it_lacks(ref_run,
                  "The document's checks", "How far the pair is from the data"):
         assert text in md
     json.loads(json_path.read_text())
+
+
+def test_two_reference_runs_are_reported_side_by_side(ref_run, tmp_path):
+    import shutil
+
+    from svt.traces.io import read_meta, write_meta
+
+    other = tmp_path / "other"
+    shutil.copytree(ref_run, other)
+    meta = read_meta(other)
+    meta["run_id"] = "another-run"  # the same data under another id: two runs, one report
+    write_meta(other, meta)
+    rep = evaluate([ref_run, other], EvaluateOptions())
+    assert len(rep["drafters"]) == 2 and set(rep["realism"]) == {ref_run.name, "other"}
+    _, md = write_report(rep, tmp_path / "rep")
+    assert md.read_text().count("Model drafter: **a stand-in**") == 2
 
 
 def test_hvd_map_figure_and_refused_acceptance_figures(ref_run, tmp_path):

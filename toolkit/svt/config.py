@@ -150,7 +150,7 @@ class CollectConfig:
             _check((self.draft is None) != (self.stand_in is None), "draft / stand_in",
                    "exactly one of them for a reference run (a real drafter teacher-forced on the reference, "
                    "or a stand-in; e.g. --set draft=null --set stand_in.rate=0.7)",
-                   f"draft={self.draft!r}, stand_in={self.stand_in!r}")
+                   "both" if self.draft is not None else "neither")
             if self.stand_in is not None:
                 self.stand_in.validate(self.k)
         else:

@@ -223,7 +223,7 @@ def add_cache_to_run(run_dir: str | Path, overrides: dict | None = None, *, devi
     if meta.get("engine") == "reference":
         from svt.collect.reference_run import recache_reference
 
-        return recache_reference(run_dir, options, device)
+        return recache_reference(run_dir, options, device, target=target, draft=draft)
     models = meta.get("models") or {}
     paths = {}
     moved = {"target": target, "draft": draft}

@@ -33,9 +33,9 @@ from svt import __version__
 from svt.collect.cache import CacheOptions, teacher_forced_accepted
 from svt.collect.workloads import (
     encode_prompt,
-    encode_reference,
     interleave,
     read_workload,
+    reference_ids,
     require_references,
     resolve_workload,
 )
@@ -65,6 +65,9 @@ def measured_acceptance(run_path: Path, k: int) -> np.ndarray:
 
     run = open_run(run_path, deep=False, tables=["drafts", "requests"])
     run.require_complete()
+    if not (run.meta.get("counts") or {}).get("drafts"):
+        raise DataError(f"stand_in.from_run: {run_path} has no model drafts (a reference or cache-only run): "
+                        "there is no measured acceptance to copy.")
     if run.meta.get("k") != k:
         raise ConfigError(f"stand_in.from_run: {run_path} was drafted with K = {run.meta.get('k')}, but this run's "
                           f"k is {k}; set `k: {run.meta.get('k')}`.")
@@ -150,25 +153,26 @@ def collect_reference(cfg: CollectConfig, out: str | Path, *, config_path=None, 
         raise ConfigError(f"Workload names must be distinct, but got {names}.")
     prompts = interleave([read_workload(p) for p in paths], cfg.requests)
     require_references(prompts)
-    target_path = resolve_path(cfg.target, config_path)
+    target_path = resolve_path(cfg.target, config_path).resolve()
     check_model_dir(target_path, "target (its tokenizer)")
     tok = load_tokenizer(target_path)
     ids = [encode_prompt(p, tok, cfg.max_prompt_tokens) for p in prompts]
-    refs = [encode_reference(p, tok, cfg.max_new_tokens) for p in prompts]
+    encoded = [reference_ids(p, tok, cfg.max_new_tokens) for p in prompts]
+    refs = [ids for ids, _ in encoded]
+    cut = [c for _, c in encoded]
     stand_in = None if cfg.stand_in is None else stand_in_accept(cfg.stand_in, cfg.k, config_path)[1]
-    draft_path = None if cfg.draft is None else resolve_path(cfg.draft, config_path)
+    draft_path = None if cfg.draft is None else resolve_path(cfg.draft, config_path).resolve()
     model_yields, draft_model, drafter = _drafter(None if draft_path is None else str(draft_path), stand_in, cfg.k,
                                                   cfg.seed, tok, cfg.device, cfg.dtype, target_path)
     options = cfg.cache or CacheOptions()
 
-    staged = overwrite and final.is_dir() and any(final.iterdir())
-    existed = final.exists()
-    run_dir = _staging(final) if staged else final
-    if staged:
-        shutil.rmtree(run_dir, ignore_errors=True)
+    # always written beside --out and moved in when complete: a run killed midway leaves --out as it was
+    # (an old run, an empty folder or nothing) and only the staging folder, which the next call removes
+    run_dir = _staging(final)
+    shutil.rmtree(run_dir, ignore_errors=True)
     try:
         t0 = time.time()
-        _write_requests(run_dir, cfg, config, prompts, ids, refs, names, paths,
+        _write_requests(run_dir, cfg, config, prompts, ids, refs, cut, names, paths,
                         {n: file_sha256(p) for n, p in zip(names, paths, strict=True)}, target_path, tok,
                         drafter, weights_hash(target_path))
         summary = _finish(run_dir, read_meta(run_dir), 0.0, resumed=0)
@@ -196,23 +200,20 @@ def collect_reference(cfg: CollectConfig, out: str | Path, *, config_path=None, 
         meta["last_session_seconds"] = round(time.time() - t0, 2)
         write_meta(run_dir, meta)
         summary.seconds = time.time() - t0
-        if staged:
-            _swap_in(run_dir, final)
-            summary.run_dir = final
+        if final.is_dir() and not any(final.iterdir()):
+            final.rmdir()  # an empty folder given as --out
+        _swap_in(run_dir, final)
+        summary.run_dir = final
         return summary
     except BaseException:
-        # nothing half-written stays: an overwrite leaves the old run as it was; a new run is removed
-        # (a reference run is quick to redo, so it has no --resume)
-        if staged or not existed:
-            shutil.rmtree(run_dir, ignore_errors=True)
-        else:
-            for child in list(run_dir.iterdir()):
-                shutil.rmtree(child, ignore_errors=True) if child.is_dir() else child.unlink(missing_ok=True)
+        shutil.rmtree(run_dir, ignore_errors=True)  # a reference run is quick to redo: no --resume
         raise
 
 
-def _write_requests(run_dir: Path, cfg: CollectConfig, config: dict, prompts, ids, refs, names, paths, hashes,
-                    target_path: Path, tok, drafter: dict, target_hash: str) -> None:
+def _write_requests(run_dir: Path, cfg: CollectConfig, config: dict, prompts, ids, refs, cut, names, paths,
+                    hashes, target_path: Path, tok, drafter: dict, target_hash: str) -> None:
+    """run.json and the requests (the references as outputs; ``finish_reason`` ``length`` where
+    max_new_tokens cut the reference), with empty drafts and steps tables."""
     from svt.collect.runner import _commit_batch
 
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -245,35 +246,44 @@ def _write_requests(run_dir: Path, cfg: CollectConfig, config: dict, prompts, id
         frames["requests"] = pl.DataFrame(
             {"request": reqs, "workload": [prompts[r].workload for r in reqs], "prompt_ids": [ids[r] for r in reqs],
              "output_ids": [refs[r] for r in reqs],
-             "finish_reason": ["length" if len(refs[r]) >= cfg.max_new_tokens else "stop" for r in reqs]},
+             "finish_reason": ["length" if cut[r] else "stop" for r in reqs]},
             schema_overrides={"prompt_ids": pl.List(pl.Int32), "output_ids": pl.List(pl.Int32)})
         _commit_batch(run_dir, meta, b, frames)
 
 
-def recache_reference(run_dir: Path, options: CacheOptions, device: str = "auto") -> dict:
+def recache_reference(run_dir: Path, options: CacheOptions, device: str = "auto", *, target: Path | None = None,
+                      draft: Path | None = None) -> dict:
     """``svt cache`` on a reference run: the same drafter (the stand-in's recorded rates and seed, or
-    the hash-checked draft model) with new cache options."""
+    the draft model) with new cache options. The tokenizer's model and the draft must hash as run.json
+    records (``target`` / ``draft`` where they moved)."""
     from svt.collect.cache_run import build_cache_drafts
     from svt.errors import ModelLoadError
     from svt.models.loading import load_tokenizer, weights_hash
 
     meta = read_meta(run_dir)
     models = meta.get("models") or {}
-    tok_path = Path(str((models.get("tokenizer") or {}).get("path", "")))
-    if not tok_path.is_dir():
-        raise ModelLoadError(f"{run_dir}: run.json names the tokenizer at {str(tok_path)!r}, not a directory here.")
+
+    def located(role: str, moved: Path | None, info: dict) -> Path:
+        path = Path(str(moved or info.get("path", "")))
+        if not path.is_dir():
+            raise ModelLoadError(f"{run_dir}: run.json names the {role} at {str(path)!r}, which is not a directory "
+                                 f"here; pass --{role.split()[0]} DIR.")
+        if info.get("weights_sha256_16") and weights_hash(path) != info["weights_sha256_16"]:
+            raise ModelLoadError(f"{path}: its weights differ from the {role} this run was made with "
+                                 f"(hash {weights_hash(path)} vs {info['weights_sha256_16']}).")
+        return path
+
+    tok_path = located("target (tokenizer)", target, models.get("target") or {})
     tok = load_tokenizer(tok_path)
     drafter = meta.get("drafter") or {}
+    k, seed = int(meta["k"]), int(meta.get("seed", 0))
     if drafter.get("kind") == "stand-in":
-        model_yields, model, _ = _drafter(None, drafter, int(meta["k"]), int(meta.get("seed", 0)), tok, device,
-                                          "auto", tok_path)
+        if draft is not None:
+            raise ConfigError(f"{run_dir}: a stand-in reference run has no draft model; --draft does not apply.")
+        model_yields, model, _ = _drafter(None, drafter, k, seed, tok, device, "auto", tok_path)
     elif drafter.get("kind") == "model":
-        path = Path(drafter["path"])
-        if not path.is_dir() or weights_hash(path) != drafter.get("weights_sha256_16"):
-            raise ModelLoadError(f"{run_dir}: the draft model this run was made with ({path}) is missing or its "
-                                 "weights changed (hash).")
-        model_yields, model, _ = _drafter(str(path), None, int(meta["k"]), int(meta.get("seed", 0)), tok, device,
-                                          "auto", tok_path)
+        path = located("draft", draft, drafter)
+        model_yields, model, _ = _drafter(str(path), None, k, seed, tok, device, "auto", tok_path)
     else:
         raise DataError(f"{run_dir}: run.json does not say which drafter the reference run used (`drafter.kind`).")
     return build_cache_drafts(run_dir, options, model, tok, model_yields=model_yields)

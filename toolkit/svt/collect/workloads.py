@@ -113,13 +113,18 @@ def encode_reference(prompt: Prompt, tokenizer, max_tokens: int) -> list[int]:
     """Token ids of a prompt's reference (its first ``max_tokens``). A whole answer (a response,
     an assistant turn) ends with the tokenizer's end of sequence, as a served answer does; a
     ``reference`` window (the built-in workloads' file text) does not."""
+    return reference_ids(prompt, tokenizer, max_tokens)[0]
+
+
+def reference_ids(prompt: Prompt, tokenizer, max_tokens: int) -> tuple[list[int], bool]:
+    """(:func:`encode_reference`'s ids, whether ``max_tokens`` cut the reference)."""
     ids = list(tokenizer.encode(prompt.reference or "", add_special_tokens=False))
     if not ids:
         raise ConfigError(f"{prompt.where}: the reference encodes to no tokens.")
     eos = getattr(tokenizer, "eos_token_id", None)
     if prompt.whole_answer and eos is not None:
         ids.append(int(eos))
-    return ids[:max_tokens]
+    return ids[:max_tokens], len(ids) > max_tokens
 
 
 def interleave(workloads: list[list[Prompt]], n: int) -> list[Prompt]:

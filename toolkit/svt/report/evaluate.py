@@ -470,6 +470,9 @@ def evaluate(runs: list[str | Path], opts: EvaluateOptions | None = None) -> dic
     if opts.feature_module:
         load_feature_module(opts.feature_module)
     feats = [get_feature(n) for n in opts.features]
+    from svt.report.reference import check_reference_run
+
+    check_reference_run(opts.reference_run)  # before any work
     opened = open_for_evaluation([Path(r) for r in runs])
     metas = [open_run(r, deep=False, tables=["requests"]).meta for r in runs]
     if all((m.get("counts") or {}).get("drafts") == 0 and "cache" in (m.get("drafter_kinds") or []) for m in metas):

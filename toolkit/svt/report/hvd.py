@@ -88,7 +88,8 @@ def _sweeps(rows: pl.DataFrame, preds: dict[str, np.ndarray], keys: set, k: int,
         order.append((run, req))
     score = [i for i, key in enumerate(order) if key in keys]
     choose = [i for i, key in enumerate(order) if key not in keys]
-    how = f"τ chosen on the {len(choose)} requests {name} was trained on, scored on the {len(score)} held out"
+    how = (f"τ chosen on the {len(choose)} requests a yield fit was trained on, scored on the {len(score)} every "
+           "fit held out")
     if not choose:
         perm = np.random.default_rng(seed).permutation(len(score))
         half = len(score) // 2

@@ -27,6 +27,7 @@ def cache_only_report(runs: list, opts, infos: list[dict], metas: list[dict]) ->
     from svt.report.evaluate import REPORT_SCHEMA, _split_fits
     from svt.report.hvd import hvd_report
 
+    check_reference_run(opts.reference_run)
     acc_fits, yield_fits = _split_fits(opts.fits)
     if acc_fits:
         raise DataError(f"{acc_fits[0]}: an acceptance fit needs model drafts with target probabilities; these runs "
@@ -42,7 +43,7 @@ def cache_only_report(runs: list, opts, infos: list[dict], metas: list[dict]) ->
         "report_schema": REPORT_SCHEMA, "svt_version": __version__,
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "runs": infos, "kind": "cache-only", "note": note,
-        "drafter": drafters[0] if len(drafters) == 1 else drafters,
+        "drafters": drafters,
         "settings": {"features": [], "n_bins": opts.n_bins, "bootstrap": opts.bootstrap, "seed": opts.seed,
                      "by": opts.by, "high_yield": opts.high_yield},
         "features": {}, "acceptance": None, "length_calibration": None, "lossless_bias": None,
@@ -76,11 +77,10 @@ def document_checks(report: dict) -> dict | None:
         out["high_yield"] = {"predictor": name, "threshold": yl.get("high_yield"),
                              "precision": block.get("precision"), "recall": block.get("recall"),
                              "document": "precision 78-88 %, recall 61-80 % at yield >= 6"}
-    hv = report.get("hvd") or {}
-    best = [b for b in hv.get("best") or [] if b["predictor"] == name and b["group"] == "all"]
-    model = [r for r in hv.get("rows") or [] if r["policy"] == "model-only" and r["group"] == "all"]
-    if best and model:
-        out["cycles_per_1000"] = {"model_only": model[0]["cycles_per_1000"], "hvd": best[0]["cycles_per_1000"],
+    held = ((report.get("two_sided") or {}).get("groups") or {}).get("all")
+    if held:  # τ chosen on other requests than those counted, with the run's own model drafter
+        out["cycles_per_1000"] = {"model_only": held["model_only"]["cycles_per_1000"],
+                                  "hvd": held["one_sided"]["cycles_per_1000"],
                                   "document": "571 for EAGLE3 against 200 for HVD"}
     if cache:
         out["top10_token_share"] = {g: c.get("top10_token_share") for g, c in cache.items()}
@@ -138,6 +138,19 @@ def _cache_stats(path) -> dict:
     return cache_opportunity(rows, 6)
 
 
+def check_reference_run(reference_run: str | None):
+    """Open ``--reference-run`` (before any work): it must be a reference run."""
+    from svt.traces.io import open_run
+
+    if reference_run is None:
+        return None
+    ref = open_run(reference_run, deep=False, tables=["requests", "cache_drafts"])
+    if ref.meta.get("engine") != "reference":
+        raise DataError(f"--reference-run {reference_run}: not a reference run (collect it with "
+                        "`svt collect CONFIG --engine reference`).")
+    return ref
+
+
 def realism_section(runs: list, reference_run: str | None = None) -> dict | None:
     """The realism table of each run that has references or is a reference run (None if none has),
     with the cache statistics of ``reference_run`` (a reference run of the same prompts) beside the
@@ -145,14 +158,12 @@ def realism_section(runs: list, reference_run: str | None = None) -> dict | None
     from svt.traces.io import open_run
 
     out = {}
-    ref_cache = None
-    if reference_run is not None:
-        ref = open_run(reference_run, deep=False, tables=["requests", "cache_drafts"])
-        if ref.meta.get("engine") != "reference":
-            raise DataError(f"--reference-run {reference_run}: not a reference run (collect it with "
-                            "`svt collect CONFIG --engine reference`).")
-        ref_cache = _cache_stats(reference_run)
-    for path in runs:
+    ref = check_reference_run(reference_run)
+    ref_cache = _cache_stats(reference_run) if ref is not None else None
+    names = [Path(r).name for r in runs]
+    if len(set(names)) != len(names):
+        names = [str(r) for r in runs]
+    for path, name in zip(runs, names, strict=True):
         run = open_run(path, deep=False, tables=["requests", "references", "cache_drafts"])
         if reference_run is not None and Path(path).resolve() != Path(reference_run).resolve():
             theirs = (ref.meta.get("workload_sha256") or {})
@@ -169,5 +180,5 @@ def realism_section(runs: list, reference_run: str | None = None) -> dict | None
         if ref_cache is not None:
             block["reference_cache"] = ref_cache
             block["reference_run"] = str(reference_run)
-        out[Path(path).name] = block
+        out[name] = block
     return out or None

@@ -206,7 +206,7 @@ def two_sided(reqs: list[HVDRequest], preds: list[np.ndarray], cache_cols: list[
         out["groups"][g] = {
             "requests": len(score), "one_sided_tau": base["tau"], "margin": best_m,
             "greedy_cycles_per_1000": base["greedy"]["cycles_per_1000"],
-            "one_sided": base["hvd"], "oracle": base["oracle-switch"],
+            "model_only": base["model-only"], "one_sided": base["hvd"], "oracle": base["oracle-switch"],
             "two_sided": {"cycles_per_1000": 1000.0 * two.cycles / max(two.tokens, 1), "ms": two.ms,
                           "speedup_vs_greedy": g_ms / two.ms if two.ms else float("nan"),
                           "cache_share": two.cache_cycles / max(two.cycles, 1)},
