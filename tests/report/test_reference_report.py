@@ -128,3 +128,13 @@ def _slow_repeated(prompt, output, n):
 def test_repeated_share_matches_a_brute_force_search(prompt, output, n):
     assert repeated_share(np.array(prompt, dtype=np.int64), np.array(output, dtype=np.int64), n) == \
         _slow_repeated(prompt, output, n)
+
+
+def test_a_target_runs_report_has_the_map_the_two_sided_switch_and_the_checks(greedy_run, tmp_path):
+    rep = evaluate([greedy_run], EvaluateOptions(features=["q_max"], costs=COSTS))
+    assert rep["hvd_map"]["rows"] and rep["two_sided"]["groups"]["all"]
+    assert rep["document_checks"]["hvd_vs_greedy"]["pairs"] > 0
+    assert rep["realism"][greedy_run.name]["kind"] == "target"
+    _, md = write_report(rep, tmp_path / "rep")
+    text = md.read_text()
+    assert "Where HVD pays off" in text and "Two-sided switch" in text and "How far the pair is from the data" in text

@@ -547,8 +547,11 @@ def evaluate(runs: list[str | Path], opts: EvaluateOptions | None = None) -> dic
     if yield_fits or all(has_cache):
         from svt.report.hvd import hvd_report
 
+        from svt.report.reference import document_checks
+
         report.update(hvd_report([Path(r) for r in runs], yield_fits, [i["run_id"] for i in infos],
                                  costs_path=opts.costs, high_yield=opts.high_yield, seed=opts.seed))
+        report["document_checks"] = document_checks(report)
         report["settings"]["high_yield"] = opts.high_yield
     else:
         report.update({"cache": None, "yield": None, "hvd": None})

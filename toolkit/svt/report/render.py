@@ -160,6 +160,7 @@ def to_markdown(report: dict) -> str:
                       f"per step live against **{live['replayed_tokens_per_step']:.3f}** replayed on the complete "
                       f"trace at B = {live['batch_size']}; gap {live['gap']:+.3f}. {live['note']}.\n"]
     lines += _hvd_markdown(report)
+    lines += _map_markdown(report)
     lines += _realism_markdown(report)
     for g, parts in report.get("groups", {}).items():
         names = list(report["features"])
