@@ -138,3 +138,19 @@ def test_a_target_runs_report_has_the_map_the_two_sided_switch_and_the_checks(gr
     _, md = write_report(rep, tmp_path / "rep")
     text = md.read_text()
     assert "Where HVD pays off" in text and "Two-sided switch" in text and "How far the pair is from the data" in text
+
+
+def test_a_reference_report_is_a_valid_regression_baseline(ref_run, tmp_path):
+    from svt.report.compare import compare_reports, load_report
+
+    rep = evaluate([ref_run], EvaluateOptions(costs=COSTS))
+    json_path, _ = write_report(rep, tmp_path / "rep")
+    base = load_report(json_path)
+    result = compare_reports(base, json.loads(json_path.read_text()))
+    assert result["verdict"] == "ok" and result["compared"] > 0
+    worse = json.loads(json_path.read_text())
+    for r in worse["hvd"]["rows"]:  # a slower replay everywhere is a regression
+        r["ms"] *= 1.5
+        r["speedup_vs_greedy"] /= 1.5
+        r["speedup_vs_model"] /= 1.5
+    assert compare_reports(base, worse)["regressed"] > 0

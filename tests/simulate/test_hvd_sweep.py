@@ -97,3 +97,17 @@ def test_two_sided_switch_learns_a_drafter_with_memory(costs):
     g = out["groups"]["all"]
     assert g["two_sided"]["ms"] < g["one_sided"]["ms"]
     assert g["oracle"]["ms"] <= g["two_sided"]["ms"] + 1e-6
+
+
+def test_tau_follows_the_choose_set_when_the_sets_disagree(costs):
+    """Choose set: the cache always misses (the model drafter is perfect), so τ must switch the cache
+    off; scored set: the cache is perfect. τ picked on the scored set would be −inf (cache-only). The
+    lookups are free here, so on the choose set every τ >= 0 ties and the first (0) is kept."""
+    n = 400
+    bad = HVDRequest("w", np.full(n, 8), np.zeros(n, np.int64), np.full(n, 5), np.zeros(n))
+    good = HVDRequest("w", np.full(n, 8), np.full(n, 8), np.zeros(n, np.int64), np.zeros(n))
+    reqs = [bad, bad, good, good]
+    preds = [np.full(n, 0.0), np.full(n, 0.0), np.full(n, 8.0), np.full(n, 8.0)]
+    res = policy_results(reqs, preds, 5, costs, [0, 1], [2, 3])
+    assert res["tau"] == 0.0  # the cache (predicted 0) is never verified on the choose set
+    assert res["hvd"].cache_cycles == res["hvd"].cycles  # ... while the scored requests' drafts all pass τ = 0

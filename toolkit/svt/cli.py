@@ -208,6 +208,10 @@ def inspect(
         for path in runs:
             summary = run_summary(path, deep=deep)
             out.print(f"[bold]{escape(str(path))}[/]  " + escape("  ".join(f"{k}={v}" for k, v in summary.items())))
+            if not summary.get("drafts"):
+                _say("no model drafts (a reference or cache-only run): no acceptance by position; its cache "
+                     "drafts are read by `svt fit --model yield-mlp` and `svt evaluate`")
+                continue
             table = new_table("position", "proposed", "verified", "accepted",
                               "conditional rate", "marginal rate", title="acceptance by draft position")
             for row in acceptance_by_position(path).iter_rows(named=True):
