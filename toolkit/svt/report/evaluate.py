@@ -546,7 +546,6 @@ def evaluate(runs: list[str | Path], opts: EvaluateOptions | None = None) -> dic
     has_cache = [open_run(r, deep=False, tables=["requests", "cache_drafts"]).has("cache_drafts") for r in runs]
     if yield_fits or all(has_cache):
         from svt.report.hvd import hvd_report
-
         from svt.report.reference import document_checks
 
         report.update(hvd_report([Path(r) for r in runs], yield_fits, [i["run_id"] for i in infos],
