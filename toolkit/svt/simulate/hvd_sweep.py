@@ -94,15 +94,20 @@ class Split:
     score: list[int]
     how: str
 
+    def by_group(self, reqs: list[HVDRequest]):
+        """(group, choose, score) for ``all`` and each workload with requests on both sides."""
+        for g in ["all", *dict.fromkeys(r.workload for r in reqs)]:
+            choose = [i for i in self.choose if g == "all" or reqs[i].workload == g]
+            score = [i for i in self.score if g == "all" or reqs[i].workload == g]
+            if choose and score:
+                yield g, choose, score
+
 
 def strength_map(reqs: list[HVDRequest], preds: list[np.ndarray], request_ids: list[int], k: int,
                  costs: CostTable, split: Split, seed: int = 0, strengths=STRENGTHS) -> list[dict]:
     """One row per (strength, group): the stand-in drafter at ``strengths`` tokens per cycle."""
     from svt.collect.reference_run import stand_in_yields
 
-    groups = {"all": None}
-    for r in reqs:
-        groups.setdefault(r.workload, None)
     rows = []
     for s in strengths:
         if s > k + 1:
@@ -111,12 +116,7 @@ def strength_map(reqs: list[HVDRequest], preds: list[np.ndarray], request_ids: l
         acc = np.full(k, a)
         sub = with_model_yields(reqs, [stand_in_yields(acc, seed, rid, r.draft_len.size)
                                        for r, rid in zip(reqs, request_ids, strict=True)])
-        for g in groups:
-            member = (lambda i: True) if g == "all" else (lambda i, g=g: reqs[i].workload == g)
-            choose = [i for i in split.choose if member(i)]
-            score = [i for i in split.score if member(i)]
-            if not choose or not score:
-                continue
+        for g, choose, score in split.by_group(reqs):
             res = policy_results(sub, preds, k, costs, choose, score)
             rows.append({"strength": s, "rate": a, "group": g, "requests": len(score), **summarise(res)})
     return rows
@@ -180,19 +180,13 @@ def two_sided(reqs: list[HVDRequest], preds: list[np.ndarray], cache_cols: list[
         model_rate = (pm[i] + 1) / (model_ms + r.lookup_ms)
         return (r.draft_len > 0) & (cache_rate > margin * model_rate)
 
-    groups = ["all", *dict.fromkeys(r.workload for r in reqs)]
     out = {"features": list(MODEL_FEATURES), "regressor": "HistGradientBoostingRegressor(max_iter=100)",
            "groups": {}}
     mse = {"model_yield_mse": float(np.mean((np.concatenate([pm[i] for i in split.score])
                                              - np.concatenate([reqs[i].model_yield for i in split.score])) ** 2)),
            "model_yield_var": float(np.var(np.concatenate([reqs[i].model_yield for i in split.score])))}
     out.update(mse)
-    for g in groups:
-        member = (lambda i: True) if g == "all" else (lambda i, g=g: reqs[i].workload == g)
-        choose = [i for i in split.choose if member(i)]
-        score = [i for i in split.score if member(i)]
-        if not choose or not score:
-            continue
+    for g, choose, score in split.by_group(reqs):
         base = summarise(policy_results(reqs, preds, k, costs, choose, score))
         best_m, best_ms = None, math.inf
         for m in MARGINS:
