@@ -69,7 +69,7 @@ def main(argv=None) -> dict:
     for name, r in rows.items():
         table.add_row(name, f"{r['tokens']:,}", f"{r['seconds_median']:.1f} ({r['seconds_min']:.1f}-{r['seconds_max']:.1f})",
                       f"{r['tokens_per_s']:,.0f}", f"{r['seconds_per_million']:.0f}", f"{r['seconds_median'] / ref:.2f}")
-    Console().print(table)
+    Console(width=160).print(table)
     result = {"requests": args.requests, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
