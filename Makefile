@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: setup test demo bench lint models workloads clean mutate regression baseline setup-vllm test-vllm
+.PHONY: setup test demo bench lint models workloads clean mutate regression baseline setup-vllm test-vllm gpu-check
 
 setup: $(VENV)/.svt-installed
 
@@ -111,6 +111,11 @@ bench: setup
 	if [ -x $(VLLM_VENV)/bin/python ]; then $(VLLM_VENV)/bin/python benchmarks/bench_vllm.py; \
 	else echo "bench_vllm skipped: no $(VLLM_VENV) (make setup-vllm)"; fi
 	$(PY) benchmarks/bench_scale.py
+
+# One prepared GPU check (scripts/gpu_check.sh): on a machine without a GPU it says so and exits 0;
+# GPU_CHECK_DEVICE=cpu runs its dry run. Results in $$OUT (the device tool's) or reports/gpu/.
+gpu-check:
+	bash scripts/gpu_check.sh
 
 # Mutation check (not part of `make test`): planted bugs, each must make the tests fail.
 mutate: setup

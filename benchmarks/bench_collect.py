@@ -48,13 +48,15 @@ def hf_rate(model, prompts, max_new, assistant=None, k=5, seed=0) -> tuple[float
     n_tok = 0
     t0 = time.perf_counter()
     for ids in prompts:
-        x = torch.tensor([ids])
+        x = torch.tensor([ids], device=model.device)
         kwargs = dict(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=max_new,
                       min_new_tokens=max_new, attention_mask=torch.ones_like(x))
         if assistant is not None:
             kwargs["assistant_model"] = assistant
         out = model.generate(x, **kwargs)
         n_tok += out.shape[1] - x.shape[1]
+    if model.device.type == "cuda":
+        torch.cuda.synchronize()
     return n_tok / (time.perf_counter() - t0), n_tok
 
 
@@ -64,10 +66,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, default=ROOT / "reports" / "bench" / "collect.json")
+    ap.add_argument("--device", default="cpu", help="cpu (make bench) or cuda (scripts/gpu_check.sh)")
+    ap.add_argument("--dtype", default="float32")
     args = ap.parse_args(argv)
     torch.set_num_threads(2)
     models = ROOT / "data" / "models"
-    pair = load_pair(models / "target", models / "draft-large", device="cpu", dtype="float32")
+    pair = load_pair(models / "target", models / "draft-large", device=args.device, dtype=args.dtype)
     wl = read_workload(ROOT / "data" / "workloads" / "code.jsonl")[: args.prompts]
     prompts = [encode_prompt(p, pair.tokenizer, 384) for p in wl]
     for m in (pair.target, pair.draft):
@@ -79,7 +83,8 @@ def main(argv=None) -> dict:
     hf_rate(pair.target, prompts[:2], 8)  # warm-up
     base = {"target": str(models / "target"), "draft": str(models / "draft-large"),
             "workloads": [str(ROOT / "data" / "workloads" / "code.jsonl")], "requests": args.prompts,
-            "max_new_tokens": args.max_new_tokens, "k": 5, "temperature": 1.0, "device": "cpu",
+            "max_new_tokens": args.max_new_tokens, "k": 5, "temperature": 1.0, "device": args.device,
+            "dtype": args.dtype,
             "max_prompt_tokens": 384, "log": {"hidden": True, "dists_fraction": 0.02}}
 
     def svt_rate(bs):
@@ -101,13 +106,14 @@ def main(argv=None) -> dict:
     rows = {k: summary(v) for k, v in rates.items()}
     vs = {k: summary([a / b for a, b in zip(v, ref, strict=True)]) for k, v in rates.items()}
     table = Table("path", "tokens/s: median (range)", "vs hf assisted (per round)",
-                  title=f"collector throughput (tiny pair, CPU; {args.repeats} rounds)")
+                  title=f"collector throughput (tiny pair, {args.device} {args.dtype}; {args.repeats} rounds)")
     for name in fns:
         table.add_row(name, fmt(rows[name], digits=0), fmt(vs[name], "x"))
     Console(width=200).print(table)  # off a terminal too: no wrapped cells
     result = {"prompts": args.prompts, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
               "tokens_per_s": rows, "ratio_vs_assisted": vs,
-              "torch": torch.__version__, "threads": torch.get_num_threads()}
+              "torch": torch.__version__, "threads": torch.get_num_threads(), "device": args.device,
+              "dtype": args.dtype}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     return result

@@ -224,6 +224,11 @@ MUTANTS = [
     M("strength-one-power-short", "reference runs", "simulate/hvd_sweep.py",
       "if 1.0 + sum(mid ** i for i in range(1, k + 1)) < tokens:", "if 1.0 + sum(mid ** i for i in range(1, k)) < tokens:",
       ("tests/simulate/test_hvd_sweep.py",)),
+    M("profile-batches-ignored", "GPU check", "cli.py", "batches=parse_batches(profile_batches)",
+      "batches=parse_batches(None)", ("tests/test_gpu_check.py",)),
+    M("random-pair-no-tokenizer", "GPU check", "models/random_pair.py",
+      'if f.name.startswith(("tokenizer", "special_tokens")):', 'if f.name.startswith("special_tokens"):',
+      ("tests/models/test_random_pair.py",)),
     M("repeat-sees-own-token", "reference runs", "metrics/repetition.py", "        if t - n >= 0:\n",
       "        if t - n + 1 >= 0:\n            seen_out.add(tuple(out[t - n + 1 : t + 1]))\n        if t - n >= 0:\n",
       ("tests/report/test_reference_report.py",)),
@@ -233,7 +238,7 @@ MUTANTS = [
 def _copy_tree(dst: Path) -> None:
     shutil.copytree(ROOT / "toolkit", dst / "toolkit", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     shutil.copytree(ROOT / "tests", dst / "tests", ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("data", "configs", "notebooks", "pyproject.toml"):
+    for name in ("data", "configs", "notebooks", "pyproject.toml", "scripts", "benchmarks"):
         (dst / name).symlink_to(ROOT / name)
 
 

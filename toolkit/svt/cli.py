@@ -57,6 +57,8 @@ def collect(
     profile_costs: Annotated[bool, typer.Option(
         "--profile-costs", help="Instead of collecting, measure the pair's draft and verify times "
                                 "over batch sizes 1..64 and write a cost table (YAML) to --out.")] = False,
+    profile_batches: Annotated[str | None, typer.Option(
+        help="With --profile-costs: the batch sizes to profile, e.g. 1,8,64 (default 1,2,4,...,64).")] = None,
     shard: Annotated[str | None, typer.Option(
         help="Collect only shard i of n (0-based, e.g. --shard $SLURM_ARRAY_TASK_ID/8) into --out; "
              "`svt merge` puts the shards together into the run an unsharded collection writes.")] = None,
@@ -93,18 +95,20 @@ def collect(
                               "svt-engine options.")
         if shard is not None and profile_costs:
             raise ConfigError("--shard splits a collection; --profile-costs does not collect.")
+        if profile_batches is not None and not profile_costs:
+            raise ConfigError("--profile-batches goes with --profile-costs.")
         if profile_costs:
             from svt.simulate.costs import check_costs_out
 
             check_costs_out(out_dir, overwrite=overwrite)  # before the minutes of profiling
-            from svt.collect.profile import profile_pair
+            from svt.collect.profile import parse_batches, profile_pair
             from svt.config import resolve_path
             from svt.models import load_pair
             from svt.simulate.costs import write_costs
 
             pair = load_pair(resolve_path(cfg.target, config), resolve_path(cfg.draft, config),
                              device=cfg.device, dtype=cfg.dtype)
-            table = profile_pair(pair.target, pair.draft, k=cfg.k,
+            table = profile_pair(pair.target, pair.draft, k=cfg.k, batches=parse_batches(profile_batches),
                                  progress=None if quiet else lambda b: _say(f"profiled batch {b}"))
             write_costs(table, out_dir, {"models": {k: v["path"] for k, v in pair.identity().items()
                                                     if isinstance(v, dict) and "path" in v}})

@@ -14,6 +14,7 @@ from collections import defaultdict
 import numpy as np
 import torch
 
+from svt.errors import ConfigError
 from svt.simulate.costs import CostTable
 
 
@@ -40,8 +41,25 @@ def _prefill(model, batch: int, context: int, device):
     return cache
 
 
+DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64)
+
+
+def parse_batches(text: str | None) -> tuple[int, ...]:
+    """``"1,8,64"`` -> (1, 8, 64); None -> the default sizes. Sizes must be distinct integers >= 1."""
+    if text is None:
+        return DEFAULT_BATCHES
+    try:
+        sizes = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ConfigError(f"Expected --profile-batches as integers separated by commas, e.g. 1,8,64, but got "
+                          f"{text!r}.") from None
+    if not sizes or min(sizes) < 1 or len(set(sizes)) != len(sizes) or max(sizes) > 4096:
+        raise ConfigError(f"Expected distinct batch sizes in [1, 4096], but got {text!r}.")
+    return tuple(sorted(sizes))
+
+
 @torch.inference_mode()
-def profile_pair(target, draft, *, k: int, batches=(1, 2, 4, 8, 16, 32, 64), context: int = 128,
+def profile_pair(target, draft, *, k: int, batches=DEFAULT_BATCHES, context: int = 128,
                  repeats: int = 5, progress=None) -> CostTable:
     device = next(target.parameters()).device
     draft_ms: dict[int, dict[int, float]] = {}
