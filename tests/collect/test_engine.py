@@ -45,21 +45,18 @@ def test_greedy_equals_target_greedy_token_for_token(tiny_pair):
 @torch.inference_mode()
 def _fresh_probs(model, ids, out, temperature, top_p):
     """Processed distributions for every output position from one uncached, unbatched forward."""
-    seq = torch.tensor([ids + out])
+    seq = torch.tensor([ids + out], device=model.device)
     logits = model(input_ids=seq).logits[0, len(ids) - 1 : len(ids) - 1 + len(out)]
-    return process_probs(logits, temperature, top_p)
+    return process_probs(logits, temperature, top_p).cpu()
 
 
-@pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.7, 0.9)])
-def test_logged_features_match_fresh_forwards(tiny_pair, temperature, top_p):
-    """p_sampled, q_sampled and q_max of every labelled draft equal an unbatched forward on its
-    prefix: the caches (holes, positions, the draft's missed token) are exact."""
-    tok = tiny_pair.tokenizer
+def assert_logged_features_match_fresh_forwards(target, draft, tok, temperature, top_p, generator, tol=2e-5):
+    """Collect the padded batch of PROMPTS; p_sampled, q_sampled and q_max of every labelled draft
+    must equal an unbatched forward on its prefix (on the models' device). Returns drafts checked."""
     prompts = _ids(tok, PROMPTS)
-    g = torch.Generator().manual_seed(1)
     K = 3
-    log = run_batch(tiny_pair.target, tiny_pair.draft, prompts, SamplingParams(temperature, top_p, K, 30),
-                    eos_id=None, pad_id=tok.pad_token_id, generator=g)
+    log = run_batch(target, draft, prompts, SamplingParams(temperature, top_p, K, 30),
+                    eos_id=None, pad_id=tok.pad_token_id, generator=generator)
     d = {k: np.concatenate(v) for k, v in log.drafts.items()}
     s = {k: np.concatenate(v) for k, v in log.steps.items()}
     checked = 0
@@ -72,8 +69,8 @@ def test_logged_features_match_fresh_forwards(tiny_pair, temperature, top_p):
         for step, emitted in zip(s["step"][mine], s["emitted"][mine], strict=True):
             base[int(step)] = pos
             pos += int(emitted)
-        p_all = _fresh_probs(tiny_pair.target, ids, out, temperature, top_p)
-        q_all = _fresh_probs(tiny_pair.draft, ids, out, temperature, top_p)
+        p_all = _fresh_probs(target, ids, out, temperature, top_p)
+        q_all = _fresh_probs(draft, ids, out, temperature, top_p)
         rows = np.flatnonzero((d["request"] == r) & (d["label"] >= 0))
         for i in rows:
             j = base[int(d["step"][i])] + int(d["position"][i])
@@ -82,10 +79,20 @@ def test_logged_features_match_fresh_forwards(tiny_pair, temperature, top_p):
             x = int(d["token"][i])
             if d["label"][i] == 1:
                 assert out[j] == x
-            assert d["p_sampled"][i] == pytest.approx(p_all[j, x].item(), abs=2e-5)
-            assert d["q_sampled"][i] == pytest.approx(q_all[j, x].item(), abs=2e-5)
-            assert d["q_max"][i] == pytest.approx(q_all[j].max().item(), abs=2e-5)
+            assert d["p_sampled"][i] == pytest.approx(p_all[j, x].item(), abs=tol)
+            assert d["q_sampled"][i] == pytest.approx(q_all[j, x].item(), abs=tol)
+            assert d["q_max"][i] == pytest.approx(q_all[j].max().item(), abs=tol)
             checked += 1
+    return checked
+
+
+@pytest.mark.parametrize("temperature, top_p", [(1.0, 1.0), (0.7, 0.9)])
+def test_logged_features_match_fresh_forwards(tiny_pair, temperature, top_p):
+    """p_sampled, q_sampled and q_max of every labelled draft equal an unbatched forward on its
+    prefix: the caches (holes, positions, the draft's missed token) are exact."""
+    g = torch.Generator().manual_seed(1)
+    checked = assert_logged_features_match_fresh_forwards(tiny_pair.target, tiny_pair.draft, tiny_pair.tokenizer,
+                                                          temperature, top_p, g)
     assert checked > 40
 
 

@@ -16,7 +16,6 @@ import pytest
 import torch
 
 from svt.collect.engine import SamplingParams, run_batch
-from svt.collect.sampling import process_probs
 
 from ..collect.test_engine import PROMPTS
 from ..conftest import MODELS, ROOT
@@ -56,43 +55,15 @@ def test_collector_greedy_equals_generate(dtype, exact_tokens):
             assert got == want
 
 
-@torch.inference_mode()
-def _fresh(model, ids, out):
-    """Processed (T = 1) distributions predicting each output token, from one uncached forward."""
-    seq = torch.tensor([ids + out], device=model.device)
-    return process_probs(model(input_ids=seq).logits[0, len(ids) - 1 : len(ids) - 1 + len(out)], 1.0, 1.0).cpu()
-
-
 def test_logged_features_under_padded_batches_equal_fresh_forwards():
     """p_sampled, q_sampled and q_max of every labelled draft of a padded batch equal one unbatched
     forward on its prefix, on the device (float32): the KV caches' holes and positions are exact."""
+    from ..collect.test_engine import assert_logged_features_match_fresh_forwards
+
     pair = _pair("float32")
-    tok = pair.tokenizer
-    prompts = [tok.encode(t, add_special_tokens=False) for t in PROMPTS]
     g = torch.Generator(device=pair.device).manual_seed(1)
-    log = run_batch(pair.target, pair.draft, prompts, SamplingParams(1.0, 1.0, 3, 30), eos_id=None,
-                    pad_id=tok.pad_token_id, generator=g)
-    d = {k: np.concatenate(v) for k, v in log.drafts.items()}
-    s = {k: np.concatenate(v) for k, v in log.steps.items()}
-    checked = 0
-    for r, ids in enumerate(prompts):
-        out = log.outputs[r]
-        base, pos, mine = {}, 0, s["request"] == r
-        for step, emitted in zip(s["step"][mine], s["emitted"][mine], strict=True):
-            base[int(step)] = pos
-            pos += int(emitted)
-        p_all, q_all = _fresh(pair.target, ids, out), _fresh(pair.draft, ids, out)
-        for i in np.flatnonzero((d["request"] == r) & (d["label"] >= 0)):
-            j = base[int(d["step"][i])] + int(d["position"][i])
-            if j >= len(out):
-                continue
-            x = int(d["token"][i])
-            if d["label"][i] == 1:
-                assert out[j] == x
-            assert d["p_sampled"][i] == pytest.approx(p_all[j, x].item(), abs=5e-5)
-            assert d["q_sampled"][i] == pytest.approx(q_all[j, x].item(), abs=5e-5)
-            assert d["q_max"][i] == pytest.approx(q_all[j].max().item(), abs=5e-5)
-            checked += 1
+    checked = assert_logged_features_match_fresh_forwards(pair.target, pair.draft, pair.tokenizer, 1.0, 1.0, g,
+                                                          tol=5e-5)
     assert checked > 40
 
 
