@@ -199,9 +199,9 @@ MUTANTS = [
       "kept = kept.with_columns(pl.col(\"external\").replace_strict(rank, return_dtype=pl.Int64).alias(\"request\"))",
       "kept = kept.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias(\"request\"))", ("tests/vllm_plugin",)),
     # reference runs (issue: what a suffix cache / HVD buys on real text)
-    M("stand-in-counts-all-hits", "reference runs", "collect/reference_run.py",
+    M("stand-in-counts-all-hits", "reference runs", "simulate/stand_in.py",
       "runs = np.cumprod(hits, axis=1).sum(axis=1)", "runs = hits.sum(axis=1)", ("tests/collect/test_reference_run.py",)),
-    M("stand-in-uncapped", "reference runs", "collect/reference_run.py",
+    M("stand-in-uncapped", "reference runs", "simulate/stand_in.py",
       "return np.minimum(runs, n - np.arange(n)).astype(np.int64)", "return runs.astype(np.int64)",
       ("tests/collect/test_reference_run.py",)),
     M("chat-answer-left-in-prompt", "reference runs", "collect/workloads.py",

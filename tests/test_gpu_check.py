@@ -47,3 +47,21 @@ def test_cpu_dry_run_passes_every_step(tmp_path):
     for name in ("costs-builtin", "costs-random-tiny"):  # the dry run profiles batch sizes 1 and 2 only
         table = yaml.safe_load((tmp_path / "out" / f"{name}.yaml").read_text())
         assert sorted(table["draft_ms"]) == [1, 2]
+
+
+@pytest.mark.parametrize("args, match", [
+    (["--profile-costs", "--profile-batches", "1,x"], "integers separated by commas"),
+    (["--profile-costs", "--profile-batches", "0,2"], "distinct batch sizes"),
+    (["--profile-costs", "--profile-batches", "2,2"], "distinct batch sizes"),
+    (["--profile-batches", "1,2"], "goes with --profile-costs"),
+])
+def test_bad_profile_batches_are_refused(tmp_path, args, match):
+    from typer.testing import CliRunner
+
+    from svt.cli import app
+
+    out = tmp_path / "costs.yaml"
+    res = CliRunner().invoke(app, ["collect", str(ROOT / "configs" / "collect" / "demo.yaml"), "--out", str(out),
+                                   *args])
+    assert res.exit_code != 0 and match in res.output and "Traceback" not in res.output
+    assert not out.exists()

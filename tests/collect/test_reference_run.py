@@ -9,9 +9,10 @@ import numpy as np
 import polars as pl
 import pytest
 
-from svt.collect.reference_run import collect_reference, expected_tokens_per_cycle, stand_in_yields
+from svt.collect.reference_run import collect_reference
 from svt.config import load_collect_config
 from svt.errors import ConfigError
+from svt.simulate.stand_in import expected_tokens_per_cycle, stand_in_yields
 from svt.traces.io import open_run, read_meta
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -102,6 +102,14 @@ def reference_steps(requests: pl.DataFrame) -> pl.DataFrame:
 ModelYields = Callable[[pl.DataFrame], list[np.ndarray]]
 
 
+def teacher_forced_model_yields(draft_model, k: int) -> ModelYields:
+    """``model_yields`` of a real drafter: teacher-forced on each request's output."""
+    def model_yields(part: pl.DataFrame) -> list[np.ndarray]:
+        return teacher_forced_accepted(draft_model, list(zip(part["prompt_ids"].to_list(),
+                                                             part["output_ids"].to_list(), strict=True)), k)
+    return model_yields
+
+
 def build_cache_drafts(run_dir: str | Path, options: CacheOptions, draft_model, tokenizer,
                        progress: Callable[[int], None] | None = None, *,
                        model_yields: ModelYields | None = None) -> dict:
@@ -143,9 +151,7 @@ def build_cache_drafts(run_dir: str | Path, options: CacheOptions, draft_model, 
     vocab = int(draft_model.config.vocab_size) if draft_model is not None else len(tokenizer)
     classes = char_class_table(tokenizer, vocab)
     if model_yields is None:
-        def model_yields(part: pl.DataFrame) -> list[np.ndarray]:
-            return teacher_forced_accepted(draft_model, list(zip(part["prompt_ids"].to_list(),
-                                                                 part["output_ids"].to_list(), strict=True)), k)
+        model_yields = teacher_forced_model_yields(draft_model, k)
     drafter = CacheDrafter(options)
     folder = run_dir / "cache_drafts"
     tmp = run_dir / ".cache_drafts.tmp"

@@ -30,7 +30,8 @@ import numpy as np
 import polars as pl
 
 from svt import __version__
-from svt.collect.cache import CacheOptions, teacher_forced_accepted
+from svt.collect.cache import CacheOptions
+from svt.collect.cache_run import teacher_forced_model_yields
 from svt.collect.workloads import (
     encode_prompt,
     interleave,
@@ -41,22 +42,9 @@ from svt.collect.workloads import (
 )
 from svt.config import CollectConfig, StandInConfig, resolve_path, to_dict
 from svt.errors import ConfigError, DataError
+from svt.simulate.stand_in import expected_tokens_per_cycle, stand_in_yields
 from svt.traces.io import read_meta, write_meta
 from svt.traces.schema import SCHEMA_VERSION, TABLES
-
-
-def stand_in_yields(accept: np.ndarray, seed: int, request: int, n: int) -> np.ndarray:
-    """The stand-in drafter's accepted length at each of ``n`` positions of one request: the run of
-    successes of independent draws ``u_i < accept[i]``, capped at the tokens left (``n - t``)."""
-    rng = np.random.default_rng([seed, request, 0x5D])
-    hits = rng.random((n, accept.size)) < accept[None, :]
-    runs = np.cumprod(hits, axis=1).sum(axis=1)
-    return np.minimum(runs, n - np.arange(n)).astype(np.int64)
-
-
-def expected_tokens_per_cycle(accept: np.ndarray) -> float:
-    """1 + sum_i prod_{j<=i} accept[j]: the mean accepted length plus the target's own token."""
-    return float(1.0 + np.cumprod(accept).sum())
 
 
 def measured_acceptance(run_path: Path, k: int) -> np.ndarray:
@@ -102,13 +90,6 @@ def _stand_in_model_yields(accept: np.ndarray, seed: int):
     return model_yields
 
 
-def _teacher_forced_model_yields(draft_model, k: int):
-    def model_yields(part: pl.DataFrame) -> list[np.ndarray]:
-        return teacher_forced_accepted(draft_model, list(zip(part["prompt_ids"].to_list(),
-                                                             part["output_ids"].to_list(), strict=True)), k)
-    return model_yields
-
-
 def _drafter(cfg_draft: str | None, stand_in: dict | None, k: int, seed: int, tokenizer, device: str,
              dtype: str, target_path: Path):
     """(model_yields, the draft model or None, run.json's ``drafter`` entry)."""
@@ -134,7 +115,7 @@ def _drafter(cfg_draft: str | None, stand_in: dict | None, k: int, seed: int, to
     entry = {"kind": "model", "path": str(path), "weights_sha256_16": weights_hash(path),
              "note": "a real drafter teacher-forced on the reference: its accepted length is its greedy agreement "
                      "with the text (what a greedy verifier grants if the target wrote the text)"}
-    return _teacher_forced_model_yields(model, k), model, entry
+    return teacher_forced_model_yields(model, k), model, entry
 
 
 def collect_reference(cfg: CollectConfig, out: str | Path, *, config_path=None, overwrite: bool = False,

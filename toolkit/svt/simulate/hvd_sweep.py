@@ -18,6 +18,7 @@ import numpy as np
 
 from svt.simulate.costs import CostTable
 from svt.simulate.hvd import TAUS, HVDRequest, WalkResult, oracle_walk, walk
+from svt.simulate.stand_in import stand_in_yields
 
 STRENGTHS = (1.5, 2.0, 2.5, 3.0, 3.5, 4.0)  # tokens per cycle of the stand-in drafter
 MARGINS = (0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0)  # two-sided: cache when its rate > margin x model's
@@ -106,8 +107,6 @@ class Split:
 def strength_map(reqs: list[HVDRequest], preds: list[np.ndarray], request_ids: list[int], k: int,
                  costs: CostTable, split: Split, seed: int = 0, strengths=STRENGTHS) -> list[dict]:
     """One row per (strength, group): the stand-in drafter at ``strengths`` tokens per cycle."""
-    from svt.collect.reference_run import stand_in_yields
-
     rows = []
     for s in strengths:
         if s > k + 1:
