@@ -124,7 +124,7 @@ mutate: setup
 lint: setup
 	$(VENV)/bin/ruff check toolkit tests benchmarks scripts
 
-# Reproduce the committed tiny pair and workloads (seeded; ~15 min on 2 cores).
+# Reproduce the committed tiny pair (seeded; float32; ~50 min on 2 cores) and workloads (~1 min).
 models: setup
 	$(PY) -m svt.models.train_tiny --out data/models
 

@@ -232,6 +232,17 @@ MUTANTS = [
     M("repeat-sees-own-token", "reference runs", "metrics/repetition.py", "        if t - n >= 0:\n",
       "        if t - n + 1 >= 0:\n            seen_out.add(tuple(out[t - n + 1 : t + 1]))\n        if t - n >= 0:\n",
       ("tests/report/test_reference_report.py",)),
+    M("held-out-file-trains", "built-in pair", "models/workloads.py",
+      "        if is_held_out(rel):\n            raise", "        if False:\n            raise", ("tests/models/test_corpus.py",)),
+    M("split-by-wrong-side", "built-in pair", "models/corpus.py", "if is_held_out(rel) != held_out:",
+      "if is_held_out(rel) == held_out:", ("tests/models/test_corpus.py",)),
+    M("log-last-call-dropped", "built-in pair", "models/workloads.py",
+      'for line, name in chunk))\n    return out', 'for line, name in chunk[:-1]))\n    return out',
+      ("tests/models/test_corpus.py",)),
+    M("stream-docs-unseparated", "built-in pair", "models/train_tiny.py", "for i in (*enc.ids, eos)),",
+      "for i in enc.ids),", ("tests/models/test_corpus.py",)),
+    M("toolcall-check-ignores-module", "built-in pair", "models/measure_tiny.py",
+      'rf\'"{re.escape(module.group(1))}", name=', 'rf\'"[A-Za-z_.]+", name=', ("tests/models/test_measure_tiny.py",)),
 ]
 
 

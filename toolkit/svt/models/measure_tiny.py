@@ -10,6 +10,8 @@ acceptance length, mean q_max, and how well q_max ranks acceptance (ROC AUC, sci
 from __future__ import annotations
 
 import argparse
+import json
+import re
 import tempfile
 from pathlib import Path
 
@@ -55,13 +57,54 @@ def measure(models: Path, requests: int, max_new_tokens: int, seed: int = 0) -> 
     return head + "\n" + "\n".join(lines) + "\n"
 
 
+def toolcall_first_lines(run_dir: Path) -> tuple[int, int]:
+    """(well-formed, requests) over a run's ``toolcalls`` requests: the output's first line must be
+    the started call completed as ``"<the prompt's module>", name="<identifier>", line=<int>))``,
+    the shape every call of the log has."""
+    from svt.models.loading import load_tokenizer
+    from svt.traces import open_run
+
+    run = open_run(run_dir)
+    tok = load_tokenizer(run.meta["models"]["target"]["path"])
+    req = run.scan("requests").filter(pl.col("workload") == "toolcalls").select("prompt_ids", "output_ids").collect()
+    good = 0
+    for prompt_ids, output_ids in req.iter_rows():
+        prompt = tok.decode(prompt_ids, skip_special_tokens=True)
+        module = re.search(r"reading `([^`]+)`", prompt)
+        first = tok.decode(output_ids, skip_special_tokens=True).split("\n", 1)[0]
+        good += bool(module) and re.fullmatch(
+            rf'"{re.escape(module.group(1))}", name="[A-Za-z_][A-Za-z0-9_]*", line=\d+\)\)', first) is not None
+    return good, req.height
+
+
+def task_goals(run_dir: Path) -> dict:
+    """The pair's task figures on a greedy run of the five built-in workloads (the demo's HVD run):
+    toolcalls first lines, the edit outputs' common prefix with the reference revision, and how much
+    of the code and prose outputs repeats the output itself (next 8 tokens seen before)."""
+    from svt.report.reference import realism_rows
+    from svt.traces import open_run
+
+    rows = realism_rows(open_run(run_dir))
+    good, n = toolcall_first_lines(run_dir)
+    return {
+        "toolcalls_well_formed": [good, n],
+        "edit_mean_common_prefix": rows.get("edit", {}).get("mean_common_prefix"),
+        "output_repeats_output": {w: rows[w]["output_repeats_output"] for w in rows if w != "all"},
+    }
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--models", type=Path, default=Path("data/models"))
     ap.add_argument("--requests", type=int, default=96)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--goals", type=Path, default=None, metavar="RUN",
+                    help="print the task figures of a greedy run of the five workloads (e.g. runs/hvd) and stop")
     args = ap.parse_args(argv)
+    if args.goals is not None:
+        print(json.dumps(task_goals(args.goals), indent=2))
+        return
     table = measure(args.models, args.requests, args.max_new_tokens)
     print(table)
     if args.out:

@@ -1,39 +1,50 @@
-"""Train the built-in tiny model pair on the Python standard library's own source.
+"""Train the built-in tiny model pair on the Python standard library's own source and on documents
+in the workloads' task formats.
 
-Reproduce the committed weights with one command (seeded; CPU; ~15 minutes on 2 cores)::
+Reproduce the committed weights with one command (seeded; CPU, float32; ~50 minutes on 2 cores)::
 
     python -m svt.models.train_tiny --out data/models
 
 What it makes, each saved with ``save_pretrained`` (safetensors, bf16) and the shared tokenizer:
 
 - ``tokenizer``: byte-level BPE, 2048 tokens, trained on the training files;
-- ``target``: a 4-layer, 256-wide Llama (transformers' own ``LlamaConfig``), trained on next tokens;
+- ``target``: a 4-layer, 256-wide Llama (transformers' own ``LlamaConfig``), trained on next tokens
+  of one stream of whole documents: the training files, plus task documents built from those files
+  only (``svt.models.workloads.task_documents``): edit requests followed by their whole revision,
+  complete agent logs of tool calls, and the files' tables. From them the target learns to copy from
+  its prompt and to follow the workloads' formats; held-out files (the workloads' source) never
+  enter the stream. Sequences are 512 tokens, so a 384-token prompt plus 128 new tokens stays
+  inside the positions the model was trained on;
 - the target is then **sharpened**: its final RMSNorm weight is multiplied by ``SHARPEN`` (all
   logits scale by that factor; the same as sampling the trained model at temperature
-  1 / SHARPEN). A 4M-parameter model trained on 3M tokens is far less confident than a real LLM
-  (mean top-1 probability ~0.25 against ~0.8 for real targets), and with such flat distributions
-  no drafter's confidence can rank acceptance (measured: AUC(q_max) ~0.52 at temperature 1).
-  Sharpening gives the target the confidence profile of a real one; its held-out loss before and
-  after is recorded, so nobody mistakes it for a better language model;
+  1 / SHARPEN). A 4M-parameter model trained on a few million tokens is far less confident than a
+  real LLM, and with such flat distributions no drafter's confidence can rank acceptance at
+  temperature 1. Sharpening gives the target the confidence profile of a real one (greedy decoding
+  is unchanged); its held-out loss before and after is recorded, so nobody mistakes it for a better
+  language model;
 - ``draft-small`` (1 layer, 128 wide) and ``draft-large`` (2 layers, 192 wide): distilled from the
-  sharpened target (soft cross-entropy against its distributions), each token's loss weighted by
-  the target's top-1 probability squared, so the drafters spend their small capacity on the
-  contexts the target is sure of, and disagree with it where it is unsure: the pattern that
-  makes real drafters' confidence informative. They differ in strength by depth, width and budget.
+  sharpened target (soft cross-entropy against its distributions) on the same stream, each token's
+  loss weighted by the target's top-1 probability squared, so the drafters spend their small
+  capacity on the contexts the target is sure of, and disagree with it where it is unsure: the
+  pattern that makes real drafters' confidence informative.
 
-The corpus is every ``.py`` file of the running interpreter's standard library outside test
-folders, split by a hash of the file's relative path: 1 file in 10 is held out for validation and
-for the workload prompts (``python -m svt.models.workloads``). Figures land in
-``OUT/training.json``; ``data/models/README.md`` quotes them. The standard library differs between
-Python versions, so bit-identical weights need the same Python (the committed ones: 3.11.7).
+Training is float32: bf16 autocast is ~20x slower than float32 on CPUs without bf16 matrix units
+(measured 120 against 2,200 tokens/s on this project's 2-core machine), and float32 gives the same
+weights wherever the CPU is. The corpus is every ``.py`` file of the running interpreter's
+standard library outside test folders, split by a hash of the file's relative path
+(``svt.models.corpus``): 1 file in 10 is held out for validation and for the workload prompts
+(``python -m svt.models.workloads``). Figures land in ``OUT/training.json``;
+``data/models/README.md`` quotes them. The models are written beside OUT and moved in when all are
+saved. The standard library differs between Python versions, so identical weights need the same
+Python (the committed ones: 3.11.7).
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
+import shutil
 import sysconfig
 import time
 from dataclasses import asdict, dataclass
@@ -43,8 +54,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from svt.models.corpus import is_held_out, split_files, stdlib_files  # noqa: F401  (re-exported)
+from svt.models.workloads import task_documents
+
 EOS = "<|endoftext|>"
-SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "__pycache__", "dist-packages"}
 
 
 @dataclass(frozen=True)
@@ -62,43 +75,23 @@ class TinySpec:
     confidence_weight: float = 0.0  # distillation loss weight = target top-1 prob ** this
 
 
-TARGET = TinySpec("target", 256, 4, 4, 768, 3_000_000, 2e-3, distil=False)
+TARGET = TinySpec("target", 256, 4, 4, 768, 5_600_000, 2e-3, distil=False)
 DRAFTS = (
-    TinySpec("draft-small", 128, 1, 2, 384, 800_000, 3e-3, distil=True, confidence_weight=2.0),
-    TinySpec("draft-large", 192, 2, 3, 576, 2_000_000, 3e-3, distil=True, confidence_weight=2.0),
+    TinySpec("draft-small", 128, 1, 2, 384, 1_000_000, 3e-3, distil=True, confidence_weight=2.0),
+    TinySpec("draft-large", 192, 2, 3, 576, 2_400_000, 3e-3, distil=True, confidence_weight=2.0),
 )
 SHARPEN = 3.0
-SEQ_LEN = 256
-BATCH = 16
+SEQ_LEN = 512  # prompts (<= 384 tokens) plus 128 new tokens: generation stays inside trained positions
+BATCH = 8
 VOCAB = 2048
+SHORT_CONTEXT = 256
 
 
-def stdlib_files() -> list[tuple[str, Path]]:
-    """Every standard-library ``.py`` file outside test folders, as (relative path, path), sorted."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    out = []
-    for path in sorted(root.rglob("*.py")):
-        rel = path.relative_to(root)
-        if SKIP_DIRS.intersection(rel.parts[:-1]):
-            continue
-        out.append((rel.as_posix(), path))
-    return out
-
-
-def is_held_out(rel: str) -> bool:
-    """1 file in 10, chosen by a stable hash of its relative path."""
-    return int(hashlib.sha1(rel.encode()).hexdigest(), 16) % 10 == 0
-
-
-def read_corpus() -> tuple[list[str], list[str]]:
-    train, held = [], []
-    for rel, path in stdlib_files():
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            continue
-        (held if is_held_out(rel) else train).append(text)
-    return train, held
+def read_corpus() -> tuple[list[str], list[str], dict[str, list[str]]]:
+    """Training texts, held-out texts, and the task documents built from the training files."""
+    train = split_files(held_out=False)
+    held = split_files(held_out=True)
+    return [t for _, t, _ in train], [t for _, t, _ in held], task_documents(train)
 
 
 def train_tokenizer(texts: list[str]):
@@ -124,6 +117,20 @@ def encode_stream(tok, texts: list[str]) -> np.ndarray:
         ids.extend(enc.ids)
         ids.append(eos)
     return np.asarray(ids, dtype=np.int64)
+
+
+def training_stream(tok, texts: list[str], tasks: dict[str, list[str]], seed: int) -> tuple[np.ndarray, dict]:
+    """One token stream of whole documents (the files and every task document, each ending in EOS)
+    in a seeded order, and how many tokens each source contributes."""
+    eos = tok.token_to_id(EOS)
+    docs = [("stdlib", t) for t in texts] + [(k, d) for k, v in tasks.items() for d in v]
+    docs = [docs[i] for i in np.random.default_rng(seed).permutation(len(docs))]
+    encoded = tok.encode_batch([d for _, d in docs])
+    composition: dict[str, int] = {}
+    for (kind, _), enc in zip(docs, encoded, strict=True):
+        composition[kind] = composition.get(kind, 0) + len(enc.ids) + 1
+    stream = np.fromiter((i for enc in encoded for i in (*enc.ids, eos)), dtype=np.int64)
+    return stream, composition
 
 
 def make_model(spec: TinySpec, eos_id: int):
@@ -167,21 +174,24 @@ def evaluate(model, teacher, held: torch.Tensor) -> dict:
     model.eval()
     ce = kl = agree = 0.0
     n = 0
+    ce_short = n_short = 0.0
     for chunk in held.split(8):
         x, y = chunk[:, :-1], chunk[:, 1:]
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            logits = model(input_ids=x).logits.float()
-        ce += F.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1), reduction="sum").item()
+        logits = model(input_ids=x).logits.float()
+        per_token = F.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1), reduction="none").view(y.shape)
+        ce += per_token.sum().item()
+        ce_short += per_token[:, :SHORT_CONTEXT].sum().item()
+        n_short += per_token[:, :SHORT_CONTEXT].numel()
         if teacher is not None:
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                t_logits = teacher(input_ids=x).logits.float()
+            t_logits = teacher(input_ids=x).logits.float()
             t_logp = t_logits.log_softmax(-1)
             logq = logits.log_softmax(-1)
             kl += (t_logp.exp() * (t_logp - logq)).sum().item()
             agree += (t_logits.argmax(-1) == logits.argmax(-1)).sum().item()
         n += y.numel()
     model.train()
-    out = {"held_out_loss": ce / n}
+    # the first 256 positions of each window: the protocol of the pair trained at sequence length 256
+    out = {"held_out_loss": ce / n, "held_out_loss_first_256": ce_short / n_short}
     if teacher is not None:
         out["held_out_kl_to_target"] = kl / n
         out["held_out_top1_agreement"] = agree / n
@@ -200,11 +210,10 @@ def train_one(spec: TinySpec, stream, held, eos_id, seed, teacher=None, log=prin
         for group in opt.param_groups:
             group["lr"] = lr_at(step, n_steps, spec.lr)
         x, y = batch[:, :-1], batch[:, 1:]
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            logits = model(input_ids=x).logits.float()
-            if teacher is not None:
-                with torch.no_grad():
-                    target_probs = teacher(input_ids=x).logits.float().softmax(-1)
+        logits = model(input_ids=x).logits
+        if teacher is not None:
+            with torch.no_grad():
+                target_probs = teacher(input_ids=x).logits.softmax(-1)
         if teacher is None:
             loss = F.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1))
         else:  # soft cross-entropy = KL(target || draft) + const, weighted by target confidence
@@ -235,6 +244,13 @@ def sharpen(model, factor: float) -> None:
         model.model.norm.weight.mul_(factor)
 
 
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path)
+    elif path.exists():
+        path.unlink()
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path("data/models"))
@@ -250,14 +266,18 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     from transformers import PreTrainedTokenizerFast
 
-    train_texts, held_texts = read_corpus()
-    print(f"corpus: {len(train_texts)} training files, {len(held_texts)} held out", flush=True)
-    tok = train_tokenizer(train_texts)
+    t_start = time.time()
+    train_texts, held_texts, tasks = read_corpus()
+    print(f"corpus: {len(train_texts)} training files, {len(held_texts)} held out; task documents: "
+          + ", ".join(f"{len(v)} {k}" for k, v in tasks.items()), flush=True)
+    tok = train_tokenizer(train_texts)  # on the files only: the same tokenizer as the workloads'
     eos_id = tok.token_to_id(EOS)
-    stream = encode_stream(tok, train_texts)
+    stream, composition = training_stream(tok, train_texts, tasks, args.seed)
     held_stream = encode_stream(tok, held_texts)
     chars = sum(map(len, train_texts))
-    print(f"tokens: {len(stream):,} train ({chars / len(stream):.2f} chars/token), {len(held_stream):,} held out")
+    files_tokens = composition["stdlib"]
+    print(f"tokens: {len(stream):,} train ({composition}; {chars / files_tokens:.2f} chars/token in the files), "
+          f"{len(held_stream):,} held out", flush=True)
     rng = np.random.default_rng(args.seed + 1)
     starts = rng.integers(0, len(held_stream) - SEQ_LEN - 1, size=64)
     held = torch.from_numpy(np.stack([held_stream[s : s + SEQ_LEN + 1] for s in starts]))
@@ -270,8 +290,10 @@ def main(argv: list[str] | None = None) -> None:
         "seed": args.seed,
         "seq_len": SEQ_LEN,
         "batch": BATCH,
+        "precision": "float32 (saved as bf16)",
         "train_tokens_available": int(len(stream)),
-        "chars_per_token": round(chars / len(stream), 3),
+        "train_tokens_by_source": composition,
+        "chars_per_token": round(chars / files_tokens, 3),
         "models": {},
     }
 
@@ -287,6 +309,8 @@ def main(argv: list[str] | None = None) -> None:
         target, figures["models"]["target"] = train_one(scaled(TARGET), stream, held, eos_id, args.seed)
         # what is saved is bf16: round now so the teacher the drafts see is exactly the saved model
         target = target.to(torch.bfloat16)
+        figures["models"]["target"]["held_out_loss_saved_bf16"] = round(
+            evaluate(target.float(), None, held)["held_out_loss"], 4)
         raw = args.work / "target-unsharpened"
         target.save_pretrained(raw)
         (raw / "figures.json").write_text(json.dumps(figures["models"]["target"], indent=2) + "\n")
@@ -304,15 +328,28 @@ def main(argv: list[str] | None = None) -> None:
             scaled(spec), stream, held, eos_id, args.seed + 1 + i, teacher=target
         )
         models[spec.name] = draft
+    # written beside OUT, then swapped in: an interrupted run leaves the previous pair whole
+    stage = args.out.parent / f".{args.out.name}.svt-new"
+    shutil.rmtree(stage, ignore_errors=True)
     for name, model in models.items():
-        path = args.out / name
+        path = stage / name
         model.to(torch.bfloat16).save_pretrained(path)
         hf_tok.save_pretrained(path)
         spec = TARGET if name == "target" else next(d for d in DRAFTS if d.name == name)
-        figures["models"][name]["spec"] = asdict(spec)
+        figures["models"][name]["spec"] = asdict(scaled(spec))
+    figures["total_seconds"] = round(time.time() - t_start, 1)
+    (stage / "training.json").write_text(json.dumps(figures, indent=2) + "\n")
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "training.json").write_text(json.dumps(figures, indent=2) + "\n")
-    print(f"saved to {args.out}")
+    for entry in sorted(stage.iterdir()):
+        dest = args.out / entry.name
+        old = args.out / f".{entry.name}.svt-old"
+        _remove(old)
+        if dest.exists():
+            dest.rename(old)
+        entry.rename(dest)
+        _remove(old)
+    stage.rmdir()
+    print(f"saved to {args.out} ({figures['total_seconds']:.0f} s in all)")
 
 
 if __name__ == "__main__":

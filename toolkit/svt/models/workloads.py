@@ -31,15 +31,17 @@ import ast
 import json
 import random
 import re
+import textwrap
 from pathlib import Path
 
-from svt.models.train_tiny import is_held_out, stdlib_files
+from svt.models.corpus import is_held_out, split_files
 
 CONTEXT_CHARS = 1500
 REFERENCE_CHARS = 1200  # more than max_new_tokens (128) tokens of the built-in tokenizer
 NEXT_CALLS = 8  # calls of a toolcalls reference after the one the prompt starts
 PER_WORKLOAD = 150
 PER_AGENTIC = 60  # edit and toolcalls (what `make workloads` ships)
+LOG_CALLS = 16  # calls per agent session in the toolcalls training documents
 
 
 def _offsets(text: str) -> list[int]:
@@ -141,16 +143,19 @@ def structured_prompts(text: str, tree: ast.AST, rel: str, offs: list[int]) -> l
 RENAMES = ("item", "value", "entry", "node", "obj", "target", "result", "data", "key", "name")
 
 
-def edit_prompts(text: str, tree: ast.AST, rel: str, offs: list[int]) -> list[dict]:
+def edit_prompts(text: str, tree: ast.AST, rel: str, offs: list[int], methods: bool = False) -> list[dict]:
     """An edit workflow: a function in full, then the request to write it again with one local
     name renamed, and the revision's first lines. The continuation mostly repeats the function
-    (what a suffix cache can draft) but differs wherever the renamed name appears."""
+    (what a suffix cache can draft) but differs wherever the renamed name appears. The workloads
+    use module-level functions; ``methods=True`` (training documents) also takes methods, dedented."""
     out = []
     lines = text.splitlines(keepends=True)
     for node in ast.walk(tree):
-        if not isinstance(node, ast.FunctionDef) or node.end_lineno is None or node.col_offset != 0:
+        if not isinstance(node, ast.FunctionDef) or node.end_lineno is None or (node.col_offset != 0 and not methods):
             continue
         src = "".join(lines[node.lineno - 1 : node.end_lineno])
+        if node.col_offset:  # a method (training documents only)
+            src = textwrap.dedent(src)
         if not 250 <= len(src) <= 900 or len(node.body) < 3:
             continue
         names = {}
@@ -202,6 +207,60 @@ def toolcall_prompts(text: str, tree: ast.AST, rel: str, offs: list[int]) -> lis
     return out
 
 
+def toolcall_logs(tree: ast.AST, rel: str) -> list[str]:
+    """Whole agent logs in the ``toolcalls`` format (training documents): the module's functions in
+    line order, ``LOG_CALLS`` calls per session."""
+    funcs = sorted((n.lineno, n.name) for n in ast.walk(tree) if isinstance(n, ast.FunctionDef))
+    module = rel.removesuffix(".py").replace("/", ".")
+    out = []
+    for start in range(0, len(funcs), LOG_CALLS):
+        chunk = funcs[start : start + LOG_CALLS]
+        if len(chunk) < 6:
+            continue
+        out.append(f"# Agent session: reading `{module}` one function at a time.\ncalls = []\n"
+                   + "".join(_call(module, name, line) for line, name in chunk))
+    return out
+
+
+def table_documents(text: str, tree: ast.AST) -> list[str]:
+    """The file's multi-line literals of >= 6 elements and runs of >= 5 module-level constant
+    assignments, each as its own document (training documents: the ``structured`` register)."""
+    lines = text.splitlines(keepends=True)
+    out = []
+    for node in ast.walk(tree):
+        elts = node.values if isinstance(node, ast.Dict) else getattr(node, "elts", None)
+        if isinstance(node, (ast.Dict, ast.List, ast.Tuple, ast.Set)) and elts and len(elts) >= 6 \
+                and node.end_lineno and node.lineno != node.end_lineno:
+            out.append(textwrap.dedent("".join(lines[node.lineno - 1 : node.end_lineno])))
+    run: list[ast.stmt] = []
+    for stmt in [*getattr(tree, "body", []), None]:
+        if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Constant):
+            run.append(stmt)
+            continue
+        if len(run) >= 5:
+            out.append("".join(lines[run[0].lineno - 1 : run[-1].end_lineno]))
+        run = []
+    return [d for d in out if d.strip()]
+
+
+def task_documents(files) -> dict[str, list[str]]:
+    """Training documents in the workloads' task formats, from (relative path, text, tree) of
+    training-split files: ``edit`` (the request with its whole revision, methods included),
+    ``toolcalls`` (whole agent logs) and ``structured`` (the files' tables). A held-out file is an
+    error: the workloads are made of those, and the models must never see them."""
+    docs: dict[str, list[str]] = {"edit": [], "toolcalls": [], "structured": []}
+    for rel, text, tree in files:
+        if is_held_out(rel):
+            raise ValueError(f"{rel} is a held-out file; task documents come from the training split only")
+        if tree is None:
+            continue
+        offs = _offsets(text)
+        docs["edit"] += [p["prompt"] + p["reference"] for p in edit_prompts(text, tree, rel, offs, methods=True)]
+        docs["toolcalls"] += toolcall_logs(tree, rel)
+        docs["structured"] += table_documents(text, tree)
+    return docs
+
+
 BUILDERS = {"code": code_prompts, "prose": prose_prompts, "structured": structured_prompts}
 # agentic / edit workflows, where a suffix cache matters (Hybrid Verified Decoding)
 AGENTIC = {"edit": edit_prompts, "toolcalls": toolcall_prompts}
@@ -214,13 +273,8 @@ def build(out_dir: Path, per_workload: int | None = None, seed: int = 0,
     if only:
         builders = {k: v for k, v in builders.items() if k in only}
     found: dict[str, list[dict]] = {k: [] for k in builders}
-    for rel, path in stdlib_files():
-        if not is_held_out(rel):
-            continue
-        try:
-            text = path.read_text(encoding="utf-8")
-            tree = ast.parse(text)
-        except (UnicodeDecodeError, SyntaxError):
+    for rel, text, tree in split_files(held_out=True):
+        if tree is None:
             continue
         offs = _offsets(text)
         for name, fn in builders.items():
