@@ -239,10 +239,12 @@ MUTANTS = [
     M("log-last-call-dropped", "built-in pair", "models/workloads.py",
       'for line, name in chunk))\n    return out', 'for line, name in chunk[:-1]))\n    return out',
       ("tests/models/test_corpus.py",)),
-    M("stream-docs-unseparated", "built-in pair", "models/train_tiny.py", "for i in (*enc.ids, eos)),",
-      "for i in enc.ids),", ("tests/models/test_corpus.py",)),
+    M("stream-docs-unseparated", "built-in pair", "models/train_tiny.py", "[*enc.ids, eos], dtype=np.int64)",
+      "enc.ids, dtype=np.int64)", ("tests/models/test_corpus.py",)),
+    M("prompt-cut-inside-a-token", "built-in pair", "models/workloads.py", "cut = max(e for e in ends if e <= at)",
+      "cut = at", ("tests/models/test_workloads_data.py",)),
     M("toolcall-check-ignores-module", "built-in pair", "models/measure_tiny.py",
-      'rf\'"{re.escape(module.group(1))}", name=', 'rf\'"[A-Za-z_.]+", name=', ("tests/models/test_measure_tiny.py",)),
+      'module="{re.escape(module.group(1))}", ', 'module="[A-Za-z_.]+", ', ("tests/models/test_measure_tiny.py",)),
 ]
 
 

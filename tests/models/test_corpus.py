@@ -125,3 +125,4 @@ def test_the_training_stream_keeps_every_document_whole_and_counts_its_sources()
     assert sorted(pieces) == ["abc", "de", "fgh", "ij", "k"]
     again, _ = training_stream(tok, texts, tasks, seed=3)
     assert np.array_equal(stream, again)
+

@@ -8,8 +8,8 @@ from svt.config import load_collect_config
 from svt.models.measure_tiny import task_goals, toolcall_first_lines
 
 HEAD = ('# Agent session: reading `{m}` one function at a time.\ncalls = []\n'
-        'calls.append(tool("read_function", module="{m}", name="a", line=1))\n'
-        'calls.append(tool("read_function", module=')
+        'calls.append(tool("read_function", module="{m}", name="a", line=1))\n')
+CALL = 'calls.append(tool("read_function", module='
 CASES = [  # (module, output) -> well formed?
     ("pkg.mod", '"pkg.mod", name="load", line=12))\ncalls.append(', True),
     ("pkg.mod", '"pkg.other", name="load", line=12))\n', False),  # another module
@@ -21,7 +21,8 @@ CASES = [  # (module, output) -> well formed?
 
 def test_toolcall_first_lines_check_module_name_and_line(tmp_path, models_dir):
     wl = tmp_path / "toolcalls.jsonl"
-    wl.write_text("".join(json.dumps({"prompt": HEAD.format(m=m), "reference": out}) + "\n" for m, out, _ in CASES))
+    wl.write_text("".join(json.dumps({"prompt": HEAD.format(m=m), "reference": CALL + out}) + "\n"
+                          for m, out, _ in CASES))
     cfg = load_collect_config(None, base={
         "engine": "reference", "target": str(models_dir / "target"), "draft": None,
         "stand_in": {"rate": 0.5}, "workloads": [str(wl)], "requests": len(CASES), "batch_size": 5,

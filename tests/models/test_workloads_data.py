@@ -53,10 +53,33 @@ def test_shipped_references_follow_their_prompts(name):
             assert (head + ref).count("\n") >= 4 and (head + ref).startswith("def ")
         else:
             module = row["prompt"].split("`")[1]
-            first = row["reference"].splitlines()[0]
-            assert first.startswith(f'"{module}", name="') and first.endswith("))")
-            for line in row["reference"].splitlines()[1:]:
+            assert row["prompt"].endswith("))\n")
+            for line in row["reference"].splitlines():
                 assert line.startswith(f'calls.append(tool("read_function", module="{module}", name="')
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_shipped_prompts_end_on_a_token_boundary(name, models_dir):
+    """The prompt's tokens followed by the reference's are the tokens of the whole text: no prompt
+    ends inside a token (the prompt-boundary problem: `module=` before `"`)."""
+    from svt.models.loading import load_tokenizer
+
+    tok = load_tokenizer(models_dir / "target")
+    rows = [json.loads(line) for line in (ROOT / "data" / "workloads" / f"{name}.jsonl").read_text().splitlines()]
+    for row in rows:
+        whole = tok(row["prompt"] + row["reference"])["input_ids"]
+        assert tok(row["prompt"])["input_ids"] + tok(row["reference"])["input_ids"] == whole, row["source"]
+
+
+def test_token_aligned_moves_a_cut_back_to_a_pre_token_boundary():
+    from svt.models.workloads import token_aligned
+
+    row = token_aligned({"prompt": 'x(module=', "reference": '"a.b", line=3)\n', "source": "s"})
+    assert (row["prompt"], row["reference"]) == ("x(module", '="a.b", line=3)\n')
+    row = token_aligned({"prompt": "def f(a):\n", "reference": "    return a\n"})
+    assert (row["prompt"], row["reference"]) == ("def f(a):", "\n    return a\n")
+    row = token_aligned({"prompt": "one two", "reference": " three"})  # already on a boundary
+    assert (row["prompt"], row["reference"]) == ("one two", " three")
 
 
 def test_the_builder_reproduces_the_shipped_workloads(tmp_path):

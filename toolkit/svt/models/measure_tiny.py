@@ -59,8 +59,8 @@ def measure(models: Path, requests: int, max_new_tokens: int, seed: int = 0) -> 
 
 def toolcall_first_lines(run_dir: Path) -> tuple[int, int]:
     """(well-formed, requests) over a run's ``toolcalls`` requests: the output's first line must be
-    the started call completed as ``"<the prompt's module>", name="<identifier>", line=<int>))``,
-    the shape every call of the log has."""
+    the log's next call, ``calls.append(tool("read_function", module="<the prompt's module>",
+    name="<identifier>", line=<int>))``, the shape every call of the log has."""
     from svt.models.loading import load_tokenizer
     from svt.traces import open_run
 
@@ -73,7 +73,8 @@ def toolcall_first_lines(run_dir: Path) -> tuple[int, int]:
         module = re.search(r"reading `([^`]+)`", prompt)
         first = tok.decode(output_ids, skip_special_tokens=True).split("\n", 1)[0]
         good += bool(module) and re.fullmatch(
-            rf'"{re.escape(module.group(1))}", name="[A-Za-z_][A-Za-z0-9_]*", line=\d+\)\)', first) is not None
+            rf'calls\.append\(tool\("read_function", module="{re.escape(module.group(1))}", '
+            r'name="[A-Za-z_][A-Za-z0-9_]*", line=\d+\)\)', first) is not None
     return good, req.height
 
 
@@ -93,6 +94,21 @@ def task_goals(run_dir: Path) -> dict:
     }
 
 
+def hvd_against_cache_only(report_dir: Path, predictor: str = "yield-mlp") -> dict[str, dict]:
+    """Per workload of an HVD report (``svt evaluate --costs``): HVD's speed-up at its best tau
+    against cache-only's, and whether it is better (more than 0.5 % faster), tied or worse."""
+    hvd = json.loads((Path(report_dir) / "report.json").read_text())["hvd"]
+    cache = {r["group"]: r["speedup_vs_greedy"] for r in hvd["rows"] if r["policy"] == "cache-only"}
+    out = {}
+    for b in hvd["best"]:
+        if b["predictor"] != predictor or b["group"] == "all":
+            continue
+        ratio = b["speedup_vs_greedy"] / cache[b["group"]]
+        out[b["group"]] = {"hvd": round(b["speedup_vs_greedy"], 3), "cache_only": round(cache[b["group"]], 3),
+                           "tau": b["tau"], "verdict": "better" if ratio > 1.005 else "worse" if ratio < 0.995 else "tie"}
+    return out
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--models", type=Path, default=Path("data/models"))
@@ -101,9 +117,14 @@ def main(argv=None) -> None:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--goals", type=Path, default=None, metavar="RUN",
                     help="print the task figures of a greedy run of the five workloads (e.g. runs/hvd) and stop")
+    ap.add_argument("--hvd-report", type=Path, default=None, metavar="REPORT",
+                    help="with --goals: also HVD at its best tau against cache-only per workload (e.g. reports/hvd-h100)")
     args = ap.parse_args(argv)
     if args.goals is not None:
-        print(json.dumps(task_goals(args.goals), indent=2))
+        goals = task_goals(args.goals)
+        if args.hvd_report is not None:
+            goals["hvd_vs_cache_only"] = hvd_against_cache_only(args.hvd_report)
+        print(json.dumps(goals, indent=2, default=str))
         return
     table = measure(args.models, args.requests, args.max_new_tokens)
     print(table)

@@ -124,12 +124,12 @@ def training_stream(tok, texts: list[str], tasks: dict[str, list[str]], seed: in
     in a seeded order, and how many tokens each source contributes."""
     eos = tok.token_to_id(EOS)
     docs = [("stdlib", t) for t in texts] + [(k, d) for k, v in tasks.items() for d in v]
-    docs = [docs[i] for i in np.random.default_rng(seed).permutation(len(docs))]
-    encoded = tok.encode_batch([d for _, d in docs])
+    encoded = [np.asarray([*enc.ids, eos], dtype=np.int64) for enc in tok.encode_batch([d for _, d in docs])]
+    order = np.random.default_rng(seed).permutation(len(encoded))
     composition: dict[str, int] = {}
     for (kind, _), enc in zip(docs, encoded, strict=True):
-        composition[kind] = composition.get(kind, 0) + len(enc.ids) + 1
-    stream = np.fromiter((i for enc in encoded for i in (*enc.ids, eos)), dtype=np.int64)
+        composition[kind] = composition.get(kind, 0) + len(enc)
+    stream = np.concatenate([encoded[i] for i in order]) if encoded else np.zeros(0, dtype=np.int64)
     return stream, composition
 
 

@@ -15,9 +15,9 @@ must continue in that register:
   the revision's first two lines; the model rewrites the function (a suffix cache's best case, with
   state-dependent differences where the name appears);
 - ``toolcalls`` (agentic): an agent log of tool calls of one shape whose arguments are the module's
-  real function names and line numbers, cut where the next call's arguments start.
+  real function names and line numbers, cut after a whole call; the model writes the next.
 
-Every prompt carries up to 1,500 characters of the file before the cut as context, and its
+Every cut is moved back to a token boundary (``token_aligned``). Every prompt carries up to 1,500 characters of the file before the cut as context, and its
 ``reference``: what really follows the cut (the file's next ``REFERENCE_CHARS`` characters for the
 three text workloads, the rest of the revised function for ``edit``, the next calls of the same log,
 with the module's real names and lines, for ``toolcalls``). A reference run
@@ -186,7 +186,8 @@ def _call(module: str, name: str, line: int) -> str:
 def toolcall_prompts(text: str, tree: ast.AST, rel: str, offs: list[int]) -> list[dict]:
     """A multi-turn agent log: tool calls of one fixed shape with state-dependent arguments (the
     module's real function names and line numbers), cut where the next call starts. The cache sees
-    the repeated structure; the arguments are what it gets wrong."""
+    the repeated structure; the arguments are what it gets wrong. The prompt ends with a line; the
+    model writes the next call."""
     funcs = sorted((n.lineno, n.name) for n in ast.walk(tree) if isinstance(n, ast.FunctionDef))
     if len(funcs) < 6:
         return []
@@ -195,14 +196,11 @@ def toolcall_prompts(text: str, tree: ast.AST, rel: str, offs: list[int]) -> lis
     for start in range(0, len(funcs) - 5, 6):
         chunk = funcs[start : start + 6]
         calls = "".join(_call(module, name, line) for line, name in chunk[:-1])
-        prompt = (f"# Agent session: reading `{module}` one function at a time.\ncalls = []\n{calls}"
-                  'calls.append(tool("read_function", module=')
-        # the reference: the started call's arguments, then the log's next calls (the module's
-        # following functions, in line order)
-        line, name = chunk[-1]
-        nxt = funcs[start + 6 : start + 6 + NEXT_CALLS]
-        reference = (f'"{module}", name="{name}", line={line}))\n'
-                     + "".join(_call(module, n, ln) for ln, n in nxt))
+        prompt = f"# Agent session: reading `{module}` one function at a time.\ncalls = []\n{calls}"
+        # the reference: the next call, then the log's calls after it (the module's following
+        # functions, in line order)
+        nxt = funcs[start + 5 : start + 6 + NEXT_CALLS]
+        reference = "".join(_call(module, n, ln) for ln, n in nxt)
         out.append({"prompt": prompt, "reference": reference, "source": f"{rel}:{chunk[0][0]}"})
     return out
 
@@ -261,6 +259,27 @@ def task_documents(files) -> dict[str, list[str]]:
     return docs
 
 
+_PRE_TOKENIZER = None
+
+
+def token_aligned(row: dict) -> dict:
+    """The row with its cut moved back to the nearest boundary of a GPT-2-style byte-level
+    pre-tokenizer (the built-in tokenizer's, and that of most BPE LLM tokenizers), so that the
+    prompt's tokens followed by the reference's are exactly the tokens of the whole text. A cut inside
+    a pre-token (``module=`` before ``"``, a newline before the next line's indentation) leaves the
+    model a token sequence it never saw in training and a reference whose first tokens no model
+    writes: the prompt-boundary problem."""
+    global _PRE_TOKENIZER
+    if _PRE_TOKENIZER is None:
+        from tokenizers import pre_tokenizers
+
+        _PRE_TOKENIZER = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    whole, at = row["prompt"] + row["reference"], len(row["prompt"])
+    ends = [0] + [end for _, (_, end) in _PRE_TOKENIZER.pre_tokenize_str(whole[: at + 64])]
+    cut = max(e for e in ends if e <= at)
+    return {**row, "prompt": whole[:cut], "reference": whole[cut:]}
+
+
 BUILDERS = {"code": code_prompts, "prose": prose_prompts, "structured": structured_prompts}
 # agentic / edit workflows, where a suffix cache matters (Hybrid Verified Decoding)
 AGENTIC = {"edit": edit_prompts, "toolcalls": toolcall_prompts}
@@ -278,7 +297,8 @@ def build(out_dir: Path, per_workload: int | None = None, seed: int = 0,
             continue
         offs = _offsets(text)
         for name, fn in builders.items():
-            found[name].extend(p for p in fn(text, tree, rel, offs) if p["prompt"].strip() and p["reference"].strip())
+            rows = (token_aligned(p) for p in fn(text, tree, rel, offs))
+            found[name].extend(p for p in rows if p["prompt"].strip() and p["reference"].strip())
     out_dir.mkdir(parents=True, exist_ok=True)
     counts = {}
     for name, prompts in found.items():
