@@ -1,10 +1,14 @@
 """Measure how the built-in pair behaves as a speculative pair (the figures in data/models/README.md).
 
     python -m svt.models.measure_tiny --requests 96 --out reports/tiny_pair.md
+    python -m svt.models.measure_tiny --goals runs/hvd --hvd-report reports/hvd-h100   # after make demo
 
 For each draft and for temperature 1 and greedy: collect on the three shipped workloads (K = 5,
 128 new tokens), then report acceptance (overall, and by position in both conventions), mean
 acceptance length, mean q_max, and how well q_max ranks acceptance (ROC AUC, scikit-learn).
+``--goals`` reads a greedy run of the five workloads instead: whether the toolcalls outputs write a
+well-formed next call, the edit outputs' common prefix with the reference, and self-repetition;
+``--hvd-report`` adds HVD against cache-only per workload.
 """
 
 from __future__ import annotations

@@ -11,9 +11,10 @@ What it makes, each saved with ``save_pretrained`` (safetensors, bf16) and the s
 - ``target``: a 4-layer, 256-wide Llama (transformers' own ``LlamaConfig``), trained on next tokens
   of one stream of whole documents: the training files, plus task documents built from those files
   only (``svt.models.workloads.task_documents``): edit requests followed by their whole revision,
-  complete agent logs of tool calls, and the files' tables. From them the target learns to copy from
-  its prompt and to follow the workloads' formats; held-out files (the workloads' source) never
-  enter the stream. Sequences are 512 tokens, so a 384-token prompt plus 128 new tokens stays
+  complete agent logs of tool calls, and the files' tables. From them the target learns the
+  workloads' formats; within this budget it does not learn to copy from its context (measured in
+  ``data/models/README.md``: no induction), so it does not carry out the edit and toolcalls tasks.
+  Held-out files (the workloads' source) never enter the stream. Sequences are 512 tokens, so a 384-token prompt plus 128 new tokens stays
   inside the positions the model was trained on;
 - the target is then **sharpened**: its final RMSNorm weight is multiplied by ``SHARPEN`` (all
   logits scale by that factor; the same as sampling the trained model at temperature
