@@ -144,8 +144,11 @@ def test_cli_against_a_real_baseline(small_run, tmp_path):
     assert reg["verdict"] == "ok" and set(reg["counts"]) == {"unchanged"}
     # a baseline that was better than now: the CLI fails with exit 1 and says where to look
     better = load_report(tmp_path / "base")
-    better["features"]["q_max"]["auc"] += 0.2  # beyond its (wide, small-run) interval
-    better["features"]["q_max"]["ci95"]["auc"] = [x + 0.2 for x in better["features"]["q_max"]["ci95"]["auc"]]
+    # beyond its (wide, small-run) interval, and still an AUC (at most 1)
+    delta = min(0.2, 0.995 - better["features"]["q_max"]["auc"])
+    assert delta > 0.1
+    better["features"]["q_max"]["auc"] += delta
+    better["features"]["q_max"]["ci95"]["auc"] = [min(1.0, x + delta) for x in better["features"]["q_max"]["ci95"]["auc"]]
     better.pop("_path")
     (tmp_path / "better").mkdir()
     (tmp_path / "better" / "report.json").write_text(json.dumps(better))
