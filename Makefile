@@ -46,10 +46,10 @@ test-vllm: setup-vllm
 demo: setup
 	$(VENV)/bin/svt collect configs/collect/demo.yaml --out runs/demo --overwrite
 	$(VENV)/bin/svt inspect runs/demo
-	$(VENV)/bin/svt fit runs/demo --model irls-online --out reports/demo/fits/irls-online.json
-	$(VENV)/bin/svt fit runs/demo --model logistic --out reports/demo/fits/logistic.json
-	$(VENV)/bin/svt fit runs/demo --model isotonic --out reports/demo/fits/isotonic.json
-	$(VENV)/bin/svt fit runs/demo --model head --out reports/demo/fits/head.json
+	$(VENV)/bin/svt fit runs/demo --model irls-online --out reports/demo/fits/irls-online.json --overwrite
+	$(VENV)/bin/svt fit runs/demo --model logistic --out reports/demo/fits/logistic.json --overwrite
+	$(VENV)/bin/svt fit runs/demo --model isotonic --out reports/demo/fits/isotonic.json --overwrite
+	$(VENV)/bin/svt fit runs/demo --model head --out reports/demo/fits/head.json --overwrite
 	$(VENV)/bin/svt collect configs/collect/demo.yaml --profile-costs --out reports/demo/costs-cpu.yaml --quiet --overwrite
 	$(VENV)/bin/svt evaluate runs/demo --out reports/demo --by workload --bootstrap 100 \
 	  --fit reports/demo/fits/irls-online.json --fit reports/demo/fits/logistic.json \
@@ -58,16 +58,16 @@ demo: setup
 	# Hybrid Verified Decoding: a greedy run with SuffixDecoding cache drafts, three yield predictors,
 	# the replay under the measured CPU costs and under an H100 roofline model
 	$(VENV)/bin/svt collect configs/collect/hvd.yaml --out runs/hvd --overwrite
-	$(VENV)/bin/svt fit runs/hvd --model yield-mlp --out reports/hvd/fits/yield-mlp.json
-	$(VENV)/bin/svt fit runs/hvd --model yield-linear --out reports/hvd/fits/yield-linear.json
-	$(VENV)/bin/svt fit runs/hvd --model yield-gbm --out reports/hvd/fits/yield-gbm.json
+	$(VENV)/bin/svt fit runs/hvd --model yield-mlp --out reports/hvd/fits/yield-mlp.json --overwrite
+	$(VENV)/bin/svt fit runs/hvd --model yield-linear --out reports/hvd/fits/yield-linear.json --overwrite
+	$(VENV)/bin/svt fit runs/hvd --model yield-gbm --out reports/hvd/fits/yield-gbm.json --overwrite
 	$(VENV)/bin/svt evaluate runs/hvd --out reports/hvd --feature q_max --by workload \
 	  --fit reports/hvd/fits/yield-mlp.json --fit reports/hvd/fits/yield-linear.json \
 	  --fit reports/hvd/fits/yield-gbm.json --costs reports/demo/costs-cpu.yaml
 	# the same prompts' real text (a reference run: no target forward), so the report shows which
 	# numbers describe the data and which the tiny pair (the realism table links the two)
 	$(VENV)/bin/svt collect configs/collect/hvd-reference.yaml --out runs/hvd-ref --overwrite
-	$(VENV)/bin/svt fit runs/hvd-ref --model yield-mlp --out reports/hvd-ref/fits/yield-mlp.json
+	$(VENV)/bin/svt fit runs/hvd-ref --model yield-mlp --out reports/hvd-ref/fits/yield-mlp.json --overwrite
 	$(VENV)/bin/svt evaluate runs/hvd-ref --out reports/hvd-ref --fit reports/hvd-ref/fits/yield-mlp.json \
 	  --costs configs/costs/h100-llama8b-eagle.yaml
 	$(VENV)/bin/svt evaluate runs/hvd --out reports/hvd-h100 --feature q_max \
@@ -88,8 +88,8 @@ CI_OUT ?= reports/ci
 CI_BASELINE ?= ci/baseline/report.json
 define ci_evaluate
 	$(SVT) collect configs/collect/ci.yaml --out runs/ci --overwrite --quiet
-	$(SVT) fit runs/ci --model irls-online --out runs/ci-fits/irls-online.json
-	$(SVT) fit runs/ci --model logistic --out runs/ci-fits/logistic.json
+	$(SVT) fit runs/ci --model irls-online --out runs/ci-fits/irls-online.json --overwrite
+	$(SVT) fit runs/ci --model logistic --out runs/ci-fits/logistic.json --overwrite
 	$(SVT) evaluate runs/ci --out $(1) --by workload --bootstrap 100 \
 	  --fit runs/ci-fits/irls-online.json --fit runs/ci-fits/logistic.json \
 	  --costs configs/costs/h100-llama8b-eagle.yaml $(2)

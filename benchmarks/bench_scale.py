@@ -66,7 +66,7 @@ def main(argv=None) -> dict:
     cmds = {
         "evaluate": [sys.executable, "-m", "svt.cli", "evaluate", str(run), "--out", str(out_dir / "scale-evaluate")],
         "fit": [sys.executable, "-m", "svt.cli", "fit", str(run), "--model", "irls-online",
-                "--out", str(out_dir / "scale-fit.json")],
+                "--out", str(out_dir / "scale-fit.json"), "--overwrite"],
     }
     res: dict = {"labelled_drafts": labelled, "drafts": drafts, "shards": len(meta["shards"]["drafts"]),
                  "repeats": args.repeats, "made_run_seconds": made}

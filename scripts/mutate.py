@@ -243,6 +243,11 @@ MUTANTS = [
       "enc.ids, dtype=np.int64)", ("tests/models/test_corpus.py",)),
     M("prompt-cut-inside-a-token", "built-in pair", "models/workloads.py", "cut = max(e for e in ends if e <= at)",
       "cut = at", ("tests/models/test_workloads_data.py",)),
+    M("fit-out-replaces-any-file", "data loss", "fit/__init__.py", "        if not _is_fit_file(path):\n",
+      "        if False:\n", ("tests/test_bad_inputs.py",)),
+    M("vllm-overwrite-any-folder", "data loss", "vllm_plugin/finish.py",
+      'if not (out / "run.json").is_file():  # --overwrite', "if False:  # --overwrite",
+      ("tests/vllm_plugin/test_recorder.py",)),
     M("toolcall-check-ignores-module", "built-in pair", "models/measure_tiny.py",
       'module="{re.escape(module.group(1))}", ', 'module="[A-Za-z_.]+", ', ("tests/models/test_measure_tiny.py",)),
 ]

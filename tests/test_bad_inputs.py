@@ -124,3 +124,24 @@ def test_head_on_a_run_of_another_hidden_size(small_run, tmp_path):
     drafts, _ = load_drafts_for_fit([other])
     with pytest.raises(DataError, match="hidden states of size"):
         predict(fit, drafts)
+
+
+def test_fit_out_never_replaces_a_file_that_is_not_a_fit(small_run, tmp_path):
+    """`svt fit --out report.json` used to overwrite any .json (a baseline report included), with or
+    without --overwrite; it is refused before any fitting, and the file is left as it was."""
+    report = tmp_path / "report.json"
+    report.write_text('{"report_schema": 1, "svt_version": "0.1.0"}\n')
+    for extra in ([], ["--overwrite"]):
+        _ok(runner.invoke(app, ["fit", str(small_run), "--model", "logistic", "--out", str(report), *extra]), 2,
+            "not an svt fit file")
+        assert report.read_text() == '{"report_schema": 1, "svt_version": "0.1.0"}\n'
+
+
+def test_fit_out_replaces_an_existing_fit_only_with_overwrite(small_run, fit_file, tmp_path):
+    out = tmp_path / "lg.json"
+    out.write_bytes(fit_file.read_bytes())
+    _ok(runner.invoke(app, ["fit", str(small_run), "--model", "isotonic", "--out", str(out)]), 2, "--overwrite")
+    assert out.read_bytes() == fit_file.read_bytes()
+    r = runner.invoke(app, ["fit", str(small_run), "--model", "isotonic", "--out", str(out), "--overwrite"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(out.read_text())["model"] == "isotonic"

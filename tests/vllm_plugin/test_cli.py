@@ -42,6 +42,24 @@ def test_collect_into_a_file_is_refused_before_any_work(tmp_path):
     assert r.exit_code == 2 and "is a file" in r.output and (tmp_path / "afile").read_text() == "x"
 
 
+def test_collect_vllm_overwrite_refuses_a_folder_that_is_not_a_run(tmp_path):
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "main.py").write_text("x")
+    r = runner.invoke(app, ["collect", CONFIG, "--engine", "vllm", "--out", str(project), "--overwrite"])
+    assert r.exit_code == 2 and "not a run directory" in r.output, r.output
+    assert (project / "main.py").read_text() == "x"
+
+
+def test_vllm_finish_overwrite_refuses_a_folder_that_is_not_a_run(tmp_path):
+    _engine(Recorder(tmp_path / "trace"))
+    (tmp_path / "project").mkdir()
+    (tmp_path / "project" / "main.py").write_text("x")
+    r = runner.invoke(app, ["vllm-finish", str(tmp_path / "trace"), "--out", str(tmp_path / "project"), "--overwrite"])
+    assert r.exit_code == 2 and "not a run directory" in r.output, r.output
+    assert (tmp_path / "project" / "main.py").read_text() == "x"
+
+
 def test_vllm_finish(tmp_path):
     _engine(Recorder(tmp_path / "trace"))
     r = runner.invoke(app, ["vllm-finish", str(tmp_path / "trace"), "--out", str(tmp_path / "run")])

@@ -387,3 +387,18 @@ def test_suffix_draft_model_with_another_tokenizer_is_refused(tmp_path):
     with pytest.raises(ModelLoadError, match="does not share the target's tokenizer"):
         finish_spool(tmp_path / "t", tmp_path / "run", draft=other)
     assert not (tmp_path / "run").exists()
+
+
+def test_vllm_finish_overwrite_never_replaces_a_folder_that_is_not_a_run(tmp_path):
+    """`svt vllm-finish SPOOL --out DIR --overwrite` used to replace any folder (a project with
+    src/main.py was deleted); --overwrite replaces runs only."""
+    _engine(Recorder(tmp_path / "t"))
+    project = tmp_path / "project"
+    (project / "src").mkdir(parents=True)
+    (project / "src" / "main.py").write_text("print('mine')\n")
+    with pytest.raises(ConfigError, match="not a run directory"):
+        finish_spool(tmp_path / "t", project, overwrite=True)
+    assert (project / "src" / "main.py").read_text() == "print('mine')\n"
+    finish_spool(tmp_path / "t", tmp_path / "run")
+    finish_spool(tmp_path / "t", tmp_path / "run", overwrite=True)  # a run is replaced
+    open_run(tmp_path / "run", deep=True)

@@ -383,6 +383,7 @@ def fit(
     by: Annotated[str | None, typer.Option(help="Fit one predictor per value of a drafts column "
                                                 "(e.g. workload) and print slope and first intercept "
                                                 "against the mean draft entropy.")] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing fit file in --out (never any other file).")] = False,
 ) -> None:
     """Fit an acceptance predictor on labelled drafts and save it as a file.
 
@@ -391,10 +392,12 @@ def fit(
     """
     import dataclasses
 
-    from svt.fit import PRESETS, fit_runs, save_fit
+    from svt.fit import PRESETS, check_fit_out, fit_runs, save_fit
     from svt.fit.studies import fit_by_group
 
     try:
+        if by is None:
+            check_fit_out(out_path, overwrite)  # before the fitting, which can take minutes
         if preset is not None and preset not in PRESETS:
             raise ConfigError(f"Unknown preset {preset!r}; known presets: {', '.join(PRESETS)}.")
         online_only = {"--preset": preset, "--cycle-steps": cycle_steps, "--damping": damping, "--ridge": ridge,
@@ -414,7 +417,7 @@ def fit(
                       device=device)
         if by is None:
             result = fit_runs(runs, model, **kwargs)
-            save_fit(result, out_path)
+            save_fit(result, out_path, overwrite)
             slope = result.get("slope")
             what = []
             if slope is not None:

@@ -65,6 +65,8 @@ def collect_vllm(cfg, out: str | Path, *, config_path=None, overwrite: bool = Fa
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise ConfigError(f"{out} exists and is not empty; pass --overwrite to replace it (the vLLM "
                           "collector does not resume).")
+    if out.exists() and any(out.iterdir()) and not (out / "run.json").is_file():
+        raise ConfigError(f"Refusing to overwrite {out}: it is not a run directory (no run.json).")
     paths = [resolve_workload(w, config_path) for w in cfg.workloads]
     names = [p.stem for p in paths]
     if len(set(names)) != len(names):

@@ -223,15 +223,37 @@ def fit_runs(runs: list[str | Path], model: str, *, test_fraction: float = 0.3, 
     return out
 
 
-def save_fit(fit: dict, path: str | Path) -> Path:
-    """Write the JSON fit file (and what the fitter keeps beside it, e.g. a head's safetensors);
-    the JSON is written to a temporary name and renamed, so a reader never sees half a file."""
+def _is_fit_file(path: Path) -> bool:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(data, dict) and {"model", "svt_version", "training"} <= data.keys()
+
+
+def check_fit_out(path: str | Path, overwrite: bool = True) -> Path:
+    """Where a fit may be written, checked before any fitting: a ``.json`` name that is not a
+    directory; an existing file only with ``overwrite``, and only when it is itself an svt fit
+    (a report.json, a config or any other file is never replaced)."""
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"{path} is a directory; --out takes a fit file (e.g. fits/online.json).")
     if path.suffix.lower() != ".json":
         raise ConfigError(f"Expected a fit file ending in .json, but got {path.name!r} (weights are written "
                           "beside it).")
+    if path.exists():
+        if not _is_fit_file(path):
+            raise ConfigError(f"Refusing to replace {path}: it is not an svt fit file. Choose another --out.")
+        if not overwrite:
+            raise ConfigError(f"{path} exists; pass --overwrite to replace it.")
+    return path
+
+
+def save_fit(fit: dict, path: str | Path, overwrite: bool = True) -> Path:
+    """Write the JSON fit file (and what the fitter keeps beside it, e.g. a head's safetensors);
+    the JSON is written to a temporary name and renamed, so a reader never sees half a file. An
+    existing file is replaced only when it is an svt fit (and ``overwrite``)."""
+    path = check_fit_out(path, overwrite)
     path.parent.mkdir(parents=True, exist_ok=True)
     est = fit.get("_est")
     data = {k: v for k, v in fit.items() if not k.startswith("_")}

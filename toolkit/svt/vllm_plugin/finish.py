@@ -115,16 +115,19 @@ def read_spool(trace_dir: str | Path) -> tuple[dict[str, pl.DataFrame], list[dic
 
 
 def check_out(trace_dir: str | Path, out: str | Path, overwrite: bool) -> Path:
-    """``out`` resolved, refused when it is a file, holds a run and ``overwrite`` is off, or
-    overlaps the spool it would be made from."""
+    """``out`` resolved, refused when it is a file, is not empty and ``overwrite`` is off, is not
+    empty and not a run (whatever ``overwrite`` says), or overlaps the spool it would be made from."""
     out = Path(out).resolve()
     src = Path(trace_dir).resolve()
     if out == src or src in out.parents or out in src.parents:
         raise ConfigError(f"--out {out} overlaps the trace directory {src}; write the run elsewhere.")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is a file; expected a run directory to write.")
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise ConfigError(f"{out} exists and is not empty; pass --overwrite to replace it.")
+    if out.exists() and any(out.iterdir()):
+        if not overwrite:
+            raise ConfigError(f"{out} exists and is not empty; pass --overwrite to replace it.")
+        if not (out / "run.json").is_file():  # --overwrite replaces runs, never any other folder
+            raise ConfigError(f"Refusing to overwrite {out}: it is not a run directory (no run.json).")
     return out
 
 
