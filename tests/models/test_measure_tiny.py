@@ -33,3 +33,19 @@ def test_toolcall_first_lines_check_module_name_and_line(tmp_path, models_dir):
     goals = task_goals(run)
     assert goals["toolcalls_well_formed"] == [2, 5]
     assert goals["edit_mean_common_prefix"] is None
+
+
+def test_goals_on_bad_input_say_so_in_one_line(tmp_path):
+    import pytest
+
+    from svt.errors import DataError
+    from svt.models.measure_tiny import hvd_against_cache_only, main
+
+    with pytest.raises(SystemExit, match="expected a run directory"):
+        main(["--goals", str(tmp_path)])
+    (tmp_path / "report.json").write_text('{"features": {}}')
+    with pytest.raises(DataError, match="no HVD replay"):
+        hvd_against_cache_only(tmp_path)
+    (tmp_path / "report.json").write_text("[1, 2")
+    with pytest.raises(DataError, match="not a readable svt report"):
+        hvd_against_cache_only(tmp_path)

@@ -101,7 +101,15 @@ def task_goals(run_dir: Path) -> dict:
 def hvd_against_cache_only(report_dir: Path, predictor: str = "yield-mlp") -> dict[str, dict]:
     """Per workload of an HVD report (``svt evaluate --costs``): HVD's speed-up at its best tau
     against cache-only's, and whether it is better (more than 0.5 % faster), tied or worse."""
-    hvd = json.loads((Path(report_dir) / "report.json").read_text())["hvd"]
+    from svt.errors import DataError
+
+    path = Path(report_dir) / "report.json"
+    try:
+        hvd = json.loads(path.read_text()).get("hvd")
+    except (OSError, json.JSONDecodeError, AttributeError) as exc:
+        raise DataError(f"{path}: not a readable svt report ({exc}).") from None
+    if not hvd or not hvd.get("best"):
+        raise DataError(f"{path}: no HVD replay in this report (evaluate a run with cache drafts and --costs).")
     cache = {r["group"]: r["speedup_vs_greedy"] for r in hvd["rows"] if r["policy"] == "cache-only"}
     out = {}
     for b in hvd["best"]:
@@ -125,9 +133,14 @@ def main(argv=None) -> None:
                     help="with --goals: also HVD at its best tau against cache-only per workload (e.g. reports/hvd-h100)")
     args = ap.parse_args(argv)
     if args.goals is not None:
-        goals = task_goals(args.goals)
-        if args.hvd_report is not None:
-            goals["hvd_vs_cache_only"] = hvd_against_cache_only(args.hvd_report)
+        from svt.errors import SvtError
+
+        try:
+            goals = task_goals(args.goals)
+            if args.hvd_report is not None:
+                goals["hvd_vs_cache_only"] = hvd_against_cache_only(args.hvd_report)
+        except SvtError as exc:
+            raise SystemExit(f"error: {exc}") from None
         print(json.dumps(goals, indent=2, default=str))
         return
     table = measure(args.models, args.requests, args.max_new_tokens)
