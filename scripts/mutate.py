@@ -250,6 +250,12 @@ MUTANTS = [
       ("tests/vllm_plugin/test_recorder.py",)),
     M("toolcall-check-ignores-module", "built-in pair", "models/measure_tiny.py",
       'module="{re.escape(module.group(1))}", ', 'module="[A-Za-z_.]+", ', ("tests/models/test_measure_tiny.py",)),
+    # experiment identity and pairing (issue 23)
+    M("pairing-exact-only", "regression report", "traces/identity.py", "    if rms <= tolerance:\n",
+      "    if rms < 0:\n", ("tests/report/test_compare.py",)),
+    M("pairing-ignores-labels", "regression report", "traces/identity.py",
+      'STRUCTURE_COLUMNS = ("request", "step", "position", "token", "label")',
+      'STRUCTURE_COLUMNS = ("request", "step", "position", "token")', ("tests/report/test_compare.py",)),
 ]
 
 

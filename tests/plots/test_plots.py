@@ -1,5 +1,6 @@
 """Every figure kind renders from a real small report to a valid image of sensible size."""
 
+import math
 import struct
 from pathlib import Path
 
@@ -121,9 +122,28 @@ def test_figures_draw_the_stored_curves(report_dir, hvd_report):
     ax = fig.axes[0]  # the `all` panel
     line = next(ln for ln in ax.get_lines() if ln.get_label() == "HVD yield-linear")
     want = sorted((r["tau"], r["speedup_vs_greedy"]) for r in hv["hvd"]["rows"]
-                  if r["group"] == "all" and r.get("predictor") == "yield-linear" and np.isfinite(r["tau"]))
+                  if r["group"] == "all" and r.get("predictor") == "yield-linear" and r["tau"] is not None)
     np.testing.assert_allclose(line.get_xdata(), [t for t, _ in want])
     np.testing.assert_allclose(line.get_ydata(), [v for _, v in want])
     model = next(ln for ln in ax.get_lines() if ln.get_label() == "model-only")
     assert model.get_ydata()[0] == pytest.approx(next(r["speedup_vs_greedy"] for r in hv["hvd"]["rows"]
                                                      if r["group"] == "all" and r["policy"] == "model-only"))
+
+
+def test_hvd_report_json_is_valid_json_and_keeps_its_infinite_tau(hvd_report):
+    """Issue 23: every HVD report.json held `-Infinity` (the τ grid), which is not JSON."""
+    import json
+
+    from svt.fileio import read_json
+
+    def strict(name):
+        raise ValueError(f"not JSON: {name}")
+
+    text = (hvd_report / "report.json").read_text()
+    doc = json.loads(text, parse_constant=strict)
+    marks = doc["non_finite"]
+    assert marks and set(marks.values()) <= {"inf", "-inf", "nan"}
+    taus = [p for p, v in marks.items() if p.startswith("/hvd/") and p.endswith("/tau")]
+    assert taus and all(marks[p] in ("inf", "-inf") for p in taus)
+    restored = read_json(hvd_report / "report.json", "Report")
+    assert any(r.get("tau") == -math.inf for r in restored["hvd"]["rows"])

@@ -178,7 +178,7 @@ def test_on_the_same_drafts_intervals_do_not_excuse_a_change():
     r = compare_reports(base, now)
     assert r["same_draws"] and _row(r, "auc")["verdict"] == "regressed"
     assert _row(r, "auc")["basis"] == "default tolerance"
-    assert "same drafts" in to_markdown(r)
+    assert "the same data were scored" in to_markdown(r) and "identical drafts" in to_markdown(r)
     now["runs"][0]["data_sha256"] = "other draw"
     r = compare_reports(base, now)
     assert not r["same_draws"] and _row(r, "auc")["verdict"] == "noise"
@@ -269,3 +269,93 @@ def test_cli_refuses_to_overwrite_its_baseline_and_clears_stale_reports(small_ru
     assert res.exit_code == 6 and not (tmp_path / "s" / "regression.md").exists()
     res = runner.invoke(app, ["compare", str(tmp_path / "r"), str(tmp_path / "r"), "--out", str(tmp_path / "r" / "report.json")])
     assert res.exit_code == 2 and "Cannot write" in res.output and "Traceback" not in res.output
+
+
+# --- pairing across machines: the same experiment, floats differing in the 7th digit ---
+
+def _perturbed_copy(run, out, rel=1e-7, seed=0):
+    """``run`` as another machine would have collected it: the same requests, tokens and labels,
+    the draft probabilities off by up to ``rel`` (relative)."""
+    import shutil
+
+    import numpy as np
+    import polars as pl
+
+    from svt.traces.io import open_run, record_shards, write_meta
+
+    shutil.copytree(run, out)
+    rng = np.random.default_rng(seed)
+    parts = sorted((out / "drafts").glob("part-*.parquet"))
+    for part in parts:
+        df = pl.read_parquet(part)
+        df = df.with_columns(*(
+            (pl.col(c) * pl.Series(1.0 - rel * rng.random(df.height))).cast(df.schema[c]).alias(c)
+            for c in ("q_max", "q_sampled", "q_entropy")))
+        df.write_parquet(part)
+    meta = open_run(out, deep=False).meta
+    record_shards(meta, "drafts", parts)
+    write_meta(out, meta)
+    return out
+
+
+def _fit_and_evaluate(run, fits_dir, damping):
+    from svt.fit import fit_runs, save_fit
+    from svt.fit.irls_online import OnlineOptions
+
+    fit = fit_runs([run], "irls-online", online=OnlineOptions(damping=damping))
+    path = save_fit(fit, fits_dir / "irls-online.json")
+    return evaluate([run], EvaluateOptions(features=["q_max"], fits=[str(path)], bootstrap=20))
+
+
+def test_a_changed_predictor_regresses_against_another_machines_baseline(small_run, tmp_path):
+    """Issue 23: a baseline collected on another machine (probabilities differing around the 7th
+    digit) must still be paired with the new run, so a changed predictor is judged by tolerances
+    and regresses instead of hiding inside bootstrap intervals."""
+    other = _perturbed_copy(small_run, tmp_path / "other-machine")
+    base = _fit_and_evaluate(other, tmp_path / "fits-base", damping=500.0)
+    assert base["runs"][0]["data_sha256"] != _fit_and_evaluate(small_run, tmp_path / "f0", 500.0)["runs"][0]["data_sha256"]
+    same = compare_reports(base, _fit_and_evaluate(small_run, tmp_path / "fits-same", damping=500.0))
+    assert same["same_draws"] and same["verdict"] == "ok", same["pairing"]
+    assert "within the float tolerance" in same["pairing"]["reason"]
+    changed = compare_reports(base, _fit_and_evaluate(small_run, tmp_path / "fits-changed", damping=2500.0))
+    assert changed["same_draws"] and changed["verdict"] == "regressed"
+    assert {r["item"] for r in changed["rows"] if r["verdict"] == "regressed"} == {"irls-online(logit_qmax)"}
+    assert "within the float tolerance" in to_markdown(changed)
+
+
+def test_pairing_refuses_other_draws_and_changed_probabilities(small_run, greedy_run, tmp_path):
+    from svt.report.compare import pairing
+    from svt.traces.identity import same_data
+
+    def ident(run):
+        from svt.report.evaluate import load_drafts
+
+        return load_drafts([run])[2][0]["data_identity"]
+
+    a = ident(small_run)
+    assert same_data(a, a) == (True, "identical drafts (equal data fingerprints)")
+    assert same_data(a, ident(_perturbed_copy(small_run, tmp_path / "p7", rel=1e-7)))[0]
+    # a real change of the probabilities (1 % on every draft) is another draw, said with its size
+    ok, why = same_data(a, ident(_perturbed_copy(small_run, tmp_path / "p2", rel=1e-2, seed=1)))
+    assert not ok and "over the float tolerance" in why
+    ok, why = same_data(a, ident(greedy_run))
+    assert not ok and "different draws" in why
+    # older reports without identities: exact fingerprints only
+    base, now = _report(), _report()
+    base["runs"][0]["data_sha256"] = now["runs"][0]["data_sha256"] = "same"
+    assert pairing(base, now)["paired"]
+
+
+def test_one_changed_label_or_token_is_another_draw():
+    import polars as pl
+
+    from svt.traces.identity import data_identity, same_data
+
+    frame = pl.DataFrame({"request": [0, 0, 1], "step": [0, 0, 0], "position": [0, 1, 0], "token": [5, 6, 7],
+                          "label": [1, 0, 1], "q_max": [0.9, 0.4, 0.7], "q_sampled": [0.8, 0.3, 0.7],
+                          "q_entropy": [0.5, 1.5, 0.9]})
+    a = data_identity(frame)
+    assert same_data(a, data_identity(frame.reverse()))[0]  # row order is not data
+    for col, values in (("label", [1, 1, 1]), ("token", [5, 6, 8]), ("position", [0, 2, 0])):
+        ok, why = same_data(a, data_identity(frame.with_columns(pl.Series(col, values))))
+        assert not ok and "different draws" in why, col

@@ -73,7 +73,7 @@ def test_streamed_report_equals_the_in_memory_one(synthetic, monkeypatch):
 
 
 def test_fingerprint_ignores_row_order_and_sharding(synthetic):
-    from svt.report.evaluate import data_fingerprint
+    from svt.traces.identity import data_fingerprint
 
     run = open_run(synthetic)
     whole = run.scan("drafts").collect()

@@ -323,6 +323,8 @@ def _regression(base: dict, now: dict, tolerances: dict, out_dir: Path) -> None:
     except SvtError as exc:
         raise _fail(exc) from None
     out.print(regression_table(result))
+    _say(("paired (tolerances decide): " if result["same_draws"] else "not paired (intervals decide): ")
+         + result["pairing"]["reason"])
     for note in result["not_compared"]:
         _say(f"not compared: {note}")
     _say(f"wrote {md_path} and {json_path}")

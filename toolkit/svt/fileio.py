@@ -1,9 +1,10 @@
 """Reading the small JSON/YAML files users pass (fits, cost tables, configs, reports): one clear
-ConfigError for a missing or unparsable file."""
+ConfigError for a missing or unparsable file; and writing JSON that is always valid JSON."""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -11,15 +12,78 @@ import yaml
 
 from svt.errors import ConfigError
 
+# JSON has no infinity or NaN: svt writes them as null and says, under this key of the document,
+# what each was ({"/hvd/rows/3/tau": "-inf"}, JSON-pointer paths); read_json restores the infinities
+NON_FINITE = "non_finite"
+
+
+def _pointer(parts: list) -> str:
+    return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts)
+
+
+def _finite(o, at: list, found: dict):
+    if isinstance(o, float) and not math.isfinite(o):
+        found[_pointer(at)] = "nan" if math.isnan(o) else ("inf" if o > 0 else "-inf")
+        return None
+    if isinstance(o, dict):
+        return {str(k): _finite(v, [*at, k], found) for k, v in o.items()}
+    if isinstance(o, list | tuple):
+        return [_finite(v, [*at, i], found) for i, v in enumerate(o)]
+    return o
+
+
+def json_text(obj: Any, indent: int | None = 2, default=None) -> str:
+    """``obj`` as valid JSON text (RFC 8259: no NaN or Infinity). A non-finite float is written as
+    null; for a dict document, what it was is recorded under ``"non_finite"`` (JSON-pointer path ->
+    "inf", "-inf" or "nan"), so other readers know why a value is null and read_json restores it."""
+    found: dict[str, str] = {}
+    if default is not None:  # objects JSON cannot hold (paths): converted first, as json.dumps would
+        obj = json.loads(json.dumps(obj, default=default, allow_nan=True))
+    clean = _finite(obj, [], found)
+    if found and isinstance(clean, dict):
+        earlier = clean.get(NON_FINITE)
+        clean[NON_FINITE] = {**(earlier if isinstance(earlier, dict) else {}), **found}
+    return json.dumps(clean, indent=indent, allow_nan=False) + ("\n" if indent is not None else "")
+
+
+def _restore(doc: Any) -> Any:
+    marks = doc.get(NON_FINITE) if isinstance(doc, dict) else None
+    if not isinstance(marks, dict):
+        return doc
+    for pointer, what in marks.items():
+        if what not in ("inf", "-inf") or not isinstance(pointer, str) or not pointer.startswith("/"):
+            continue  # NaN stays null: an undefined value
+        parts = [p.replace("~1", "/").replace("~0", "~") for p in pointer[1:].split("/")]
+        node = doc
+        try:
+            for p in parts[:-1]:
+                node = node[int(p)] if isinstance(node, list) else node[p]
+            last = int(parts[-1]) if isinstance(node, list) else parts[-1]
+            if node[last] is None:
+                node[last] = math.inf if what == "inf" else -math.inf
+        except (KeyError, IndexError, ValueError, TypeError):
+            raise ConfigError(f"{NON_FINITE}: {pointer!r} names no null value of the document.") from None
+    return doc
+
+
+def parse_json(text: str) -> Any:
+    """``json.loads`` with svt's non-finite marks restored (ConfigError for a bad mark)."""
+    return _restore(json.loads(text))
+
 
 def read_json(path: str | Path, what: str) -> Any:
+    """A JSON file (svt's own non-finite marks restored), or one ConfigError saying why not."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{what} {str(path)!r} not found.")
     try:
-        return json.loads(path.read_text())
+        doc = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: not valid JSON ({exc}).") from None
+    try:
+        return _restore(doc)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
 
 
 def read_yaml(path: str | Path, what: str) -> Any:

@@ -27,7 +27,7 @@ import polars as pl
 from svt import __version__
 from svt.errors import ConfigError, DataError, SvtError
 from svt.features import get_feature
-from svt.fileio import read_json
+from svt.fileio import json_text, read_json
 from svt.fit.base import (
     FITTERS,
     FitData,
@@ -262,7 +262,7 @@ def save_fit(fit: dict, path: str | Path, overwrite: bool = True) -> Path:
     if est is not None:
         data.update(est.save_extra(path))
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.write_text(json_text(data))
     os.replace(tmp, path)
     return path
 

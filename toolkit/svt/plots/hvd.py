@@ -38,7 +38,7 @@ def hvd(report: dict, ax=None):
         rows = [r for r in sim["rows"] if r["group"] == g]
         for i, p in enumerate(preds):
             pts = sorted((r["tau"], r["speedup_vs_greedy"]) for r in rows
-                          if r.get("predictor") == p and math.isfinite(r["tau"]))
+                          if r.get("predictor") == p and r["tau"] is not None and math.isfinite(r["tau"]))
             a.plot(*zip(*pts, strict=True), "-o", ms=3, lw=1.2, color=COLORS[i % len(COLORS)], label=f"HVD {p}")
         for pol, style in (("model-only", ("k", "--")), ("cache-only", ("0.45", ":")), ("oracle-switch", ("C3", "-."))):
             v = next(r["speedup_vs_greedy"] for r in rows if r["policy"] == pol)

@@ -17,9 +17,11 @@ was evaluated with ``--bootstrap`` (the baseline's value is always taken as insi
 else the default tolerance below. Tolerances of throughput, interactivity, MSE and MAE are shares of
 the baseline value; the others are absolute.
 
-When both reports scored exactly the same drafts (equal data fingerprints: the same collection, or
-a deterministic re-collection), a difference cannot be sampling noise, so intervals are not used and
-the tolerances decide; this is what catches a changed predictor in CI.
+When both reports scored the same data (the same requests, steps, draft tokens and labels, with
+draft probabilities equal within a float tolerance: the same collection, or a deterministic
+re-collection on this or another machine; :mod:`svt.traces.identity`), a difference cannot be
+sampling noise, so intervals are not used and the tolerances decide; this is what catches a changed
+predictor in CI. The report says which decision it took and why.
 
 Reports that do not measure the same thing are refused (:class:`IncomparableError`, exit code 6):
 another report schema, other runs (models, K, sampling, workloads, sizes), other features or
@@ -35,7 +37,8 @@ import re
 from pathlib import Path
 
 from svt.errors import ConfigError, IncomparableError
-from svt.fileio import read_json
+from svt.fileio import json_text, read_json
+from svt.traces.identity import SCORE_TOLERANCE, same_data
 
 DIRECTIONS = {"auc": 1, "log_loss": -1, "ece": -1, "brier": -1, "throughput": 1, "interactivity": 1,
               "speedup_vs_greedy": 1, "mse": -1, "mae": -1, "precision": 1, "recall": 1, "f1": 1,
@@ -211,11 +214,21 @@ def judge(metric: str, scope: str, base, now, ci=None, tolerances: dict | None =
     return {**row, "difference": diff, "verdict": verdict, "excess": excess}
 
 
-def same_draws(base: dict, now: dict) -> bool:
-    """Both reports scored exactly the same drafts (equal data fingerprints for every run)."""
-    fb = [r.get("data_sha256") for r in base["runs"]]
-    fn = [r.get("data_sha256") for r in now["runs"]]
-    return None not in fb and fb == fn
+def pairing(base: dict, now: dict, tolerance: float = SCORE_TOLERANCE) -> dict:
+    """Whether both reports scored the same data, run by run (see :mod:`svt.traces.identity`: equal
+    requests, steps, draft tokens and labels, and draft probabilities equal within ``tolerance``),
+    and why: ``{"paired": bool, "reason": str, "tolerance": float}``."""
+    reasons, paired = [], True
+    for i, (rb, rn) in enumerate(zip(base["runs"], now["runs"], strict=True)):
+        ib, in_ = rb.get("data_identity"), rn.get("data_identity")
+        if ib is None and in_ is None and rb.get("data_sha256") is not None:
+            same = rb.get("data_sha256") == rn.get("data_sha256")  # reports without identities: exact only
+            why = "identical drafts (equal data fingerprints)" if same else "different data fingerprints"
+        else:
+            same, why = same_data(ib, in_, tolerance)
+        paired = paired and same
+        reasons.append(why if len(base["runs"]) == 1 else f"run {i + 1}: {why}")
+    return {"paired": paired, "reason": "; ".join(reasons), "tolerance": tolerance}
 
 
 def _feature_rows(base_feats: dict, now_feats: dict, where: str, tolerances: dict, per_position: bool,
@@ -247,7 +260,8 @@ def _damaged(what: str, exc: Exception) -> ConfigError:
     return ConfigError(f"A report is damaged or not written by svt ({what}: {type(exc).__name__}: {exc}).")
 
 
-def compare_reports(base: dict, now: dict, tolerances: dict | None = None) -> dict:
+def compare_reports(base: dict, now: dict, tolerances: dict | None = None,
+                    score_tolerance: float = SCORE_TOLERANCE) -> dict:
     """The regression report of ``now`` against ``base`` (raises IncomparableError, or ConfigError
     for a damaged report)."""
     tolerances = tolerances or {}
@@ -258,8 +272,12 @@ def compare_reports(base: dict, now: dict, tolerances: dict | None = None) -> di
     if problems:
         raise IncomparableError("The reports cannot be compared (refresh the baseline if the change is "
                                 "deliberate):\n  - " + "\n  - ".join(problems))
-    # on the same drafts a difference is the code's, not sampling noise: intervals do not apply
-    paired = same_draws(base, now)
+    # on the same data a difference is the code's, not sampling noise: intervals do not apply
+    try:
+        pair = pairing(base, now, score_tolerance)
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise _damaged("reading its data identities", exc) from None
+    paired = pair["paired"]
     skipped: list[str] = []
     section = "features"
     try:
@@ -279,7 +297,7 @@ def compare_reports(base: dict, now: dict, tolerances: dict | None = None) -> di
         counts[r["verdict"]] = counts.get(r["verdict"], 0) + 1
     regressed = counts.get("regressed", 0) + counts.get("missing now", 0)
     return {"verdict": "regressed" if regressed else "ok", "regressed": regressed, "compared": len(rows),
-            "same_draws": paired,
+            "same_draws": paired, "pairing": pair,
             "counts": counts, "tolerances": tolerances, "not_compared": skipped,
             "baseline": _about(base), "now": _about(now), "rows": rows}
 
@@ -444,10 +462,11 @@ def to_markdown(result: dict, top: int = 25) -> str:
              f"bootstrap {b['bootstrap']})",
              f"- now: `{n['path']}` (svt {n['svt_version']}, {n['created']}; "
              f"{_fmt_count(n['labelled'])} labelled drafts, acceptance {_fmt_rate(n['acceptance'])})",
-             ("- the same drafts were scored in both (equal data fingerprints): differences come from the code, "
-              "not from sampling, so tolerances decide, not the bootstrap intervals" if result.get("same_draws") else
+             ("- the same data were scored in both: differences come from the code, not from sampling, so "
+              "tolerances decide, not the bootstrap intervals" if result.get("same_draws") else
               "- different draws of the experiment: bootstrap intervals (where the baseline has them) separate "
               "noise from regressions"),
+             f"- why: {(result.get('pairing') or {}).get('reason', 'no pairing recorded')}",
              "- verdicts: worse than the threshold = regressed; inside the baseline's 95% bootstrap interval = "
              "noise; ↑ higher is better, ↓ lower is better. Thresholds: a `--tolerance` when given, else the "
              "baseline's interval, else the default tolerance (throughput and MSE/MAE: a share of the baseline).",
@@ -473,20 +492,10 @@ def _fmt_rate(v) -> str:
     return f"{v:.4f}" if isinstance(v, float) else "—"
 
 
-def _jsonable(o):
-    if isinstance(o, float) and not math.isfinite(o):
-        return None if math.isnan(o) else ("inf" if o > 0 else "-inf")
-    if isinstance(o, dict):
-        return {k: _jsonable(v) for k, v in o.items()}
-    if isinstance(o, list | tuple):
-        return [_jsonable(v) for v in o]
-    return o
-
-
 def write_regression(result: dict, out_dir: str | Path) -> tuple[Path, Path]:
     """regression.json and regression.md in ``out_dir`` (each written beside, then renamed)."""
     out = Path(out_dir)
-    texts = {"regression.json": json.dumps(_jsonable(result), indent=2) + "\n", "regression.md": to_markdown(result)}
+    texts = {"regression.json": json_text(result), "regression.md": to_markdown(result)}
     tmps = {name: out / f".{name}.tmp" for name in texts}
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -26,6 +26,7 @@ from svt.metrics.tables import (
     score_table,
 )
 from svt.report.lossless_audit import audit
+from svt.traces.identity import data_identity, experiment
 from svt.traces.io import open_run, open_runs
 
 SOFT_LABELS = ("accept_prob", "accept_prob_expected")
@@ -80,11 +81,17 @@ def open_for_evaluation(runs: list[Path]) -> Opened:
                                  if isinstance(v, dict)},
                       "counts": meta.get("counts"),
                       "experiment": experiment(meta),
+                      "synthetic": bool(meta.get("synthetic")),
                       "labels": _labels_note(run),
                       "shards": ("verified against run.json" if run.verified
                                  else "not verified: run.json records no shards (a foreign or older run)"),
-                      "data_sha256": data_fingerprint(parts[-1])})
+                      **_identity(parts[-1])})
     return Opened(parts, dists, infos)
+
+
+def _identity(parts) -> dict:
+    ident = data_identity(parts)
+    return {"data_sha256": ident["sha256"], "data_identity": ident}
 
 
 def _labels_note(run) -> str:
@@ -108,71 +115,6 @@ def load_drafts(runs: list[Path]) -> tuple[pl.DataFrame, pl.DataFrame | None, li
 
 
 REPORT_SCHEMA = 1  # report.json's layout; `svt compare` refuses reports of another schema
-
-
-_FP_COLUMNS = ("request", "step", "position", "token", "label", "q_max", "q_sampled", "q_entropy")
-
-
-def _mix64(h: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser (uint64 arithmetic wraps)."""
-    h = h ^ (h >> np.uint64(30))
-    h = h * np.uint64(0xBF58476D1CE4E5B9)
-    h = h ^ (h >> np.uint64(27))
-    h = h * np.uint64(0x94D049BB133111EB)
-    return h ^ (h >> np.uint64(31))
-
-
-def data_fingerprint(parts) -> str:
-    """A fingerprint (16 hex digits) of the drafts a report scored: ids, tokens, labels and the
-    draft's probabilities, from the raw bit patterns (stable across polars versions).
-
-    Each row is hashed (splitmix64 over its columns) and the row hashes are summed modulo 2**64,
-    twice with two mixes, so the fingerprint depends on the rows and not on their order or on how
-    the run is split into shards, and it is computed one shard at a time. Two reports with equal
-    fingerprints scored the same draw, so their differences are not sampling noise.
-    ``parts``: frames (lazy or not) of the drafts."""
-    import hashlib
-
-    if isinstance(parts, (pl.DataFrame, pl.LazyFrame)):
-        parts = [parts]
-    acc, rows, cols = [0, 0], 0, None
-    mask = (1 << 64) - 1
-    for part in parts:
-        if cols is None:
-            names = part.collect_schema().names() if isinstance(part, pl.LazyFrame) else part.columns
-            cols = [c for c in _FP_COLUMNS if c in names]
-        frame = part.select(cols)
-        frame = frame.collect() if isinstance(frame, pl.LazyFrame) else frame
-        for a in range(0, frame.height, 1 << 22):
-            chunk = frame.slice(a, 1 << 22)
-            h = np.full(chunk.height, 0x9E3779B97F4A7C15, dtype=np.uint64)
-            for i, c in enumerate(cols):
-                col = chunk[c]
-                v = col.fill_null(0).to_numpy()
-                bits = v.view(f"u{v.dtype.itemsize}").astype(np.uint64)
-                bits[col.is_null().to_numpy()] = np.uint64(0xFFFFFFFFFFFFFFFF)  # null: a value no column has
-                h = _mix64(h ^ _mix64(bits + np.uint64(((i + 1) * 0x9E3779B97F4A7C15) & mask)))
-            acc[0] = (acc[0] + int(h.sum(dtype=np.uint64))) & mask
-            acc[1] = (acc[1] + int(_mix64(h ^ np.uint64(0xD6E8FEB86659FD93)).sum(dtype=np.uint64))) & mask
-            rows += chunk.height
-    digest = hashlib.sha256(f"{cols}|{rows}|{acc[0]}|{acc[1]}".encode())
-    return digest.hexdigest()[:16]
-
-
-def experiment(meta: dict) -> dict:
-    """What defines a run as an experiment (two runs with equal experiments are draws of the same
-    thing and may be compared): the models' weights, K, sampling, the workloads' contents and the
-    sizes. Not the seed, batch size or device, which change the draw but not what is measured."""
-    cfg = meta.get("config") or {}
-    models = meta.get("models") or {}
-    sampling = meta.get("sampling") or {}
-    return {"target_weights": (models.get("target") or {}).get("weights_sha256_16"),
-            "draft_weights": (models.get("draft") or {}).get("weights_sha256_16"),
-            "k": meta.get("k"), "temperature": sampling.get("temperature", cfg.get("temperature")),
-            "top_p": sampling.get("top_p", cfg.get("top_p")),
-            "workloads": meta.get("workload_sha256") or cfg.get("workloads"),
-            "requests": cfg.get("requests"), "max_new_tokens": cfg.get("max_new_tokens"),
-            "max_prompt_tokens": cfg.get("max_prompt_tokens")}
 
 
 def _feature_block(labelled: pl.LazyFrame, feat: Feature, opts: EvaluateOptions,

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
 
 from svt.errors import ConfigError, DataError
+from svt.fileio import json_text, read_json
 
 HEAD = ("auc", "log_loss", "ece", "brier", "mean_pred", "accept_rate", "n")
 
@@ -358,28 +358,18 @@ def link_figures(report_dir: str | Path, figures: list[Path], related: list[str 
     """Record the figures (and other reports, with their figures) in report.json and re-render
     report.md with a Figures section."""
     report_dir = Path(report_dir)
-    report = json.loads((report_dir / "report.json").read_text())
+    report = read_json(report_dir / "report.json", "Report")
     report["figures"] = [str(Path(f).relative_to(report_dir)) for f in figures]
     rel = []
     for other in related:
         other = Path(other)
         if not (other / "report.json").is_file():
             raise DataError(f"{other}: not a report directory (no report.json) to link.")
-        figs = json.loads((other / "report.json").read_text()).get("figures") or []
+        figs = read_json(other / "report.json", "Report").get("figures") or []
         rel.append({"report": os.path.relpath(other / "report.md", report_dir),
                     "figures": [os.path.relpath(other / f, report_dir) for f in figs]})
     report["related"] = rel
     write_report(report, report_dir)
-
-
-def _clean(o):
-    if isinstance(o, float) and math.isnan(o):
-        return None
-    if isinstance(o, dict):
-        return {str(k): _clean(v) for k, v in o.items()}
-    if isinstance(o, list):
-        return [_clean(v) for v in o]
-    return o
 
 
 def write_report(report: dict, out_dir: str | Path) -> tuple[Path, Path]:
@@ -389,7 +379,7 @@ def write_report(report: dict, out_dir: str | Path) -> tuple[Path, Path]:
         raise ConfigError(f"{out} is a file; --out takes a report directory.")
     out.mkdir(parents=True, exist_ok=True)
     paths = []
-    for name, text in (("report.json", json.dumps(_clean(report), indent=2) + "\n"),
+    for name, text in (("report.json", json_text(report)),
                        ("report.md", to_markdown(report))):
         tmp = out / f".{name}.tmp"
         tmp.write_text(text)

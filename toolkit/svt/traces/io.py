@@ -12,7 +12,8 @@ from typing import Any
 
 import polars as pl
 
-from svt.errors import DataError, SchemaError
+from svt.errors import ConfigError, DataError, SchemaError
+from svt.fileio import json_text, parse_json
 from svt.traces.schema import SCHEMA_VERSION, TABLES, TableSchema, get_table
 
 RUN_META = "run.json"
@@ -64,7 +65,7 @@ def _atomic_write_bytes(path: Path, data: bytes) -> None:
 def write_meta(run_dir: Path, meta: dict[str, Any]) -> None:
     """Write run.json atomically (temporary name, then rename)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    _atomic_write_bytes(run_dir / RUN_META, (json.dumps(meta, indent=2, default=str) + "\n").encode())
+    _atomic_write_bytes(run_dir / RUN_META, json_text(meta, default=str).encode())
 
 
 def read_meta(run_dir: Path) -> dict[str, Any]:
@@ -72,8 +73,8 @@ def read_meta(run_dir: Path) -> dict[str, Any]:
     if not path.is_file():
         raise SchemaError(f"{path}: not found; expected a run directory made by `svt collect`.")
     try:
-        meta = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        meta = parse_json(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError, ConfigError) as exc:
         raise SchemaError(f"{path}: not valid JSON ({exc}).") from None
     if not isinstance(meta, dict):
         raise SchemaError(f"{path}: expected a JSON object, but got {type(meta).__name__}.")

@@ -18,7 +18,6 @@ process died while writing it) is ignored by :func:`svt.vllm_plugin.finish.finis
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import socket
 import time
@@ -27,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+
+from svt.fileio import json_text
 
 FLUSH_ROWS_ENV = "SVT_TRACE_FLUSH_ROWS"
 WORKLOAD_ENV = "SVT_WORKLOAD"
@@ -226,7 +227,7 @@ class Recorder:
 
 def _write_json(path: Path, obj) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
+    tmp.write_text(json_text(obj, default=str))
     os.replace(tmp, path)
 
 

@@ -1,0 +1,200 @@
+"""What makes two runs the same experiment, and two draws of it the same data: one definition, read
+by `svt compare` (which reports may be compared, and whether their differences can be sampling
+noise) and by fitted predictors (which requests a fit was trained on).
+
+*Experiment* (:func:`experiment`): what is measured — the models' weights, K, sampling, the
+workloads' contents, request and token limits, cache options (and the batch size when a cache is
+on: the global suffix tree grows as a batch's requests finish), the engine (svt, vLLM, live AV,
+live HVD, reference text, synthetic) and the shard a run covers. Not the seed or the device: they
+change the draw, not what is measured.
+
+*Data identity* (:func:`data_identity`): the drafts a report scored, in two parts.
+
+- ``structure_sha256``: the requests, steps, positions, draft tokens and labels, exactly. Two runs
+  with equal structures made the same decisions everywhere.
+- ``score_sketch``: eight random ±1 projections of each draft-probability column (signs drawn from
+  each row's structure hash). For two draws with the same structure, the squared difference of a
+  projection has expectation sum_i d_i² over the per-row differences d_i, so
+  sqrt(mean_j ΔS_j² / n) estimates the RMS per-draft difference of that column without the rows.
+
+Two draws are *the same data* (:func:`same_data`) when their structures are equal and every
+probability column differs by an RMS of at most :data:`SCORE_TOLERANCE`: the same experiment run on
+another machine, whose floating-point sums differ around the 7th digit. Then a difference in a
+metric comes from the code, not from sampling, and `svt compare` judges it by tolerances instead
+of bootstrap intervals.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import numpy as np
+import polars as pl
+
+# an RMS per-draft difference of the draft probabilities up to this is float noise (another
+# machine's BLAS: ~1e-7); a different draw or a changed collection differs by 1e-2 and more
+SCORE_TOLERANCE = 1e-4
+STRUCTURE_COLUMNS = ("request", "step", "position", "token", "label")
+SCORE_COLUMNS = ("q_max", "q_sampled", "q_entropy")
+N_PROJECTIONS = 8
+_CHUNK = 1 << 22
+_MASK = (1 << 64) - 1
+
+
+def _mix64(h: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser (uint64 arithmetic wraps)."""
+    h = h ^ (h >> np.uint64(30))
+    h = h * np.uint64(0xBF58476D1CE4E5B9)
+    h = h ^ (h >> np.uint64(27))
+    h = h * np.uint64(0x94D049BB133111EB)
+    return h ^ (h >> np.uint64(31))
+
+
+def _row_hashes(chunk: pl.DataFrame, cols: list[str]) -> np.ndarray:
+    """One uint64 per row over ``cols``, from the raw bit patterns (stable across polars versions)."""
+    h = np.full(chunk.height, 0x9E3779B97F4A7C15, dtype=np.uint64)
+    for i, c in enumerate(cols):
+        col = chunk[c]
+        v = col.fill_null(0).to_numpy()
+        bits = v.view(f"u{v.dtype.itemsize}").astype(np.uint64)
+        bits[col.is_null().to_numpy()] = np.uint64(0xFFFFFFFFFFFFFFFF)  # null: a value no column has
+        h = _mix64(h ^ _mix64(bits + np.uint64(((i + 1) * 0x9E3779B97F4A7C15) & _MASK)))
+    return h
+
+
+class _OrderFreeHash:
+    """Row hashes summed modulo 2**64 twice (two mixes): independent of row order and sharding."""
+
+    def __init__(self):
+        self.acc, self.rows = [0, 0], 0
+
+    def add(self, h: np.ndarray) -> None:
+        self.acc[0] = (self.acc[0] + int(h.sum(dtype=np.uint64))) & _MASK
+        self.acc[1] = (self.acc[1] + int(_mix64(h ^ np.uint64(0xD6E8FEB86659FD93)).sum(dtype=np.uint64))) & _MASK
+        self.rows += len(h)
+
+    def hexdigest(self, cols: list[str]) -> str:
+        return hashlib.sha256(f"{cols}|{self.rows}|{self.acc[0]}|{self.acc[1]}".encode()).hexdigest()[:16]
+
+
+def _frames(parts) -> list:
+    return [parts] if isinstance(parts, pl.DataFrame | pl.LazyFrame) else list(parts)
+
+
+def _names(part) -> list[str]:
+    return part.collect_schema().names() if isinstance(part, pl.LazyFrame) else part.columns
+
+
+def data_identity(parts) -> dict:
+    """The data identity of a drafts table (frames, lazy or not, read one at a time):
+    ``sha256`` (every fingerprinted column, exactly), ``structure_sha256``, ``rows`` and
+    ``score_sketch`` (see the module docstring)."""
+    exact, structure = _OrderFreeHash(), _OrderFreeHash()
+    sketch: dict[str, np.ndarray] = {}
+    all_cols = s_cols = p_cols = None
+    for part in _frames(parts):
+        if all_cols is None:
+            names = _names(part)
+            s_cols = [c for c in STRUCTURE_COLUMNS if c in names]
+            p_cols = [c for c in SCORE_COLUMNS if c in names]
+            all_cols = s_cols + p_cols
+            sketch = {c: np.zeros(N_PROJECTIONS) for c in p_cols}
+        frame = part.select(all_cols)
+        frame = frame.collect() if isinstance(frame, pl.LazyFrame) else frame
+        for a in range(0, frame.height, _CHUNK):
+            chunk = frame.slice(a, _CHUNK)
+            exact.add(_row_hashes(chunk, all_cols))
+            hs = _row_hashes(chunk, s_cols)
+            structure.add(hs)
+            signs = _mix64(hs ^ np.uint64(0x5DEECE66D))
+            for c in p_cols:
+                x = chunk[c].cast(pl.Float64).fill_null(0.0).fill_nan(0.0).to_numpy()
+                for j in range(N_PROJECTIONS):
+                    s = ((signs >> np.uint64(j)) & np.uint64(1)).astype(np.float64) * 2.0 - 1.0
+                    sketch[c][j] += float(s @ x)
+    all_cols = all_cols or []
+    return {"sha256": exact.hexdigest(all_cols), "structure_sha256": structure.hexdigest(s_cols or []),
+            "rows": exact.rows, "score_sketch": {c: [float(v) for v in s] for c, s in sketch.items()}}
+
+
+def data_fingerprint(parts) -> str:
+    """The exact fingerprint (16 hex digits) of the drafts: ids, tokens, labels and the draft's
+    probabilities. Row order and sharding do not change it."""
+    return data_identity(parts)["sha256"]
+
+
+def score_difference(a: dict, b: dict) -> float | None:
+    """The estimated RMS per-draft difference of the worst probability column between two draws of
+    equal structure (None when a sketch is missing or the columns differ)."""
+    sa, sb = a.get("score_sketch"), b.get("score_sketch")
+    n = a.get("rows")
+    if not isinstance(sa, dict) or not isinstance(sb, dict) or set(sa) != set(sb) or not isinstance(n, int):
+        return None
+    worst = 0.0
+    for c in sa:
+        va, vb = sa[c], sb[c]
+        if not (isinstance(va, list) and isinstance(vb, list) and len(va) == len(vb) == N_PROJECTIONS):
+            return None
+        try:
+            msd = sum((float(x) - float(y)) ** 2 for x, y in zip(va, vb, strict=True)) / N_PROJECTIONS
+        except (TypeError, ValueError):
+            return None
+        worst = max(worst, math.sqrt(msd / max(n, 1)))
+    return worst if math.isfinite(worst) else None
+
+
+def same_data(a: dict | None, b: dict | None, tolerance: float = SCORE_TOLERANCE) -> tuple[bool, str]:
+    """Whether two data identities are the same data, and why (one sentence)."""
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return False, "a report has no data identity (written by an older svt): treated as different draws"
+    if a.get("sha256") is not None and a.get("sha256") == b.get("sha256"):
+        return True, "identical drafts (equal data fingerprints)"
+    if a.get("structure_sha256") != b.get("structure_sha256") or a.get("rows") != b.get("rows"):
+        return False, ("different draws: the requests, steps, draft tokens or labels differ "
+                       f"({a.get('rows')} against {b.get('rows')} drafts)")
+    rms = score_difference(a, b)
+    if rms is None:
+        return False, "the same tokens and labels, but the probability sketches cannot be compared: treated as different draws"
+    if rms <= tolerance:
+        return True, (f"the same requests, steps, draft tokens and labels; the draft probabilities differ by "
+                      f"an RMS of {rms:.1e} per draft, within the float tolerance {tolerance:g} (another "
+                      "machine's arithmetic)")
+    return False, (f"the same tokens and labels, but the draft probabilities differ by an RMS of {rms:.2g} per "
+                   f"draft (over the float tolerance {tolerance:g}): treated as different draws")
+
+
+def _engine(meta: dict) -> str:
+    if meta.get("synthetic"):
+        return "synthetic"
+    engine = meta.get("engine") or "svt"
+    if engine == "svt" and meta.get("hvd"):
+        return "svt live HVD"
+    if engine == "svt" and meta.get("av"):
+        return "svt live AV"
+    return str(engine)
+
+
+def experiment(meta: dict) -> dict:
+    """What defines a run as an experiment (two runs with equal experiments are draws of the same
+    thing and may be compared; see the module docstring)."""
+    cfg = meta.get("config") or {}
+    models = meta.get("models") or {}
+    sampling = meta.get("sampling") or {}
+    cache = meta.get("cache") if isinstance(meta.get("cache"), dict) else None
+    shard = meta.get("shard") if isinstance(meta.get("shard"), dict) else None
+    synthetic = meta.get("synthetic") if isinstance(meta.get("synthetic"), dict) else None
+    return {"target_weights": (models.get("target") or {}).get("weights_sha256_16"),
+            "draft_weights": (models.get("draft") or {}).get("weights_sha256_16"),
+            "k": meta.get("k"), "temperature": sampling.get("temperature", cfg.get("temperature")),
+            "top_p": sampling.get("top_p", cfg.get("top_p")),
+            "workloads": meta.get("workload_sha256") or cfg.get("workloads"),
+            "requests": cfg.get("requests"), "max_new_tokens": cfg.get("max_new_tokens"),
+            "max_prompt_tokens": cfg.get("max_prompt_tokens"),
+            "engine": _engine(meta),
+            "cache_options": (cache or {}).get("options") if cache else None,
+            # the global tree takes a response when its request finishes: batches change its content
+            "batch_size": cfg.get("batch_size") if cache else None,
+            "shard": f"{shard.get('index')}/{shard.get('count')}" if shard else "whole",
+            "synthetic": ({"source_run_id": synthetic.get("source_run_id"),
+                           "labelled_target": synthetic.get("labelled_target")} if synthetic else None)}
