@@ -256,6 +256,21 @@ MUTANTS = [
     M("pairing-ignores-labels", "regression report", "traces/identity.py",
       'STRUCTURE_COLUMNS = ("request", "step", "position", "token", "label")',
       'STRUCTURE_COLUMNS = ("request", "step", "position", "token")', ("tests/report/test_compare.py",)),
+    M("fit-names-by-position", "regression report", "fit/__init__.py",
+      'return [f"{lab} [{d}]" if labels.count(lab) > 1 else lab for lab, d in zip(labels, digests, strict=True)]',
+      'return [f"{lab} [{i}]" if labels[:i].count(lab) else lab for i, lab in enumerate(labels)]',
+      ("tests/report/test_compare.py",)),
+    M("held-out-by-run-id-only", "held-out scoring", "fit/__init__.py",
+      "        if hit is None and paths is not None and any(", "        if False and any(",
+      ("tests/report/test_evaluate.py",)),
+    M("yield-fit-any-pair", "held-out scoring", "fit/__init__.py", "        if pairs and pair not in pairs:",
+      "        if False:", ("tests/report/test_evaluate.py",)),
+    M("cache-on-a-shard", "silently wrong", "collect/cache_run.py", '    if isinstance(meta.get("shard"), dict):\n',
+      "    if False:\n", ("tests/collect/test_shards.py",)),
+    M("merge-cached-shards", "silently wrong", "collect/shards.py",
+      '        if meta.get("cache") or run.has("cache_drafts"):', "        if False:", ("tests/collect/test_shards.py",)),
+    M("json-infinity-kept", "valid JSON", "fileio.py", "    if isinstance(o, float) and not math.isfinite(o):\n",
+      "    if isinstance(o, float) and math.isnan(o):\n", ("tests/test_fileio.py",)),
 ]
 
 

@@ -140,3 +140,24 @@ def test_shard_options_are_checked(config, shards, tmp_path):
                 config_path=config, progress=False, shard=(0, 2))
     with pytest.raises(ConfigError, match="Cannot resume"):  # a shard resumed as another shard
         collect(cfg, shards / "s0", config_path=config, progress=False, resume=True, shard=(1, 3))
+
+
+def test_cache_on_a_shard_and_merging_cached_shards_are_refused(config, shards, tmp_path):
+    """Issue 23: `svt cache` on shards then `svt merge` gave a wrong cache table (each shard's global
+    tree saw only its own responses), with run.json claiming the first shard's options."""
+    greedy = tmp_path / "g0"
+    collect(load_collect_config(config, {"temperature": 0, "requests": 4, "batch_size": 2}), greedy,
+            config_path=config, progress=False, shard=(0, 2))
+    res = CliRunner().invoke(app, ["cache", str(greedy)])
+    assert res.exit_code == 2 and "a shard (0/2)" in res.output and "Traceback" not in res.output
+    assert not open_run(greedy).has("cache_drafts")
+    # shards that carry cache tables anyway (made by hand or by an older svt): merge refuses them
+    s = [shards / f"s{i}" for i in range(3)]
+    meta = json.loads((s[1] / "run.json").read_text())
+    (s[1] / "run.json").write_text(json.dumps({**meta, "cache": {"options": {"max_tree_depth": 24}}}))
+    try:
+        res = CliRunner().invoke(app, ["merge", *map(str, s), "--out", str(tmp_path / "m")])
+        assert res.exit_code == 2 and "holds cache drafts" in res.output
+        assert not (tmp_path / "m").exists()
+    finally:
+        (s[1] / "run.json").write_text(json.dumps(meta))

@@ -359,3 +359,25 @@ def test_one_changed_label_or_token_is_another_draw():
     for col, values in (("label", [1, 1, 1]), ("token", [5, 6, 8]), ("position", [0, 2, 0])):
         ok, why = same_data(a, data_identity(frame.with_columns(pl.Series(col, values))))
         assert not ok and "different draws" in why, col
+
+
+def test_fits_with_one_name_are_named_by_content_not_by_order(small_run, tmp_path):
+    """Issue 23: two --fit files with the same stem were named by position, so swapping their order
+    reported regressions and improvements with nothing changed."""
+    from svt.fit import fit_runs, save_fit
+    from svt.fit.irls_online import OnlineOptions
+
+    paths = []
+    for sub, damping in (("a", 500.0), ("b", 2500.0)):
+        paths.append(str(save_fit(fit_runs([small_run], "irls-online", online=OnlineOptions(damping=damping)),
+                                  tmp_path / sub / "irls-online.json")))
+    one = evaluate([small_run], EvaluateOptions(features=["q_max"], fits=paths))
+    two = evaluate([small_run], EvaluateOptions(features=["q_max"], fits=paths[::-1]))
+    names = [n for n in one["features"] if n != "q_max"]
+    assert len(names) == 2 and all(n.startswith("irls-online(logit_qmax) [") for n in names)
+    assert set(names) == set(two["features"]) - {"q_max"}
+    r = compare_reports(one, two)
+    assert r["verdict"] == "ok" and set(r["counts"]) == {"unchanged"}
+    res = CliRunner().invoke(app, ["evaluate", str(small_run), "--feature", "q_max", "--fit", paths[0],
+                                   "--fit", paths[0], "--out", str(tmp_path / "twice")])
+    assert res.exit_code == 2 and "same fit" in res.output and "Traceback" not in res.output

@@ -103,3 +103,41 @@ def test_cli_writes_json_and_markdown(small_run, tmp_path):
     assert r.exit_code == 2 and "known features" in r.output
     r = CliRunner().invoke(app, ["evaluate", str(tmp_path / "nope"), "--out", str(tmp_path / "y")])
     assert r.exit_code == 3 and "not a directory" in r.output
+
+
+def _recollected(run, out):
+    """An identical re-collection of ``run`` under a new run id (what the same config and seed
+    give again)."""
+    import shutil
+
+    shutil.copytree(run, out)
+    meta = json.loads((out / "run.json").read_text())
+    meta["run_id"] = "recollected0"
+    (out / "run.json").write_text(json.dumps(meta))
+    return out
+
+
+def test_a_fit_scored_on_a_recollection_of_its_training_run_keeps_its_held_out_split(small_run, tmp_path):
+    """Issue 23: a re-collection (new run id) was scored as unseen, so the fit's own training
+    requests counted as held out."""
+    from svt.fit import fit_runs, save_fit
+
+    fit = save_fit(fit_runs([small_run], "logistic"), tmp_path / "lr.json")
+    opts = EvaluateOptions(features=["q_max"], fits=[str(fit)])
+    own = evaluate([small_run], opts)["features"]["logistic(logit_qmax)"]
+    again = evaluate([_recollected(small_run, tmp_path / "again")], opts)["features"]["logistic(logit_qmax)"]
+    assert again["n"] == own["n"] < evaluate([small_run], EvaluateOptions(features=["q_max"]))["features"]["q_max"]["n"]
+    assert again["auc"] == own["auc"]
+
+
+def test_a_yield_fit_from_another_model_pair_is_refused(greedy_run, tmp_path):
+    from svt.errors import DataError
+    from svt.fit import fit_runs, save_fit
+
+    fit = save_fit(fit_runs([greedy_run], "yield-linear"), tmp_path / "y.json")
+    other = _recollected(greedy_run, tmp_path / "other-pair")
+    meta = json.loads((other / "run.json").read_text())
+    meta["models"]["draft"]["weights_sha256_16"] = "0123456789abcdef"
+    (other / "run.json").write_text(json.dumps(meta))
+    with pytest.raises(DataError, match="another model pair"):
+        evaluate([other], EvaluateOptions(features=["q_max"], fits=[str(fit)]))

@@ -136,6 +136,10 @@ def build_cache_drafts(run_dir: str | Path, options: CacheOptions, draft_model, 
                           f"{(meta.get('sampling') or {}).get('temperature')}.")
     if meta.get("av"):
         raise ConfigError(f"{run_dir}: collected with live AV; cache drafts need a plain greedy run.")
+    if isinstance(meta.get("shard"), dict):
+        raise ConfigError(f"{run_dir}: a shard ({meta['shard'].get('index')}/{meta['shard'].get('count')}). "
+                          "A shard's global suffix tree holds only its own responses, so its cache drafts are "
+                          "not the whole run's; `svt merge` the shards first, then `svt cache` the merged run.")
     if meta.get("status") != "complete":
         raise DataError(f"{run_dir}: the run is not complete (status {meta.get('status')!r}); finish it with "
                         "`svt collect ... --resume` first.")

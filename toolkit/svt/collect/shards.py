@@ -78,6 +78,10 @@ def merge_shards(parts: list[str | Path], out: str | Path, *, overwrite: bool = 
         meta = read_meta(p)
         if not isinstance(meta.get("shard"), dict):
             raise ConfigError(f"{p} is not a shard (it was collected without --shard); nothing to merge.")
+        if meta.get("cache") or run.has("cache_drafts"):
+            raise ConfigError(f"{p} holds cache drafts. Each shard's global suffix tree saw only its own "
+                              "responses, so shard cache tables do not merge into the whole run's table; "
+                              "merge shards without them and run `svt cache` on the merged run.")
         metas.append(meta)
     n = metas[0]["shard"]["count"]
     problems = []

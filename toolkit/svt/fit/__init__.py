@@ -41,6 +41,7 @@ from svt.fit.base import (
 # the registry: one import per fitter family (each module registers its classes)
 from svt.fit import calibrators, head, irls_online, logistic, yield_models  # noqa: E402, F401  isort: skip
 from svt.fit.irls_online import PRESETS, IRLSOnline, OnlineOptions  # noqa: E402  isort: skip
+from svt.traces.identity import model_pair, run_identity, run_record, same_data  # noqa: E402  isort: skip
 from svt.traces.io import open_run, open_runs  # noqa: E402  isort: skip
 
 
@@ -55,7 +56,7 @@ def load_drafts_for_fit(runs: list[str | Path], where: pl.Expr | None = None) ->
         bs = int((run.meta.get("config") or {}).get("batch_size", 1) or 1)
         frames.append(run.uncensored_drafts().with_columns(pl.lit(i).alias("_run"),
                                                       (pl.col("request") // bs).alias("_batch")))
-        infos.append({"path": str(path), "run_id": run.meta.get("run_id"), "k": run.meta.get("k")})
+        infos.append(run_record(path, run))
     lf = pl.concat(frames)
     if where is not None:
         lf = lf.filter(where)
@@ -231,6 +232,21 @@ def _is_fit_file(path: Path) -> bool:
     return isinstance(data, dict) and {"model", "svt_version", "training"} <= data.keys()
 
 
+def name_fits(paths: list, labels: list[str]) -> list[str]:
+    """Each fit's name in a report: its label, and where two fits share one, the label with a short
+    hash of the fit file's content, so a name never depends on the order of the ``--fit`` options
+    (the regression report pairs metrics by these names). The same file given twice is refused."""
+    import hashlib
+
+    digests = [hashlib.sha256(Path(p).read_bytes()).hexdigest()[:8] for p in paths]
+    seen: dict[str, str] = {}
+    for p, d in zip(paths, digests, strict=True):
+        if d in seen:
+            raise ConfigError(f"{p} and {seen[d]} are the same fit (equal contents); give it once.")
+        seen[d] = str(p)
+    return [f"{lab} [{d}]" if labels.count(lab) > 1 else lab for lab, d in zip(labels, digests, strict=True)]
+
+
 def check_fit_out(path: str | Path, overwrite: bool = True) -> Path:
     """Where a fit may be written, checked before any fitting: a ``.json`` name that is not a
     directory; an existing file only with ``overwrite``, and only when it is itself an svt fit
@@ -307,17 +323,52 @@ def predict(fit: dict, drafts: pl.DataFrame) -> np.ndarray:
     return estimator(fit).predict(drafts, PredictContext(runs=runs))
 
 
-def evaluation_mask(fit: dict, drafts: pl.DataFrame, run_ids: list[str | None]) -> np.ndarray:
+def _seen(fit: dict, run_ids: list, paths: list | None) -> list[int | None]:
+    """For each evaluated run, the index of the fit's training run it is (by run id, or by equal
+    data for a re-collection under another id), else None."""
+    trained = fit.get("training", {}).get("runs", [])
+    out = []
+    for i, rid in enumerate(run_ids):
+        hit = next((j for j, t in enumerate(trained) if rid is not None and t.get("run_id") == rid), None)
+        if hit is None and paths is not None and any(isinstance(t.get("data"), dict) for t in trained):
+            ident = run_identity(open_run(paths[i], deep=False))
+            hit = next((j for j, t in enumerate(trained) if same_data(t.get("data"), ident)[0]), None)
+        out.append(hit)
+    return out
+
+
+def check_pair(fit: dict, paths: list) -> None:
+    """A yield fit predicts the model drafter's yield against the cache's: it applies only to runs
+    of the model pair it was trained on (acceptance fits may be studied on another pair)."""
+    if estimator(fit).target != "yield":
+        return
+    pairs = {json.dumps(t.get("pair"), sort_keys=True) for t in fit.get("training", {}).get("runs", [])
+             if t.get("pair")}
+    for p in paths:
+        pair = json.dumps(model_pair(open_run(p, deep=False).meta), sort_keys=True)
+        if pairs and pair not in pairs:
+            raise DataError(f"The {fit['model']} fit was trained on runs of another model pair "
+                            f"({', '.join(sorted(pairs))}) than {p} ({pair}); its yields would be another "
+                            "drafter's. Fit it on runs of this pair.")
+
+
+def evaluation_mask(fit: dict, drafts: pl.DataFrame, run_ids: list[str | None],
+                    paths: list | None = None) -> np.ndarray:
     """Rows on which a fit may be scored: all rows for online fits (prequential) and for runs the
-    fit was not trained on; the held-out requests of its own training runs otherwise."""
+    fit was not trained on; the held-out requests of its own training runs otherwise. ``paths``
+    (the runs' directories) let a re-collection of a training run be recognised by its data."""
+    if paths is not None:
+        check_pair(fit, paths)
     if estimator(fit).online:
         return np.ones(drafts.height, dtype=bool)
-    trained = {r.get("run_id") for r in fit.get("training", {}).get("runs", [])}
-    if not trained.intersection(run_ids):
+    seen = _seen(fit, run_ids, paths)
+    if all(s is None for s in seen):
         return np.ones(drafts.height, dtype=bool)
-    if [r for r in run_ids] != [r.get("run_id") for r in fit["training"]["runs"]]:
+    if seen != list(range(len(fit["training"]["runs"]))):
         raise DataError("Evaluate an offline fit on exactly the runs it was trained on (for its held-out "
-                        "split) or on runs it has never seen.")
+                        "split) or on runs it has never seen; "
+                        + ", ".join(f"run {i + 1} is its training run {s + 1}" for i, s in enumerate(seen)
+                                    if s is not None) + ".")
     ids = fit["training"].get("train_request_ids")
     if ids is not None:  # every request the fit did not train on
         trained_keys = pl.DataFrame(ids, schema={"_run": pl.Int64, "request": pl.Int64}, orient="row")

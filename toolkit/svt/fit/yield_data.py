@@ -7,6 +7,7 @@ from pathlib import Path
 import polars as pl
 
 from svt.errors import DataError
+from svt.traces.identity import run_record
 from svt.traces.io import open_runs
 
 
@@ -22,7 +23,7 @@ def load_cache_drafts_for_fit(runs: list[str | Path], where: pl.Expr | None = No
         frame = run.scan("cache_drafts").collect()
         check_cache_drafts(path, run, frame)
         frames.append(frame.lazy().with_columns(pl.lit(i).alias("_run")))
-        infos.append({"path": str(path), "run_id": run.meta.get("run_id"), "k": run.meta.get("k")})
+        infos.append(run_record(path, run))
     lf = pl.concat(frames)
     if where is not None:
         lf = lf.filter(where)

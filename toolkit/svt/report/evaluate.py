@@ -260,22 +260,28 @@ def _add_fits(drafts: pl.DataFrame, runs, infos, fits: list[str]) -> tuple[pl.Da
     replay, _ = load_drafts_for_fit([Path(r) for r in runs])
     keys = ["_run", "request", "step", "position"]
     feats = []
+    labels = _fit_labels(fits)
     for i, path in enumerate(fits):
         fit = load_fit(path)
         fit["_runs"] = [Path(r) for r in runs]
         pred = predict(fit, replay)
-        ok = evaluation_mask(fit, replay, [r["run_id"] for r in infos])
+        ok = evaluation_mask(fit, replay, [r["run_id"] for r in infos], [Path(r) for r in runs])
         col = f"_fit{i}"
         scored = replay.select(keys).with_columns(pl.Series(col, np.where(ok, pred, np.nan)).fill_nan(None))
         drafts = drafts.join(scored, on=keys, how="left", maintain_order="left")
         est = estimator(fit)
         lossless = est.lossless  # a head reads the drafter's context, not the token: lossless
-        label = est.label()
-        label = label if label not in [f.name for f in feats] else f"{label} [{Path(path).stem}]"
+        label = labels[i]
         how = "prequential" if fit["model"] == "irls-online" else fit.get("training", {}).get("evaluation", "")
         feats.append(Feature(label, pl.col(col), f"fitted predictor {Path(path).name} ({how})",
                              lossless, probability=True, partial=True))
     return drafts, feats
+
+
+def _fit_labels(paths: list[str]) -> list[str]:
+    from svt.fit import estimator, load_fit, name_fits
+
+    return name_fits(paths, [estimator(load_fit(p)).label() for p in paths])
 
 
 def _split_fits(paths: list[str]) -> tuple[list[str], list[str]]:

@@ -41,18 +41,18 @@ def cache_opportunity(rows: pl.DataFrame, high_yield: int) -> dict:
 
 
 def _scores(fit_dicts: list[dict], fit_paths: list[str], rows: pl.DataFrame, drafted: pl.DataFrame,
-            run_ids: list) -> tuple[dict[str, np.ndarray], set]:
+            run_ids: list, runs: list[Path]) -> tuple[dict[str, np.ndarray], set]:
     """Predictions of every yield fit and rule on all rows, and the (run, request) keys every fit may
     be scored on (its held-out requests, or all for runs it never saw)."""
-    from svt.fit import evaluation_mask, predict
+    from svt.fit import evaluation_mask, name_fits, predict
 
     preds: dict[str, np.ndarray] = {}
+    names = name_fits(fit_paths, [f["model"] for f in fit_dicts])
     keys = set(map(tuple, rows.select("_run", "request").unique().rows()))
-    for fit, path in zip(fit_dicts, fit_paths, strict=True):
+    for fit, name in zip(fit_dicts, names, strict=True):
         # a request without any draft was never trained on: every fit may score it
-        ok = evaluation_mask(fit, rows, run_ids)
+        ok = evaluation_mask(fit, rows, run_ids, runs)
         keys &= set(map(tuple, rows.filter(pl.Series(ok)).select("_run", "request").unique().rows()))
-        name = fit["model"] if fit["model"] not in preds else f"{fit['model']} [{Path(path).stem}]"
         preds[name] = predict(fit, rows)
     for rule in YIELD_RULES:
         preds[rule] = rows[rule].to_numpy().astype(np.float64)
@@ -127,7 +127,7 @@ def hvd_report(runs: list[Path], fit_paths: list[str], run_ids: list, *, costs_p
             raise DataError("The cache proposed no draft in these runs: no yield fit can be scored.")
         return {"cache": cache_opportunity(rows, high_yield), "yield": None, "hvd": None}
     fits = [load_fit(p) for p in fit_paths]
-    preds, keys = _scores(fits, fit_paths, rows, drafted, run_ids)
+    preds, keys = _scores(fits, fit_paths, rows, drafted, run_ids, runs)
     keys_df = pl.DataFrame(sorted(keys), schema={"_run": rows.schema["_run"], "request": pl.Int64}, orient="row")
     ev = (rows.with_columns(**{f"_p_{i}": pl.Series(v) for i, v in enumerate(preds.values())})
           .join(keys_df, on=["_run", "request"], how="semi"))

@@ -164,6 +164,26 @@ def same_data(a: dict | None, b: dict | None, tolerance: float = SCORE_TOLERANCE
                    f"draft (over the float tolerance {tolerance:g}): treated as different draws")
 
 
+def run_identity(run) -> dict:
+    """The data identity of an opened run (:class:`svt.traces.io.Run`): of its drafts, or of its
+    cache drafts when it has no model drafts (a reference run)."""
+    table = "drafts" if run.has("drafts") else "cache_drafts"
+    return {"table": table, **data_identity(run.parts(table) if run.has(table) else [])}
+
+
+def run_record(path, run) -> dict:
+    """What a fit records of a run it was trained on: where, its id, K, the model pair and its data
+    identity (so an identical re-collection under a new run id is still recognised as seen)."""
+    return {"path": str(path), "run_id": run.meta.get("run_id"), "k": run.meta.get("k"),
+            "pair": model_pair(run.meta), "data": run_identity(run)}
+
+
+def model_pair(meta: dict) -> dict:
+    """The target and draft weights a run was collected with (a fit applies to its own pair)."""
+    models = meta.get("models") or {}
+    return {role: (models.get(role) or {}).get("weights_sha256_16") for role in ("target", "draft")}
+
+
 def _engine(meta: dict) -> str:
     if meta.get("synthetic"):
         return "synthetic"
@@ -179,13 +199,12 @@ def experiment(meta: dict) -> dict:
     """What defines a run as an experiment (two runs with equal experiments are draws of the same
     thing and may be compared; see the module docstring)."""
     cfg = meta.get("config") or {}
-    models = meta.get("models") or {}
     sampling = meta.get("sampling") or {}
     cache = meta.get("cache") if isinstance(meta.get("cache"), dict) else None
     shard = meta.get("shard") if isinstance(meta.get("shard"), dict) else None
     synthetic = meta.get("synthetic") if isinstance(meta.get("synthetic"), dict) else None
-    return {"target_weights": (models.get("target") or {}).get("weights_sha256_16"),
-            "draft_weights": (models.get("draft") or {}).get("weights_sha256_16"),
+    pair = model_pair(meta)
+    return {"target_weights": pair["target"], "draft_weights": pair["draft"],
             "k": meta.get("k"), "temperature": sampling.get("temperature", cfg.get("temperature")),
             "top_p": sampling.get("top_p", cfg.get("top_p")),
             "workloads": meta.get("workload_sha256") or cfg.get("workloads"),
