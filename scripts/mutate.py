@@ -271,6 +271,17 @@ MUTANTS = [
       '        if meta.get("cache") or run.has("cache_drafts"):', "        if False:", ("tests/collect/test_shards.py",)),
     M("json-infinity-kept", "valid JSON", "fileio.py", "    if isinstance(o, float) and not math.isfinite(o):\n",
       "    if isinstance(o, float) and math.isnan(o):\n", ("tests/test_fileio.py",)),
+    M("fitted-length-calibration-by-request", "report numbers", "report/evaluate.py",
+      '"_c", n_bins=opts.n_bins, keys=("run", "request", "step"))', '"_c", n_bins=opts.n_bins, keys=("run", "request"))',
+      ("tests/report/test_report_numbers.py",)),
+    M("fitted-length-calibration-unfiltered", "report numbers", "report/evaluate.py",
+      'length_calibration(drafts.with_columns(f.expr.alias("_c")).filter(pl.col("_c").is_not_null()),',
+      'length_calibration(drafts.with_columns(f.expr.fill_null(0.5).alias("_c")),',
+      ("tests/report/test_report_numbers.py",)),
+    M("compare-mae-higher-better", "regression report", "report/compare.py", '"mse": -1, "mae": -1,',
+      '"mse": -1, "mae": 1,', ("tests/report/test_compare.py",)),
+    M("compare-average-precision-lower-better", "regression report", "report/compare.py",
+      '"average_precision": 1}', '"average_precision": -1}', ("tests/report/test_compare.py",)),
 ]
 
 

@@ -381,3 +381,67 @@ def test_fits_with_one_name_are_named_by_content_not_by_order(small_run, tmp_pat
     res = CliRunner().invoke(app, ["evaluate", str(small_run), "--feature", "q_max", "--fit", paths[0],
                                    "--fit", paths[0], "--out", str(tmp_path / "twice")])
     assert res.exit_code == 2 and "same fit" in res.output and "Traceback" not in res.output
+
+
+# every metric's direction, as the metric's own definition gives it (issue 23: a planted bug in the
+# direction of one metric passed the suite)
+def _metric_direction(metric):
+    """+1 when a higher value is better, from the definition, not from svt's table."""
+    import numpy as np
+    from sklearn.metrics import average_precision_score, f1_score, log_loss, precision_score, recall_score, roc_auc_score
+
+    y = np.array([0, 0, 1, 1, 1, 0, 1, 0])
+    good, bad = np.array([.1, .2, .9, .8, .7, .3, .6, .4]), np.array([.6, .2, .4, .8, .3, .7, .6, .9])
+    defs = {"auc": roc_auc_score, "log_loss": log_loss, "brier": lambda t, p: float(((p - t) ** 2).mean()),
+            "ece": lambda t, p: abs(float(p.mean() - t.mean())), "average_precision": average_precision_score,
+            "precision": lambda t, p: precision_score(t, p > .5), "recall": lambda t, p: recall_score(t, p > .5),
+            "f1": lambda t, p: f1_score(t, p > .5), "mse": lambda t, p: float(((p - t) ** 2).mean()),
+            "mae": lambda t, p: float(abs(p - t).mean())}
+    if metric in defs:
+        return 1 if defs[metric](y, good) > defs[metric](y, bad) else -1
+    return {"throughput": 1, "interactivity": 1, "speedup_vs_greedy": 1}[metric]  # more tokens per second
+
+
+@pytest.mark.parametrize("metric", sorted(__import__("svt.report.compare", fromlist=["x"]).DIRECTIONS))
+def test_every_metric_regresses_when_worse_and_never_when_better(metric):
+    from svt.report.compare import DIRECTIONS, SCOPE_METRICS
+
+    d = _metric_direction(metric)
+    assert DIRECTIONS[metric] == d
+    scope = next(s for s, ms in SCOPE_METRICS.items() if metric in ms)
+    base = 0.5
+    for step in (0.05, 0.2):
+        worse, better = base - d * step, base + d * step
+        assert judge(metric, scope, base, worse)["verdict"] == "regressed", (metric, worse)
+        assert judge(metric, scope, base, better)["verdict"] == "improved", (metric, better)
+        # with an interval, and with a tolerance: the same sides
+        assert judge(metric, scope, base, worse, [0.49, 0.51])["verdict"] == "regressed"
+        assert judge(metric, scope, base, better, [0.49, 0.51])["verdict"] != "regressed"
+        assert judge(metric, scope, base, worse, None, {metric: 0.01})["verdict"] == "regressed"
+
+
+@pytest.mark.parametrize("change, key", [
+    (lambda m: m.update(shard={"index": 0, "count": 2, "batches": [0]}), "shard"),
+    (lambda m: m.update(synthetic={"source_run_id": "x", "labelled_target": 10**6, "seed": 0}), "engine"),
+    (lambda m: m.update(hvd={"fit": "y.json", "tau": 2.0}), "engine"),
+    (lambda m: m.update(engine="vllm"), "engine"),
+    (lambda m: m.update(cache={"options": {"max_tree_depth": 24}}), "cache_options"),
+])
+def test_reports_of_other_experiments_are_refused(small_run, change, key):
+    """Issue 23: a shard's report against the whole run's, a synthetic run against a real one, a
+    live-HVD run against a greedy one, or other cache options were compared without exit 6."""
+    from svt.traces.identity import experiment
+
+    meta = json.loads((small_run / "run.json").read_text())
+    other = copy.deepcopy(meta)
+    change(other)
+    a, b = experiment(meta), experiment(other)
+    assert a[key] != b[key]
+    base, now = _report(), _report()
+    base["runs"][0]["experiment"], now["runs"][0]["experiment"] = a, b
+    with pytest.raises(IncomparableError, match=key):
+        compare_reports(base, now)
+    # the seed, the device and the batch size without a cache change the draw, not the experiment
+    same = copy.deepcopy(meta)
+    same["config"] = {**same["config"], "seed": 5, "device": "cuda", "batch_size": 3}
+    assert experiment(same) == a

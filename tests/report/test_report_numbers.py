@@ -120,3 +120,39 @@ def test_offline_fit_is_scored_on_exactly_the_requests_it_did_not_train_on(small
     z = fit["slope"] * np.log(held["q_max"].to_numpy() / (1 - held["q_max"].to_numpy())) + \
         np.asarray(fit["intercepts"])[held["position"].to_numpy()]
     assert block["auc"] == pytest.approx(roc_auc_score(held["label"].to_numpy(), expit(z)), abs=1e-6)
+
+
+def test_fitted_predictors_every_section_by_a_slow_loop(small_run, tmp_path):
+    """A fitted predictor takes its own path through the report (joined predictions, only the rows
+    it may be scored on, its own length calibration): each of its numbers against a computation
+    from the fit's predictions on the drafts, step by step in plain Python."""
+    from svt.fit import fit_runs, load_drafts_for_fit, load_fit, predict, save_fit
+
+    paths = {m: save_fit(fit_runs([small_run], m), tmp_path / f"{m}.json") for m in ("logistic", "irls-online")}
+    rep = evaluate([small_run], EvaluateOptions(features=["q_max"], fits=[str(p) for p in paths.values()]))
+    drafts, _ = load_drafts_for_fit([small_run])
+    for model, path in paths.items():
+        fit = load_fit(path)
+        fit["_runs"] = [small_run]
+        rows = drafts.with_columns(pl.Series("_p", predict(fit, drafts)))
+        if model == "logistic":  # its held-out requests only
+            trained = {int(r) for _, r in fit["training"]["train_request_ids"]}
+            rows = rows.filter(~pl.col("request").is_in(sorted(trained)))
+            assert 0 < rows.height < drafts.height
+        name = next(n for n in rep["features"] if n.startswith(model))
+        block = rep["features"][name]
+        lab = rows.filter(pl.col("label").is_not_null())
+        y, p = lab["label"].to_numpy(), lab["_p"].to_numpy()
+        assert block["n"] == lab.height
+        assert block["auc"] == pytest.approx(roc_auc_score(y, p), abs=1e-9)
+        assert block["log_loss"] == pytest.approx(log_loss(y, p, labels=[0, 1]), abs=1e-9)
+        assert block["ece"] == pytest.approx(ece(y, p), abs=1e-12)
+        steps = {}
+        for r in rows.sort("request", "step", "position").iter_rows(named=True):
+            acc, surv, pred = steps.get((r["request"], r["step"]), (0, 1.0, 0.0))
+            surv *= r["_p"]
+            steps[(r["request"], r["step"])] = (acc + (r["label"] == 1), surv, pred + surv)
+        lc = rep["length_calibration"][name]
+        assert lc["steps"] == len(steps)
+        assert lc["mean_predicted"] == pytest.approx(np.mean([v[2] for v in steps.values()]), rel=1e-9)
+        assert lc["mean_realised"] == pytest.approx(np.mean([v[0] for v in steps.values()]), abs=1e-12)
