@@ -145,3 +145,43 @@ def test_fit_out_replaces_an_existing_fit_only_with_overwrite(small_run, fit_fil
     r = runner.invoke(app, ["fit", str(small_run), "--model", "isotonic", "--out", str(out), "--overwrite"])
     assert r.exit_code == 0, r.output
     assert json.loads(out.read_text())["model"] == "isotonic"
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--model", "yield-mlp", "--mlp-hidden", "-5"], "--mlp-hidden"),
+    (["--model", "yield-mlp", "--mlp-hidden", "100000000"], "--mlp-hidden"),
+    (["--model", "logistic", "--seed", "-5"], "--seed"),
+    (["--model", "yield-linear", "--features", "draft_len", "--features", "draft_len"], "more than once"),
+])
+def test_fit_options_no_fitter_can_use_are_one_line(greedy_run, tmp_path, args, words):
+    """Issue 23: these were tracebacks (an allocation of 4e16 bytes, numpy's seed check, polars'
+    duplicate projection)."""
+    res = CliRunner().invoke(app, ["fit", str(greedy_run), *args, "--out", str(tmp_path / "f.json")])
+    assert res.exit_code == 2 and words in res.output and "Traceback" not in res.output
+    assert not (tmp_path / "f.json").exists()
+
+
+def test_fit_on_cuda_without_a_gpu_is_one_line(small_run, tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    res = CliRunner().invoke(app, ["fit", str(small_run), "--model", "logistic", "--device", "cuda",
+                                   "--out", str(tmp_path / "f.json")])
+    assert res.exit_code == 2 and "no GPU" in res.output and not (tmp_path / "f.json").exists()
+
+
+@pytest.mark.parametrize("option", ["max_tree_depth=99999999999", "max_draft_len=10000000000", "history=0"])
+def test_cache_options_arctic_cannot_take_are_refused(greedy_run, option):
+    res = CliRunner().invoke(app, ["cache", str(greedy_run), "--set", option])
+    assert res.exit_code == 2 and option.split("=")[0] in res.output and "Traceback" not in res.output
+
+
+def test_cache_with_live_av_is_refused_before_collecting(models_dir):
+    from svt.config import load_collect_config
+    from svt.errors import ConfigError
+
+    base = {"target": str(models_dir / "target"), "draft": str(models_dir / "draft-large"), "workloads": ["code"],
+            "temperature": 0, "cache": True, "av": {"fit": "f.json", "costs": "c.yaml"}}
+    with pytest.raises(ConfigError, match="unset when `cache` is set"):
+        load_collect_config(None, base=base)

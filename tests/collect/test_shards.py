@@ -161,3 +161,16 @@ def test_cache_on_a_shard_and_merging_cached_shards_are_refused(config, shards, 
         assert not (tmp_path / "m").exists()
     finally:
         (s[1] / "run.json").write_text(json.dumps(meta))
+
+
+def test_link_across_file_systems_is_one_clear_error(shards, tmp_path, monkeypatch):
+    import errno
+
+    def cross_device(src, dst):
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "link", cross_device)
+    s = [str(shards / f"s{i}") for i in range(3)]
+    res = CliRunner().invoke(app, ["merge", *s, "--out", str(tmp_path / "m"), "--link"])
+    assert res.exit_code == 2 and "one file system" in res.output and "Traceback" not in res.output
+    assert not (tmp_path / "m").exists() and not list(tmp_path.glob(".m*"))

@@ -60,3 +60,30 @@ def test_a_terminated_write_leaves_nothing(small_run, tmp_path):
     assert proc.returncode == 130 and "nothing was written" in err
     assert not out.exists() and not list(tmp_path.glob(".big.tmp-*"))
     assert os.listdir(tmp_path) == []
+
+
+def test_an_output_inside_the_source_run_and_a_run_without_labels_are_refused(small_run, greedy_run, tmp_path):
+    """Issue 23: `svt.traces.synthetic RUN RUN/drafts/x` wrote inside its source run."""
+    import shutil
+
+    src = tmp_path / "src"
+    shutil.copytree(small_run, src)
+    before = sorted(p.name for p in (src / "drafts").iterdir())
+    r = _run(src, src / "drafts" / "x", "--labelled", "100")
+    assert r.returncode == 2 and "inside the source run" in r.stderr and "Traceback" not in r.stderr
+    assert sorted(p.name for p in (src / "drafts").iterdir()) == before
+    # a run whose steps never drafted: nothing to resample, said in one line
+    empty = tmp_path / "empty"
+    shutil.copytree(small_run, empty)
+    from svt.traces.io import record_shards, write_meta
+
+    parts = sorted((empty / "drafts").glob("part-*.parquet"))
+    import polars as pl
+
+    for p in parts:
+        pl.read_parquet(p).head(0).write_parquet(p)
+    meta = json.loads((empty / "run.json").read_text())
+    record_shards(meta, "drafts", parts)
+    write_meta(empty, meta)
+    r = _run(empty, tmp_path / "out", "--labelled", "100")
+    assert r.returncode == 2 and "no labelled drafts" in r.stderr and "Traceback" not in r.stderr

@@ -142,6 +142,8 @@ class CollectConfig:
             self.cache.validate()
             _check(self.temperature == 0, "temperature", "0 (greedy) when `cache` is set: oracle yields "
                    "are defined on greedy runs", self.temperature)
+            _check(self.av is None, "av", "unset when `cache` is set (cache drafts are replayed on a plain greedy "
+                   "run; live AV trims the steps they are replayed on)", "set")
         self.vllm.validate()
         _check(self.engine in ENGINES, "engine", " or ".join(ENGINES), self.engine)
         if self.engine == "reference":

@@ -30,6 +30,9 @@ _BRACKETS = set("()[]{}<>")
 _PUNCT = set(string.punctuation) - _BRACKETS
 
 
+MAX_LEN = 65_536  # longest tree depth, draft or history a cache option may name
+
+
 @dataclass
 class CacheOptions:
     """SuffixDecoding options (arctic-inference's names where it has one)."""
@@ -43,13 +46,15 @@ class CacheOptions:
     history: int = 8  # positions the history features look back over
 
     def validate(self) -> CacheOptions:
-        checks = ((self.max_tree_depth >= 1, "cache.max_tree_depth", "an integer >= 1"),
-                  (self.max_draft_len >= 1, "cache.max_draft_len", "an integer >= 1"),
+        # arctic-inference takes C ints; a tree deeper than any context, or a draft longer, is a typo
+        checks = ((1 <= self.max_tree_depth <= MAX_LEN, "cache.max_tree_depth", f"an integer from 1 to {MAX_LEN:,}"),
+                  (1 <= self.max_draft_len <= MAX_LEN, "cache.max_draft_len", f"an integer from 1 to {MAX_LEN:,}"),
                   (self.max_spec_factor > 0, "cache.max_spec_factor", "a number > 0"),
                   (0 <= self.min_token_prob <= 1, "cache.min_token_prob", "a number in [0, 1]"),
-                  (self.max_cached_requests == -1 or self.max_cached_requests >= 1, "cache.max_cached_requests",
-                   "-1 (all) or >= 1"),
-                  (self.history >= 1, "cache.history", "an integer >= 1"))
+                  (self.max_cached_requests == -1 or 1 <= self.max_cached_requests < 2**31,
+                   "cache.max_cached_requests", "-1 (all) or from 1 to 2**31 - 1"),
+                  (0 <= self.max_spec_offset < 2**31, "cache.max_spec_offset", "a number from 0 to 2**31"),
+                  (1 <= self.history <= MAX_LEN, "cache.history", f"an integer from 1 to {MAX_LEN:,}"))
         for ok, key, expected in checks:
             if not ok:
                 raise ConfigError(f"Expected `{key}` to be {expected}, but got {getattr(self, key.split('.')[1])!r}.")

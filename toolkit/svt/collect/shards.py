@@ -12,6 +12,7 @@ files, every shard present once and complete, no batch twice.
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import os
 import re
 import shutil
@@ -140,7 +141,14 @@ def _write_merged(parts: list[Path], metas: list[dict], stage: Path, link: bool)
                 dest = stage / table / f.name
                 if dest.exists():
                     raise ConfigError(f"{table}/{f.name} is in two shards ({p} and another): not one run.")
-                (os.link if link else shutil.copy2)(f, dest)
+                try:
+                    (os.link if link else shutil.copy2)(f, dest)
+                except OSError as exc:
+                    if link and exc.errno in (errno.EXDEV, errno.EPERM, errno.EMLINK):
+                        raise ConfigError(f"--link: cannot hard-link {f} into {stage.parent} ({exc.strerror}); hard "
+                                          "links need the shards and --out on one file system. Drop --link to "
+                                          "copy the files.") from None
+                    raise ConfigError(f"Cannot write {dest}: {exc.strerror or exc}.") from None
             records.setdefault(table, {}).update((m.get("shards") or {}).get(table, {}))
     merged = {k: v for k, v in metas[0].items() if k not in ("shard", "shards", "counts", "run_id")}
     counts: dict[str, int] = {}

@@ -158,6 +158,33 @@ def _labelled(drafts: pl.DataFrame) -> pl.DataFrame:
     return lab
 
 
+MAX_HIDDEN = 4096  # a yield MLP or a head on tens of features: wider is a typo, not a study
+
+
+def check_options(*, seed: int = 0, test_fraction: float = 0.3, **options) -> None:
+    """One clear ConfigError for an option no fitter can use, before any data is read."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+        raise ConfigError(f"Expected --seed to be an integer from 0 to 2**32 - 1, but got {seed!r}.")
+    if not 0.0 <= float(test_fraction) < 1.0:
+        raise ConfigError(f"Expected --test-fraction to be from 0 (train on every request) to below 1, "
+                          f"but got {test_fraction!r}.")
+    hidden = options.get("mlp_hidden")
+    if hidden is not None and not 0 <= hidden <= MAX_HIDDEN:
+        raise ConfigError(f"Expected --mlp-hidden to be from 0 (the default width) to {MAX_HIDDEN}, but got {hidden}.")
+    device = options.get("device")
+    if device not in (None, "auto"):
+        from svt.models.loading import resolve_device
+
+        try:
+            resolve_device(str(device))
+        except SvtError as exc:
+            raise ConfigError(f"--device {device}: {exc}") from None
+    feats = options.get("features") or []
+    twice = sorted({f for f in feats if feats.count(f) > 1})
+    if twice:
+        raise ConfigError(f"--features names {', '.join(twice)} more than once.")
+
+
 def fit_runs(runs: list[str | Path], model: str, *, test_fraction: float = 0.3, seed: int = 0,
              where: pl.Expr | None = None, **options) -> dict:
     """Fit ``model`` on the runs and return the fit as a dict (see the module doc).
@@ -168,6 +195,7 @@ def fit_runs(runs: list[str | Path], model: str, *, test_fraction: float = 0.3, 
     request-level split of ``test_fraction`` and are scored on the others.
     """
     cls = get_fitter(model)
+    check_options(seed=seed, test_fraction=test_fraction, **options)
     est = cls.from_options(seed=seed, **options)
     out: dict = {"model": model, "svt_version": __version__,
                  "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}

@@ -68,6 +68,8 @@ def write_run(source: str | Path, out: str | Path, n_labelled: int, *, steps_per
     out = Path(out)
     if out.exists():
         raise ConfigError(f"{out} exists; remove it or choose another output folder.")
+    if out.resolve().is_relative_to(Path(source).resolve()):
+        raise ConfigError(f"{out} is inside the source run {source}; write the synthetic run elsewhere.")
     stray = sorted(out.parent.glob(f".{out.name}.tmp-*")) if out.parent.is_dir() else []
     if stray:
         raise ConfigError(f"{stray[0]} is left from an interrupted write of {out}; delete it first.")
@@ -79,6 +81,9 @@ def write_run(source: str | Path, out: str | Path, n_labelled: int, *, steps_per
     sids = drafts.select(keys).unique().sort(keys).with_row_index("_sid")
     d = drafts.join(sids, on=keys).sort("_sid", "position")
     per_step = d.group_by("_sid").agg(pl.col("label").is_not_null().sum().alias("n"))
+    if per_step.height == 0 or not per_step["n"].sum():
+        raise ConfigError(f"{source} has no labelled drafts to resample (a reference run, or one whose every "
+                          "step drafted nothing).")
     mean_labelled = float(per_step["n"].mean())
     # shards of whole batches: requests per shard a multiple of the batch size
     req_per_shard = max(bs, int(round(shard_labelled / mean_labelled / steps_per_request / bs)) * bs)
