@@ -388,7 +388,14 @@ def test_fits_with_one_name_are_named_by_content_not_by_order(small_run, tmp_pat
 def _metric_direction(metric):
     """+1 when a higher value is better, from the definition, not from svt's table."""
     import numpy as np
-    from sklearn.metrics import average_precision_score, f1_score, log_loss, precision_score, recall_score, roc_auc_score
+    from sklearn.metrics import (
+        average_precision_score,
+        f1_score,
+        log_loss,
+        precision_score,
+        recall_score,
+        roc_auc_score,
+    )
 
     y = np.array([0, 0, 1, 1, 1, 0, 1, 0])
     good, bad = np.array([.1, .2, .9, .8, .7, .3, .6, .4]), np.array([.6, .2, .4, .8, .3, .7, .6, .9])

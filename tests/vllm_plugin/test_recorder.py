@@ -402,3 +402,60 @@ def test_vllm_finish_overwrite_never_replaces_a_folder_that_is_not_a_run(tmp_pat
     finish_spool(tmp_path / "t", tmp_path / "run")
     finish_spool(tmp_path / "t", tmp_path / "run", overwrite=True)  # a run is replaced
     open_run(tmp_path / "run", deep=True)
+
+
+def _edit(spool_dir, table, change):
+    """Rewrite one spool table of flush 00000 (same row count, so its marker still matches)."""
+    path = spool_dir / f"00000-{table}.parquet"
+    frame = pl.read_parquet(path)
+    change(frame).write_parquet(path)
+
+
+def _reorder_labels(d):
+    """In one step whose first two drafts were accepted, the first becomes a rejection: a verified
+    draft then follows a rejected one."""
+    two = d.filter((pl.col("position") <= 1) & (pl.col("label") == 1)).group_by("vllm_request", "step").len()
+    req, step = two.filter(pl.col("len") == 2).select("vllm_request", "step").row(0)
+    hit = (pl.col("vllm_request") == req) & (pl.col("step") == step) & (pl.col("position") == 0)
+    return d.with_columns(pl.when(hit).then(0).otherwise(pl.col("label")).cast(pl.Int8).alias("label"))
+
+
+def _first(col, value, dtype):
+    return lambda f: f.with_columns(pl.when(pl.int_range(pl.len()) == 0).then(value).otherwise(pl.col(col))
+                                    .cast(dtype).alias(col))
+
+
+@pytest.mark.parametrize("table, change, message", [
+    ("drafts", _reorder_labels, "labels out of order"),
+    ("drafts", _first("token", -5, pl.Int32), "negative draft token id"),
+    ("steps", _first("verify_ms", -2.0, pl.Float32), "verify_ms = -2"),
+    ("steps", _first("draft_ms", float("nan"), pl.Float32), "draft_ms = nan"),
+    ("requests", _first("temperature", float("nan"), pl.Float32), "temperature nan"),
+    ("requests", _first("temperature", 0.0, pl.Float32), "sampled with 2 settings"),
+    ("requests", lambda f: f.with_columns(pl.col("output_ids").list.eval(pl.element() - 10)), "negative token id in output_ids"),
+])
+def test_damaged_spool_values_are_refused(tmp_path, table, change, message):
+    """Issue 23: vllm-finish accepted these spools (labels reordered, two server sessions at T=0
+    and T=1 in one folder, negative token ids, negative verify_ms, a NaN temperature)."""
+    rec = Recorder(tmp_path / "t")
+    _engine(rec)
+    _edit(rec.dir, table, change)
+    with pytest.raises(DataError, match=message):
+        finish_spool(tmp_path / "t", tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_lost_flush_is_said_not_only_counted(tmp_path):
+    """Issue 23: a lost flush was recorded only as a counter in run.json; vllm-finish now says it."""
+    from typer.testing import CliRunner
+
+    from svt.cli import app
+
+    rec = Recorder(tmp_path / "t", flush_rows=6)
+    _engine(rec, steps=6)
+    dones = sorted(rec.dir.glob("*.done"))
+    assert len(dones) > 2
+    dones[1].unlink()  # the flush is lost: its files are never read
+    res = CliRunner().invoke(app, ["vllm-finish", str(tmp_path / "t"), "--out", str(tmp_path / "run")])
+    assert res.exit_code == 0, res.output
+    assert "warning:" in res.output and "steps the spool does not hold" in res.output

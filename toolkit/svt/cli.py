@@ -155,7 +155,7 @@ def vllm_finish(
 
     Example: [bold]SVT_TRACE_DIR=traces/serve vllm serve ... ; svt vllm-finish traces/serve --out runs/serve[/]
     """
-    from svt.vllm_plugin.finish import finish_spool
+    from svt.vllm_plugin.finish import finish_spool, finish_warnings
 
     try:
         meta = finish_spool(trace_dir, out_dir, overwrite=overwrite, draft=draft)
@@ -164,11 +164,8 @@ def vllm_finish(
     c = meta["counts"]
     _say(f"wrote {out_dir}: {c['requests']} requests, {c['drafts']:,} drafts ({c['labelled']:,} labelled)"
          + (f", {meta['cache']['rows']:,} cache drafts" if meta.get("cache") else ""))
-    v = meta["vllm"]
-    lost = v["counters"].get("unmatched_drafts", 0) + v["counters"].get("mismatched_drafts", 0)
-    if lost and v.get("method") not in ("suffix", "ngram"):
-        _say(f"warning: {lost:,} verified draft(s) could not be paired with their proposal and are not in the run "
-             "(run.json: vllm.counters)")
+    for warning in finish_warnings(meta):
+        _say(f"warning: {warning}")
 
 
 @app.command()

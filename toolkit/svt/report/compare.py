@@ -44,8 +44,10 @@ DIRECTIONS = {"auc": 1, "log_loss": -1, "ece": -1, "brier": -1, "throughput": 1,
               "speedup_vs_greedy": 1, "mse": -1, "mae": -1, "precision": 1, "recall": 1, "f1": 1,
               "average_precision": 1}
 RELATIVE = frozenset({"throughput", "interactivity", "mse", "mae"})
-# the replay has no interval: two independent draws of the demo experiment (seeds 0 and 1, 240
-# requests) differ by 0.7 % (median) and 2.1 % (max) in replay throughput, hence 3 %
+# the replay's throughputs have a request-level bootstrap interval when the report was evaluated
+# with --bootstrap (see svt.simulate.av.replay_intervals); without one, two independent draws of
+# the demo experiment (seeds 0 and 1, 240 requests) differ by 0.7 % (median) and 2.1 % (max) in
+# replay throughput, hence 3 %
 DEFAULT_TOLERANCES = {"auc": 0.005, "log_loss": 0.005, "ece": 0.003, "brier": 0.003, "throughput": 0.03,
                       "interactivity": 0.03, "speedup_vs_greedy": 0.01, "mse": 0.02, "mae": 0.02,
                       "precision": 0.01, "recall": 0.01, "f1": 0.01, "average_precision": 0.01}
@@ -285,7 +287,9 @@ def compare_reports(base: dict, now: dict, tolerances: dict | None = None,
         for g, parts in (base.get("groups") or {}).items():
             for key, feats in parts.items():
                 rows += _feature_rows(feats, now["groups"][g][key], f"{g}={key}", tolerances, False, paired, skipped)
-        for name, fn in (("AV replay", _simulation_rows), ("yield", _yield_rows), ("HVD replay", _hvd_rows)):
+        section = "AV replay"
+        rows += _simulation_rows(base, now, tolerances, skipped, paired)
+        for name, fn in (("yield", _yield_rows), ("HVD replay", _hvd_rows)):
             section = name
             rows += fn(base, now, tolerances, skipped)
     except (AttributeError, KeyError, TypeError, ValueError, OverflowError) as exc:
@@ -334,7 +338,7 @@ def _keyed(items: list, key, what: str) -> dict:
     return out
 
 
-def _simulation_rows(base, now, tolerances, skipped):
+def _simulation_rows(base, now, tolerances, skipped, paired=False):
     b, n = base.get("simulation"), now.get("simulation")
     if not b:
         if n:
@@ -354,7 +358,8 @@ def _simulation_rows(base, now, tolerances, skipped):
             elif q is None:
                 rows.append(_missing("AV replay", policy, f"B={conc}", m, "simulation", base))
             else:
-                rows.append({**judge(m, "simulation", base, metric_value(q.get(m), m), None, tolerances),
+                cis = (None, None) if paired else ((p.get("ci95") or {}).get(m), (q.get("ci95") or {}).get(m))
+                rows.append({**judge(m, "simulation", base, metric_value(q.get(m), m), cis[0], tolerances, cis[1]),
                              "section": "AV replay", "item": policy, "where": f"B={conc}"})
     return rows
 

@@ -338,6 +338,11 @@ def _simulation(drafts: pl.DataFrame, feats: list[Feature], opts: EvaluateOption
     if live and live["batch_size"] not in concurrency:
         concurrency = tuple(sorted({*concurrency, live["batch_size"]}))
     points = replay(trace, costs, concurrency=concurrency, engine_rule=True)
+    if opts.bootstrap:
+        from svt.simulate.av import REPLAY_BOOTSTRAP, replay_intervals
+
+        replay_intervals(trace, costs, points, n=min(opts.bootstrap, REPLAY_BOOTSTRAP), seed=opts.seed,
+                         engine_rule=True)
     if live:
         suffix = " [engine rule]" if live["rule"] == "engine" else ""
         rep = next(p for p in points if p["policy"] == f"AV {live['predictor']}{suffix}"

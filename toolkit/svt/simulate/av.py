@@ -265,6 +265,48 @@ def replay(trace: StepTrace, costs: CostTable, *, concurrency=CONCURRENCY, engin
     return points
 
 
+# request-level resamples of the replay behind its intervals: each is a whole replay (seconds on a
+# CI-sized run), so their number is capped; the interval is ±1.96 bootstrap standard deviations
+REPLAY_BOOTSTRAP = 20
+
+
+def resample_requests(trace: StepTrace, rng: np.random.Generator) -> StepTrace:
+    """A bootstrap draw of the trace: as many requests as it has, drawn with replacement (whole
+    requests, every step), renumbered in the order drawn (which also re-forms the batches)."""
+    order = np.argsort(trace.request, kind="stable")
+    reqs, starts, counts = np.unique(trace.request[order], return_index=True, return_counts=True)
+    pick = rng.integers(0, reqs.size, reqs.size)
+    rows = np.concatenate([order[starts[i]:starts[i] + counts[i]] for i in pick]) if reqs.size else order
+    new_req = np.repeat(np.arange(pick.size), counts[pick])
+    return StepTrace(new_req, trace.step[rows], trace.a[rows], trace.k,
+                     {name: c[rows] for name, c in trace.confidence.items()})
+
+
+def replay_intervals(trace: StepTrace, costs: CostTable, points: list[dict], *, n: int = REPLAY_BOOTSTRAP,
+                     seed: int = 0, engine_rule: bool = False) -> None:
+    """Add ``ci95`` (throughput and interactivity) to each replay point: its value ± 1.96 standard
+    deviations of the same point over ``n`` request-level bootstrap replays. Requests are the
+    independent units of a trace (two draws of one experiment differ by which requests came and
+    how they ran), so this is the spread an independent draw of the experiment shows."""
+    if n < 2:
+        return
+    rng = np.random.default_rng(seed)
+    concurrency = tuple(sorted({int(p["concurrency"]) for p in points}))
+    draws: dict[tuple, list[float]] = {}
+    for _ in range(n):
+        for q in replay(resample_requests(trace, rng), costs, concurrency=concurrency, engine_rule=engine_rule):
+            for m in ("throughput", "interactivity"):
+                draws.setdefault((q["policy"], q["concurrency"], m), []).append(q[m])
+    for p in points:
+        ci = {}
+        for m in ("throughput", "interactivity"):
+            v = draws.get((p["policy"], p["concurrency"], m))
+            if v is not None and len(v) >= 2:
+                half = 1.96 * float(np.std(v, ddof=1))
+                ci[m] = [max(0.0, p[m] - half), p[m] + half]
+        p["ci95"] = ci
+
+
 def mark_pareto(points: list[dict]) -> None:
     """``pareto`` = no other point has both higher-or-equal interactivity and throughput (one strictly)."""
     inter = np.array([p["interactivity"] for p in points])

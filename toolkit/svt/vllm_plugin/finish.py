@@ -114,6 +114,67 @@ def read_spool(trace_dir: str | Path) -> tuple[dict[str, pl.DataFrame], list[dic
     return tables, facts, {"counters": total, "notes": notes}
 
 
+def check_values(tables: dict[str, pl.DataFrame], where) -> None:
+    """Values no engine writes: negative token ids, negative or non-finite timings, a sampling
+    setting that is not a number, requests of several sampling settings (two server sessions in one
+    folder), and labels out of order within a step (a verified draft after a rejected one)."""
+    d, st, rq = tables["drafts"], tables["steps"], tables["requests"]
+
+    def fail(what: str, frame: pl.DataFrame) -> None:
+        row = frame.row(0, named=True)
+        raise DataError(f"{where}: {what} (request {row.get('vllm_request')!r}"
+                        + (f", step {row['step']}" if "step" in row else "") + f"; {frame.height} row(s)): the "
+                        "spool is damaged.")
+
+    bad = d.filter(pl.col("token") < 0)
+    if bad.height:
+        fail(f"negative draft token id {bad['token'][0]}", bad)
+    for col in ("prompt_ids", "output_ids"):
+        bad = rq.filter(pl.col(col).list.eval(pl.element() < 0).list.any())
+        if bad.height:
+            fail(f"a negative token id in {col}", bad)
+    for col in ("draft_ms", "verify_ms"):
+        bad = st.filter(~pl.col(col).is_finite() | (pl.col(col) < 0))
+        if bad.height:
+            fail(f"{col} = {bad[col][0]} (a step time must be a finite number >= 0)", bad)
+    bad = rq.filter(~pl.col("temperature").is_finite() | (pl.col("temperature") < 0) | ~pl.col("top_p").is_finite()
+                    | (pl.col("top_p") <= 0) | (pl.col("top_p") > 1))
+    if bad.height:
+        fail(f"temperature {bad['temperature'][0]} / top_p {bad['top_p'][0]} (expected T >= 0 and 0 < top_p <= 1)", bad)
+    settings = rq.select("temperature", "top_p").unique()
+    if settings.height > 1:
+        shown = ", ".join(f"T={t:g} top_p={p:g}" for t, p in settings.sort("temperature", "top_p").rows()[:4])
+        raise DataError(f"{where}: requests were sampled with {settings.height} settings ({shown}): two server "
+                        "sessions in one SVT_TRACE_DIR, or a client that varied them. A run is one sampling "
+                        "setting (its labels' meaning depends on it); trace each into its own folder.")
+    # within a step, labels read 1 ... 1 [0] then unverified: nothing verified after a rejection
+    seq = (d.sort("vllm_request", "step", "position")
+           .with_columns((pl.col("label").fill_null(-1) != 1).cast(pl.Int32).alias("_stop"))
+           .with_columns((pl.col("_stop").cum_sum().over("vllm_request", "step") - pl.col("_stop")).alias("_before")))
+    bad = seq.filter(pl.col("label").is_not_null() & (pl.col("_before") > 0))
+    if bad.height:
+        fail("a draft verified after a rejected or unverified one in the same step (labels out of order)", bad)
+
+
+def finish_warnings(meta: dict) -> list[str]:
+    """What a finished vLLM run lacks that its counts alone would not tell a reader."""
+    v = meta.get("vllm") or {}
+    out = []
+    lost = v.get("counters", {}).get("unmatched_drafts", 0) + v.get("counters", {}).get("mismatched_drafts", 0)
+    if lost and v.get("method") not in ("suffix", "ngram"):
+        out.append(f"{lost:,} verified draft(s) could not be paired with their proposal and are not in the run "
+                   "(run.json: vllm.counters)")
+    unrec = v.get("requests_with_tokens_from_unrecorded_steps") or 0
+    if unrec:
+        out.append(f"{unrec:,} request(s) have output tokens from steps the spool does not hold (a lost flush, a "
+                   "dropped step or a step without drafts): their acceptance is under-counted "
+                   "(run.json: vllm.requests_with_tokens_from_unrecorded_steps)")
+    for key, n in (v.get("dropped") or {}).items():
+        if n:
+            out.append(f"dropped {n:,} {key.replace('_', ' ')} (run.json: vllm.dropped)")
+    return out
+
+
 def check_out(trace_dir: str | Path, out: str | Path, overwrite: bool) -> Path:
     """``out`` resolved, refused when it is a file, is not empty and ``overwrite`` is off, is not
     empty and not a run (whatever ``overwrite`` says), or overlaps the spool it would be made from."""
@@ -169,6 +230,7 @@ def finish_spool(trace_dir: str | Path, out: str | Path, *, overwrite: bool = Fa
     if dup.height:
         raise DataError(f"{trace_dir}: request {dup['vllm_request'][0]!r} finished {dup['len'][0]} times; the "
                         "spool mixes two engines' runs with the same ids. Use one SVT_TRACE_DIR per run.")
+    check_values(tables, trace_dir)
     k = facts[0]["k"]  # one K: read_spool checked the processes agree
     # the caller's ids (vLLM appends a random suffix to each)
     ext = dict(zip(tables["ids"]["internal"].to_list(), tables["ids"]["external"].to_list(), strict=True))
