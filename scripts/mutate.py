@@ -282,6 +282,20 @@ MUTANTS = [
       '"mse": -1, "mae": 1,', ("tests/report/test_compare.py",)),
     M("compare-average-precision-lower-better", "regression report", "report/compare.py",
       '"average_precision": 1}', '"average_precision": -1}', ("tests/report/test_compare.py",)),
+    M("sigterm-kills-an-overwrite", "late errors", "collect/runner.py",
+      "        with sigterm_unwinds():  # a `kill` unwinds through the cleanup below", "        if True:",
+      ("tests/collect/test_runner_safety.py",)),
+    M("spool-labels-any-order", "silently wrong", "vllm_plugin/finish.py",
+      'bad = seq.filter(pl.col("label").is_not_null() & (pl.col("_before") > 0))',
+      'bad = seq.filter(pl.col("label").is_not_null() & (pl.col("_before") > 1))', ("tests/vllm_plugin/test_recorder.py",)),
+    M("spool-mixed-sampling", "silently wrong", "vllm_plugin/finish.py", "    if settings.height > 1:\n",
+      "    if settings.height > 2:\n", ("tests/vllm_plugin/test_recorder.py",)),
+    M("replay-interval-ignored", "regression report", "report/compare.py",
+      'cis = (None, None) if paired else ((p.get("ci95") or {}).get(m), (q.get("ci95") or {}).get(m))',
+      "cis = (None, None)", ("tests/report/test_compare.py",)),
+    M("fit-seed-unchecked", "tracebacks", "fit/__init__.py",
+      "if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:",
+      "if isinstance(seed, bool) or not isinstance(seed, int):", ("tests/test_bad_inputs.py",)),
 ]
 
 

@@ -64,6 +64,13 @@ def test_live_hvd_is_greedy_and_equals_its_replay(batch1, tau):
     # the model drafter's drafts in model cycles carry labels up to the first rejection
     dr = open_run(live).scan("drafts").collect()
     assert dr["label"].null_count() == 0 and set(dr["label"].unique()) <= {0, 1}
+    if tau == 2.0:  # evaluated, it is not taken for a complete run: no AV replay over HVD cycles
+        from svt.report import EvaluateOptions, evaluate
+
+        rep = evaluate([live], EvaluateOptions(features=["q_max"], fits=[str(fit)],
+                                               costs=str(ROOT / "configs" / "costs" / "h100-llama8b-eagle.yaml")))
+        assert rep["simulation"] is None and rep["runs"][0]["labels"].startswith("live HVD run")
+        assert rep["runs"][0]["experiment"]["engine"] == "svt live HVD"
 
 
 def test_live_hvd_config_errors(batch1, tmp_path):
@@ -77,3 +84,8 @@ def test_live_hvd_config_errors(batch1, tmp_path):
                 progress=False)
     with pytest.raises(ConfigError, match="temperature"):
         load_collect_config(None, base={**base, "temperature": 1.0, "cache": None, "hvd": {"fit": "f", "tau": 1}})
+    # issue 23: live HVD ignored these while recording them in run.json
+    for extra, words in (({"log": {"hidden": True}}, "log.hidden"), ({"log": {"dists_fraction": 0.5}}, "dists_fraction"),
+                         ({"cache": False}, "`cache`")):
+        with pytest.raises(ConfigError, match=words):
+            load_collect_config(None, base={**base, **extra, "hvd": {"fit": str(fit), "tau": 1}})

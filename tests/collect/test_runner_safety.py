@@ -125,3 +125,31 @@ def test_profile_costs_refuses_to_clobber(cfg, done, tmp_path):  # noqa: F811
         r = CliRunner().invoke(app, ["collect", str(c), "--profile-costs", "--out", str(out)])
         assert r.exit_code == 2 and msg in r.output and "Traceback" not in r.output, r.output
     assert (done / "run.json").read_bytes() == before
+
+
+def test_sigterm_during_an_overwrite_keeps_the_old_run_and_leaves_nothing(cfg, done, tmp_path):  # noqa: F811
+    """Issue 23: SIGTERM during `collect --overwrite` left `.RUN.svt-new` beside the run."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    from svt.config import to_dict
+
+    before = _snapshot(done)
+    conf = tmp_path / "c.yaml"
+    conf.write_text(yaml.safe_dump({**to_dict(cfg), "requests": 400, "max_new_tokens": 64}))
+    proc = subprocess.Popen([sys.executable, "-m", "svt.cli", "collect", str(conf), "--out", str(done), "--overwrite",
+                             "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    staged = done.parent / f".{done.name}.svt-new"
+    deadline = time.time() + 120
+    while not (staged / "run.json").exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    assert (staged / "run.json").exists(), "the overwrite never started"
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert not staged.exists() and not (done.parent / f".{done.name}.svt-old").exists()
+    assert _snapshot(done) == before

@@ -452,3 +452,51 @@ def test_reports_of_other_experiments_are_refused(small_run, change, key):
     same = copy.deepcopy(meta)
     same["config"] = {**same["config"], "seed": 5, "device": "cuda", "batch_size": 3}
     assert experiment(same) == a
+
+
+def test_replay_throughputs_are_judged_by_their_interval_when_draws_differ():
+    """Issue 23: the replay had no interval, so an independent draw of the same experiment (16
+    requests) exited 1 with 99 replay throughputs 'regressed'."""
+    base, now = _report(), _report()
+    base["simulation"]["points"][0]["ci95"] = {"throughput": [900.0, 1100.0], "interactivity": [180.0, 220.0]}
+    now["simulation"]["points"][0].update(throughput=940.0, interactivity=190.0,
+                                          ci95={"throughput": [840.0, 1040.0], "interactivity": [170.0, 210.0]})
+    rows = {r["metric"]: r for r in compare_reports(base, now)["rows"] if r["section"] == "AV replay"}
+    assert rows["throughput"]["verdict"] == "noise" and rows["interactivity"]["verdict"] == "noise"
+    # a real change still fails: far outside both intervals
+    now["simulation"]["points"][0]["throughput"] = 700.0
+    rows = {r["metric"]: r for r in compare_reports(base, now)["rows"] if r["section"] == "AV replay"}
+    assert rows["throughput"]["verdict"] == "regressed"
+    # on the same data the replay is deterministic: its tolerance decides, not the interval
+    for r in (base, now):
+        r["runs"][0]["data_sha256"] = "same"
+    now["simulation"]["points"][0]["throughput"] = 940.0
+    rows = {r["metric"]: r for r in compare_reports(base, now)["rows"] if r["section"] == "AV replay"}
+    assert rows["throughput"]["verdict"] == "regressed" and rows["throughput"]["basis"] == "default tolerance"
+
+
+def test_replay_bootstrap_resamples_whole_requests(small_run):
+    import numpy as np
+
+    from svt.report.evaluate import load_drafts
+    from svt.simulate import build_trace
+    from svt.simulate.av import resample_requests
+
+    d = load_drafts([small_run])[0].with_columns(__import__("polars").lit(0).alias("_run"))
+    trace = build_trace(d, {"q_max": "q_max"})
+    draw = resample_requests(trace, np.random.default_rng(0))
+    assert len(np.unique(draw.request)) == len(np.unique(trace.request))
+    # every drawn request is one of the trace's, with all of its steps (a's and confidences in order)
+    for r in np.unique(draw.request):
+        rows = draw.request == r
+        match = [q for q in np.unique(trace.request) if (trace.request == q).sum() == rows.sum()
+                 and np.array_equal(trace.a[trace.request == q], draw.a[rows])
+                 and np.array_equal(trace.confidence["q_max"][trace.request == q], draw.confidence["q_max"][rows])]
+        assert match
+    from pathlib import Path
+
+    costs = Path(__file__).resolve().parents[2] / "configs" / "costs" / "h100-llama8b-eagle.yaml"
+    rep = evaluate([small_run], EvaluateOptions(features=["q_max"], costs=str(costs), bootstrap=5))
+    points = rep["simulation"]["points"]
+    assert all(p["ci95"]["throughput"][0] <= p["throughput"] <= p["ci95"]["throughput"][1] for p in points)
+    assert sum(p["ci95"]["throughput"][1] > p["ci95"]["throughput"][0] for p in points) > len(points) // 2

@@ -164,6 +164,11 @@ class CollectConfig:
             _check(self.temperature == 0, "temperature", "0 (greedy) when `hvd` is set", self.temperature)
             _check(self.av is None, "av", "unset when `hvd` is set (one live policy at a time)", "set")
             _check(self.hvd.tau == self.hvd.tau, "hvd.tau", "a number (not NaN)", self.hvd.tau)
+            # live HVD writes drafts, steps, requests and cache drafts, nothing else
+            _check(not self.log.hidden, "log.hidden", "false when `hvd` is set (live HVD records no hidden "
+                   "states)", self.log.hidden)
+            _check(self.log.dists_fraction == 0, "log.dists_fraction", "0 when `hvd` is set (live HVD records no "
+                   "distributions)", self.log.dists_fraction)
         return self
 
 
@@ -274,6 +279,9 @@ def load_collect_config(path: str | Path | None, overrides: dict[str, Any] | Non
             raise ConfigError(f"{path}: expected a YAML mapping at the top level.")
         data = _merge(data, loaded)
     data = _merge(data, overrides or {})
+    if data.get("cache") is False and data.get("hvd") is not None:
+        raise ConfigError("Expected `cache` to be unset, true or a mapping of options when `hvd` is set (live HVD "
+                          "drafts from the cache), but got false.")
     if data.get("cache") is True:
         data["cache"] = {}
     elif data.get("cache") is False:

@@ -31,6 +31,7 @@ from svt.collect.workloads import (
 from svt.config import CollectConfig, resolve_path, to_dict
 from svt.errors import ConfigError
 from svt.models.loading import load_pair
+from svt.signals import sigterm_unwinds
 from svt.traces.io import (
     SHARD_RE,
     forget_shards,
@@ -253,8 +254,9 @@ def collect(cfg: CollectConfig, out: str | Path, *, config_path: str | Path | No
     batches = [list(range(i, min(i + cfg.batch_size, cfg.requests)))
                for i in range(0, cfg.requests, cfg.batch_size)]
     try:
-        return _collect_into(cfg, out, final, staged, config_path, old_meta, config, pair, ids, workload_of,
-                             names, paths, workload_hashes, batches, live, online_est, progress, shard, refs)
+        with sigterm_unwinds():  # a `kill` unwinds through the cleanup below
+            return _collect_into(cfg, out, final, staged, config_path, old_meta, config, pair, ids, workload_of,
+                                 names, paths, workload_hashes, batches, live, online_est, progress, shard, refs)
     except BaseException:
         if staged:  # an interrupted overwrite: the old run is untouched; drop the partial new one
             shutil.rmtree(out, ignore_errors=True)

@@ -87,7 +87,7 @@ def replay_arrays(runs: list[str | Path], feature: str, where: pl.Expr | None = 
         for p in run.uncensored_parts():
             p = p.filter(where) if where is not None else p
             parts.append((i, bs, p))
-        infos.append({"path": str(path), "run_id": run.meta.get("run_id"), "k": run.meta.get("k")})
+        infos.append(run_record(path, run))
     if parts:
         check_feature(f, parts[0][2].head(1000).collect())
     counts = [int(p.select(pl.col("label").is_not_null().sum()).collect().item()) for _, _, p in parts]
@@ -239,6 +239,8 @@ def fit_runs(runs: list[str | Path], model: str, *, test_fraction: float = 0.3, 
                            **stats, "evaluation": "prequential"}
     else:
         stats.pop("rows", None)
+        for info, run in zip(infos, open_runs(runs), strict=True):  # a re-collection is recognised by its data
+            info["data"] = run_identity(run)
         ids = train.select("_run", "request").unique().sort("_run", "request")
         out["training"] = {"runs": infos, "rows": train.height, "k": k, "test_fraction": test_fraction,
                            "split_seed": seed, "train_requests": ids.height,

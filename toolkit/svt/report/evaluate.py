@@ -101,6 +101,9 @@ def _labels_note(run) -> str:
         trimmed = (run.meta.get("vllm") or {}).get("steps_trimmed")
         return ("vLLM run: every draft the engine verified is labelled; drafts its scheduler did not verify "
                 f"(near max_tokens or max_model_len: {trimmed} step(s)) are not in the table")
+    if run.meta.get("hvd"):
+        return ("live HVD run: model drafts only from the cycles that used the model drafter (cache cycles are in "
+                "cache_drafts); its steps are HVD cycles, so the AV replay is not run on it")
     if run.meta.get("engine") == "reference":
         return ("reference run: no model drafts and no target probabilities; cache drafts carry oracle yields "
                 "against each prompt's reference")
@@ -495,7 +498,8 @@ def evaluate(runs: list[str | Path], opts: EvaluateOptions | None = None) -> dic
         report["lossless_bias"] = audit_rows
     else:
         report["lossless_bias"] = None
-    report["simulation"] = _simulation(drafts, feats, opts) if opts.costs else None
+    live_hvd = any(i["experiment"]["engine"] == "svt live HVD" for i in infos)
+    report["simulation"] = _simulation(drafts, feats, opts) if opts.costs and not live_hvd else None
     has_cache = [open_run(r, deep=False, tables=["requests", "cache_drafts"]).has("cache_drafts") for r in runs]
     if yield_fits or all(has_cache):
         from svt.report.hvd import hvd_report

@@ -38,7 +38,7 @@ SCORE_TOLERANCE = 1e-4
 STRUCTURE_COLUMNS = ("request", "step", "position", "token", "label")
 SCORE_COLUMNS = ("q_max", "q_sampled", "q_entropy")
 N_PROJECTIONS = 8
-_CHUNK = 1 << 22
+_CHUNK = 1 << 20
 _MASK = (1 << 64) - 1
 
 
@@ -51,10 +51,11 @@ def _mix64(h: np.ndarray) -> np.ndarray:
     return h ^ (h >> np.uint64(31))
 
 
-def _row_hashes(chunk: pl.DataFrame, cols: list[str]) -> np.ndarray:
-    """One uint64 per row over ``cols``, from the raw bit patterns (stable across polars versions)."""
-    h = np.full(chunk.height, 0x9E3779B97F4A7C15, dtype=np.uint64)
-    for i, c in enumerate(cols):
+def _row_hashes(chunk: pl.DataFrame, cols: list[str], h: np.ndarray | None = None, first: int = 0) -> np.ndarray:
+    """One uint64 per row over ``cols``, from the raw bit patterns (stable across polars versions);
+    ``h`` and ``first``: continue the hash of earlier columns (``first`` of them)."""
+    h = np.full(chunk.height, 0x9E3779B97F4A7C15, dtype=np.uint64) if h is None else h.copy()
+    for i, c in enumerate(cols, start=first):
         col = chunk[c]
         v = col.fill_null(0).to_numpy()
         bits = v.view(f"u{v.dtype.itemsize}").astype(np.uint64)
@@ -104,15 +105,16 @@ def data_identity(parts) -> dict:
         frame = frame.collect() if isinstance(frame, pl.LazyFrame) else frame
         for a in range(0, frame.height, _CHUNK):
             chunk = frame.slice(a, _CHUNK)
-            exact.add(_row_hashes(chunk, all_cols))
             hs = _row_hashes(chunk, s_cols)
             structure.add(hs)
-            signs = _mix64(hs ^ np.uint64(0x5DEECE66D))
-            for c in p_cols:
-                x = chunk[c].cast(pl.Float64).fill_null(0.0).fill_nan(0.0).to_numpy()
-                for j in range(N_PROJECTIONS):
-                    s = ((signs >> np.uint64(j)) & np.uint64(1)).astype(np.float64) * 2.0 - 1.0
-                    sketch[c][j] += float(s @ x)
+            exact.add(_row_hashes(chunk, p_cols, hs, len(s_cols)))  # the same as hashing every column
+            if p_cols:  # one ±1 matrix [rows, 8] from the structure hash, times the columns [rows, 3]
+                bits = _mix64(hs ^ np.uint64(0x5DEECE66D))[:, None] >> np.arange(N_PROJECTIONS, dtype=np.uint64)
+                signs = (bits & np.uint64(1)).astype(np.float64) * 2.0 - 1.0
+                x = chunk.select(pl.col(c).cast(pl.Float64).fill_null(0.0).fill_nan(0.0) for c in p_cols).to_numpy()
+                proj = signs.T @ x
+                for i, c in enumerate(p_cols):
+                    sketch[c] += proj[:, i]
     all_cols = all_cols or []
     return {"sha256": exact.hexdigest(all_cols), "structure_sha256": structure.hexdigest(s_cols or []),
             "rows": exact.rows, "score_sketch": {c: [float(v) for v in s] for c, s in sketch.items()}}
@@ -172,10 +174,11 @@ def run_identity(run) -> dict:
 
 
 def run_record(path, run) -> dict:
-    """What a fit records of a run it was trained on: where, its id, K, the model pair and its data
-    identity (so an identical re-collection under a new run id is still recognised as seen)."""
+    """What a fit records of a run it was trained on: where, its id, K and the model pair (offline
+    fits add the run's data identity, so an identical re-collection under a new run id is still
+    recognised as seen; online fits score every draft and skip that pass over the data)."""
     return {"path": str(path), "run_id": run.meta.get("run_id"), "k": run.meta.get("k"),
-            "pair": model_pair(run.meta), "data": run_identity(run)}
+            "pair": model_pair(run.meta)}
 
 
 def model_pair(meta: dict) -> dict:
