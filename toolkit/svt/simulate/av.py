@@ -303,7 +303,8 @@ def replay_intervals(trace: StepTrace, costs: CostTable, points: list[dict], *, 
             v = draws.get((p["policy"], p["concurrency"], m))
             if v is not None and len(v) >= 2:
                 half = 1.96 * float(np.std(v, ddof=1))
-                ci[m] = [max(0.0, p[m] - half), p[m] + half]
+                if half > 1e-9 * abs(p[m]):  # a point no draw moves (fixed K=0 at B=1): its tolerance applies
+                    ci[m] = [max(0.0, p[m] - half), p[m] + half]
         p["ci95"] = ci
 
 
