@@ -296,6 +296,12 @@ MUTANTS = [
     M("fit-seed-unchecked", "tracebacks", "fit/__init__.py",
       "if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:",
       "if isinstance(seed, bool) or not isinstance(seed, int):", ("tests/test_bad_inputs.py",)),
+    M("sketch-nan-matches", "regression report", "traces/identity.py",
+      "        if not all(_real(x) for x in [*va, *vb]):", "        if False:", ("tests/report/test_compare.py",)),
+    M("merge-over-a-shard", "data loss", "collect/shards.py", "        if a == b or b in a.parents or a in b.parents:",
+      "        if False:", ("tests/collect/test_shards.py",)),
+    M("fit-training-unchecked", "silently wrong", "fit/__init__.py",
+      '    problem = _training_problem(fit.get("training"))', "    problem = None", ("tests/test_bad_inputs.py",)),
 ]
 
 

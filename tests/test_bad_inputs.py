@@ -185,3 +185,54 @@ def test_cache_with_live_av_is_refused_before_collecting(models_dir):
             "temperature": 0, "cache": True, "av": {"fit": "f.json", "costs": "c.yaml"}}
     with pytest.raises(ConfigError, match="unset when `cache` is set"):
         load_collect_config(None, base=base)
+
+
+@pytest.mark.parametrize("damage", [
+    lambda t: t.update(runs="x"), lambda t: t.update(runs=[5]), lambda t: t.clear() or t.update(runs=[]),
+    lambda t: t["runs"][0].update(data="garbage"), lambda t: t["runs"][0].update(data=[1, 2]),
+    lambda t: t["runs"][0].update(data={"sha256": None, "rows": "13380"}), lambda t: t["runs"][0].update(pair="x"),
+    lambda t: t.update(train_request_ids="x"), lambda t: t.update(train_request_ids=[[0]]),
+    lambda t: t.update(train_request_ids=[[0, 0.5]]),
+])
+def test_a_fit_with_a_damaged_training_block_is_refused(small_run, tmp_path, damage):
+    """Found by a probe: these were tracebacks, or scored the fit's own training rows as held out."""
+    from svt.fit import fit_runs, save_fit
+
+    path = save_fit(fit_runs([small_run], "logistic"), tmp_path / "lr.json")
+    fit = json.loads(path.read_text())
+    damage(fit["training"])
+    path.write_text(json.dumps(fit))
+    res = CliRunner().invoke(app, ["evaluate", str(small_run), "--feature", "q_max", "--fit", str(path),
+                                   "--out", str(tmp_path / "rep")])
+    assert res.exit_code == 2 and "damaged logistic fit" in res.output and "Traceback" not in res.output
+
+
+def test_a_fit_is_never_written_inside_a_run(small_run, tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(small_run, run)
+    res = CliRunner().invoke(app, ["fit", str(run), "--model", "logistic", "--out", str(run / "drafts" / "f.json")])
+    assert res.exit_code == 2 and "inside the run directory" in res.output
+    assert not (run / "drafts" / "f.json").exists()
+
+
+def test_a_singular_online_fit_is_one_line(small_run, tmp_path):
+    """Found by a probe: `--ridge 0` gave numpy's LinAlgError as a traceback. A run whose feature is
+    one constant makes the slope and the intercepts collinear: singular without a ridge."""
+    import shutil
+
+    from svt.traces.io import record_shards, write_meta
+
+    run = tmp_path / "flat"
+    shutil.copytree(small_run, run)
+    parts = sorted((run / "drafts").glob("part-*.parquet"))
+    for p in parts:
+        pl.read_parquet(p).with_columns(pl.lit(0.5).cast(pl.Float32).alias("q_max")).write_parquet(p)
+    meta = json.loads((run / "run.json").read_text())
+    record_shards(meta, "drafts", parts)
+    write_meta(run, meta)
+    res = CliRunner().invoke(app, ["fit", str(run), "--model", "irls-online", "--ridge", "0",
+                                   "--out", str(tmp_path / "f.json")])
+    assert res.exit_code == 5 and "singular" in res.output and "--ridge > 0" in res.output, res.output
+    assert "Traceback" not in res.output and not (tmp_path / "f.json").exists()

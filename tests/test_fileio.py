@@ -64,3 +64,16 @@ def test_any_document_is_valid_json_and_infinities_come_back(doc, tmp_path_facto
         return a == b
 
     assert same(doc, back)
+
+
+def test_a_mark_whose_value_changed_is_dropped(tmp_path):
+    """Found by a probe: `svt cache --set max_spec_factor=inf`, then a finite value, left the old
+    `non_finite` mark in run.json."""
+    path = tmp_path / "r.json"
+    path.write_text(json_text({"opt": math.inf, "u": math.nan}))
+    doc = read_json(path, "doc")
+    doc["opt"] = 1.0
+    plain = _strict(json_text(doc))
+    assert plain["non_finite"] == {"/u": "nan"}
+    doc["u"] = 2.0
+    assert "non_finite" not in _strict(json_text(doc))

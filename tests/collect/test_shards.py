@@ -174,3 +174,16 @@ def test_link_across_file_systems_is_one_clear_error(shards, tmp_path, monkeypat
     res = CliRunner().invoke(app, ["merge", *s, "--out", str(tmp_path / "m"), "--link"])
     assert res.exit_code == 2 and "one file system" in res.output and "Traceback" not in res.output
     assert not (tmp_path / "m").exists() and not list(tmp_path.glob(".m*"))
+
+
+def test_merge_never_writes_over_one_of_its_shards(shards, tmp_path):
+    """Found by a probe: `svt merge s0 s1 --out s0 --overwrite` replaced the input shard s0."""
+    s = [shards / f"s{i}" for i in range(3)]
+    before = (s[0] / "run.json").read_text()
+    for extra in ([], ["--link"]):
+        res = CliRunner().invoke(app, ["merge", *map(str, s), "--out", str(s[0]), "--overwrite", *extra])
+        assert res.exit_code == 2 and "overlaps the shard" in res.output
+    assert (s[0] / "run.json").read_text() == before
+    (tmp_path / "afile").write_text("x")
+    res = CliRunner().invoke(app, ["merge", *map(str, s), "--out", str(tmp_path / "afile")])
+    assert res.exit_code == 2 and "is a file" in res.output and (tmp_path / "afile").read_text() == "x"

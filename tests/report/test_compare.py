@@ -500,3 +500,30 @@ def test_replay_bootstrap_resamples_whole_requests(small_run):
     points = rep["simulation"]["points"]
     assert all(p["ci95"]["throughput"][0] <= p["throughput"] <= p["ci95"]["throughput"][1] for p in points)
     assert sum(p["ci95"]["throughput"][1] > p["ci95"]["throughput"][0] for p in points) > len(points) // 2
+
+
+# --- found by the second hostile probe ---
+
+@pytest.mark.parametrize("value", [float("nan"), 1e308, "0.5", None])
+def test_a_damaged_score_sketch_is_never_a_match(small_run, value):
+    from svt.report.compare import pairing
+    from svt.report.evaluate import load_drafts
+
+    ident = load_drafts([small_run])[2][0]["data_identity"]
+    base, now = _report(), _report()
+    base["runs"][0]["data_identity"] = ident
+    damaged = copy.deepcopy(ident)
+    damaged["sha256"] = "x"
+    damaged["score_sketch"]["q_max"][0] = value
+    now["runs"][0]["data_identity"] = damaged
+    p = pairing(base, now)
+    assert not p["paired"] and "cannot be compared" in p["reason"]
+    assert compare_reports(base, now)["same_draws"] is False
+
+
+def test_reports_without_their_experiment_are_refused():
+    base, now = _report(), _report()
+    for r in (base, now):
+        del r["runs"][0]["experiment"]
+    with pytest.raises(IncomparableError, match="without its experiment"):
+        compare_reports(base, now)

@@ -433,6 +433,8 @@ def _first(col, value, dtype):
     ("requests", _first("temperature", float("nan"), pl.Float32), "temperature nan"),
     ("requests", _first("temperature", 0.0, pl.Float32), "sampled with 2 settings"),
     ("requests", lambda f: f.with_columns(pl.col("output_ids").list.eval(pl.element() - 10)), "negative token id in output_ids"),
+    ("steps", _first("batch_size", -1, pl.Int16), "batch_size = -1"),
+    ("steps", _first("emitted", -3, pl.Int16), "emitted = -3"),
 ])
 def test_damaged_spool_values_are_refused(tmp_path, table, change, message):
     """Issue 23: vllm-finish accepted these spools (labels reordered, two server sessions at T=0
@@ -459,3 +461,21 @@ def test_a_lost_flush_is_said_not_only_counted(tmp_path):
     res = CliRunner().invoke(app, ["vllm-finish", str(tmp_path / "t"), "--out", str(tmp_path / "run")])
     assert res.exit_code == 0, res.output
     assert "warning:" in res.output and "steps the spool does not hold" in res.output
+
+
+def test_unreadable_markers_and_facts_of_the_wrong_type_are_refused(tmp_path):
+    rec = Recorder(tmp_path / "t")
+    _engine(rec)
+    done = rec.dir / "00000.done"
+    text = done.read_text()
+    done.unlink()
+    done.mkdir()
+    with pytest.raises(DataError, match="cannot be read"):
+        finish_spool(tmp_path / "t", tmp_path / "run")
+    done.rmdir()
+    done.write_text(text)
+    facts = json.loads((rec.dir / "process.json").read_text())
+    (rec.dir / "process.json").write_text(json.dumps({**facts, "target": 5}))
+    with pytest.raises(DataError, match="`target` = 5"):
+        finish_spool(tmp_path / "t", tmp_path / "run")
+    assert not (tmp_path / "run").exists()

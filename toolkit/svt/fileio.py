@@ -32,6 +32,29 @@ def _finite(o, at: list, found: dict):
     return o
 
 
+def _parts(pointer: str) -> list[str]:
+    return [p.replace("~1", "/").replace("~0", "~") for p in pointer[1:].split("/")]
+
+
+def _has(doc, pointer) -> bool:
+    node = doc
+    for p in _parts(pointer) if isinstance(pointer, str) and pointer.startswith("/") else [None]:
+        if isinstance(node, dict) and p in node:
+            node = node[p]
+        elif isinstance(node, list) and p is not None and p.isdigit() and int(p) < len(node):
+            node = node[int(p)]
+        else:
+            return False
+    return True
+
+
+def _at(doc, pointer):
+    node = doc
+    for p in _parts(pointer):
+        node = node[int(p)] if isinstance(node, list) else node[p]
+    return node
+
+
 def json_text(obj: Any, indent: int | None = 2, default=None) -> str:
     """``obj`` as valid JSON text (RFC 8259: no NaN or Infinity). A non-finite float is written as
     null; for a dict document, what it was is recorded under ``"non_finite"`` (JSON-pointer path ->
@@ -40,9 +63,14 @@ def json_text(obj: Any, indent: int | None = 2, default=None) -> str:
     if default is not None:  # objects JSON cannot hold (paths): converted first, as json.dumps would
         obj = json.loads(json.dumps(obj, default=default, allow_nan=True))
     clean = _finite(obj, [], found)
-    if found and isinstance(clean, dict):
-        earlier = clean.get(NON_FINITE)
-        clean[NON_FINITE] = {**(earlier if isinstance(earlier, dict) else {}), **found}
+    if isinstance(clean, dict):
+        # an earlier NaN mark stays while its value is still null; infinities were restored on reading
+        # and are found again, and a mark whose value has since changed is dropped
+        earlier = clean.pop(NON_FINITE, None)
+        kept = {p: w for p, w in (earlier.items() if isinstance(earlier, dict) else ())
+                if w == "nan" and _has(clean, p) and _at(clean, p) is None}
+        if kept or found:
+            clean[NON_FINITE] = {**kept, **found}
     return json.dumps(clean, indent=indent, allow_nan=False) + ("\n" if indent is not None else "")
 
 

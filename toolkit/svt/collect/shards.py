@@ -110,6 +110,12 @@ def merge_shards(parts: list[str | Path], out: str | Path, *, overwrite: bool = 
         raise ConfigError(f"The shards hold batches {batches}, not 0..{metas[0]['batches'] - 1} once each.")
 
     final = Path(out)
+    for p in parts:  # the output must not replace (or sit inside) one of its own inputs
+        a, b = final.resolve(), p.resolve()
+        if a == b or b in a.parents or a in b.parents:
+            raise ConfigError(f"--out {final} overlaps the shard {p}; write the merged run elsewhere.")
+    if final.exists() and not final.is_dir():
+        raise ConfigError(f"--out {final} is a file; expected a run directory to write.")
     if final.exists() and (not final.is_dir() or any(final.iterdir())):
         if not overwrite:
             raise ConfigError(f"{final} exists and is not empty; pass --overwrite to replace it.")

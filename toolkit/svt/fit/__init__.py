@@ -197,6 +197,14 @@ def fit_runs(runs: list[str | Path], model: str, *, test_fraction: float = 0.3, 
     cls = get_fitter(model)
     check_options(seed=seed, test_fraction=test_fraction, **options)
     est = cls.from_options(seed=seed, **options)
+    try:
+        return _fit_runs(runs, model, cls, est, test_fraction, seed, where)
+    except np.linalg.LinAlgError as exc:
+        raise DataError(f"{model}: the fit's linear system is singular ({exc}): a position whose feature does not "
+                        "vary, or too few labels, with no ridge to regularise it; use --ridge > 0.") from None
+
+
+def _fit_runs(runs, model: str, cls, est, test_fraction: float, seed: int, where) -> dict:
     out: dict = {"model": model, "svt_version": __version__,
                  "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
     if cls.table == "cache_drafts":
@@ -287,6 +295,10 @@ def check_fit_out(path: str | Path, overwrite: bool = True) -> Path:
     if path.suffix.lower() != ".json":
         raise ConfigError(f"Expected a fit file ending in .json, but got {path.name!r} (weights are written "
                           "beside it).")
+    run = next((d for d in Path(os.path.abspath(path)).parents if (d / "run.json").is_file()), None)
+    if run is not None:  # a file in a run's folders is a damaged run to its reader
+        raise ConfigError(f"Refusing to write {path} inside the run directory {run}; write fits beside runs, "
+                          "e.g. fits/online.json.")
     if path.exists():
         if not _is_fit_file(path):
             raise ConfigError(f"Refusing to replace {path}: it is not an svt fit file. Choose another --out.")
@@ -313,6 +325,35 @@ def save_fit(fit: dict, path: str | Path, overwrite: bool = True) -> Path:
     return path
 
 
+def _int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _training_problem(t) -> str | None:
+    """What is wrong with a fit's ``training`` block (which runs it saw, which requests it trained
+    on): the held-out split is read from it, so a damaged one must not score a single row."""
+    if not isinstance(t, dict):
+        return f"`training` is {type(t).__name__}, not an object"
+    runs = t.get("runs")
+    if not isinstance(runs, list) or not runs or not all(isinstance(r, dict) for r in runs):
+        return "`training.runs` is not a list of run records"
+    for i, r in enumerate(runs):
+        if not isinstance(r.get("run_id"), str | None):
+            return f"`training.runs[{i}].run_id` is not a string"
+        for key in ("data", "pair"):
+            if key in r and not isinstance(r[key], dict):
+                return f"`training.runs[{i}].{key}` is not an object"
+        data = r.get("data")
+        if data is not None and not (isinstance(data.get("sha256"), str) and isinstance(data.get("structure_sha256"), str)
+                                     and _int(data.get("rows")) and isinstance(data.get("score_sketch"), dict)):
+            return f"`training.runs[{i}].data` is not a data identity (sha256, structure_sha256, rows, score_sketch)"
+    ids = t.get("train_request_ids")
+    if ids is not None and not (isinstance(ids, list) and all(
+            isinstance(x, list) and len(x) == 2 and all(_int(v) for v in x) and x[0] < len(runs) for x in ids)):
+        return "`training.train_request_ids` is not a list of [run index, request id] pairs of integers"
+    return None
+
+
 def load_fit(path: str | Path) -> dict:
     """Read a fit file; the fitter is rebuilt from it (``fit["_est"]``), so a damaged file fails
     here with a message rather than later with a wrong number."""
@@ -320,6 +361,9 @@ def load_fit(path: str | Path) -> dict:
     fit = read_json(path, "Fit file")
     if not isinstance(fit, dict) or fit.get("model") not in FITTERS:
         raise ConfigError(f"{path}: not an svt fit (expected `model` in {', '.join(FITTERS)}).")
+    problem = _training_problem(fit.get("training"))
+    if problem:
+        raise ConfigError(f"{path}: a damaged {fit['model']} fit: {problem}.")
     try:
         est = get_fitter(fit["model"]).from_dict(fit, path)
         est.check()

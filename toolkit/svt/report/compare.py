@@ -122,14 +122,21 @@ def comparability_problems(base: dict, now: dict) -> list[str]:
 
     problems = []
     sb, sn = base.get("report_schema"), now.get("report_schema")
-    if type(sb) is not int or type(sn) is not int or sb != sn or sb != REPORT_SCHEMA:
+    if type(sb) is not int or type(sn) is not int:
+        return [f"report_schema {sb!r} (baseline) and {sn!r} (now): expected the integer {REPORT_SCHEMA} in both "
+                "(a damaged report, or one written by an older svt)"]
+    if sb != sn or sb != REPORT_SCHEMA:
         old = [name for name, v in (("the baseline", sb), ("the new report", sn)) if v is None]
         return [f"report schema {sb} (baseline) against {sn} (now); this svt reads schema {REPORT_SCHEMA}"
                 + (f" — {' and '.join(old)} was written by an older svt (no report_schema)" if old else "")]
     if len(base["runs"]) != len(now["runs"]):
         problems.append(f"{len(base['runs'])} run(s) in the baseline against {len(now['runs'])} now")
     for i, (rb, rn) in enumerate(zip(base["runs"], now["runs"], strict=False)):
-        eb, en = rb.get("experiment") or {}, rn.get("experiment") or {}
+        eb, en = rb.get("experiment"), rn.get("experiment")
+        if not isinstance(eb, dict) or not isinstance(en, dict) or not eb or not en:
+            problems.append(f"run {i + 1}: a report without its experiment (damaged, or not written by svt): "
+                            "what it measured cannot be checked")
+            continue
         for key in sorted(set(eb) | set(en)):
             if eb.get(key) != en.get(key):
                 problems.append(f"run {i + 1} ({rb.get('run')} / {rn.get('run')}): {key} "

@@ -126,24 +126,31 @@ def data_fingerprint(parts) -> str:
     return data_identity(parts)["sha256"]
 
 
+def _real(x) -> bool:
+    """A finite float of a size a sum of probabilities can have (no NaN, no 1e308)."""
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) and abs(x) < 1e200
+
+
 def score_difference(a: dict, b: dict) -> float | None:
     """The estimated RMS per-draft difference of the worst probability column between two draws of
     equal structure (None when a sketch is missing or the columns differ)."""
     sa, sb = a.get("score_sketch"), b.get("score_sketch")
     n = a.get("rows")
-    if not isinstance(sa, dict) or not isinstance(sb, dict) or set(sa) != set(sb) or not isinstance(n, int):
+    if (not isinstance(sa, dict) or not isinstance(sb, dict) or set(sa) != set(sb) or not isinstance(n, int)
+            or isinstance(n, bool) or n < 0):
         return None
     worst = 0.0
     for c in sa:
         va, vb = sa[c], sb[c]
         if not (isinstance(va, list) and isinstance(vb, list) and len(va) == len(vb) == N_PROJECTIONS):
             return None
-        try:
-            msd = sum((float(x) - float(y)) ** 2 for x, y in zip(va, vb, strict=True)) / N_PROJECTIONS
-        except (TypeError, ValueError):
+        if not all(_real(x) for x in [*va, *vb]):  # a damaged sketch is never a match (NaN compares as 0)
+            return None
+        msd = sum((x - y) ** 2 for x, y in zip(va, vb, strict=True)) / N_PROJECTIONS
+        if not math.isfinite(msd):
             return None
         worst = max(worst, math.sqrt(msd / max(n, 1)))
-    return worst if math.isfinite(worst) else None
+    return worst
 
 
 def same_data(a: dict | None, b: dict | None, tolerance: float = SCORE_TOLERANCE) -> tuple[bool, str]:

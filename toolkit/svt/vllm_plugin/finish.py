@@ -35,6 +35,8 @@ def _json_object(path: Path, what: str) -> dict:
         obj = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise DataError(f"{path}: not valid JSON ({exc}).") from None
+    except OSError as exc:  # a folder or an unreadable file where a marker should be
+        raise DataError(f"{path}: cannot be read as {what} ({exc.strerror or exc}).") from None
     if not isinstance(obj, dict):
         raise DataError(f"{path}: expected a JSON object ({what}), but got {type(obj).__name__}.")
     return obj
@@ -101,6 +103,11 @@ def read_spool(trace_dir: str | Path) -> tuple[dict[str, pl.DataFrame], list[dic
                 raise DataError(f"{done}: `notes` must be a JSON object.")
             for key, v in extra.items():
                 notes[key] = notes.get(key) or v
+    for f in facts:
+        for key in ("target", "draft", "method", "vllm", "device", "dtype", "workload"):
+            if f.get(key) is not None and not isinstance(f[key], str):
+                raise DataError(f"{trace_dir}: a process.json gives `{key}` = {f[key]!r}, not a string; the spool "
+                                "is damaged.")
     for key in SAME_FACTS:
         seen = {json.dumps(f.get(key)) for f in facts}
         if len(seen) > 1:
@@ -133,6 +140,10 @@ def check_values(tables: dict[str, pl.DataFrame], where) -> None:
         bad = rq.filter(pl.col(col).list.eval(pl.element() < 0).list.any())
         if bad.height:
             fail(f"a negative token id in {col}", bad)
+    for col, low in (("batch_size", 1), ("drafted", 0), ("accepted", 0), ("emitted", 0), ("kept", 0)):
+        bad = st.filter(pl.col(col) < low)
+        if bad.height:
+            fail(f"{col} = {bad[col][0]} (expected >= {low})", bad)
     for col in ("draft_ms", "verify_ms"):
         bad = st.filter(~pl.col(col).is_finite() | (pl.col(col) < 0))
         if bad.height:
