@@ -302,6 +302,10 @@ MUTANTS = [
       "        if False:", ("tests/collect/test_shards.py",)),
     M("fit-training-unchecked", "silently wrong", "fit/__init__.py",
       '    problem = _training_problem(fit.get("training"))', "    problem = None", ("tests/test_bad_inputs.py",)),
+    M("synthetic-cleanup-once", "leftovers", "traces/synthetic.py",
+      "        except KeyboardInterrupt:  # the same Ctrl-C, left pending by polars\n            remove_partial(tmp)\n",
+      "        except KeyboardInterrupt:  # the same Ctrl-C, left pending by polars\n            raise\n",
+      ("tests/traces/test_synthetic.py",)),
 ]
 
 

@@ -87,3 +87,18 @@ def test_an_output_inside_the_source_run_and_a_run_without_labels_are_refused(sm
     write_meta(empty, meta)
     r = _run(empty, tmp_path / "out", "--labelled", "100")
     assert r.returncode == 2 and "no labelled drafts" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_ctrl_c_while_a_shard_is_being_written_leaves_nothing(small_run, tmp_path):
+    """Found by a probe: a Ctrl-C during the first shard's write left the shard's temporary file."""
+    out = tmp_path / "big"
+    proc = subprocess.Popen([sys.executable, "-m", "svt.traces.synthetic", str(small_run), str(out),
+                             "--labelled", "3e6"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not list(tmp_path.glob(".big.tmp-*/drafts/.part-*.tmp")) and time.time() < deadline:
+        time.sleep(0.02)
+    assert list(tmp_path.glob(".big.tmp-*/drafts/.part-*.tmp")), "no shard write was seen"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "nothing was written" in err
+    assert os.listdir(tmp_path) == [], sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))

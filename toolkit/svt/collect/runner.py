@@ -38,6 +38,7 @@ from svt.traces.io import (
     list_shards,
     read_meta,
     record_shards,
+    remove_partial,
     shard_ids,
     write_meta,
     write_shard,
@@ -259,7 +260,10 @@ def collect(cfg: CollectConfig, out: str | Path, *, config_path: str | Path | No
                                  names, paths, workload_hashes, batches, live, online_est, progress, shard, refs)
     except BaseException:
         if staged:  # an interrupted overwrite: the old run is untouched; drop the partial new one
-            shutil.rmtree(out, ignore_errors=True)
+            try:
+                remove_partial(out)
+            except KeyboardInterrupt:  # the same Ctrl-C, left pending by polars
+                remove_partial(out)
         raise
 
 

@@ -20,7 +20,7 @@ import uuid
 from pathlib import Path
 
 from svt.errors import ConfigError, SchemaError
-from svt.traces.io import list_shards, open_run, read_meta, stray_files, write_meta
+from svt.traces.io import list_shards, open_run, read_meta, remove_partial, stray_files, write_meta
 from svt.traces.schema import TABLES
 
 SPEC_RE = re.compile(r"(\d+)/(\d+)")
@@ -129,7 +129,7 @@ def merge_shards(parts: list[str | Path], out: str | Path, *, overwrite: bool = 
         open_run(stage, deep=True).require_complete()  # the merged run reads back, records and all
         _swap_in(stage, final)  # an existing run is replaced only now, when the new one is complete
     except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
+        remove_partial(stage)
         raise
     return merged
 

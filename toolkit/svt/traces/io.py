@@ -86,6 +86,21 @@ def read_meta(run_dir: Path) -> dict[str, Any]:
     return meta
 
 
+def remove_partial(path: Path, tries: int = 50) -> None:
+    """Remove a partly written folder after an interruption, repeating while a file being closed
+    reappears in it (about 5 s at most). A Ctrl-C that polars turned into an exception stays pending
+    and fires once more at the next Python call, so callers catch that one around this call:
+    ``try: remove_partial(p) except KeyboardInterrupt: remove_partial(p)``."""
+    import shutil
+    import time
+
+    for _ in range(tries):
+        shutil.rmtree(path, ignore_errors=True)
+        if not Path(path).exists():
+            return
+        time.sleep(0.1)
+
+
 def write_shard(run_dir: Path, table: str, shard: int, frame: pl.DataFrame) -> Path:
     """Cast ``frame`` to the table's schema and write it as one shard, atomically."""
     spec = get_table(table)

@@ -51,11 +51,10 @@ def write_run(source: str | Path, out: str | Path, n_labelled: int, *, steps_per
     ``out`` and moved into place when complete.
     """
     import json
-    import shutil
     import uuid
 
     from svt.errors import ConfigError
-    from svt.traces.io import open_run, record_shards, write_meta, write_shard
+    from svt.traces.io import open_run, record_shards, remove_partial, write_meta, write_shard
 
     for name, value in (("labelled drafts", n_labelled), ("labelled drafts per shard", shard_labelled),
                         ("steps per request", steps_per_request)):
@@ -143,7 +142,10 @@ def write_run(source: str | Path, out: str | Path, n_labelled: int, *, steps_per
         write_meta(tmp, meta)
         os.replace(tmp, out)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            remove_partial(tmp)
+        except KeyboardInterrupt:  # the same Ctrl-C, left pending by polars
+            remove_partial(tmp)
         raise
     finally:
         if previous is not None:

@@ -18,7 +18,7 @@ from pathlib import Path
 import polars as pl
 
 from svt.errors import ConfigError, DataError, SchemaError
-from svt.traces.io import open_run, record_shards, write_meta, write_shard
+from svt.traces.io import open_run, record_shards, remove_partial, write_meta, write_shard
 from svt.traces.schema import FINISH_REASONS, SCHEMA_VERSION
 from svt.vllm_plugin.recorder import SPOOL_SCHEMAS
 
@@ -306,7 +306,10 @@ def finish_spool(trace_dir: str | Path, out: str | Path, *, overwrite: bool = Fa
             verify(staged)
         _swap_in(staged, out)
     except BaseException:
-        shutil.rmtree(staged, ignore_errors=True)
+        try:
+            remove_partial(staged)
+        except KeyboardInterrupt:  # the same Ctrl-C, left pending by polars
+            remove_partial(staged)
         raise
     return run_meta
 
