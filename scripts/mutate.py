@@ -306,6 +306,8 @@ MUTANTS = [
       "        except KeyboardInterrupt:  # the same Ctrl-C, left pending by polars\n            remove_partial(tmp)\n",
       "        except KeyboardInterrupt:  # the same Ctrl-C, left pending by polars\n            raise\n",
       ("tests/traces/test_synthetic.py",)),
+    M("draws-judged-per-metric", "regression report", "report/compare.py",
+      "    scale = z / NormalDist().inv_cdf(1 - alpha / 2)\n", "    scale = 1.0\n", ("tests/report/test_compare.py",)),
 ]
 
 
