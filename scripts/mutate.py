@@ -325,6 +325,7 @@ def _run(dst: Path, tests: tuple[str, ...], full: bool, timeout: int) -> tuple[b
     t0 = time.time()
     try:
         r = subprocess.run(args, cwd=dst, env=env, capture_output=True, text=True, timeout=timeout)
+        _run.last_output = r.stdout[-3000:] + r.stderr[-1000:]
         return r.returncode == 0, time.time() - t0
     except subprocess.TimeoutExpired:
         return False, time.time() - t0  # a hang counts as caught (the suite would not pass)
@@ -356,6 +357,7 @@ def main(argv=None) -> int:
         ok, secs = _run(dst, tuple(areas), args.full, args.timeout)
         print(f"unmutated copy: {'passes' if ok else 'FAILS'} ({secs:.0f} s)")
         if not ok:
+            print(getattr(_run, "last_output", ""))
             return 2
         for m in chosen:
             path = dst / "toolkit" / "svt" / m.file
