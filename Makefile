@@ -90,7 +90,7 @@ define ci_evaluate
 	$(SVT) collect configs/collect/ci.yaml --out runs/ci --overwrite --quiet
 	$(SVT) fit runs/ci --model irls-online --out runs/ci-fits/irls-online.json --overwrite
 	$(SVT) fit runs/ci --model logistic --out runs/ci-fits/logistic.json --overwrite
-	$(SVT) evaluate runs/ci --out $(1) --by workload --bootstrap 100 \
+	$(SVT) evaluate runs/ci --out $(1) --by workload --bootstrap 100 --replay-bootstrap 20 \
 	  --fit runs/ci-fits/irls-online.json --fit runs/ci-fits/logistic.json \
 	  --costs configs/costs/h100-llama8b-eagle.yaml $(2)
 endef

@@ -236,3 +236,10 @@ def test_a_singular_online_fit_is_one_line(small_run, tmp_path):
                                    "--out", str(tmp_path / "f.json")])
     assert res.exit_code == 5 and "singular" in res.output and "--ridge > 0" in res.output, res.output
     assert "Traceback" not in res.output and not (tmp_path / "f.json").exists()
+
+
+@pytest.mark.parametrize("args", [["--replay-bootstrap", "5"], ["--replay-bootstrap", "1", "--costs", "x.yaml"],
+                                  ["--replay-bootstrap", "100000", "--costs", "x.yaml"]])
+def test_replay_bootstrap_needs_the_replay_and_a_sane_count(small_run, tmp_path, args):
+    res = CliRunner().invoke(app, ["evaluate", str(small_run), "--feature", "q_max", "--out", str(tmp_path / "r"), *args])
+    assert res.exit_code == 2 and "--replay-bootstrap" in res.output and not (tmp_path / "r").exists()

@@ -496,7 +496,7 @@ def test_replay_bootstrap_resamples_whole_requests(small_run):
     from pathlib import Path
 
     costs = Path(__file__).resolve().parents[2] / "configs" / "costs" / "h100-llama8b-eagle.yaml"
-    rep = evaluate([small_run], EvaluateOptions(features=["q_max"], costs=str(costs), bootstrap=5))
+    rep = evaluate([small_run], EvaluateOptions(features=["q_max"], costs=str(costs), replay_bootstrap=5))
     points = rep["simulation"]["points"]
     with_ci = [p for p in points if "throughput" in p["ci95"]]  # not the points no resample moves (K=0, B=1)
     assert len(with_ci) > len(points) // 2

@@ -235,6 +235,9 @@ def evaluate(
     bins: Annotated[int, typer.Option(help="ECE bins.")] = 10,
     bootstrap: Annotated[int, typer.Option(help="Request-level bootstrap resamples for 95% intervals.")] = 0,
     seed: Annotated[int, typer.Option(help="Bootstrap seed.")] = 0,
+    replay_bootstrap: Annotated[int, typer.Option(
+        help="AV replay: request-level resamples for throughput intervals (each a whole replay; 0 = none, "
+             "20 in svt's CI).")] = 0,
     fit: Annotated[list[Path] | None, typer.Option(
         "--fit", help="A fit file from `svt fit` to score beside the features (repeat for several).")] = None,
     costs: Annotated[Path | None, typer.Option(
@@ -280,6 +283,8 @@ def evaluate(
     try:
         if tolerance and baseline is None:
             raise ConfigError("--tolerance needs --baseline (the report to compare with).")
+        if replay_bootstrap and not (2 <= replay_bootstrap <= 1000 and costs):
+            raise ConfigError("--replay-bootstrap takes 2 to 1000 resamples, with --costs (the AV replay).")
         tolerances = parse_tolerances(tolerance)
         base = load_report(baseline, "Baseline report") if baseline else None
         if base is not None and Path(base["_path"]).resolve() == (out_dir / "report.json").resolve():
@@ -288,7 +293,7 @@ def evaluate(
     except SvtError as exc:
         raise _fail(exc) from None
     opts = EvaluateOptions(features=list(feature or DEFAULT_FEATURES), feature_module=feature_module,
-                           n_bins=bins, bootstrap=bootstrap, seed=seed, by=by,
+                           n_bins=bins, bootstrap=bootstrap, seed=seed, by=by, replay_bootstrap=replay_bootstrap,
                            fits=[str(f) for f in fit or []], costs=str(costs) if costs else None,
                            live=str(live) if live else None, high_yield=high_yield,
                            reference_run=str(reference_run) if reference_run else None)

@@ -39,6 +39,7 @@ class EvaluateOptions:
     n_bins: int = 10
     bootstrap: int = 0
     seed: int = 0
+    replay_bootstrap: int = 0  # AV replay: request-level resamples for throughput intervals (whole replays)
     by: str | None = None  # a drafts column to group by, e.g. workload
     fits: list[str] = field(default_factory=list)  # fit files to score beside the features
     costs: str | None = None  # a cost table: adds the Adaptive Verification replay
@@ -341,11 +342,10 @@ def _simulation(drafts: pl.DataFrame, feats: list[Feature], opts: EvaluateOption
     if live and live["batch_size"] not in concurrency:
         concurrency = tuple(sorted({*concurrency, live["batch_size"]}))
     points = replay(trace, costs, concurrency=concurrency, engine_rule=True)
-    if opts.bootstrap:
-        from svt.simulate.av import REPLAY_BOOTSTRAP, replay_intervals
+    if opts.replay_bootstrap:  # each resample is a whole replay: seconds each at CI size, opt-in
+        from svt.simulate.av import replay_intervals
 
-        replay_intervals(trace, costs, points, n=min(opts.bootstrap, REPLAY_BOOTSTRAP), seed=opts.seed,
-                         engine_rule=True)
+        replay_intervals(trace, costs, points, n=opts.replay_bootstrap, seed=opts.seed, engine_rule=True)
     if live:
         suffix = " [engine rule]" if live["rule"] == "engine" else ""
         rep = next(p for p in points if p["policy"] == f"AV {live['predictor']}{suffix}"

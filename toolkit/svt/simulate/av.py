@@ -265,8 +265,8 @@ def replay(trace: StepTrace, costs: CostTable, *, concurrency=CONCURRENCY, engin
     return points
 
 
-# request-level resamples of the replay behind its intervals: each is a whole replay (seconds on a
-# CI-sized run), so their number is capped; the interval is ±1.96 bootstrap standard deviations
+# request-level resamples of the replay behind its intervals (`svt evaluate --replay-bootstrap N`;
+# svt's CI uses 20): each is a whole replay, seconds on a CI-sized run, so they are opt-in
 REPLAY_BOOTSTRAP = 20
 
 
