@@ -248,8 +248,8 @@ MUTANTS = [
     M("vllm-overwrite-any-folder", "data loss", "vllm_plugin/finish.py",
       'if not (out / "run.json").is_file():  # --overwrite', "if False:  # --overwrite",
       ("tests/vllm_plugin/test_recorder.py",)),
-    M("toolcall-check-ignores-module", "built-in pair", "models/measure_tiny.py",
-      'module="{re.escape(module.group(1))}", ', 'module="[A-Za-z_.]+", ', ("tests/models/test_measure_tiny.py",)),
+    M("toolcall-check-ignores-module", "built-in pair", "report/measure_tiny.py",
+      'module="{re.escape(module.group(1))}", ', 'module="[A-Za-z_.]+", ', ("tests/report/test_measure_tiny.py",)),
     # experiment identity and pairing (issue 23)
     M("pairing-exact-only", "regression report", "traces/identity.py", "    if rms <= tolerance:\n",
       "    if rms < 0:\n", ("tests/report/test_compare.py",)),

@@ -10,14 +10,14 @@ import pytest
 
 from svt.collect.cache import (
     CacheDrafter,
-    CacheOptions,
     RequestFeatures,
     accepted_runs,
-    char_class_table,
-    common_prefix,
 )
 from svt.collect.cache_run import cache_rows_for_batch
+from svt.config import CacheOptions
 from svt.errors import ConfigError, SchemaError
+from svt.features.char_classes import char_class_table
+from svt.metrics.repetition import common_prefix
 from svt.traces.io import open_run
 
 from ..conftest import reseal

@@ -121,7 +121,7 @@ def test_real_drafter_yields_match_a_per_position_greedy_loop(tmp_path, models_d
 def test_recache_reproduces_the_table_and_takes_new_options(stand_in_run, tmp_path):
     import shutil
 
-    from svt.collect.cache_run import add_cache_to_run
+    from svt.collect.add_cache import add_cache_to_run
 
     copy = tmp_path / "copy"
     shutil.copytree(stand_in_run, copy)
@@ -207,7 +207,7 @@ def test_finish_reason_says_where_max_new_tokens_cut_the_reference(stand_in_run,
 def test_recache_checks_the_models_it_is_given(stand_in_run, tmp_path, models_dir):
     import shutil
 
-    from svt.collect.cache_run import add_cache_to_run
+    from svt.collect.add_cache import add_cache_to_run
     from svt.errors import ModelLoadError
 
     copy = tmp_path / "copy"

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from svt.errors import DataError
-from svt.metrics.repetition import common_prefix_len, repeated_share
+from svt.metrics.repetition import common_prefix, repeated_share
 from svt.report import EvaluateOptions, evaluate, write_report
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,7 +99,7 @@ def test_target_run_with_references_gets_the_realism_table(greedy_run):
     rows = realism_rows(run)
     req = run.scan("requests").collect()
     refs = dict(zip(*run.scan("references").collect().get_columns(), strict=True))
-    want = np.mean([common_prefix_len(o, refs[r]) for r, o in zip(req["request"], req["output_ids"], strict=True)])
+    want = np.mean([common_prefix(o, refs[r]) for r, o in zip(req["request"], req["output_ids"], strict=True)])
     assert rows["all"]["mean_common_prefix"] == pytest.approx(want)
     assert rows["all"]["with_reference"] == req.height
 

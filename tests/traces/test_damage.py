@@ -101,7 +101,7 @@ def test_foreign_runs_without_records_still_read(sealed, tmp_path_factory):
     meta.pop("shards")
     (run / "run.json").write_text(json.dumps(meta))
     assert _content(run)["drafts"].equals(_content(sealed)["drafts"])
-    from svt.traces.summary import run_summary
+    from svt.report.summary import run_summary
 
     assert run_summary(run)["shards"].startswith("NOT verified")  # said, not silent
     assert run_summary(sealed)["shards"] == "verified against run.json"

@@ -6,8 +6,8 @@ import polars as pl
 import pytest
 
 from svt.errors import SchemaError
+from svt.report.summary import acceptance_by_position, run_summary
 from svt.traces import SCHEMA_VERSION, open_run, scan_runs, write_meta, write_shard
-from svt.traces.summary import acceptance_by_position, run_summary
 
 
 def _drafts(n=6, request=0):

@@ -5,7 +5,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from svt.traces.summary import acceptance_by_position
+from svt.report.summary import acceptance_by_position
 
 duckdb = pytest.importorskip("duckdb")
 ROOT = Path(__file__).resolve().parents[2]

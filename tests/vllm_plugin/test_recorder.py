@@ -159,7 +159,7 @@ def test_register_is_inert_without_trace_dir(monkeypatch):
     for m in [m for m in sys.modules if m.startswith("svt.vllm_plugin.internals")]:
         monkeypatch.delitem(sys.modules, m)
     from svt.vllm_plugin import register
-    from svt.vllm_plugin.recorder import active
+    from svt.vllm_plugin.state import active
 
     register()
     assert active() is None
@@ -342,25 +342,25 @@ def test_synthetic_rejection_and_processes_without_engine_facts(tmp_path):
 
 
 def test_activate_turns_off_the_v2_model_runner(tmp_path, monkeypatch):
-    from svt.vllm_plugin import internals, recorder
+    from svt.vllm_plugin import internals, recorder, state
 
     monkeypatch.setattr(internals, "check_version", lambda: "0.32.0")
     monkeypatch.setattr(internals, "install", lambda: None)
-    monkeypatch.setattr(recorder, "_ACTIVE", None)
+    monkeypatch.setattr(state, "_ACTIVE", None)
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
     with pytest.raises(RuntimeError, match="V1 model runner"):
         recorder.activate(tmp_path / "t")
     monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER")
     rec = recorder.activate(tmp_path / "t")
-    assert os.environ["VLLM_USE_V2_MODEL_RUNNER"] == "0" and recorder.active() is rec
+    assert os.environ["VLLM_USE_V2_MODEL_RUNNER"] == "0" and state.active() is rec
     recorder.deactivate()
 
 
 def test_other_vllm_versions_are_refused(monkeypatch):
     import types
 
-    from svt.collect.vllm_run import _need_vllm
     from svt.vllm_plugin import internals
+    from svt.vllm_plugin.collect import _need_vllm
 
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(__version__="0.31.2"))
     with pytest.raises(RuntimeError, match="written against vLLM 0.32.0, but this is vLLM 0.31.2"):

@@ -138,10 +138,10 @@ def test_logit_capture_is_undone():
 
 
 def test_a_failure_of_the_plugin_is_counted_not_raised(tmp_path, monkeypatch):
-    from svt.vllm_plugin import internals, recorder
+    from svt.vllm_plugin import internals, recorder, state
 
     rec = recorder.Recorder(tmp_path / "t")
-    monkeypatch.setattr(recorder, "_ACTIVE", rec)
+    monkeypatch.setattr(state, "_ACTIVE", rec)
     with internals._guard():
         raise ValueError("boom")
     with internals._guard():

@@ -31,8 +31,8 @@ if __name__ == "__main__":
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from svt.collect.vllm_run import request_seed
     from svt.collect.workloads import encode_prompt, interleave, read_workload
+    from svt.vllm_plugin.collect import request_seed
 
     models = ROOT / "data" / "models"
     tok = AutoTokenizer.from_pretrained(str(models / "target"))
@@ -47,7 +47,8 @@ if __name__ == "__main__":
     params = [SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens, seed=request_seed(0, i))
               for i in range(len(ids))]
     outs = llm.generate([TokensPrompt(prompt_token_ids=x) for x in ids], params, use_tqdm=False)
-    from svt.vllm_plugin.recorder import active, deactivate
+    from svt.vllm_plugin.recorder import deactivate
+    from svt.vllm_plugin.state import active
 
     traced = active() is not None
     deactivate()

@@ -115,7 +115,7 @@ def collect(
             _say(f"wrote {out_dir}")
             return
         if engine == "vllm":
-            from svt.collect.vllm_run import collect_vllm
+            from svt.vllm_plugin.collect import collect_vllm
 
             summary = collect_vllm(cfg, out_dir, config_path=config, overwrite=overwrite, progress=not quiet)
         elif engine == "reference":
@@ -203,7 +203,7 @@ def inspect(
     Example: [bold]svt inspect runs/demo[/]
     """
     from svt.report.console import add_row, new_table
-    from svt.traces.summary import acceptance_by_position, run_summary
+    from svt.report.summary import acceptance_by_position, run_summary
 
     try:
         for path in runs:
@@ -480,7 +480,7 @@ def cache(
 
     Example: [bold]svt cache runs/greedy --set max_draft_len=24[/]
     """
-    from svt.collect.cache_run import add_cache_to_run
+    from svt.collect.add_cache import add_cache_to_run
     from svt.config import parse_set
 
     try:

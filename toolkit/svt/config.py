@@ -3,15 +3,49 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, get_type_hints
 
 import yaml
 
-from svt.collect.cache import CacheOptions
 from svt.errors import ConfigError
 from svt.fileio import read_yaml
+
+MAX_LEN = 65_536  # longest tree depth, draft or history a cache option may name
+
+
+@dataclass
+class CacheOptions:
+    """SuffixDecoding options (arctic-inference's names where it has one)."""
+
+    max_tree_depth: int = 24  # depth of every suffix tree (and the longest context matched)
+    max_draft_len: int = 16  # max_spec_tokens: longest draft proposed
+    max_spec_factor: float = 1.0  # a draft is at most max_spec_factor * match_len + max_spec_offset
+    max_spec_offset: float = 0.0
+    min_token_prob: float = 0.1  # stop the draft where the tree's estimated probability falls below
+    max_cached_requests: int = -1  # responses kept in the global tree (-1: all; FIFO eviction)
+    history: int = 8  # positions the history features look back over
+
+    def validate(self) -> CacheOptions:
+        # arctic-inference takes C ints; a tree deeper than any context, or a draft longer, is a typo
+        checks = ((1 <= self.max_tree_depth <= MAX_LEN, "cache.max_tree_depth", f"an integer from 1 to {MAX_LEN:,}"),
+                  (1 <= self.max_draft_len <= MAX_LEN, "cache.max_draft_len", f"an integer from 1 to {MAX_LEN:,}"),
+                  (self.max_spec_factor > 0, "cache.max_spec_factor", "a number > 0"),
+                  (0 <= self.min_token_prob <= 1, "cache.min_token_prob", "a number in [0, 1]"),
+                  (self.max_cached_requests == -1 or 1 <= self.max_cached_requests < 2**31,
+                   "cache.max_cached_requests", "-1 (all) or from 1 to 2**31 - 1"),
+                  (0 <= self.max_spec_offset < 2**31, "cache.max_spec_offset", "a number from 0 to 2**31"),
+                  (1 <= self.history <= MAX_LEN, "cache.history", f"an integer from 1 to {MAX_LEN:,}"))
+        for ok, key, expected in checks:
+            if not ok:
+                raise ConfigError(f"Expected `{key}` to be {expected}, but got {getattr(self, key.split('.')[1])!r}.")
+        return self
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
 
 
 @dataclass
@@ -186,7 +220,7 @@ def _coerce(value: Any, typ: Any, key: str) -> Any:
     if dataclasses.is_dataclass(typ):
         if not isinstance(value, dict):
             raise ConfigError(f"Expected `{key}` to be a mapping, but got {value!r}.")
-        return _build(typ, value, prefix=f"{key}.")
+        return build_section(typ, value, prefix=f"{key}.")
     origin = getattr(typ, "__origin__", None)
     if origin is list:
         if isinstance(value, str):
@@ -221,7 +255,7 @@ def _coerce(value: Any, typ: Any, key: str) -> Any:
     return value
 
 
-def _build(cls, data: dict[str, Any], prefix: str = ""):
+def build_section(cls, data: dict[str, Any], prefix: str = ""):
     hints = get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)
@@ -286,7 +320,7 @@ def load_collect_config(path: str | Path | None, overrides: dict[str, Any] | Non
         data["cache"] = {}
     elif data.get("cache") is False:
         data["cache"] = None
-    return _build(CollectConfig, data).validate()
+    return build_section(CollectConfig, data).validate()
 
 
 def resolve_path(value: str, config_path: str | Path | None) -> Path:

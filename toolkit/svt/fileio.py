@@ -3,8 +3,11 @@ ConfigError for a missing or unparsable file; and writing JSON that is always va
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -122,3 +125,43 @@ def read_yaml(path: str | Path, what: str) -> Any:
         return yaml.safe_load(path.read_text())
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: not valid YAML ({exc}).") from None
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path, *, fsync: bool = False) -> Iterator[Path]:
+    """Write a file beside ``path`` and rename it over ``path`` only when the block ends without an
+    error, so a reader sees the old file or the new one, never half of one; on an error or a
+    Ctrl-C the temporary file is removed and ``path`` is untouched. Every svt writer of a single
+    file goes through here (run directories use :mod:`svt.traces.rundir` for whole folders).
+
+        with atomic_path(out / "report.json") as tmp:
+            tmp.write_text(text)
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        yield tmp
+        if fsync:
+            with open(tmp, "rb+") as fh:
+                os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        raise
+
+
+def write_text_atomic(path: str | Path, text: str, *, fsync: bool = False) -> Path:
+    """``path.write_text(text)``, atomically (see :func:`atomic_path`)."""
+    with atomic_path(path, fsync=fsync) as tmp:
+        tmp.write_text(text)
+    return Path(path)
+
+
+def file_sha256(path: str | Path) -> str:
+    """The SHA-256 of a file's bytes (workloads, configs and weights are identified by it)."""
+    import hashlib
+
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()

@@ -16,83 +16,13 @@ drafts would have had at t; see ``teacher_forced_accepted``).
 
 from __future__ import annotations
 
-import string
 import time
-from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from svt.errors import ConfigError
-
-# token-structure classes of characters, in this order (shares of a text's characters)
-CHAR_CLASSES = ("punct", "digit", "space", "newline", "bracket")
-_BRACKETS = set("()[]{}<>")
-_PUNCT = set(string.punctuation) - _BRACKETS
-
-
-MAX_LEN = 65_536  # longest tree depth, draft or history a cache option may name
-
-
-@dataclass
-class CacheOptions:
-    """SuffixDecoding options (arctic-inference's names where it has one)."""
-
-    max_tree_depth: int = 24  # depth of every suffix tree (and the longest context matched)
-    max_draft_len: int = 16  # max_spec_tokens: longest draft proposed
-    max_spec_factor: float = 1.0  # a draft is at most max_spec_factor * match_len + max_spec_offset
-    max_spec_offset: float = 0.0
-    min_token_prob: float = 0.1  # stop the draft where the tree's estimated probability falls below
-    max_cached_requests: int = -1  # responses kept in the global tree (-1: all; FIFO eviction)
-    history: int = 8  # positions the history features look back over
-
-    def validate(self) -> CacheOptions:
-        # arctic-inference takes C ints; a tree deeper than any context, or a draft longer, is a typo
-        checks = ((1 <= self.max_tree_depth <= MAX_LEN, "cache.max_tree_depth", f"an integer from 1 to {MAX_LEN:,}"),
-                  (1 <= self.max_draft_len <= MAX_LEN, "cache.max_draft_len", f"an integer from 1 to {MAX_LEN:,}"),
-                  (self.max_spec_factor > 0, "cache.max_spec_factor", "a number > 0"),
-                  (0 <= self.min_token_prob <= 1, "cache.min_token_prob", "a number in [0, 1]"),
-                  (self.max_cached_requests == -1 or 1 <= self.max_cached_requests < 2**31,
-                   "cache.max_cached_requests", "-1 (all) or from 1 to 2**31 - 1"),
-                  (0 <= self.max_spec_offset < 2**31, "cache.max_spec_offset", "a number from 0 to 2**31"),
-                  (1 <= self.history <= MAX_LEN, "cache.history", f"an integer from 1 to {MAX_LEN:,}"))
-        for ok, key, expected in checks:
-            if not ok:
-                raise ConfigError(f"Expected `{key}` to be {expected}, but got {getattr(self, key.split('.')[1])!r}.")
-        return self
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-def char_class_table(tokenizer, vocab_size: int) -> np.ndarray:
-    """Per token id: counts of characters in each of ``CHAR_CLASSES`` and the total, ``[V, 6]``."""
-    table = np.zeros((vocab_size, len(CHAR_CLASSES) + 1), dtype=np.float32)
-    for tid in range(vocab_size):
-        text = tokenizer.decode([tid])
-        table[tid] = (sum(c in _PUNCT for c in text), sum(c.isdigit() for c in text),
-                      sum(c in " \t" for c in text), text.count("\n"), sum(c in _BRACKETS for c in text),
-                      len(text))
-    return table
-
-
-def _shares(table: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    if ids.size == 0:
-        return np.zeros(len(CHAR_CLASSES), dtype=np.float32)
-    counts = table[ids].sum(0)
-    return counts[:-1] / max(counts[-1], 1.0)
-
-
-def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
-    """Length of the common prefix of two token sequences.
-
-    >>> common_prefix(np.array([1, 2, 3]), np.array([1, 2, 4, 5]))
-    2
-    """
-    n = min(a.size, b.size)
-    if n == 0:
-        return 0
-    diff = np.flatnonzero(a[:n] != b[:n])
-    return int(diff[0]) if diff.size else n
+from svt.config import CacheOptions
+from svt.features.char_classes import CHAR_CLASSES, char_class_shares
+from svt.metrics.repetition import common_prefix
 
 
 class CacheDrafter:
@@ -173,9 +103,9 @@ class RequestFeatures:
              "hist_draft_share": float(np.mean(has)) if has else 0.0,
              "hist_yield_mean": float(np.mean(yields)) if yields else 0.0,
              "hist_yield_max": float(max(yields)) if yields else 0.0}
-        for name, v in zip(CHAR_CLASSES, _shares(self.classes, draft), strict=True):
+        for name, v in zip(CHAR_CLASSES, char_class_shares(self.classes, draft), strict=True):
             r[f"draft_{name}"] = float(v)
-        for name, v in zip(CHAR_CLASSES, _shares(self.classes, ctx_ids), strict=True):
+        for name, v in zip(CHAR_CLASSES, char_class_shares(self.classes, ctx_ids), strict=True):
             r[f"ctx_{name}"] = float(v)
         self.drafts.append(draft)
         self.prev = (int(draft.size), int(match_len))

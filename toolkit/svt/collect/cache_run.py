@@ -20,13 +20,13 @@ import polars as pl
 from svt.collect.cache import (
     ROW_COLUMNS,
     CacheDrafter,
-    CacheOptions,
     RequestFeatures,
-    char_class_table,
-    common_prefix,
     teacher_forced_accepted,
 )
+from svt.config import CacheOptions
 from svt.errors import ConfigError, DataError
+from svt.features.char_classes import char_class_table
+from svt.metrics.repetition import common_prefix
 from svt.traces.io import (
     forget_shards,
     list_shards,
@@ -191,7 +191,7 @@ def build_cache_drafts(run_dir: str | Path, options: CacheOptions, draft_model, 
     shutil.rmtree(tmp, ignore_errors=True)
     ms = np.concatenate(lookup)
     entry = {"options": options.to_dict(), "arctic_inference": getattr(arctic_inference, "__version__", None)
-             or _dist_version("arctic-inference"), "rows": n_rows, "k": k,
+             or dist_version("arctic-inference"), "rows": n_rows, "k": k,
              "lookup_ms_median": float(np.median(ms)), "lookup_ms_mean": float(ms.mean()),
              "global_tree": "a response enters when its request finishes (after its last engine step)" if not reference
              else "a response enters after its last token: a batch's requests advance one token per step",
@@ -210,46 +210,11 @@ def build_cache_drafts(run_dir: str | Path, options: CacheOptions, draft_model, 
     return entry
 
 
-def _dist_version(name: str) -> str | None:
+def dist_version(name: str) -> str | None:
+    """The installed version of a distribution (``arctic-inference``), or None."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
         return version(name)
     except PackageNotFoundError:
         return None
-
-
-def add_cache_to_run(run_dir: str | Path, overrides: dict | None = None, *, device: str = "auto",
-                     target: str | Path | None = None, draft: str | Path | None = None) -> dict:
-    """``svt cache RUN``: build the cache table of an existing greedy run with the models recorded
-    in its run.json (their weights hashes must match), options = defaults + ``overrides``."""
-    from svt.config import _build
-    from svt.errors import ModelLoadError
-    from svt.models.loading import load_pair, weights_hash
-
-    run_dir = Path(run_dir)
-    meta = read_meta(run_dir)
-    options = _build(CacheOptions, {k: v for k, v in (overrides or {}).items()}, prefix="cache.").validate()
-    if meta.get("engine") == "reference":
-        from svt.collect.reference_run import recache_reference
-
-        return recache_reference(run_dir, options, device, target=target, draft=draft)
-    models = meta.get("models") or {}
-    paths = {}
-    moved = {"target": target, "draft": draft}
-    for role in ("target", "draft"):
-        info = models.get(role) or {}
-        if not info.get("path") and moved[role] is None:
-            raise ModelLoadError(f"{run_dir}: run.json does not name the {role} model (`models.{role}.path`).")
-        path = Path(str(moved[role] or info["path"]))
-        if not path.is_dir():
-            raise ModelLoadError(f"{run_dir}: run.json names the {role} model at {str(path)!r}, which is not a "
-                                 "directory here.")
-        if info.get("weights_sha256_16") and weights_hash(path) != info["weights_sha256_16"]:
-            raise ModelLoadError(f"{path}: its weights differ from the {role} this run was collected with "
-                                 f"(hash {weights_hash(path)} vs {info['weights_sha256_16']}).")
-        paths[role] = path
-    dtype = models.get("dtype") or "auto"
-    pair = load_pair(paths["target"], paths["draft"], device=device,
-                     dtype=dtype if dtype in ("float32", "bfloat16", "float16") else "auto")
-    return build_cache_drafts(run_dir, options, pair.draft, pair.tokenizer)

@@ -20,8 +20,9 @@ import numpy as np
 import polars as pl
 import torch
 
-from svt.collect.cache import CacheDrafter, CacheOptions, RequestFeatures
+from svt.collect.cache import CacheDrafter, RequestFeatures
 from svt.collect.sampling import draft_features, process_probs
+from svt.config import CacheOptions
 
 
 @dataclass

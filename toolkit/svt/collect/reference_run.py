@@ -30,7 +30,6 @@ import numpy as np
 import polars as pl
 
 from svt import __version__
-from svt.collect.cache import CacheOptions
 from svt.collect.cache_run import teacher_forced_model_yields
 from svt.collect.workloads import (
     encode_prompt,
@@ -40,7 +39,7 @@ from svt.collect.workloads import (
     require_references,
     resolve_workload,
 )
-from svt.config import CollectConfig, StandInConfig, resolve_path, to_dict
+from svt.config import CacheOptions, CollectConfig, StandInConfig, resolve_path, to_dict
 from svt.errors import ConfigError, DataError
 from svt.simulate.stand_in import expected_tokens_per_cycle, stand_in_yields
 from svt.traces.io import read_meta, write_meta
@@ -122,12 +121,13 @@ def collect_reference(cfg: CollectConfig, out: str | Path, *, config_path=None, 
                       progress: bool = True):
     """Write a reference run: requests (the reference as output), cache drafts, no model drafts."""
     from svt.collect.cache_run import build_cache_drafts
-    from svt.collect.runner import _finish, _prepare_dir, _staging, _swap_in, file_sha256
+    from svt.fileio import file_sha256
     from svt.models.loading import check_model_dir, load_tokenizer, weights_hash
+    from svt.traces.rundir import finish_run, prepare_dir, staging_path, swap_in
 
     final = Path(out)
     config = to_dict(cfg)
-    _prepare_dir(final, resume=False, overwrite=overwrite, config=config)
+    prepare_dir(final, resume=False, overwrite=overwrite, config=config)
     paths = [resolve_workload(w, config_path) for w in cfg.workloads]
     names = [p.stem for p in paths]
     if len(set(names)) != len(names):
@@ -149,14 +149,14 @@ def collect_reference(cfg: CollectConfig, out: str | Path, *, config_path=None, 
 
     # always written beside --out and moved in when complete: a run killed midway leaves --out as it was
     # (an old run, an empty folder or nothing) and only the staging folder, which the next call removes
-    run_dir = _staging(final)
+    run_dir = staging_path(final)
     shutil.rmtree(run_dir, ignore_errors=True)
     try:
         t0 = time.time()
         _write_requests(run_dir, cfg, config, prompts, ids, refs, cut, names, paths,
                         {n: file_sha256(p) for n, p in zip(names, paths, strict=True)}, target_path, tok,
                         drafter, weights_hash(target_path))
-        summary = _finish(run_dir, read_meta(run_dir), 0.0, resumed=0)
+        summary = finish_run(run_dir, read_meta(run_dir), 0.0, resumed=0)
         bar = None
         if progress:
             from rich.progress import (
@@ -183,7 +183,7 @@ def collect_reference(cfg: CollectConfig, out: str | Path, *, config_path=None, 
         summary.seconds = time.time() - t0
         if final.is_dir() and not any(final.iterdir()):
             final.rmdir()  # an empty folder given as --out
-        _swap_in(run_dir, final)
+        swap_in(run_dir, final)
         summary.run_dir = final
         return summary
     except BaseException:
@@ -195,7 +195,7 @@ def _write_requests(run_dir: Path, cfg: CollectConfig, config: dict, prompts, id
                     hashes, target_path: Path, tok, drafter: dict, target_hash: str) -> None:
     """run.json and the requests (the references as outputs; ``finish_reason`` ``length`` where
     max_new_tokens cut the reference), with empty drafts and steps tables."""
-    from svt.collect.runner import _commit_batch
+    from svt.traces.rundir import commit_batch
 
     run_dir.mkdir(parents=True, exist_ok=True)
     meta = {
@@ -229,7 +229,7 @@ def _write_requests(run_dir: Path, cfg: CollectConfig, config: dict, prompts, id
              "output_ids": [refs[r] for r in reqs],
              "finish_reason": ["length" if cut[r] else "stop" for r in reqs]},
             schema_overrides={"prompt_ids": pl.List(pl.Int32), "output_ids": pl.List(pl.Int32)})
-        _commit_batch(run_dir, meta, b, frames)
+        commit_batch(run_dir, meta, b, frames)
 
 
 def recache_reference(run_dir: Path, options: CacheOptions, device: str = "auto", *, target: Path | None = None,

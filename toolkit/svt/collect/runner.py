@@ -12,7 +12,6 @@ import datetime as dt
 import platform
 import shutil
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -30,98 +29,24 @@ from svt.collect.workloads import (
 )
 from svt.config import CollectConfig, resolve_path, to_dict
 from svt.errors import ConfigError
+from svt.fileio import file_sha256
 from svt.models.loading import load_pair
 from svt.signals import sigterm_unwinds
 from svt.traces.io import (
-    SHARD_RE,
-    forget_shards,
-    list_shards,
     read_meta,
-    record_shards,
     remove_partial,
-    shard_ids,
     write_meta,
-    write_shard,
+)
+from svt.traces.rundir import (
+    RunSummary,
+    commit_batch,
+    completed_batches,
+    finish_run,
+    prepare_dir,
+    staging_path,
+    swap_in,
 )
 from svt.traces.schema import SCHEMA_VERSION, TABLES
-
-
-@dataclass
-class CollectSummary:
-    run_dir: Path
-    requests: int
-    drafts: int
-    labelled: int
-    accepted: int
-    output_tokens: int
-    steps: int
-    seconds: float
-    resumed_batches: int
-
-    @property
-    def acceptance(self) -> float:
-        return self.accepted / self.labelled if self.labelled else float("nan")
-
-
-def _prepare_dir(out: Path, *, resume: bool, overwrite: bool, config: dict) -> dict | None:
-    """Refuse a non-empty directory unless resuming or overwriting; return the old meta on resume.
-    Nothing is deleted here: an overwrite is written beside the old run and swapped in at the end."""
-    if resume and overwrite:
-        raise ConfigError("Use either --resume or --overwrite, not both.")
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"Output {str(out)!r} exists and is not a directory.")
-    non_empty = out.is_dir() and any(out.iterdir())
-    if resume:
-        if not non_empty:
-            raise ConfigError(f"Nothing to resume: {str(out)!r} is empty or missing.")
-        from svt.traces.io import stray_files
-
-        for table in TABLES:
-            stray = stray_files(out, table)
-            if stray:
-                raise ConfigError(f"Cannot resume {str(out)!r}: {stray[0]} is not a shard of the run "
-                                  "(shards are named part-NNNNN.parquet); move it out first.")
-        meta = read_meta(out)
-        if meta.get("config") != config:
-            old, new = meta.get("config", {}), config
-            diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-            raise ConfigError(
-                f"Cannot resume {str(out)!r}: its config differs in {', '.join(diff)}. "
-                "Resume with the same config, or use --overwrite."
-            )
-        return meta
-    if non_empty:
-        if not overwrite:
-            raise ConfigError(
-                f"Output directory {str(out)!r} is not empty; pass --resume to continue it or "
-                "--overwrite to replace it."
-            )
-        if not (out / "run.json").is_file():
-            raise ConfigError(
-                f"Refusing to overwrite {str(out)!r}: it is not a run directory (no run.json)."
-            )
-    return None
-
-
-def _staging(out: Path) -> Path:
-    """Where an overwrite is written before it replaces ``out`` (beside it, same filesystem)."""
-    return out.parent / f".{out.name}.svt-new"
-
-
-def _swap_in(staged: Path, out: Path) -> None:
-    """Replace the old run by the finished new one: rename old aside, new in, then delete old."""
-    old = out.parent / f".{out.name}.svt-old"
-    shutil.rmtree(old, ignore_errors=True)
-    if out.exists():
-        out.rename(old)
-    staged.rename(out)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def file_sha256(path: Path) -> str:
-    import hashlib
-
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def _check_resume_inputs(out: Path, old_meta: dict, pair, workload_hashes: dict[str, str]) -> None:
@@ -185,7 +110,7 @@ def _frames(log: BatchLog, workload_of: dict[int, str], batch_requests, prompts)
 
 def collect(cfg: CollectConfig, out: str | Path, *, config_path: str | Path | None = None,
             resume: bool = False, overwrite: bool = False, progress: bool = True,
-            shard: tuple[int, int] | None = None) -> CollectSummary:
+            shard: tuple[int, int] | None = None) -> RunSummary:
     """Run speculative decoding over the configured workloads and write a run directory.
 
     ``shard=(i, n)`` collects only the batches ``b % n == i`` (see :mod:`svt.collect.shards`)."""
@@ -195,7 +120,7 @@ def collect(cfg: CollectConfig, out: str | Path, *, config_path: str | Path | No
         from svt.collect.shards import check_shardable
 
         check_shardable(cfg)
-    old_meta = _prepare_dir(final, resume=resume, overwrite=overwrite, config=config)
+    old_meta = prepare_dir(final, resume=resume, overwrite=overwrite, config=config)
 
     # everything that can fail on bad input is checked before anything is written
     paths = [resolve_workload(w, config_path) for w in cfg.workloads]
@@ -221,7 +146,7 @@ def collect(cfg: CollectConfig, out: str | Path, *, config_path: str | Path | No
         yield_scorer(load_fit(resolve_path(cfg.hvd.fit, config_path)))
     # an overwrite is written beside the old run and swapped in when complete
     staged = overwrite and final.is_dir() and any(final.iterdir())
-    out = _staging(final) if staged else final
+    out = staging_path(final) if staged else final
     if staged:
         shutil.rmtree(out, ignore_errors=True)
     tok = pair.tokenizer
@@ -268,7 +193,7 @@ def collect(cfg: CollectConfig, out: str | Path, *, config_path: str | Path | No
 
 
 def _collect_into(cfg, out, final, staged, config_path, old_meta, config, pair, ids, workload_of, names, paths,
-                  workload_hashes, batches, live, online_est, progress, shard=None, refs=None) -> CollectSummary:
+                  workload_hashes, batches, live, online_est, progress, shard=None, refs=None) -> RunSummary:
     import time
 
     from svt.collect.shards import shard_batches
@@ -294,7 +219,7 @@ def _collect_into(cfg, out, final, staged, config_path, old_meta, config, pair, 
                                workload_hashes, refs or {})
         return _done(summary, out, final, staged)
 
-    done = _completed(out, old_meta)
+    done = completed_batches(out, old_meta)
     meta = old_meta or {
         "run_id": uuid.uuid4().hex[:12],
         "svt_version": __version__,
@@ -352,14 +277,14 @@ def _collect_into(cfg, out, final, staged, config_path, old_meta, config, pair, 
             ref_frame = reference_frame(reqs, refs or {})
             if ref_frame is not None:
                 frames["references"] = ref_frame
-            _commit_batch(out, meta, b, frames)
+            commit_batch(out, meta, b, frames)
             total_tokens += sum(len(o) for o in log.outputs)
             bar.update(task, advance=len(reqs), tps=f"{total_tokens / (time.time() - t_start):,.0f}")
     seconds = time.time() - t_start
     if live is not None and cfg.av.online:  # the estimator's path during collection
         meta["av"]["online_path"] = online_est.est.path_
         meta["av"]["online_refits"] = online_est.refits
-    summary = _finish(out, meta, seconds, resumed=len(done))
+    summary = finish_run(out, meta, seconds, resumed=len(done))
     if cfg.cache is not None:
         from svt.collect.cache_run import build_cache_drafts
 
@@ -367,81 +292,24 @@ def _collect_into(cfg, out, final, staged, config_path, old_meta, config, pair, 
     return _done(summary, out, final, staged)
 
 
-def _done(summary: CollectSummary, out: Path, final: Path, staged: bool) -> CollectSummary:
+def _done(summary: RunSummary, out: Path, final: Path, staged: bool) -> RunSummary:
     if staged:
-        _swap_in(out, final)
+        swap_in(out, final)
         summary.run_dir = final
     return summary
 
 
-def _completed(out: Path, old_meta: dict | None) -> set[int]:
-    """Batches a resumed run already holds: those whose ``requests`` shard run.json recorded (or,
-    for runs written before shard records, whose ``requests`` shard exists). Every other shard is
-    left over from an interrupted batch and is removed (it is redone), with its record."""
-    if not old_meta:
-        return set()
-    recorded = (old_meta.get("shards") or {}).get("requests")
-    done = shard_ids(out, "requests")
-    if recorded is not None:
-        done &= {int(SHARD_RE.fullmatch(n).group(1)) for n in recorded if SHARD_RE.fullmatch(n)}
-    for table in TABLES:
-        for shard in list_shards(out, table):
-            if int(SHARD_RE.fullmatch(shard.name).group(1)) not in done:
-                shard.unlink()
-                forget_shards(old_meta, table, {shard.name})
-    return done
-
-
-def _commit_batch(out: Path, meta: dict, b: int, frames: dict[str, pl.DataFrame]) -> None:
-    """Write one batch's shards (``requests`` last), then record them all in run.json: a batch is
-    complete once run.json records its ``requests`` shard."""
-    written = {}
-    for table in ("drafts", "steps", "hidden", "dists", "cache_drafts", "references", "requests"):
-        if table in frames:
-            written[table] = write_shard(out, table, b, frames[table])
-    for table, path in written.items():
-        record_shards(meta, table, [path])
-    write_meta(out, meta)
-
-
-def _finish(out: Path, meta: dict, seconds: float, resumed: int) -> CollectSummary:
-    from svt.traces.io import open_run
-
-    run = open_run(out, deep=False)
-    d = run.scan("drafts").select(
-        pl.len().alias("drafts"),
-        pl.col("label").is_not_null().sum().alias("labelled"),
-        (pl.col("label") == 1).sum().alias("accepted"),
-    ).collect().row(0, named=True)
-    s = run.scan("steps").select(pl.len().alias("steps")).collect().item()
-    r = run.scan("requests").select(pl.len().alias("n"), pl.col("output_ids").list.len().sum().alias("tok"))
-    r = r.collect().row(0, named=True)
-    meta.update({
-        "status": "complete",
-        "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "counts": {"requests": r["n"], "steps": s, "drafts": d["drafts"], "labelled": d["labelled"],
-                   "accepted": d["accepted"], "output_tokens": r["tok"]},
-        "last_session_seconds": round(seconds, 2),
-    })
-    write_meta(out, meta)
-    return CollectSummary(out, r["n"], d["drafts"], d["labelled"], d["accepted"], r["tok"], s, seconds,
-                          resumed)
-
-
 def _collect_hvd(cfg: CollectConfig, out: Path, config_path, old_meta, config, pair, ids, workload_of,
-                 names, paths, workload_hashes, refs: dict | None = None) -> CollectSummary:
+                 names, paths, workload_hashes, refs: dict | None = None) -> RunSummary:
     """Live Hybrid Verified Decoding: one request at a time (one shard per request), greedy."""
     import time
 
-    from svt.collect.cache import (
-        CacheDrafter,
-        CacheOptions,
-        char_class_table,
-        common_prefix,
-        teacher_forced_accepted,
-    )
+    from svt.collect.cache import CacheDrafter, teacher_forced_accepted
     from svt.collect.hvd_live import decode_hvd, yield_scorer
+    from svt.config import CacheOptions
+    from svt.features.char_classes import char_class_table
     from svt.fit import load_fit
+    from svt.metrics.repetition import common_prefix
 
     if cfg.batch_size != 1:
         raise ConfigError("Live HVD decodes one request at a time: set `batch_size: 1` (compare it with a "
@@ -453,7 +321,7 @@ def _collect_hvd(cfg: CollectConfig, out: Path, config_path, old_meta, config, p
     tok = pair.tokenizer
     classes = char_class_table(tok, int(pair.draft.config.vocab_size))
     drafter = CacheDrafter(options)
-    done = sorted(_completed(out, old_meta))
+    done = sorted(completed_batches(out, old_meta))
     if done:  # rebuild the global tree from the finished responses, in their order
         from svt.traces.io import open_run
 
@@ -463,7 +331,7 @@ def _collect_hvd(cfg: CollectConfig, out: Path, config_path, old_meta, config, p
             drafter.finish(r["request"], np.asarray(r["output_ids"]))
     import arctic_inference  # noqa: F401  (its version is recorded below)
 
-    from svt.collect.cache_run import _dist_version
+    from svt.collect.cache_run import dist_version
 
     meta = old_meta or {"run_id": uuid.uuid4().hex[:12], "svt_version": __version__, "schema_version": SCHEMA_VERSION,
                         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "config": config}
@@ -474,7 +342,7 @@ def _collect_hvd(cfg: CollectConfig, out: Path, config_path, old_meta, config, p
         "k": cfg.k, "drafter_kinds": ["model", "cache"], "av": None,
         "hvd": {"fit": str(fit_path), "tau": cfg.hvd.tau, "live": True,
                 "note": "one request at a time; steps are HVD cycles (cache or model draft)"},
-        "cache": {"options": options.to_dict(), "arctic_inference": _dist_version("arctic-inference"),
+        "cache": {"options": options.to_dict(), "arctic_inference": dist_version("arctic-inference"),
                   "global_tree": "a response enters when its request finishes (after its last engine step)"},
         "workloads": {n: str(p) for n, p in zip(names, paths, strict=True)}, "workload_sha256": workload_hashes,
         "seed": cfg.seed,
@@ -503,13 +371,13 @@ def _collect_hvd(cfg: CollectConfig, out: Path, config_path, old_meta, config, p
         else:  # every cycle verified a cache draft: an empty drafts shard of the right schema
             drafts = pl.DataFrame(schema=TABLES["drafts"].columns)
         ref_frame = reference_frame([r], refs or {})
-        _commit_batch(out, meta, r, {"drafts": drafts, "steps": steps, "cache_drafts": rows,
+        commit_batch(out, meta, r, {"drafts": drafts, "steps": steps, "cache_drafts": rows,
                                      **({"references": ref_frame} if ref_frame is not None else {}),
                                      "requests": pl.DataFrame(
             {"request": [r], "workload": [workload_of[r]], "prompt_ids": [ids[r]], "output_ids": [log.output],
              "finish_reason": [log.finish]},
             schema_overrides={"prompt_ids": pl.List(pl.Int32), "output_ids": pl.List(pl.Int32)})})
-    summary = _finish(out, meta, time.time() - t_start, resumed=len(done))
+    summary = finish_run(out, meta, time.time() - t_start, resumed=len(done))
     from svt.traces.io import open_run
 
     run = open_run(out, deep=False)

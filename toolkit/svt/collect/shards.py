@@ -64,7 +64,7 @@ SAME = ("schema_version", "config", "sampling", "k", "workload_sha256", "seed", 
 def merge_shards(parts: list[str | Path], out: str | Path, *, overwrite: bool = False, link: bool = False) -> dict:
     """Merge the shard runs ``parts`` into the run ``out``; return its run.json. The merged run is
     written beside ``out`` and renamed into place when complete and verified."""
-    from svt.collect.runner import _staging, _swap_in
+    from svt.traces.rundir import staging_path, swap_in
 
     parts = [Path(p) for p in parts]
     if len({p.resolve() for p in parts}) != len(parts):
@@ -121,13 +121,13 @@ def merge_shards(parts: list[str | Path], out: str | Path, *, overwrite: bool = 
             raise ConfigError(f"{final} exists and is not empty; pass --overwrite to replace it.")
         if not (final / "run.json").is_file():
             raise ConfigError(f"{final} holds no run.json; --overwrite only replaces a run directory.")
-    stage = _staging(final)
+    stage = staging_path(final)
     shutil.rmtree(stage, ignore_errors=True)
     final.parent.mkdir(parents=True, exist_ok=True)
     try:
         merged = _write_merged(parts, metas, stage, link)
         open_run(stage, deep=True).require_complete()  # the merged run reads back, records and all
-        _swap_in(stage, final)  # an existing run is replaced only now, when the new one is complete
+        swap_in(stage, final)  # an existing run is replaced only now, when the new one is complete
     except BaseException:
         remove_partial(stage)
         raise

@@ -27,7 +27,7 @@ import polars as pl
 from svt import __version__
 from svt.errors import ConfigError, DataError, SvtError
 from svt.features import get_feature
-from svt.fileio import json_text, read_json
+from svt.fileio import json_text, read_json, write_text_atomic
 from svt.fit.base import (
     FITTERS,
     FitData,
@@ -319,10 +319,7 @@ def save_fit(fit: dict, path: str | Path, overwrite: bool = True) -> Path:
         raise ConfigError("A head fit must carry its trained model to be saved.")
     if est is not None:
         data.update(est.save_extra(path))
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json_text(data))
-    os.replace(tmp, path)
-    return path
+    return write_text_atomic(path, json_text(data))
 
 
 def _int(v) -> bool:
@@ -482,3 +479,11 @@ def live_confidence(fit: dict):
 
 __all__ = ["FITTERS", "PRESETS", "FitData", "Fitter", "IRLSOnline", "OnlineOptions", "PredictContext",
            "estimator", "evaluation_mask", "fit_runs", "get_fitter", "register_fitter", "live_confidence", "load_drafts_for_fit", "load_fit", "predict", "save_fit", "split_mask"]
+
+
+def split_fits(paths: list[str]) -> tuple[list[str], list[str]]:
+    """Acceptance fits (scored on drafts) and yield fits (scored on cache drafts)."""
+    acc, yld = [], []
+    for p in paths:
+        (yld if estimator(load_fit(p)).target == "yield" else acc).append(p)
+    return acc, yld

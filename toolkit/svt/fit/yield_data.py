@@ -43,7 +43,7 @@ def check_cache_drafts(path, run, frame: pl.DataFrame) -> None:
     left. Damaged or mismatched tables are an error, not a different number."""
     import numpy as np
 
-    from svt.collect.cache import common_prefix
+    from svt.metrics.repetition import common_prefix
 
     meta = run.meta
     if not (meta.get("sampling") or {}).get("greedy") or meta.get("av"):

@@ -14,7 +14,7 @@ import numpy as np
 from svt.metrics._checks import check_arrays
 
 
-def _auc_sorted(s_sorted: np.ndarray, pos: np.ndarray, neg: np.ndarray) -> float:
+def auc_sorted(s_sorted: np.ndarray, pos: np.ndarray, neg: np.ndarray) -> float:
     """AUC from scores sorted ascending and the positive / negative weights in the same order."""
     if s_sorted.size == 0:
         return float("nan")
@@ -44,7 +44,7 @@ def roc_auc(y_true, y_score, *, sample_weight=None) -> float:
     """
     y, s, w = check_arrays(y_true, y_score, sample_weight)
     order = np.argsort(s, kind="stable")
-    return _auc_sorted(s[order], (w * y)[order], (w * (1 - y))[order])
+    return auc_sorted(s[order], (w * y)[order], (w * (1 - y))[order])
 
 
 def auc_reason(y_true, sample_weight=None) -> str | None:

@@ -37,9 +37,15 @@ def repeated_share(prompt: np.ndarray, output: np.ndarray, n: int = 8) -> tuple[
     return positions, hit_all, hit_out
 
 
-def common_prefix_len(a, b) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+def common_prefix(a, b) -> int:
+    """Length of the common prefix of two token sequences.
+
+    >>> common_prefix(np.array([1, 2, 3]), np.array([1, 2, 4, 5]))
+    2
+    """
+    a, b = np.asarray(a), np.asarray(b)
+    n = min(a.size, b.size)
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if diff.size else n

@@ -12,7 +12,7 @@ import numpy as np
 import polars as pl
 
 from svt.metrics.calibration import LOG_EPS, mass_bin_index
-from svt.metrics.ranking import _auc_sorted, auc_reason
+from svt.metrics.ranking import auc_reason, auc_sorted
 
 NOT_PROBABILITY = "not a probability: log-loss, ECE and Brier need a fitted predictor (svt fit)"
 METRICS = ("auc", "log_loss", "ece", "ece_mass", "brier", "mean_pred", "accept_rate", "n")
@@ -111,7 +111,7 @@ def _scope_metrics(v: dict, w: np.ndarray | None, *, probability: bool, n_bins: 
     out["accept_rate"] = mean(y)
     reasons = {}
     pos_w = y if w is None else w * y
-    auc = _auc_sorted(s, pos_w, (1 - y) if w is None else w - pos_w)
+    auc = auc_sorted(s, pos_w, (1 - y) if w is None else w - pos_w)
     if np.isnan(auc):
         out["auc"] = None
         reasons["auc"] = auc_reason(y, w)

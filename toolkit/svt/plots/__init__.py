@@ -8,40 +8,16 @@ workload) and ``yield-pr`` (precision-recall of high-yield cache drafts).
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 
-import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
 
-# files, not windows: Agg, unless a backend was chosen (a Jupyter kernel's inline backend draws
-# the returned figures in the notebook)
-if not os.environ.get("MPLBACKEND") and "ipykernel" not in sys.modules:
-    matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from svt.errors import ConfigError, DataError  # noqa: E402
-from svt.fileio import read_json  # noqa: E402
-from svt.report.render import shown  # noqa: E402
-
-COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-
-
-def _caption(fig, report: dict, extra: str = "") -> None:
-    """One caption line under the axes (constrained layout keeps room for it)."""
-    runs = ", ".join(r["run"] for r in report.get("runs", []))
-    models = report.get("runs", [{}])[0].get("models", {})
-    pair = " + ".join(Path(str(models[k])).name for k in ("target", "draft") if models.get(k))
-    s = report.get("runs", [{}])[0].get("sampling") or {}
-    fig.supxlabel(f"run: {runs}   pair: {pair}   T={s.get('temperature')}, top-p={s.get('top_p')}   "
-                  f"svt {report.get('svt_version')}{extra}", fontsize=7, color="0.35")
-
-
-def _axes(ax, figsize=(6.4, 4.8)):
-    if ax is None:
-        fig, ax = plt.subplots(figsize=figsize, constrained_layout=True)
-    return ax.figure, ax
+from svt.errors import ConfigError, DataError
+from svt.fileio import read_json
+from svt.plots.hvd import hvd, hvd_map, yield_pr
+from svt.plots.style import COLORS, add_caption, figure_axes
+from svt.report.render import shown
 
 
 def _prob_features(report: dict) -> dict:
@@ -54,7 +30,7 @@ def reliability(report: dict, ax=None):
     feats = _prob_features(report)
     if not feats:
         raise DataError("The report has no probability score to draw a reliability diagram for.")
-    fig, ax = _axes(ax)
+    fig, ax = figure_axes(ax)
     ax.plot([0, 1], [0, 1], color="0.6", lw=1, ls="--", label="perfect calibration")
     for i, (name, f) in enumerate(feats.items()):
         r = f["curves"]["reliability"]
@@ -65,7 +41,7 @@ def reliability(report: dict, ax=None):
     ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="predicted acceptance probability (bin mean)",
            ylabel="observed acceptance rate", title="Reliability (hard labels; marker area ~ drafts per bin)")
     ax.legend(fontsize=7, loc="upper left")
-    _caption(fig, report)
+    add_caption(fig, report)
     return fig
 
 
@@ -73,7 +49,7 @@ def roc(report: dict, ax=None):
     """ROC curves of every scored feature and predictor (dotted: lossy)."""
     if not any(f.get("curves", {}).get("roc") and f.get("auc") is not None for f in report["features"].values()):
         raise DataError("The report has no feature with a ROC curve to draw.")
-    fig, ax = _axes(ax)
+    fig, ax = figure_axes(ax)
     ax.plot([0, 1], [0, 1], color="0.6", lw=1, ls="--", label="chance")
     for i, (name, f) in enumerate(report["features"].items()):
         r = f.get("curves", {}).get("roc")
@@ -85,7 +61,7 @@ def roc(report: dict, ax=None):
     ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="false positive rate (rejected drafts ranked above the cut)",
            ylabel="true positive rate (accepted drafts)", title="ROC of acceptance scores (dotted: lossy features)")
     ax.legend(fontsize=7, loc="lower right")
-    _caption(fig, report)
+    add_caption(fig, report)
     return fig
 
 
@@ -117,7 +93,7 @@ def per_position(report: dict, ax=None):
     a2.set(xlabel="draft position (0-based)", ylabel="acceptance rate", ylim=(0, 1),
            title="Acceptance by draft position", xticks=x)
     a2.legend(fontsize=8)
-    _caption(fig, report)
+    add_caption(fig, report)
     return fig
 
 
@@ -126,7 +102,7 @@ def pareto(report: dict, ax=None):
     sim = report.get("simulation")
     if not sim:
         raise DataError("The report has no simulation: run `svt evaluate ... --costs COSTS`.")
-    fig, ax = _axes(ax, (7.2, 5.2))
+    fig, ax = figure_axes(ax, (7.2, 5.2))
     # the document's (engine) budget rule is compared in report.md's rule audit; drawn here it
     # would only double every AV curve
     pts = [p for p in sim["points"] if "[engine rule]" not in p["policy"]]
@@ -150,7 +126,7 @@ def pareto(report: dict, ax=None):
            ylabel="throughput (tokens/s, all requests)",
            title=f"Throughput vs interactivity, B = 1..64 ({sim['costs']['kind']} costs)")
     ax.legend(fontsize=6, ncol=2)
-    _caption(fig, report, f"   costs: {Path(sim['costs']['path']).name} ({sim['costs']['kind']})")
+    add_caption(fig, report, f"   costs: {Path(sim['costs']['path']).name} ({sim['costs']['kind']})")
     return fig
 
 
@@ -158,7 +134,7 @@ def coefficients(fit: dict, ax=None):
     """An online fit's slope and intercepts per refit cycle."""
     if fit.get("model") != "irls-online" or not fit.get("path"):
         raise DataError("Expected an irls-online fit with a coefficient path.")
-    fig, ax = _axes(ax, (7.2, 4.6))
+    fig, ax = figure_axes(ax, (7.2, 4.6))
     path = fit["path"]
     cyc = [e["cycle"] for e in path]
     slope = np.array([np.atleast_1d(e["slope"]) for e in path])
@@ -182,7 +158,7 @@ def coefficients(fit: dict, ax=None):
 def features(report: dict, ax=None):
     """The feature table as a dot plot: AUC overall and excluding the first position."""
     feats = report["features"]
-    fig, ax = _axes(ax, (7.2, 0.9 + 0.38 * len(feats)))
+    fig, ax = figure_axes(ax, (7.2, 0.9 + 0.38 * len(feats)))
     names = list(feats)[::-1]
     y = np.arange(len(names))
     ax.scatter([np.nan if feats[n]["auc"] is None else feats[n]["auc"] for n in names], y, color="k",
@@ -196,11 +172,10 @@ def features(report: dict, ax=None):
            title="Acceptance features")
     ax.grid(axis="x", alpha=0.3)
     ax.legend(fontsize=7, loc="lower left", framealpha=0.9)  # the points sit right of chance
-    _caption(fig, report)
+    add_caption(fig, report)
     return fig
 
 
-from svt.plots.hvd import hvd, hvd_map, yield_pr  # noqa: E402  (uses the helpers above)
 
 PLOTS = {"reliability": reliability, "roc": roc, "per-position": per_position, "pareto": pareto,
          "coefficients": coefficients, "features": features, "hvd": hvd, "yield-pr": yield_pr,

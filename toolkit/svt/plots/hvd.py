@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from svt.errors import DataError
-from svt.plots import COLORS, _axes, _caption
+from svt.plots.style import COLORS, add_caption, figure_axes
 
 
 def hvd(report: dict, ax=None):
@@ -51,7 +51,7 @@ def hvd(report: dict, ax=None):
     axes[-1].legend(fontsize=6, loc="best")
     fig.suptitle(f"Hybrid Verified Decoding replay, K = {sim['k']} ({sim['costs']['kind']} costs: "
                  f"{Path(sim['costs']['path']).name})", fontsize=9)
-    _caption(fig, report)
+    add_caption(fig, report)
     return fig
 
 
@@ -61,7 +61,7 @@ def yield_pr(report: dict, ax=None):
     yl = report.get("yield")
     if not yl or not yl.get("predictors"):
         raise DataError("The report has no yield predictors: run `svt evaluate` on a run with cache drafts.")
-    fig, ax = _axes(ax, (6.0, 4.8))
+    fig, ax = figure_axes(ax, (6.0, 4.8))
     for i, (name, b) in enumerate(yl["predictors"].items()):
         c = b.get("pr_curve") or {}
         if not c:
@@ -77,7 +77,7 @@ def yield_pr(report: dict, ax=None):
            title=f"High-yield cache drafts (accepted length >= {yl['high_yield']})\n"
                  f"{yl['requests']} scored requests")
     ax.legend(fontsize=7)
-    _caption(fig, report, "   dot: prediction >= threshold")
+    add_caption(fig, report, "   dot: prediction >= threshold")
     return fig
 
 
@@ -94,7 +94,7 @@ def hvd_map(report: dict, ax=None):
     grid = np.full((len(groups), len(strengths)), np.nan)
     for r in rows:
         grid[groups.index(r["group"]), strengths.index(r["strength"])] = 100.0 * r["hvd_gain_over_best_single"]
-    fig, ax = _axes(ax, (1.3 * len(strengths) + 2.6, 0.55 * len(groups) + 2.0))
+    fig, ax = figure_axes(ax, (1.3 * len(strengths) + 2.6, 0.55 * len(groups) + 2.0))
     lim = max(5.0, float(np.nanmax(np.abs(grid))))
     im = ax.imshow(grid, cmap="RdBu", vmin=-lim, vmax=lim, aspect="auto")
     for (i, j), v in np.ndenumerate(grid):
@@ -107,5 +107,5 @@ def hvd_map(report: dict, ax=None):
            title=f"HVD's gain over the better single source (predictor {hmap['predictor']})")
     fig.colorbar(im, ax=ax, label="time of best single source / HVD's − 1 (%)")
     costs = (report.get("hvd") or {}).get("costs") or {}
-    _caption(fig, report, f"   {Path(costs.get('path', '')).name} costs; τ chosen on other requests")
+    add_caption(fig, report, f"   {Path(costs.get('path', '')).name} costs; τ chosen on other requests")
     return fig

@@ -32,12 +32,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 from pathlib import Path
 
 from svt.errors import ConfigError, IncomparableError
-from svt.fileio import json_text, read_json
+from svt.fileio import atomic_path, json_text, read_json
 from svt.traces.identity import SCORE_TOLERANCE, same_data
 
 DIRECTIONS = {"auc": 1, "log_loss": -1, "ece": -1, "brier": -1, "throughput": 1, "interactivity": 1,
@@ -118,7 +117,7 @@ def metric_value(v, metric: str) -> float | None:
 
 def comparability_problems(base: dict, now: dict) -> list[str]:
     """Why two reports do not measure the same thing (empty when they do)."""
-    from svt.report.evaluate import REPORT_SCHEMA
+    from svt.report.schema import REPORT_SCHEMA
 
     problems = []
     sb, sn = base.get("report_schema"), now.get("report_schema")
@@ -456,7 +455,7 @@ def _hvd_rows(base, now, tolerances, skipped):
 
 # --- writing -------------------------------------------------------------------------------------
 
-def _num(v, metric: str) -> str:
+def format_number(v, metric: str) -> str:
     if v is None:
         return "—"
     if metric in ("throughput", "interactivity"):
@@ -464,11 +463,11 @@ def _num(v, metric: str) -> str:
     return f"{v:.4f}"
 
 
-def _threshold_text(r: dict) -> str:
+def threshold_text(r: dict) -> str:
     if r["interval"] is not None:
-        text = f"95% CI [{_num(r['interval'][0], r['metric'])}, {_num(r['interval'][1], r['metric'])}]"
-        return text + (f", difference ±{_num(r['combined'], r['metric'])}" if r.get("combined") is not None else "")
-    return f"±{_num(r['tolerance'], r['metric'])} ({'tolerance' if r['basis'] == 'tolerance' else 'default'})"
+        text = f"95% CI [{format_number(r['interval'][0], r['metric'])}, {format_number(r['interval'][1], r['metric'])}]"
+        return text + (f", difference ±{format_number(r['combined'], r['metric'])}" if r.get("combined") is not None else "")
+    return f"±{format_number(r['tolerance'], r['metric'])} ({'tolerance' if r['basis'] == 'tolerance' else 'default'})"
 
 
 MARK = {"regressed": "❌ regressed", "missing now": "❌ missing or invalid now", "improved": "✅ improved",
@@ -486,8 +485,8 @@ def _md_rows(rows: list[dict]) -> list[str]:
             "throughput", "interactivity") else f"{r['difference']:+,.1f}"
         arrow = "↑" if r["direction"] == "higher" else "↓"
         out.append(f"| {cell(r['section'])} | {cell(r['item'])} | {cell(r['where'])} | {r['metric']} {arrow} | "
-                   f"{_num(r['baseline'], r['metric'])} | {_num(r['now'], r['metric'])} | {diff} | "
-                   f"{_threshold_text(r)} | {MARK[r['verdict']]} |")
+                   f"{format_number(r['baseline'], r['metric'])} | {format_number(r['now'], r['metric'])} | {diff} | "
+                   f"{threshold_text(r)} | {MARK[r['verdict']]} |")
     return out
 
 
@@ -544,17 +543,13 @@ def write_regression(result: dict, out_dir: str | Path) -> tuple[Path, Path]:
     """regression.json and regression.md in ``out_dir`` (each written beside, then renamed)."""
     out = Path(out_dir)
     texts = {"regression.json": json_text(result), "regression.md": to_markdown(result)}
-    tmps = {name: out / f".{name}.tmp" for name in texts}
     try:
         out.mkdir(parents=True, exist_ok=True)
-        for name, text in texts.items():  # both written beside, then both renamed
-            tmps[name].write_text(text)
-        for name in texts:
-            os.replace(tmps[name], out / name)
+        # both written beside, then both renamed (the markdown first, on leaving the inner block)
+        with atomic_path(out / "regression.json") as tmp_json, atomic_path(out / "regression.md") as tmp_md:
+            tmp_json.write_text(texts["regression.json"])
+            tmp_md.write_text(texts["regression.md"])
     except OSError as exc:
-        for tmp in tmps.values():
-            if tmp.parent.is_dir():
-                tmp.unlink(missing_ok=True)
         raise ConfigError(f"Cannot write the regression report into {out}: {exc.strerror or exc}.") from None
     return out / "regression.json", out / "regression.md"
 

@@ -108,7 +108,7 @@ def evaluate_tables(report: dict) -> list:
 
 def regression_table(result: dict, top: int = 15) -> Table:
     """The regressions first, then the metrics nearest to their threshold (regression.md has all)."""
-    from svt.report.compare import MARK, _num, _threshold_text
+    from svt.report.compare import MARK, format_number, threshold_text
 
     rows = result["rows"][:max(top, result["regressed"])]
     t = new_table("section", "predictor / policy", "where", "metric", "baseline", "now", "difference", "threshold",
@@ -117,6 +117,6 @@ def regression_table(result: dict, top: int = 15) -> Table:
     for r in rows:
         diff = "—" if r["difference"] is None else f"{r['difference']:+.4g}"
         add_row(t, r["section"], r["item"], r["where"], f"{r['metric']} {'↑' if r['direction'] == 'higher' else '↓'}",
-                _num(r["baseline"], r["metric"]), _num(r["now"], r["metric"]), diff, _threshold_text(r),
+                format_number(r["baseline"], r["metric"]), format_number(r["now"], r["metric"]), diff, threshold_text(r),
                 MARK[r["verdict"]])
     return t

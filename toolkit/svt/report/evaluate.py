@@ -26,6 +26,7 @@ from svt.metrics.tables import (
     score_table,
 )
 from svt.report.lossless_audit import audit
+from svt.report.schema import REPORT_SCHEMA
 from svt.traces.identity import data_identity, experiment
 from svt.traces.io import open_run, open_runs
 
@@ -116,9 +117,6 @@ def load_drafts(runs: list[Path]) -> tuple[pl.DataFrame, pl.DataFrame | None, li
     opened = open_for_evaluation(runs)
     return (opened.drafts.collect(), pl.concat(opened.dists).collect() if opened.dists else None,
             opened.infos)
-
-
-REPORT_SCHEMA = 1  # report.json's layout; `svt compare` refuses reports of another schema
 
 
 def _feature_block(labelled: pl.LazyFrame, feat: Feature, opts: EvaluateOptions,
@@ -288,16 +286,6 @@ def _fit_labels(paths: list[str]) -> list[str]:
     return name_fits(paths, [estimator(load_fit(p)).label() for p in paths])
 
 
-def _split_fits(paths: list[str]) -> tuple[list[str], list[str]]:
-    """Acceptance fits (scored on drafts) and yield fits (scored on cache drafts)."""
-    from svt.fit import estimator, load_fit
-
-    acc, yld = [], []
-    for p in paths:
-        (yld if estimator(load_fit(p)).target == "yield" else acc).append(p)
-    return acc, yld
-
-
 def _live_run(opts: EvaluateOptions, feats: list[Feature]) -> dict:
     """Tokens per step of a live-AV run (its trimmed steps), to set against the replay of the same
     predictor at the same concurrency."""
@@ -446,7 +434,9 @@ def evaluate(runs: list[str | Path], opts: EvaluateOptions | None = None) -> dic
     if opts.by is not None and opts.by not in head.columns:
         raise DataError(f"Cannot group by {opts.by!r}: the drafts table has no such column "
                         f"(columns: {', '.join(head.columns)}).")
-    acc_fits, yield_fits = _split_fits(opts.fits)
+    from svt.fit import split_fits
+
+    acc_fits, yield_fits = split_fits(opts.fits)
     in_memory = bool(acc_fits or opts.bootstrap or opts.by or len(runs) > 1 or opts.costs or opts.live
                      or opened.dists or opts.in_memory)
     drafts = labelled = dists = None

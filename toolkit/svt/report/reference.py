@@ -11,7 +11,7 @@ import numpy as np
 
 from svt import __version__
 from svt.errors import DataError
-from svt.metrics.repetition import common_prefix_len, repeated_share
+from svt.metrics.repetition import common_prefix, repeated_share
 
 NGRAM = 8
 
@@ -24,11 +24,12 @@ NO_PROBABILITIES = ("A reference run has no target probabilities (its output is 
 def cache_only_report(runs: list, opts, infos: list[dict], metas: list[dict]) -> dict:
     """`svt evaluate` on runs without model drafts (reference runs, vLLM suffix runs): the cache,
     yield and HVD sections, and the realism table."""
-    from svt.report.evaluate import REPORT_SCHEMA, _split_fits
+    from svt.fit import split_fits
     from svt.report.hvd import hvd_report
+    from svt.report.schema import REPORT_SCHEMA
 
     check_reference_run(opts.reference_run)
-    acc_fits, yield_fits = _split_fits(opts.fits)
+    acc_fits, yield_fits = split_fits(opts.fits)
     if acc_fits:
         raise DataError(f"{acc_fits[0]}: an acceptance fit needs model drafts with target probabilities; these runs "
                         "have none (only cache drafts). Pass yield fits only.")
@@ -115,7 +116,7 @@ def realism_rows(run) -> dict[str, dict]:
             if r["request"] in refs and not is_reference:
                 ref = np.asarray(refs[r["request"]])
                 a["with_ref"] += 1
-                a["prefix"].append(common_prefix_len(output.tolist(), ref.tolist()))
+                a["prefix"].append(common_prefix(output, ref))
                 pos, hit_all, hit_out = repeated_share(prompt, ref, NGRAM)
                 a["ref"] = [a["ref"][0] + pos, a["ref"][1] + hit_all, a["ref"][2] + hit_out]
     out = {}

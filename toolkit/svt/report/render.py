@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from svt.errors import ConfigError, DataError
-from svt.fileio import json_text, read_json
+from svt.fileio import json_text, read_json, write_text_atomic
 
 HEAD = ("auc", "log_loss", "ece", "brier", "mean_pred", "accept_rate", "n")
 
@@ -381,8 +381,5 @@ def write_report(report: dict, out_dir: str | Path) -> tuple[Path, Path]:
     paths = []
     for name, text in (("report.json", json_text(report)),
                        ("report.md", to_markdown(report))):
-        tmp = out / f".{name}.tmp"
-        tmp.write_text(text)
-        os.replace(tmp, out / name)
-        paths.append(out / name)
+        paths.append(write_text_atomic(out / name, text))
     return paths[0], paths[1]

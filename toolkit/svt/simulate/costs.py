@@ -21,7 +21,7 @@ import numpy as np
 import yaml
 
 from svt.errors import ConfigError
-from svt.fileio import read_yaml
+from svt.fileio import read_yaml, write_text_atomic
 
 
 @dataclass
@@ -189,7 +189,4 @@ def write_costs(table: CostTable, path: str | Path, extra: dict | None = None) -
             **(extra or {}),
             "draft_ms": {b: {k: round(v, 4) for k, v in row.items()} for b, row in table.draft_ms.items()},
             "verify_ms": {t: round(v, 4) for t, v in table.verify_ms.items()}}
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(yaml.safe_dump(data, sort_keys=False))
-    tmp.replace(path)
-    return path
+    return write_text_atomic(path, yaml.safe_dump(data, sort_keys=False))

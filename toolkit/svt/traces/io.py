@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,7 +12,7 @@ from typing import Any
 import polars as pl
 
 from svt.errors import ConfigError, DataError, SchemaError
-from svt.fileio import json_text, parse_json
+from svt.fileio import atomic_path, json_text, parse_json, write_text_atomic
 from svt.traces.schema import SCHEMA_VERSION, TABLES, TableSchema, get_table
 
 RUN_META = "run.json"
@@ -53,19 +52,10 @@ def forget_shards(meta: dict[str, Any], table: str, names: set[str] | None = Non
         recs.pop(n, None)
 
 
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
 def write_meta(run_dir: Path, meta: dict[str, Any]) -> None:
     """Write run.json atomically (temporary name, then rename)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    _atomic_write_bytes(run_dir / RUN_META, json_text(meta, default=str).encode())
+    write_text_atomic(run_dir / RUN_META, json_text(meta, default=str), fsync=True)
 
 
 def read_meta(run_dir: Path) -> dict[str, Any]:
@@ -108,11 +98,8 @@ def write_shard(run_dir: Path, table: str, shard: int, frame: pl.DataFrame) -> P
     folder = Path(run_dir) / table
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / shard_name(shard)
-    tmp = folder / f".{path.name}.tmp"
-    frame.write_parquet(tmp, compression="zstd", statistics=True)
-    with open(tmp, "rb+") as fh:
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    with atomic_path(path, fsync=True) as tmp:
+        frame.write_parquet(tmp, compression="zstd", statistics=True)
     return path
 
 

@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import os
 
-SUPPORTED_VLLM = ("0.32.0",)
-TRACE_DIR_ENV = "SVT_TRACE_DIR"
+from svt.vllm_plugin.settings import TRACE_DIR_ENV
 
 
 def register() -> None:

@@ -19,13 +19,11 @@ import numpy as np
 import polars as pl
 
 from svt.collect.cache import (
-    CHAR_CLASSES,
-    _shares,
-    char_class_table,
-    common_prefix,
     teacher_forced_accepted,
 )
 from svt.errors import DataError, ModelLoadError
+from svt.features.char_classes import CHAR_CLASSES, char_class_shares, char_class_table
+from svt.metrics.repetition import common_prefix
 
 HISTORY = 8  # earlier rows the history features look back over (svt's own default)
 
@@ -93,9 +91,9 @@ def cache_rows(cache: pl.DataFrame, reqs: pl.DataFrame, k: int, target: str | No
                    "hist_yield_max": float(max(yields)) if yields else 0.0,
                    "lookup_ms": row["lookup_ms"], "oracle_accepted": common_prefix(d, out[t:]),
                    "model_accepted": int(model_acc[r][t])}
-            for name, v in zip(CHAR_CLASSES, _shares(classes, d), strict=True):
+            for name, v in zip(CHAR_CLASSES, char_class_shares(classes, d), strict=True):
                 rec[f"draft_{name}"] = float(v)
-            for name, v in zip(CHAR_CLASSES, _shares(classes, ctx[ctx.size - m:] if m else ctx[:0]), strict=True):
+            for name, v in zip(CHAR_CLASSES, char_class_shares(classes, ctx[ctx.size - m:] if m else ctx[:0]), strict=True):
                 rec[f"ctx_{name}"] = float(v)
             rows.append(rec)
             earlier.append((t, d))

@@ -292,9 +292,9 @@ def finish_spool(trace_dir: str | Path, out: str | Path, *, overwrite: bool = Fa
                         "from (a step the drafter did not run, e.g. past max_model_len); the trace would miss "
                         "them, so no run is written.")
 
-    from svt.collect.runner import _staging, _swap_in
+    from svt.traces.rundir import staging_path, swap_in
 
-    staged = _staging(out)
+    staged = staging_path(out)
     shutil.rmtree(staged, ignore_errors=True)
     try:
         try:
@@ -304,7 +304,7 @@ def finish_spool(trace_dir: str | Path, out: str | Path, *, overwrite: bool = Fa
                             f"{str(exc).replace(str(staged), 'the run')}") from None
         if verify is not None:
             verify(staged)
-        _swap_in(staged, out)
+        swap_in(staged, out)
     except BaseException:
         try:
             remove_partial(staged)

@@ -1,5 +1,5 @@
 """Every private vLLM internal the plugin touches, in one module, for the version it was written
-against (:data:`svt.vllm_plugin.SUPPORTED_VLLM`).
+against (:data:`svt.vllm_plugin.settings.SUPPORTED_VLLM`).
 
 Hooks (each calls vLLM's own function and does nothing more while no recorder is active):
 
@@ -27,7 +27,8 @@ import time
 
 import torch
 
-from svt.vllm_plugin import SUPPORTED_VLLM, TRACE_DIR_ENV
+from svt.vllm_plugin.settings import SUPPORTED_VLLM, TRACE_DIR_ENV
+from svt.vllm_plugin.state import active
 from svt.vllm_plugin.stats import draft_log_probs_from_logits, draft_stats, target_stats
 
 log = logging.getLogger("svt.vllm_plugin")
@@ -79,8 +80,6 @@ def _guard() -> _Guard:
 
 
 def _recorder():
-    from svt.vllm_plugin.recorder import active
-
     return active()
 
 

@@ -27,7 +27,9 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from svt.fileio import json_text
+from svt.fileio import atomic_path, json_text, write_text_atomic
+from svt.vllm_plugin import internals
+from svt.vllm_plugin.state import active, set_active
 
 FLUSH_ROWS_ENV = "SVT_TRACE_FLUSH_ROWS"
 WORKLOAD_ENV = "SVT_WORKLOAD"
@@ -60,9 +62,8 @@ class Proposal:
 
 
 def _atomic_write(frame: pl.DataFrame, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    frame.write_parquet(tmp, compression="zstd")
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        frame.write_parquet(tmp, compression="zstd")
 
 
 class Recorder:
@@ -226,30 +227,18 @@ class Recorder:
 
 
 def _write_json(path: Path, obj) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json_text(obj, default=str))
-    os.replace(tmp, path)
-
-
-_ACTIVE: Recorder | None = None
-
-
-def active() -> Recorder | None:
-    """The process's recorder, or None when tracing is off."""
-    return _ACTIVE
+    write_text_atomic(path, json_text(obj, default=str))
 
 
 def activate(trace_dir: str | Path) -> Recorder:
     """Turn tracing on in this process (idempotent for one directory): check the vLLM version,
     install the hooks, flush at exit."""
-    global _ACTIVE
-    if _ACTIVE is not None:
-        if Path(trace_dir).resolve() != _ACTIVE.dir.parent.parent.resolve():
-            raise RuntimeError(f"svt: this process already traces into {_ACTIVE.dir.parent.parent}; one "
+    current = active()
+    if current is not None:
+        if Path(trace_dir).resolve() != current.dir.parent.parent.resolve():
+            raise RuntimeError(f"svt: this process already traces into {current.dir.parent.parent}; one "
                                "trace directory per process.")
-        return _ACTIVE
-    from svt.vllm_plugin import internals
-
+        return current
     internals.check_version()
     # the hooks are in vLLM's V1 model runner; vLLM 0.32.0 picks its V2 runner on GPU builds unless told
     v2 = os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "").strip().lower()
@@ -259,14 +248,13 @@ def activate(trace_dir: str | Path) -> Recorder:
     os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
     rec = Recorder(trace_dir)
     internals.install()
-    _ACTIVE = rec
+    set_active(rec)
     atexit.register(rec.flush)
     return rec
 
 
 def deactivate() -> None:
     """Flush and stop recording (the hooks stay installed and do nothing)."""
-    global _ACTIVE
-    if _ACTIVE is not None:
-        _ACTIVE.flush()
-    _ACTIVE = None
+    if active() is not None:
+        active().flush()
+    set_active(None)

@@ -5,7 +5,7 @@ import json
 
 from svt.collect.reference_run import collect_reference
 from svt.config import load_collect_config
-from svt.models.measure_tiny import task_goals, toolcall_first_lines
+from svt.report.measure_tiny import task_goals, toolcall_first_lines
 
 HEAD = ('# Agent session: reading `{m}` one function at a time.\ncalls = []\n'
         'calls.append(tool("read_function", module="{m}", name="a", line=1))\n')
@@ -39,7 +39,7 @@ def test_goals_on_bad_input_say_so_in_one_line(tmp_path):
     import pytest
 
     from svt.errors import DataError
-    from svt.models.measure_tiny import hvd_against_cache_only, main
+    from svt.report.measure_tiny import hvd_against_cache_only, main
 
     with pytest.raises(SystemExit, match="expected a run directory"):
         main(["--goals", str(tmp_path)])

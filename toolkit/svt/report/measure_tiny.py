@@ -1,7 +1,7 @@
 """Measure how the built-in pair behaves as a speculative pair (the figures in data/models/README.md).
 
-    python -m svt.models.measure_tiny --requests 96 --out reports/tiny_pair.md
-    python -m svt.models.measure_tiny --goals runs/hvd --hvd-report reports/hvd-h100   # after make demo
+    python -m svt.report.measure_tiny --requests 96 --out reports/tiny_pair.md
+    python -m svt.report.measure_tiny --goals runs/hvd --hvd-report reports/hvd-h100   # after make demo
 
 For each draft and for temperature 1 and greedy: collect on the three shipped workloads (K = 5,
 128 new tokens), then report acceptance (overall, and by position in both conventions), mean
@@ -23,8 +23,8 @@ import polars as pl
 
 from svt.collect.runner import collect
 from svt.config import load_collect_config
+from svt.report.summary import acceptance_by_position, run_summary
 from svt.traces import open_run
-from svt.traces.summary import acceptance_by_position, run_summary
 
 
 def measure(models: Path, requests: int, max_new_tokens: int, seed: int = 0) -> str:

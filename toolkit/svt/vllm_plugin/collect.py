@@ -46,9 +46,10 @@ def request_seed(seed: int, request: int) -> int:
 
 def collect_vllm(cfg, out: str | Path, *, config_path=None, overwrite: bool = False, progress: bool = True):
     """Run the config's workloads through vLLM with tracing on; write the run ``out``."""
-    from svt.collect.runner import CollectSummary, file_sha256
     from svt.collect.workloads import encode_prompt, interleave, read_workload, resolve_workload
     from svt.config import resolve_path, to_dict
+    from svt.fileio import file_sha256
+    from svt.traces.rundir import RunSummary
 
     for key, bad in (("av", cfg.av is not None), ("hvd", cfg.hvd is not None), ("cache", cfg.cache is not None),
                      ("log.hidden", cfg.log.hidden), ("log.dists_fraction", cfg.log.dists_fraction > 0)):
@@ -137,7 +138,7 @@ def collect_vllm(cfg, out: str | Path, *, config_path=None, overwrite: bool = Fa
         shutil.rmtree(spool, ignore_errors=True)
         signal.signal(signal.SIGTERM, previous)
     c = run_meta["counts"]
-    return CollectSummary(out, c["requests"], c["drafts"], c["labelled"], c["accepted"], c["output_tokens"],
+    return RunSummary(out, c["requests"], c["drafts"], c["labelled"], c["accepted"], c["output_tokens"],
                           c["steps"], seconds, 0)
 
 

@@ -1,0 +1,151 @@
+"""The run directory's lifecycle, in one place: refuse what must not be replaced, write an
+overwrite beside the old run and swap it in at the end, commit a batch's shards (``requests``
+last) and record them in run.json, find the batches a resumed run already holds, and finish the
+run with its counts. Every writer of a run directory (collect, reference runs, shard merges, the
+vLLM spool's finish, synthetic runs) goes through here."""
+
+from __future__ import annotations
+
+import datetime as dt
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+from svt.errors import ConfigError
+from svt.traces.io import (
+    SHARD_RE,
+    forget_shards,
+    list_shards,
+    open_run,
+    read_meta,
+    record_shards,
+    shard_ids,
+    stray_files,
+    write_meta,
+    write_shard,
+)
+from svt.traces.schema import TABLES
+
+
+@dataclass
+class RunSummary:
+    run_dir: Path
+    requests: int
+    drafts: int
+    labelled: int
+    accepted: int
+    output_tokens: int
+    steps: int
+    seconds: float
+    resumed_batches: int
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.labelled if self.labelled else float("nan")
+
+
+def prepare_dir(out: Path, *, resume: bool, overwrite: bool, config: dict) -> dict | None:
+    """Refuse a non-empty directory unless resuming or overwriting; return the old meta on resume.
+    Nothing is deleted here: an overwrite is written beside the old run and swapped in at the end."""
+    if resume and overwrite:
+        raise ConfigError("Use either --resume or --overwrite, not both.")
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"Output {str(out)!r} exists and is not a directory.")
+    non_empty = out.is_dir() and any(out.iterdir())
+    if resume:
+        if not non_empty:
+            raise ConfigError(f"Nothing to resume: {str(out)!r} is empty or missing.")
+        for table in TABLES:
+            stray = stray_files(out, table)
+            if stray:
+                raise ConfigError(f"Cannot resume {str(out)!r}: {stray[0]} is not a shard of the run "
+                                  "(shards are named part-NNNNN.parquet); move it out first.")
+        meta = read_meta(out)
+        if meta.get("config") != config:
+            old, new = meta.get("config", {}), config
+            diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+            raise ConfigError(
+                f"Cannot resume {str(out)!r}: its config differs in {', '.join(diff)}. "
+                "Resume with the same config, or use --overwrite."
+            )
+        return meta
+    if non_empty:
+        if not overwrite:
+            raise ConfigError(
+                f"Output directory {str(out)!r} is not empty; pass --resume to continue it or "
+                "--overwrite to replace it."
+            )
+        if not (out / "run.json").is_file():
+            raise ConfigError(
+                f"Refusing to overwrite {str(out)!r}: it is not a run directory (no run.json)."
+            )
+    return None
+
+
+def staging_path(out: Path) -> Path:
+    """Where an overwrite is written before it replaces ``out`` (beside it, same filesystem)."""
+    return out.parent / f".{out.name}.svt-new"
+
+
+def swap_in(staged: Path, out: Path) -> None:
+    """Replace the old run by the finished new one: rename old aside, new in, then delete old."""
+    old = out.parent / f".{out.name}.svt-old"
+    shutil.rmtree(old, ignore_errors=True)
+    if out.exists():
+        out.rename(old)
+    staged.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def completed_batches(out: Path, old_meta: dict | None) -> set[int]:
+    """Batches a resumed run already holds: those whose ``requests`` shard run.json recorded (or,
+    for runs written before shard records, whose ``requests`` shard exists). Every other shard is
+    left over from an interrupted batch and is removed (it is redone), with its record."""
+    if not old_meta:
+        return set()
+    recorded = (old_meta.get("shards") or {}).get("requests")
+    done = shard_ids(out, "requests")
+    if recorded is not None:
+        done &= {int(SHARD_RE.fullmatch(n).group(1)) for n in recorded if SHARD_RE.fullmatch(n)}
+    for table in TABLES:
+        for shard in list_shards(out, table):
+            if int(SHARD_RE.fullmatch(shard.name).group(1)) not in done:
+                shard.unlink()
+                forget_shards(old_meta, table, {shard.name})
+    return done
+
+
+def commit_batch(out: Path, meta: dict, b: int, frames: dict[str, pl.DataFrame]) -> None:
+    """Write one batch's shards (``requests`` last), then record them all in run.json: a batch is
+    complete once run.json records its ``requests`` shard."""
+    written = {}
+    for table in ("drafts", "steps", "hidden", "dists", "cache_drafts", "references", "requests"):
+        if table in frames:
+            written[table] = write_shard(out, table, b, frames[table])
+    for table, path in written.items():
+        record_shards(meta, table, [path])
+    write_meta(out, meta)
+
+
+def finish_run(out: Path, meta: dict, seconds: float, resumed: int) -> RunSummary:
+    run = open_run(out, deep=False)
+    d = run.scan("drafts").select(
+        pl.len().alias("drafts"),
+        pl.col("label").is_not_null().sum().alias("labelled"),
+        (pl.col("label") == 1).sum().alias("accepted"),
+    ).collect().row(0, named=True)
+    s = run.scan("steps").select(pl.len().alias("steps")).collect().item()
+    r = run.scan("requests").select(pl.len().alias("n"), pl.col("output_ids").list.len().sum().alias("tok"))
+    r = r.collect().row(0, named=True)
+    meta.update({
+        "status": "complete",
+        "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "counts": {"requests": r["n"], "steps": s, "drafts": d["drafts"], "labelled": d["labelled"],
+                   "accepted": d["accepted"], "output_tokens": r["tok"]},
+        "last_session_seconds": round(seconds, 2),
+    })
+    write_meta(out, meta)
+    return RunSummary(out, r["n"], d["drafts"], d["labelled"], d["accepted"], r["tok"], s, seconds,
+                          resumed)
