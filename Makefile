@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: setup test demo bench lint models workloads clean mutate regression baseline setup-vllm test-vllm gpu-check
+.PHONY: setup test demo bench lint models workloads clean mutate regression baseline setup-vllm test-vllm gpu-check docs
 
 setup: $(VENV)/.svt-installed
 
@@ -116,6 +116,10 @@ bench: setup
 # GPU_CHECK_DEVICE=cpu runs its dry run. Results in $$OUT (the device tool's) or reports/gpu/.
 gpu-check:
 	bash scripts/gpu_check.sh
+
+# The manual (docs/, mkdocs) into build/site/; strict: a broken link or a missing page fails.
+docs: setup
+	$(VENV)/bin/mkdocs build --strict
 
 # Mutation check (not part of `make test`): planted bugs, each must make the tests fail.
 mutate: setup

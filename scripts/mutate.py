@@ -91,9 +91,9 @@ MUTANTS = [
       "            if False:  # a stable sort", ("tests/metrics",)),
     M("segment-scope-position", "scale", "metrics/ordered.py", "scope(np.flatnonzero(pv > 0), k + 1)",
       "scope(np.flatnonzero(pv >= 0), k + 1)", ("tests/metrics",)),
-    M("fingerprint-order", "scale", "report/evaluate.py",
-      "acc[0] = (acc[0] + int(h.sum(dtype=np.uint64))) & mask",
-      "acc[0] = (acc[0] * 3 + int(h.sum(dtype=np.uint64))) & mask", ("tests/report/test_streaming.py",)),
+    M("fingerprint-order", "scale", "traces/identity.py",
+      "self.acc[0] = (self.acc[0] + int(h.sum(dtype=np.uint64))) & _MASK",
+      "self.acc[0] = (self.acc[0] * 3 + int(h.sum(dtype=np.uint64))) & _MASK", ("tests/report/test_streaming.py",)),
     M("replay-steps-per-request", "scale", "fit/__init__.py", "for kk in keys[1:3]:\n                new_step",
       "for kk in keys[1:4]:\n                new_step", ("tests/fit/test_replay_arrays.py",)),
     M("synthetic-order", "scale", "traces/synthetic.py", '.sort("_b", "step", "request", "position")',
@@ -224,7 +224,7 @@ MUTANTS = [
     M("strength-one-power-short", "reference runs", "simulate/hvd_sweep.py",
       "if 1.0 + sum(mid ** i for i in range(1, k + 1)) < tokens:", "if 1.0 + sum(mid ** i for i in range(1, k)) < tokens:",
       ("tests/simulate/test_hvd_sweep.py",)),
-    M("profile-batches-ignored", "GPU check", "cli.py", "batches=parse_batches(profile_batches)",
+    M("profile-batches-ignored", "GPU check", "cli.py", "batches=parse_batches(batches)",
       "batches=parse_batches(None)", ("tests/test_gpu_check.py",)),
     M("random-pair-no-tokenizer", "GPU check", "models/random_pair.py",
       'if f.name.startswith(("tokenizer", "special_tokens")):', 'if f.name.startswith("special_tokens"):',
@@ -331,11 +331,25 @@ def _run(dst: Path, tests: tuple[str, ...], full: bool, timeout: int) -> tuple[b
         return False, time.time() - t0  # a hang counts as caught (the suite would not pass)
 
 
+def stale(mutants) -> list[str]:
+    """Mutants that no longer apply: a snippet not found exactly once, a test file that is gone."""
+    bad = []
+    for m in mutants:
+        path = ROOT / "toolkit" / "svt" / m.file
+        n = path.read_text().count(m.old) if path.is_file() else 0
+        if n != 1:
+            bad.append(f"{m.id}: snippet found {n} times in {m.file}")
+        bad += [f"{m.id}: no test file {t}" for t in m.tests if not (ROOT / t.split("::")[0]).exists()]
+    return bad
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--only", nargs="*", help="mutant ids to run")
     ap.add_argument("--full", action="store_true", help="run the whole suite for every mutant")
     ap.add_argument("--list", action="store_true")
+    ap.add_argument("--check", action="store_true",
+                    help="only check that every mutant's snippet occurs once and its tests exist (seconds)")
     ap.add_argument("--timeout", type=int, default=900)
     ap.add_argument("--out", type=Path, default=ROOT / "reports" / "mutate.json")
     args = ap.parse_args(argv)
@@ -344,6 +358,10 @@ def main(argv=None) -> int:
         for m in chosen:
             print(f"{m.id:28s} {m.area:20s} {m.file}")
         return 0
+    if args.check:
+        bad = stale(chosen)
+        print("\n".join(bad) or f"{len(chosen)} mutants apply")
+        return 1 if bad else 0
     results = []
     with tempfile.TemporaryDirectory(prefix="svt-mutate-") as tmp:
         dst = Path(tmp)

@@ -28,7 +28,7 @@ def tiny_pair():
 @pytest.fixture(scope="session")
 def small_run(tmp_path_factory, models_dir):
     """A real 9-request run of the tiny pair over the three shipped workloads, with dists."""
-    from svt.collect.runner import collect
+    from svt.collect import collect
     from svt.config import load_collect_config
 
     base = {"target": str(models_dir / "target"), "draft": str(models_dir / "draft-large"),
@@ -43,7 +43,7 @@ def small_run(tmp_path_factory, models_dir):
 @pytest.fixture(scope="session")
 def greedy_run(tmp_path_factory, models_dir):
     """A real greedy 12-request run of the tiny pair with cache drafts (SuffixDecoding)."""
-    from svt.collect.runner import collect
+    from svt.collect import collect
     from svt.config import load_collect_config
 
     base = {"target": str(models_dir / "target"), "draft": str(models_dir / "draft-large"),

@@ -6,7 +6,7 @@ import json
 import polars as pl
 import pytest
 
-from svt.collect.runner import collect
+from svt.collect import collect
 from svt.config import load_collect_config
 from svt.errors import ConfigError
 from svt.fit import fit_runs, predict, save_fit

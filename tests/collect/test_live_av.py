@@ -7,7 +7,7 @@ import polars as pl
 import pytest
 import yaml
 
-from svt.collect.runner import collect
+from svt.collect import collect
 from svt.config import load_collect_config
 from svt.errors import SchemaError
 from svt.fit import fit_runs, save_fit

@@ -5,11 +5,11 @@ import json
 import polars as pl
 import pytest
 
-from svt.collect import runner as runner_mod
-from svt.collect.runner import collect
+from svt.collect import collect
 from svt.config import load_collect_config
 from svt.errors import ConfigError
 from svt.traces import open_run
+from svt.traces import rundir as rundir_mod
 
 
 @pytest.fixture()
@@ -64,18 +64,18 @@ def test_collect_writes_a_valid_run(cfg, tmp_path):
 
 def test_resume_after_interrupt_equals_uninterrupted(cfg, tmp_path, monkeypatch):
     collect(cfg, tmp_path / "full", progress=False)
-    real = runner_mod.write_shard
+    real = rundir_mod.write_shard
 
     def flaky(run_dir, table, shard, frame):
         if shard == 1 and table == "steps":  # batch 1 half written: drafts yes, requests no
             raise KeyboardInterrupt
         return real(run_dir, table, shard, frame)
 
-    monkeypatch.setattr(runner_mod, "write_shard", flaky)
+    monkeypatch.setattr(rundir_mod, "write_shard", flaky)
     with pytest.raises(KeyboardInterrupt):
         collect(cfg, tmp_path / "part", progress=False)
     assert (tmp_path / "part" / "drafts" / "part-00001.parquet").exists()
-    monkeypatch.setattr(runner_mod, "write_shard", real)
+    monkeypatch.setattr(rundir_mod, "write_shard", real)
     with pytest.raises(ConfigError, match="not empty"):
         collect(cfg, tmp_path / "part", progress=False)
     s = collect(cfg, tmp_path / "part", resume=True, progress=False)

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from svt.cli import app
-from svt.collect.runner import collect
+from svt.collect import collect
 from svt.errors import ConfigError, DataError, ModelLoadError
 from svt.traces import open_run
 

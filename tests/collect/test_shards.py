@@ -12,7 +12,7 @@ import yaml
 from typer.testing import CliRunner
 
 from svt.cli import app
-from svt.collect.runner import collect
+from svt.collect import collect
 from svt.collect.shards import merge_shards, parse_shard, shard_batches
 from svt.config import load_collect_config
 from svt.errors import ConfigError

@@ -108,7 +108,7 @@ def _tiny_synthetic():
 
 
 def test_live_hvd_equals_its_replay_on_the_device(tmp_path):
-    from svt.collect.runner import collect
+    from svt.collect import collect
     from svt.config import load_collect_config
     from svt.fit import fit_runs, save_fit
     from svt.traces.io import open_run

@@ -122,6 +122,39 @@ def test_deferred_reduction_equals_per_call():
     assert all(isinstance(c, torch.Tensor) for c in big)
 
 
+def test_the_draft_hook_applies_the_memory_bound(monkeypatch):
+    """The hook vLLM's proposer calls once per draft position (no engine: a stand-in proposer and
+    original) keeps distributions pending only up to DEFER_ELEMENTS; past it, what is pending is
+    reduced to statistics on the spot, equal to the deferred ones."""
+    from types import SimpleNamespace
+
+    from svt.vllm_plugin import internals
+
+    g = torch.Generator().manual_seed(1)
+    steps = [(torch.randint(0, 50, (4,), generator=g), torch.softmax(torch.randn(4, 50, generator=g), -1))
+             for _ in range(5)]
+    it = iter(steps)
+    monkeypatch.setitem(internals.ORIGINALS, "sample_draft_tokens", lambda self, h, m: next(it))
+    proposer = SimpleNamespace(model=SimpleNamespace(compute_logits=lambda *a: None))
+    meta = SimpleNamespace(all_greedy=False, temperature=None)
+
+    def propose(bound):
+        monkeypatch.setattr(internals, "DEFER_ELEMENTS", bound)
+        calls = []
+        monkeypatch.setitem(internals._draft, "calls", calls)
+        for _ in range(len(steps)):
+            internals._sample_draft_tokens(proposer, None, meta)
+        return calls
+
+    pending = propose(1 << 24)
+    assert all(isinstance(c, tuple) for c in pending)  # under the bound: deferred
+    it = iter(steps)
+    bounded = propose(3 * 4 * 50)  # three positions' distributions at most
+    assert sum(isinstance(c, tuple) for c in bounded) < 3  # reduced as they came
+    for a, b in zip(internals._reduce_all(bounded), internals._reduce_all(pending), strict=True):
+        torch.testing.assert_close(a, b)
+
+
 def test_logit_capture_is_undone():
     from svt.vllm_plugin import internals
 

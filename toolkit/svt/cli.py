@@ -29,6 +29,18 @@ err = Console(stderr=True, width=None if sys.stderr.isatty() else WIDE)
 out = Console(width=None if sys.stdout.isatty() else WIDE)
 
 
+# --feature-module, the same for every command that reads features (evaluate, fit, collect's live AV)
+FeatureModule = Annotated[str | None, typer.Option(
+    help="Python module whose @svt.features.feature functions add features (e.g. my_pkg.feats).")]
+
+
+def _load_features(module: str | None) -> None:
+    if module is not None:
+        from svt.features import load_feature_module
+
+        load_feature_module(module)
+
+
 def _say(message: str) -> None:
     """A plain line: paths and names are never read as rich markup."""
     out.print(message, markup=False, highlight=False)
@@ -68,6 +80,7 @@ def collect(
              "target forward: each prompt's reference is the output; cache drafts with oracle yields, "
              "model-drafter yields from `draft:` teacher-forced or a `stand_in:`). Default: the "
              "config's `engine` (svt).")] = None,
+    feature_module: FeatureModule = None,
 ) -> None:
     """Run speculative decoding on a local target/draft pair and log every draft with its label.
 
@@ -75,69 +88,59 @@ def collect(
     Costs:   [bold]svt collect configs/collect/demo.yaml --profile-costs --out costs/tiny-cpu.yaml[/]
     Real text: [bold]svt collect configs/collect/reference.yaml --out runs/ref[/] (engine: reference)
     """
-    from svt.collect.runner import collect as run_collect
-    from svt.config import load_collect_config, parse_set
+    from svt.collect.engines import collect as run_collect
+    from svt.collect.shards import parse_shard
 
     try:
-        from svt.config import ENGINES
-
-        if engine is not None and engine not in ENGINES:
-            raise ConfigError(f"Unknown --engine {engine!r}: expected {', '.join(ENGINES)}.")
-        overrides = parse_set(set_ or [])
-        for key, value in (("requests", limit_requests), ("max_new_tokens", max_new_tokens),
-                           ("seed", seed), ("device", device), ("workloads", workload), ("engine", engine)):
-            if value is not None:
-                overrides[key] = value
-        cfg = load_collect_config(config, overrides)
-        engine = cfg.engine
-        if engine != "svt" and (shard is not None or profile_costs or resume):
-            raise ConfigError(f"--engine {engine} collects whole runs: --shard, --resume and --profile-costs are "
-                              "svt-engine options.")
-        if shard is not None and profile_costs:
-            raise ConfigError("--shard splits a collection; --profile-costs does not collect.")
-        if profile_batches is not None and not profile_costs:
-            raise ConfigError("--profile-batches goes with --profile-costs.")
+        _load_features(feature_module)  # a live-AV fit may score a feature of the user's
+        cfg = _collect_config(config, set_, requests=limit_requests, max_new_tokens=max_new_tokens, seed=seed,
+                              device=device, workloads=workload, engine=engine)
         if profile_costs:
-            from svt.simulate.costs import check_costs_out
-
-            check_costs_out(out_dir, overwrite=overwrite)  # before the minutes of profiling
-            from svt.collect.profile import parse_batches, profile_pair
-            from svt.config import resolve_path
-            from svt.models import load_pair
-            from svt.simulate.costs import write_costs
-
-            pair = load_pair(resolve_path(cfg.target, config), resolve_path(cfg.draft, config),
-                             device=cfg.device, dtype=cfg.dtype)
-            table = profile_pair(pair.target, pair.draft, k=cfg.k, batches=parse_batches(profile_batches),
-                                 progress=None if quiet else lambda b: _say(f"profiled batch {b}"))
-            write_costs(table, out_dir, {"models": {k: v["path"] for k, v in pair.identity().items()
-                                                    if isinstance(v, dict) and "path" in v}})
-            _say(f"wrote {out_dir}")
-            return
-        if engine == "vllm":
-            from svt.vllm_plugin.collect import collect_vllm
-
-            summary = collect_vllm(cfg, out_dir, config_path=config, overwrite=overwrite, progress=not quiet)
-        elif engine == "reference":
-            from svt.collect.reference_run import collect_reference
-
-            summary = collect_reference(cfg, out_dir, config_path=config, overwrite=overwrite, progress=not quiet)
-            out.print(f"wrote {summary.run_dir}: {summary.requests} requests, {summary.output_tokens:,} reference "
-                      f"tokens (no model drafts: a reference run) in {summary.seconds:.1f} s")
-            return
-        else:
-            from svt.collect.shards import parse_shard
-
-            summary = run_collect(cfg, out_dir, config_path=config, resume=resume, overwrite=overwrite,
-                                  progress=not quiet, shard=parse_shard(shard))
+            if shard is not None or resume or cfg.engine != "svt":
+                raise ConfigError("--profile-costs measures svt's engine on the pair; it takes no --shard, "
+                                  "--resume or other --engine.")
+            return _profile_costs(cfg, config, out_dir, profile_batches, overwrite=overwrite, quiet=quiet)
+        if profile_batches is not None:
+            raise ConfigError("--profile-batches goes with --profile-costs.")
+        summary = run_collect(cfg, out_dir, config_path=config, resume=resume, overwrite=overwrite,
+                              progress=not quiet, shard=parse_shard(shard))
     except SvtError as exc:
         raise _fail(exc) from None
+    if cfg.engine == "reference":
+        _say(f"wrote {summary.run_dir}: {summary.requests} requests, {summary.output_tokens:,} reference "
+             f"tokens (no model drafts: a reference run) in {summary.seconds:.1f} s")
+        return
     out.print(
         f"wrote {summary.run_dir}: {summary.requests} requests, {summary.drafts:,} drafts "
         f"({summary.labelled:,} labelled, acceptance {summary.acceptance:.3f}), "
         f"{summary.output_tokens:,} tokens in {summary.seconds:.1f} s"
         + (f" (resumed after {summary.resumed_batches} complete batches)" if summary.resumed_batches else "")
     )
+
+
+def _collect_config(config: Path, set_: list[str] | None, **flags):
+    """The collect config with ``--set`` keys and the named flags (None: not given) applied."""
+    from svt.config import load_collect_config, parse_set
+
+    overrides = parse_set(set_ or [])
+    overrides.update({k: v for k, v in flags.items() if v is not None})
+    return load_collect_config(config, overrides)
+
+
+def _profile_costs(cfg, config: Path, out_dir: Path, batches: str | None, *, overwrite: bool, quiet: bool) -> None:
+    from svt.collect.profile import parse_batches, profile_pair
+    from svt.config import resolve_path
+    from svt.models import load_pair
+    from svt.simulate.costs import check_costs_out, write_costs
+
+    check_costs_out(out_dir, overwrite=overwrite)  # before the minutes of profiling
+    pair = load_pair(resolve_path(cfg.target, config), resolve_path(cfg.draft, config),
+                     device=cfg.device, dtype=cfg.dtype)
+    table = profile_pair(pair.target, pair.draft, k=cfg.k, batches=parse_batches(batches),
+                         progress=None if quiet else lambda b: _say(f"profiled batch {b}"))
+    write_costs(table, out_dir, {"models": {k: v["path"] for k, v in pair.identity().items()
+                                            if isinstance(v, dict) and "path" in v}})
+    _say(f"wrote {out_dir}")
 
 
 @app.command("vllm-finish")
@@ -229,8 +232,7 @@ def evaluate(
     out_dir: Annotated[Path, typer.Option("--out", "-o", help="Report directory (report.json, report.md).")],
     feature: Annotated[list[str] | None, typer.Option(
         help="Feature to score (repeat for several); default: the built-in table.")] = None,
-    feature_module: Annotated[str | None, typer.Option(
-        help="Python module whose @svt.features.feature functions add features.")] = None,
+    feature_module: FeatureModule = None,
     by: Annotated[str | None, typer.Option(help="Also report per value of a drafts column, e.g. workload.")] = None,
     bins: Annotated[int, typer.Option(help="ECE bins.")] = 10,
     bootstrap: Annotated[int, typer.Option(help="Request-level bootstrap resamples for 95% intervals.")] = 0,
@@ -380,69 +382,37 @@ def fit(
     label_delay: Annotated[int | None, typer.Option(help="irls-online: decode steps before a label reaches "
                                                          "the estimator (default 1, as in an engine).")] = None,
     test_fraction: Annotated[float, typer.Option(help="Offline fitters: share of requests held out.")] = 0.3,
-    mlp_hidden: Annotated[int, typer.Option(help="head: width of a hidden MLP layer (0 = linear head); "
-                                                 "yield-mlp: hidden width (0 = 64).")] = 0,
-    device: Annotated[str, typer.Option(help="head: training device (auto, cpu, cuda).")] = "auto",
+    mlp_hidden: Annotated[int | None, typer.Option(help="head: width of a hidden MLP layer (0 = linear head, "
+                                                        "the default); yield-mlp: hidden width (0 = 64).")] = None,
+    device: Annotated[str | None, typer.Option(help="head: training device (auto, cpu, cuda; default auto).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the request split.")] = 0,
     by: Annotated[str | None, typer.Option(help="Fit one predictor per value of a drafts column "
                                                 "(e.g. workload) and print slope and first intercept "
                                                 "against the mean draft entropy.")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing fit file in --out (never any other file).")] = False,
+    feature_module: FeatureModule = None,
 ) -> None:
     """Fit an acceptance predictor on labelled drafts and save it as a file.
 
     Example: [bold]svt fit runs/demo --model irls-online --out fits/online.json[/]
     Yield:   [bold]svt fit runs/greedy --model yield-mlp --out fits/yield-mlp.json[/]
     """
-    import dataclasses
-
-    from svt.fit import PRESETS, check_fit_out, fit_runs, save_fit
+    from svt.fit import check_fit_out, fit_runs, save_fit
     from svt.fit.studies import fit_by_group
 
     try:
+        _load_features(feature_module)
         if by is None:
             check_fit_out(out_path, overwrite)  # before the fitting, which can take minutes
-        if preset is not None and preset not in PRESETS:
-            raise ConfigError(f"Unknown preset {preset!r}; known presets: {', '.join(PRESETS)}.")
-        online_only = {"--preset": preset, "--cycle-steps": cycle_steps, "--damping": damping, "--ridge": ridge,
-                       "--label-delay": label_delay}
-        given = [k for k, v in online_only.items() if v is not None]
-        if given and model != "irls-online":
-            raise ConfigError(f"{', '.join(given)} set(s) the online estimator; --model {model} does not use it.")
-        online = dataclasses.replace(PRESETS[preset or "source"])
-        for key, value in (("feature", feature), ("cycle_steps", cycle_steps), ("damping", damping),
-                           ("ridge", ridge), ("label_delay", label_delay)):
-            if value is not None:
-                setattr(online, key, value)
-        if per_position_slope:
-            online.per_position_slope = True
-        kwargs = dict(feature=feature, features=features, per_position_slope=per_position_slope,
-                      online=online, test_fraction=test_fraction, seed=seed, mlp_hidden=mlp_hidden,
-                      device=device)
+        online = _online_options(model, preset=preset, feature=feature, cycle_steps=cycle_steps, damping=damping,
+                                 ridge=ridge, label_delay=label_delay, per_position_slope=per_position_slope)
+        # None: not given; a fitter refuses an option it does not take
+        kwargs = dict(feature=feature, features=features, per_position_slope=per_position_slope or None,
+                      online=online, test_fraction=test_fraction, seed=seed, mlp_hidden=mlp_hidden, device=device)
         if by is None:
             result = fit_runs(runs, model, **kwargs)
             save_fit(result, out_path, overwrite)
-            slope = result.get("slope")
-            what = []
-            if slope is not None:
-                what.append(f"slope {round(slope, 4) if isinstance(slope, float) else slope}")
-            if result.get("intercepts"):
-                what.append(f"intercepts {[round(b, 4) for b in result['intercepts']]}")
-            if result["model"] == "head":
-                what.append(f"{result['options']['epochs']} epochs, validation log-loss "
-                            f"{result['options']['best_val_log_loss']:.4f}")
-            if "mean_yield" in result["training"]:
-                if result["model"] == "yield-mlp":
-                    what.append(f"{result['options']['epochs']} epochs, validation MSE "
-                                f"{result['options']['best_val_mse']:.3f}")
-                _say(f"wrote {out_path}: {result['model']} on {len(result['features'])} cache features"
-                          f"{', ' if what else ''}{', '.join(what)} ({result['training']['rows']:,} cache drafts, "
-                          f"mean yield {result['training']['mean_yield']:.3f}; evaluation: "
-                          f"{result['training']['evaluation']})")
-                return
-            _say(f"wrote {out_path}: {result['model']} on {result.get('feature')}, {', '.join(what)} "
-                      f"({result['training']['rows']:,} labelled drafts; evaluation: "
-                      f"{result['training']['evaluation']})")
+            _say(_fit_line(result, out_path))
             return
         summary = fit_by_group(runs, model, by, out_path, **kwargs)
     except SvtError as exc:
@@ -453,12 +423,60 @@ def fit(
                       title=f"{model} fitted per {by}")
     for row in summary["groups"]:
         add_row(table, str(row["group"]), f"{row['labelled']:,}", f"{row['acceptance']:.3f}",
-                      f"{row['mean_entropy']:.3f}", f"{row['slope']:.4f}", f"{row['first_intercept']:.4f}")
+                f"{row['mean_entropy']:.3f}", f"{row['slope']:.4f}", f"{row['first_intercept']:.4f}")
     out.print(table)
     for key in ("r_slope_entropy", "r_intercept_entropy"):
         if summary.get(key) is not None:
             _say(f"{key} = {summary[key]:.3f}")
     _say(f"wrote {out_path}/ (one fit per {by}, summary.json)")
+
+
+def _online_options(model: str, *, preset, feature, cycle_steps, damping, ridge, label_delay, per_position_slope):
+    """The online estimator's options from the irls-online flags (None for any other model, which
+    must not be given them)."""
+    import dataclasses
+
+    from svt.fit import PRESETS
+
+    if preset is not None and preset not in PRESETS:
+        raise ConfigError(f"Unknown preset {preset!r}; known presets: {', '.join(PRESETS)}.")
+    online_only = {"--preset": preset, "--cycle-steps": cycle_steps, "--damping": damping, "--ridge": ridge,
+                   "--label-delay": label_delay}
+    given = [k for k, v in online_only.items() if v is not None]
+    if model != "irls-online":
+        if given:
+            raise ConfigError(f"{', '.join(given)} set(s) the online estimator; --model {model} does not use it.")
+        return None
+    online = dataclasses.replace(PRESETS[preset or "source"])
+    for key, value in (("feature", feature), ("cycle_steps", cycle_steps), ("damping", damping),
+                       ("ridge", ridge), ("label_delay", label_delay)):
+        if value is not None:
+            setattr(online, key, value)
+    if per_position_slope:
+        online.per_position_slope = True
+    return online
+
+
+def _fit_line(result: dict, out_path: Path) -> str:
+    """One line on what `svt fit` wrote."""
+    what = []
+    slope = result.get("slope")
+    if slope is not None:
+        what.append(f"slope {round(slope, 4) if isinstance(slope, float) else slope}")
+    if result.get("intercepts"):
+        what.append(f"intercepts {[round(b, 4) for b in result['intercepts']]}")
+    opts = result.get("options") or {}
+    if result["model"] == "head":
+        what.append(f"{opts['epochs']} epochs, validation log-loss {opts['best_val_log_loss']:.4f}")
+    training = result["training"]
+    if "mean_yield" not in training:
+        return (f"wrote {out_path}: {result['model']} on {result.get('feature')}, {', '.join(what)} "
+                f"({training['rows']:,} labelled drafts; evaluation: {training['evaluation']})")
+    if result["model"] == "yield-mlp":
+        what.append(f"{opts['epochs']} epochs, validation MSE {opts['best_val_mse']:.3f}")
+    return (f"wrote {out_path}: {result['model']} on {len(result['features'])} cache features"
+            f"{', ' if what else ''}{', '.join(what)} ({training['rows']:,} cache drafts, "
+            f"mean yield {training['mean_yield']:.3f}; evaluation: {training['evaluation']})")
 
 
 @app.command()

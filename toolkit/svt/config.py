@@ -126,7 +126,9 @@ class StandInConfig:
                 _check(0 <= a <= 1, f"stand_in.accept[{i}]", "a number in [0, 1]", a)
 
 
-ENGINES = ("svt", "vllm", "reference")
+# collection engines: name -> "module:Class", imported only when that engine runs (svt.collect.engines)
+ENGINES = {"svt": "svt.collect.runner:SvtEngine", "hvd": "svt.collect.hvd_run:HvdEngine",
+           "vllm": "svt.vllm_plugin.collect:VllmEngine", "reference": "svt.collect.reference_run:ReferenceEngine"}
 
 
 @dataclass
@@ -180,6 +182,8 @@ class CollectConfig:
                    "run; live AV trims the steps they are replayed on)", "set")
         self.vllm.validate()
         _check(self.engine in ENGINES, "engine", " or ".join(ENGINES), self.engine)
+        _check(self.engine != "hvd" or self.hvd is not None, "hvd", "set when `engine: hvd` (its fit and tau)",
+               None)
         if self.engine == "reference":
             _check(self.av is None and self.hvd is None, "av/hvd", "unset for a reference run (no target to "
                    "verify with)", "set")

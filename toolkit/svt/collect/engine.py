@@ -124,6 +124,103 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
+@dataclass
+class _Rows:
+    """The state of a batch's unfinished rows between steps (tensors on the device, one entry per
+    row still decoding; ``active`` holds each row's index in the original batch)."""
+
+    tc: _Cache  # the target's cache
+    dc: _Cache  # the draft's cache
+    pending: torch.Tensor  # y: emitted last step, in neither cache yet
+    unseen: torch.Tensor  # x_{K-1} of the last step when all K were accepted (the draft never saw it)
+    has_unseen: torch.Tensor
+    active: torch.Tensor
+    n_out: torch.Tensor  # tokens emitted so far, per original row (CPU)
+
+    def drop(self, done: np.ndarray, device) -> None:
+        """Finished rows leave the batch (and both caches)."""
+        keep = torch.from_numpy(np.flatnonzero(~done)).to(device)
+        self.active = self.active.index_select(0, keep)
+        self.pending, self.unseen, self.has_unseen = self.pending[keep], self.unseen[keep], self.has_unseen[keep]
+        self.tc.select(keep)
+        self.dc.select(keep)
+
+
+def _prefill(target, draft, prompts: list[list[int]], pad_id: int, device) -> _Rows:
+    """Prefill both models with prompt[:-1] (left-padded); prompt[-1] is each row's pending token."""
+    B = len(prompts)
+    width = max(len(p) for p in prompts) - 1
+    ids = torch.full((B, max(width, 1)), pad_id, dtype=torch.long)
+    pmask = torch.zeros((B, max(width, 1)), dtype=torch.long)
+    for b, p in enumerate(prompts):
+        if len(p) > 1:
+            ids[b, width - (len(p) - 1) :] = torch.tensor(p[:-1])
+            pmask[b, width - (len(p) - 1) :] = 1
+    ids, pmask = ids.to(device), pmask.to(device)
+    tc, dc = _Cache(target, B, device), _Cache(draft, B, device)
+    tc.forward(ids, pmask)
+    dc.forward(ids, pmask)
+    return _Rows(tc, dc, pending=torch.tensor([p[-1] for p in prompts], dtype=torch.long, device=device),
+                 unseen=torch.full((B,), pad_id, dtype=torch.long, device=device),
+                 has_unseen=torch.zeros(B, dtype=torch.long, device=device),
+                 active=torch.arange(B, device=device), n_out=torch.zeros(B, dtype=torch.long))
+
+
+def _draft_k(rows: _Rows, params: SamplingParams, generator, hidden: bool):
+    """K draft tokens for every row: ``q`` [nb, K, V], ``x`` [nb, K] and the last hidden states."""
+    nb, K = rows.active.numel(), params.k
+    ones1 = torch.ones((nb, 1), dtype=torch.long, device=rows.pending.device)
+    feed = torch.stack([rows.unseen, rows.pending], 1)
+    fmask = torch.stack([rows.has_unseen, torch.ones_like(rows.has_unseen)], 1)
+    o = rows.dc.forward(feed, fmask, hidden=hidden)
+    qs, toks, hid = [], [], []
+    for i in range(K):
+        q = process_probs(o.logits[:, -1], params.temperature, params.top_p)
+        x = draft_token(q, params.greedy, generator)
+        qs.append(q)
+        toks.append(x)
+        if hidden:
+            hid.append(o.hidden_states[-1][:, -1])
+        if i < K - 1:
+            o = rows.dc.forward(x[:, None], ones1, hidden=hidden)
+    return torch.stack(qs, 1), torch.stack(toks, 1), hid
+
+
+def _advance_caches(rows: _Rows, x: torch.Tensor, acc: torch.Tensor, next_token: torch.Tensor, K: int,
+                    pad_id: int) -> None:
+    """The target keeps y and the accepted drafts; the draft keeps what it was fed of them."""
+    kr = torch.arange(K + 1, device=x.device)[None, :]
+    rows.tc.restrict_last(kr < (acc + 1)[:, None])
+    # draft's slots this step: [a, y, x_0 .. x_{K-2}]; keep a (when real), y, x_0..x_{acc-1}
+    rows.dc.restrict_last((kr < 2) | (kr - 2 < acc[:, None]))
+    all_acc = acc == K
+    rows.unseen = torch.where(all_acc, x[:, K - 1], torch.full_like(rows.pending, pad_id))
+    rows.has_unseen = all_acc.long()
+    rows.pending = next_token
+
+
+def _emit(out: BatchLog, rows: _Rows, row_ids: np.ndarray, new_tok: np.ndarray, acc_np: np.ndarray, K: int,
+          params: SamplingParams, eos_id: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """Append each row's accepted run and next token to its output (cut at ``max_new_tokens`` and
+    after ``eos_id``); return the tokens emitted and which rows finished."""
+    nb = row_ids.size
+    emitted = np.zeros(nb, dtype=np.int64)
+    done = np.zeros(nb, dtype=bool)
+    for j, r in enumerate(row_ids):  # per row, not per token
+        toks_r = list(new_tok[j, : acc_np[j]]) + [int(new_tok[j, K])]
+        toks_r = toks_r[: params.max_new_tokens - int(rows.n_out[r])]
+        if eos_id is not None and eos_id in toks_r:
+            toks_r = toks_r[: toks_r.index(eos_id) + 1]
+            out.finish[r] = "stop"
+            done[j] = True
+        out.outputs[r].extend(int(t) for t in toks_r)
+        rows.n_out[r] += len(toks_r)
+        emitted[j] = len(toks_r)
+        if rows.n_out[r] >= params.max_new_tokens:
+            done[j] = True
+    return emitted, done
+
+
 @torch.inference_mode()
 def run_batch(
     target,
@@ -149,54 +246,19 @@ def run_batch(
     B, K, greedy = len(prompts), params.k, params.greedy
     request_ids = request_ids if request_ids is not None else list(range(B))
     out = BatchLog(outputs=[[] for _ in range(B)], finish=["length"] * B)
-
-    # Prefill both models with prompt[:-1] (left-padded); prompt[-1] is each row's pending token.
-    width = max(len(p) for p in prompts) - 1
-    ids = torch.full((B, max(width, 1)), pad_id, dtype=torch.long)
-    pmask = torch.zeros((B, max(width, 1)), dtype=torch.long)
-    for b, p in enumerate(prompts):
-        if len(p) > 1:
-            ids[b, width - (len(p) - 1) :] = torch.tensor(p[:-1])
-            pmask[b, width - (len(p) - 1) :] = 1
-    ids, pmask = ids.to(device), pmask.to(device)
-    tc, dc = _Cache(target, B, device), _Cache(draft, B, device)
-    tc.forward(ids, pmask)
-    dc.forward(ids, pmask)
-    pending = torch.tensor([p[-1] for p in prompts], dtype=torch.long, device=device)
-    unseen = torch.full((B,), pad_id, dtype=torch.long, device=device)  # x_{K-1} the draft missed
-    has_unseen = torch.zeros(B, dtype=torch.long, device=device)
-    active = torch.arange(B, device=device)  # original row index of each batch row
-    n_out = torch.zeros(B, dtype=torch.long)
+    rows = _prefill(target, draft, prompts, pad_id, device)
     step_no = 0
-    ones1 = torch.ones((B, 1), dtype=torch.long, device=device)
-
-    while active.numel():
-        nb = active.numel()
-        rows = active.cpu().numpy()
-        # ---- draft K tokens -------------------------------------------------------------
+    while rows.active.numel():
+        nb = rows.active.numel()
+        row_ids = rows.active.cpu().numpy()
         _sync(device)
         t0 = time.perf_counter()
-        feed = torch.stack([unseen, pending], 1)
-        fmask = torch.stack([has_unseen, torch.ones_like(has_unseen)], 1)
-        o = dc.forward(feed, fmask, hidden=log.hidden)
-        qs, toks, hid = [], [], []
-        for i in range(K):
-            logits = o.logits[:, -1]
-            q = process_probs(logits, params.temperature, params.top_p)
-            x = draft_token(q, greedy, generator)
-            qs.append(q)
-            toks.append(x)
-            if log.hidden:
-                hid.append(o.hidden_states[-1][:, -1])
-            if i < K - 1:
-                o = dc.forward(x[:, None], ones1[:nb], hidden=log.hidden)
-        q = torch.stack(qs, 1)  # [nb, K, V]
-        x = torch.stack(toks, 1)  # [nb, K]
+        q, x, hid = _draft_k(rows, params, generator, log.hidden)
         _sync(device)
         t1 = time.perf_counter()
-        # ---- verify with one target forward ---------------------------------------------
-        tfeed = torch.cat([pending[:, None], x], 1)
-        to = tc.forward(tfeed, torch.ones((nb, K + 1), dtype=torch.long, device=device))
+        # verify with one target forward: [y, x_0, ..., x_{K-1}] gives p_0..p_K
+        to = rows.tc.forward(torch.cat([rows.pending[:, None], x], 1),
+                             torch.ones((nb, K + 1), dtype=torch.long, device=device))
         p = process_probs(to.logits, params.temperature, params.top_p)  # [nb, K + 1, V]
         res = verify(p, q, x, greedy=greedy, generator=generator)
         acc, next_token = res.accepted, res.next_token
@@ -207,17 +269,8 @@ def run_batch(
             acc, next_token = trim(p, acc, next_token, kept, greedy=greedy, generator=generator)
         _sync(device)
         t2 = time.perf_counter()
-        # ---- caches: target keeps y + accepted drafts; draft keeps its fed accepted drafts --
-        kr = torch.arange(K + 1, device=device)[None, :]
-        tc.restrict_last(kr < (acc + 1)[:, None])
-        # draft's slots this step: [a, y, x_0 .. x_{K-2}]; keep a (when real), y, x_0..x_{acc-1}
-        dc.restrict_last((kr < 2) | (kr - 2 < acc[:, None]))
-        all_acc = acc == K
-        unseen = torch.where(all_acc, x[:, K - 1], torch.full_like(pending, pad_id))
-        has_unseen = all_acc.long()
-        pending = next_token
-
-        # ---- log: two device-to-host transfers per step ---------------------------------
+        _advance_caches(rows, x, acc, next_token, K, pad_id)
+        # log: two device-to-host transfers per step
         feats = draft_features(q, p[:, :K], x)
         if greedy:  # acceptance is argmax agreement: the soft labels are the 0/1 outcome
             feats["accept_prob"] = res.label_ok.float()
@@ -226,49 +279,15 @@ def run_batch(
         verified = ar < kept[:, None]  # trimmed drafts carry no label (null)
         label = torch.where(ar < acc[:, None], 1, torch.where((ar == acc[:, None]) & verified, 0, -1))
         floats = torch.stack(list(feats.values())).float().cpu().numpy()  # [n_feats, nb, K]
-        ints = torch.cat([x, pending[:, None], label, acc[:, None], kept[:, None]], 1).cpu().numpy()
+        ints = torch.cat([x, rows.pending[:, None], label, acc[:, None], kept[:, None]], 1).cpu().numpy()
         new_tok, label_np = ints[:, : K + 1], ints[:, K + 1 : 2 * K + 1]
         acc_np, kept_np = ints[:, -2], ints[:, -1]
         if av is not None and av.observe is not None:
             av.observe(label_np)
-        emitted = np.zeros(nb, dtype=np.int64)
-        done = np.zeros(nb, dtype=bool)
-        for j, r in enumerate(rows):  # per row, not per token: append the accepted run + next
-            toks_r = list(new_tok[j, : acc_np[j]]) + [int(new_tok[j, K])]
-            room = params.max_new_tokens - int(n_out[r])
-            toks_r = toks_r[:room]
-            if eos_id is not None and eos_id in toks_r:
-                toks_r = toks_r[: toks_r.index(eos_id) + 1]
-                out.finish[r] = "stop"
-                done[j] = True
-            out.outputs[r].extend(int(t) for t in toks_r)
-            n_out[r] += len(toks_r)
-            emitted[j] = len(toks_r)
-            if n_out[r] >= params.max_new_tokens:
-                done[j] = True
-        req = np.asarray([request_ids[r] for r in rows], dtype=np.int64)
-        out.add(
-            out.drafts,
-            request=np.repeat(req, K),
-            step=np.full(nb * K, step_no, dtype=np.int32),
-            position=np.tile(np.arange(K, dtype=np.int16), nb),
-            token=new_tok[:, :K].reshape(-1),
-            label=label_np.reshape(-1),
-            **{k: floats[i].reshape(-1) for i, k in enumerate(feats)},
-        )
-        out.add(
-            out.steps,
-            request=req,
-            step=np.full(nb, step_no, dtype=np.int32),
-            drafted=np.full(nb, K, dtype=np.int16),
-            accepted=acc_np.astype(np.int16),
-            emitted=emitted.astype(np.int16),
-            draft_ms=np.full(nb, (t1 - t0) * 1e3, dtype=np.float32),
-            verify_ms=np.full(nb, (t2 - t1) * 1e3, dtype=np.float32),
-            batch_size=np.full(nb, nb, dtype=np.int16),
-            kept=kept_np.astype(np.int16),
-            explored=np.full(nb, explored, dtype=bool),
-        )
+        emitted, done = _emit(out, rows, row_ids, new_tok, acc_np, K, params, eos_id)
+        req = np.asarray([request_ids[r] for r in row_ids], dtype=np.int64)
+        _log_rows(out, req, step_no, K, new_tok, label_np, feats, floats, acc_np, kept_np, emitted,
+                  (t1 - t0) * 1e3, (t2 - t1) * 1e3, explored)
         if log.hidden:
             out.hidden.append(torch.stack(hid, 1).to(torch.float16).cpu().numpy().reshape(nb * K, -1))
         if log.dists_fraction > 0:
@@ -277,12 +296,36 @@ def run_batch(
         if on_step is not None:
             on_step(nb)
         if done.any():
-            keep = torch.from_numpy(np.flatnonzero(~done)).to(device)
-            active = active.index_select(0, keep)
-            pending, unseen, has_unseen = pending[keep], unseen[keep], has_unseen[keep]
-            tc.select(keep)
-            dc.select(keep)
+            rows.drop(done, device)
     return out
+
+
+def _log_rows(out: BatchLog, req, step_no: int, K: int, new_tok, label_np, feats, floats, acc_np, kept_np,
+              emitted, draft_ms: float, verify_ms: float, explored: bool) -> None:
+    """One step's rows of the drafts and steps tables."""
+    nb = req.size
+    out.add(
+        out.drafts,
+        request=np.repeat(req, K),
+        step=np.full(nb * K, step_no, dtype=np.int32),
+        position=np.tile(np.arange(K, dtype=np.int16), nb),
+        token=new_tok[:, :K].reshape(-1),
+        label=label_np.reshape(-1),
+        **{k: floats[i].reshape(-1) for i, k in enumerate(feats)},
+    )
+    out.add(
+        out.steps,
+        request=req,
+        step=np.full(nb, step_no, dtype=np.int32),
+        drafted=np.full(nb, K, dtype=np.int16),
+        accepted=acc_np.astype(np.int16),
+        emitted=emitted.astype(np.int16),
+        draft_ms=np.full(nb, draft_ms, dtype=np.float32),
+        verify_ms=np.full(nb, verify_ms, dtype=np.float32),
+        batch_size=np.full(nb, nb, dtype=np.int16),
+        kept=kept_np.astype(np.int16),
+        explored=np.full(nb, explored, dtype=bool),
+    )
 
 
 def _live_av(av: LiveAV, q: torch.Tensor, nb: int, K: int, generator) -> tuple[torch.Tensor, bool]:

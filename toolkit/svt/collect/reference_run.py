@@ -31,18 +31,13 @@ import polars as pl
 
 from svt import __version__
 from svt.collect.cache_run import teacher_forced_model_yields
-from svt.collect.workloads import (
-    encode_prompt,
-    interleave,
-    read_workload,
-    reference_ids,
-    require_references,
-    resolve_workload,
-)
+from svt.collect.engines import CollectOptions, Engine
+from svt.collect.workloads import encode_prompt, load_workloads, reference_ids, require_references
 from svt.config import CacheOptions, CollectConfig, StandInConfig, resolve_path, to_dict
 from svt.errors import ConfigError, DataError
 from svt.simulate.stand_in import expected_tokens_per_cycle, stand_in_yields
 from svt.traces.io import read_meta, write_meta
+from svt.traces.rundir import RunSummary
 from svt.traces.schema import SCHEMA_VERSION, TABLES
 
 
@@ -121,18 +116,14 @@ def collect_reference(cfg: CollectConfig, out: str | Path, *, config_path=None, 
                       progress: bool = True):
     """Write a reference run: requests (the reference as output), cache drafts, no model drafts."""
     from svt.collect.cache_run import build_cache_drafts
-    from svt.fileio import file_sha256
     from svt.models.loading import check_model_dir, load_tokenizer, weights_hash
     from svt.traces.rundir import finish_run, prepare_dir, staging_path, swap_in
 
     final = Path(out)
     config = to_dict(cfg)
     prepare_dir(final, resume=False, overwrite=overwrite, config=config)
-    paths = [resolve_workload(w, config_path) for w in cfg.workloads]
-    names = [p.stem for p in paths]
-    if len(set(names)) != len(names):
-        raise ConfigError(f"Workload names must be distinct, but got {names}.")
-    prompts = interleave([read_workload(p) for p in paths], cfg.requests)
+    workloads = load_workloads(cfg.workloads, cfg.requests, config_path)
+    prompts = workloads.prompts
     require_references(prompts)
     target_path = resolve_path(cfg.target, config_path).resolve()
     check_model_dir(target_path, "target (its tokenizer)")
@@ -153,8 +144,7 @@ def collect_reference(cfg: CollectConfig, out: str | Path, *, config_path=None, 
     shutil.rmtree(run_dir, ignore_errors=True)
     try:
         t0 = time.time()
-        _write_requests(run_dir, cfg, config, prompts, ids, refs, cut, names, paths,
-                        {n: file_sha256(p) for n, p in zip(names, paths, strict=True)}, target_path, tok,
+        _write_requests(run_dir, cfg, config, prompts, ids, refs, cut, workloads, target_path, tok,
                         drafter, weights_hash(target_path))
         summary = finish_run(run_dir, read_meta(run_dir), 0.0, resumed=0)
         bar = None
@@ -191,8 +181,8 @@ def collect_reference(cfg: CollectConfig, out: str | Path, *, config_path=None, 
         raise
 
 
-def _write_requests(run_dir: Path, cfg: CollectConfig, config: dict, prompts, ids, refs, cut, names, paths,
-                    hashes, target_path: Path, tok, drafter: dict, target_hash: str) -> None:
+def _write_requests(run_dir: Path, cfg: CollectConfig, config: dict, prompts, ids, refs, cut, workloads,
+                    target_path: Path, tok, drafter: dict, target_hash: str) -> None:
     """run.json and the requests (the references as outputs; ``finish_reason`` ``length`` where
     max_new_tokens cut the reference), with empty drafts and steps tables."""
     from svt.traces.rundir import commit_batch
@@ -214,7 +204,7 @@ def _write_requests(run_dir: Path, cfg: CollectConfig, config: dict, prompts, id
         "reference": {"output": "each prompt's reference, tokenized with the target's tokenizer, its first "
                                 f"max_new_tokens = {cfg.max_new_tokens} tokens",
                       "lacks": "target probabilities: no acceptance features, AV replay or losslessness audit"},
-        "workloads": {n: str(p) for n, p in zip(names, paths, strict=True)}, "workload_sha256": hashes,
+        "workloads": workloads.files, "workload_sha256": workloads.hashes,
         "seed": cfg.seed, "device": "none (no target forward)" if drafter["kind"] != "model" else cfg.device,
         "environment": {"python": platform.python_version()},
         "batches": -(-len(prompts) // cfg.batch_size),
@@ -268,3 +258,13 @@ def recache_reference(run_dir: Path, options: CacheOptions, device: str = "auto"
     else:
         raise DataError(f"{run_dir}: run.json does not say which drafter the reference run used (`drafter.kind`).")
     return build_cache_drafts(run_dir, options, model, tok, model_yields=model_yields)
+
+
+class ReferenceEngine(Engine):
+    """No target forward: each prompt's reference is the output (see the module docstring)."""
+
+    name = "reference"
+
+    def collect(self, cfg: CollectConfig, out: Path, options: CollectOptions) -> RunSummary:
+        return collect_reference(cfg, out, config_path=options.config_path, overwrite=options.overwrite,
+                                 progress=options.progress)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from svt.config import resolve_path
 from svt.errors import ConfigError
+from svt.fileio import file_sha256
 
 BUILTIN_DIR = Path("data") / "workloads"
 
@@ -157,3 +158,29 @@ def encode_prompt(prompt: Prompt, tokenizer, max_tokens: int) -> list[int]:
     if not ids:
         raise ConfigError(f"A prompt of workload {prompt.workload!r} encodes to no tokens.")
     return ids
+
+
+@dataclass
+class WorkloadSet:
+    """The prompts a collection runs: the workloads' names and files (with content hashes, so a
+    resumed or merged run can check it reads the same prompts) and the ``requests`` prompts taken
+    round-robin across them."""
+
+    names: list[str]
+    paths: list[Path]
+    prompts: list[Prompt]
+    hashes: dict[str, str]
+
+    @property
+    def files(self) -> dict[str, str]:
+        return {n: str(p) for n, p in zip(self.names, self.paths, strict=True)}
+
+
+def load_workloads(workloads: list[str], requests: int, config_path: str | Path | None = None) -> WorkloadSet:
+    """Resolve, read and interleave a config's workloads (names must be distinct)."""
+    paths = [resolve_workload(w, config_path) for w in workloads]
+    names = [p.stem for p in paths]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"Workload names must be distinct, but got {names}.")
+    prompts = interleave([read_workload(p) for p in paths], requests)
+    return WorkloadSet(names, paths, prompts, {n: file_sha256(p) for n, p in zip(names, paths, strict=True)})

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import polars as pl
 
-from svt.collect.runner import collect
+from svt.collect import collect
 from svt.config import load_collect_config
 from svt.report.summary import acceptance_by_position, run_summary
 from svt.traces import open_run

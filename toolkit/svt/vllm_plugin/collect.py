@@ -17,7 +17,9 @@ import time
 import uuid
 from pathlib import Path
 
+from svt.collect.engines import CollectOptions, Engine
 from svt.errors import ConfigError, DataError
+from svt.traces.rundir import RunSummary
 
 
 def _need_vllm():
@@ -46,10 +48,8 @@ def request_seed(seed: int, request: int) -> int:
 
 def collect_vllm(cfg, out: str | Path, *, config_path=None, overwrite: bool = False, progress: bool = True):
     """Run the config's workloads through vLLM with tracing on; write the run ``out``."""
-    from svt.collect.workloads import encode_prompt, interleave, read_workload, resolve_workload
+    from svt.collect.workloads import encode_prompt, load_workloads
     from svt.config import resolve_path, to_dict
-    from svt.fileio import file_sha256
-    from svt.traces.rundir import RunSummary
 
     for key, bad in (("av", cfg.av is not None), ("hvd", cfg.hvd is not None), ("cache", cfg.cache is not None),
                      ("log.hidden", cfg.log.hidden), ("log.dists_fraction", cfg.log.dists_fraction > 0)):
@@ -68,11 +68,8 @@ def collect_vllm(cfg, out: str | Path, *, config_path=None, overwrite: bool = Fa
                           "collector does not resume).")
     if out.exists() and any(out.iterdir()) and not (out / "run.json").is_file():
         raise ConfigError(f"Refusing to overwrite {out}: it is not a run directory (no run.json).")
-    paths = [resolve_workload(w, config_path) for w in cfg.workloads]
-    names = [p.stem for p in paths]
-    if len(set(names)) != len(names):
-        raise ConfigError(f"Workload names must be distinct, but got {names}.")
-    prompts = interleave([read_workload(p) for p in paths], cfg.requests)
+    workloads = load_workloads(cfg.workloads, cfg.requests, config_path)
+    prompts = workloads.prompts
     target = resolve_path(cfg.target, config_path)
     draft = resolve_path(cfg.draft, config_path)
     for what, p in (("target", target), ("draft", draft)):
@@ -126,8 +123,7 @@ def collect_vllm(cfg, out: str | Path, *, config_path=None, overwrite: bool = Fa
         deactivate()
         seconds = time.time() - t0
         order = [o.request_id for o in outputs]
-        meta = {"config": to_dict(cfg), "workloads": {n: str(p) for n, p in zip(names, paths, strict=True)},
-                "workload_sha256": {n: file_sha256(p) for n, p in zip(names, paths, strict=True)},
+        meta = {"config": to_dict(cfg), "workloads": workloads.files, "workload_sha256": workloads.hashes,
                 "seed": cfg.seed, "last_session_seconds": round(seconds, 2)}
         run_meta = finish_spool(spool, out, overwrite=overwrite, order=order,
                                 workloads={o.request_id: prompts[i].workload for i, o in enumerate(outputs)},
@@ -153,3 +149,13 @@ def _check_outputs(out: Path, outputs, prompt_ids) -> None:
         if row["prompt_ids"] != list(prompt_ids[i]) or row["output_ids"] != list(o.outputs[0].token_ids):
             raise DataError(f"{out}: request {i}: the tokens the plugin recorded differ from vLLM's output; "
                             "the run is not trustworthy.")
+
+
+class VllmEngine(Engine):
+    """An offline vLLM run with svt's plugin recording (the config's ``vllm:`` section)."""
+
+    name = "vllm"
+
+    def collect(self, cfg, out: Path, options: CollectOptions) -> RunSummary:
+        return collect_vllm(cfg, out, config_path=options.config_path, overwrite=options.overwrite,
+                            progress=options.progress)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -140,6 +141,9 @@ def _reduce_all(calls: list) -> list:
 
 
 def _reduce_if_large(calls: list) -> None:
+    """Reduce the pending distributions of a proposal to their statistics once they hold more than
+    ``DEFER_ELEMENTS`` values (two per value with log-probs): deferring batches the reduction, this
+    bounds the memory it holds (K x rows x vocabulary floats otherwise)."""
     if sum(c[0].numel() * (1 if c[2] is None else 2) for c in calls if isinstance(c, tuple)) > DEFER_ELEMENTS:
         calls[:] = _reduce_all(calls)
 
@@ -173,205 +177,235 @@ def _release_logits(model, captured) -> None:
         pass
 
 
+@dataclass(frozen=True)
+class Hook:
+    """One function of vLLM's that the plugin wraps: ``module.owner.attribute`` (``owner`` None: a
+    module-level function), replaced by ``wrapper``; the original is kept in ``ORIGINALS[key]``."""
+
+    key: str
+    module: str
+    owner: str | None
+    attribute: str
+    wrapper: object
+    static: bool = False  # a staticmethod of ``owner``
+
+    def target(self):
+        import importlib
+
+        mod = importlib.import_module(self.module)
+        return mod if self.owner is None else getattr(mod, self.owner)
+
+    def set(self, fn) -> None:
+        setattr(self.target(), self.attribute, staticmethod(fn) if self.static else fn)
+
+
+def _sample_draft_tokens(self, hidden_states, sampling_metadata):
+    calls = _draft["calls"]
+    if calls is None:
+        return ORIGINALS["sample_draft_tokens"](self, hidden_states, sampling_metadata)
+    captured = _capture_logits(self.model)  # greedy drafting computes them: keep, not recompute
+    try:
+        ids, probs = ORIGINALS["sample_draft_tokens"](self, hidden_states, sampling_metadata)
+    finally:
+        _release_logits(self.model, captured)
+    t0 = time.perf_counter()
+    with _guard():
+        if probs is not None:
+            calls.append((probs, ids, None))
+        elif len(captured) == 1 and captured[0] is not None and not getattr(self, "use_heterogeneous_vocab", False):
+            # greedy drafting: the features' distribution from the logits the argmax was taken on
+            temp = None if sampling_metadata.all_greedy else sampling_metadata.temperature
+            logp = draft_log_probs_from_logits(captured[0], temp)
+            calls.append((logp.exp(), None, logp))  # drafted = the argmax
+        else:
+            # the drafted token is not the argmax of logits we saw (a reduced argmax, a remapped
+            # vocabulary): recomputing would be a collective only rank 0 enters, so this
+            # proposal goes unrecorded (its verification is counted as unmatched)
+            _draft["skip"] = True
+        _reduce_if_large(calls)  # the memory bound: pending distributions past DEFER_ELEMENTS are reduced now
+    _draft["own"] += time.perf_counter() - t0
+    return ids, probs
+
+def propose_draft_token_ids(self, *args, **kwargs):
+    rec = _recorder()
+    if rec is None or not _records_here():
+        return ORIGINALS["propose"](self, *args, **kwargs)
+    if not rec.facts:
+        rec.describe(**_engine_facts(self))
+    _draft.update(calls=[], own=0.0, skip=False)
+    t0 = time.perf_counter()
+    try:
+        out = ORIGINALS["propose"](self, *args, **kwargs)
+    finally:
+        calls, _draft["calls"] = _draft["calls"], None
+    ms = (time.perf_counter() - t0 - _draft["own"]) * 1e3  # the drafter's time, not the plugin's
+    if _draft["skip"]:
+        rec.counters["unrecorded_proposals"] += 1
+        return out
+    with _guard():
+        _record_proposal(self, rec, out, calls, ms)
+    return out
+
+def _record_proposal(self, rec, out, calls, ms):
+    calls = _reduce_all(calls) if calls else calls
+    if isinstance(out, torch.Tensor) and out.ndim == 2 and calls:
+        b, k = out.shape
+        if len(calls) == k and all(c.shape[0] >= b for c in calls):
+            q = torch.stack([c[:b] for c in calls], dim=1)
+        elif len(calls) == 1 and calls[0].shape[0] == b * k:  # parallel drafting
+            q = calls[0].view(b, k, -1)
+        else:
+            q = None
+        req_ids = list(self.input_batch.req_ids)
+        if q is not None and len(req_ids) == b:
+            rec.proposed(req_ids, out.cpu().numpy(), q.cpu().numpy(), ms)
+
+def rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
+                     target_logits, bonus_token_ids, sampling_metadata, *args, **kwargs):
+    if _verify.get("armed"):  # before vLLM's sampler, which may change its inputs in place
+        t0 = time.perf_counter()
+        with _guard():
+            _verify_stats(draft_token_ids, num_draft_tokens, draft_probs, target_logits, sampling_metadata)
+        _verify["own"] = time.perf_counter() - t0
+    return ORIGINALS["rejection_sample"](draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
+                                         draft_probs, target_logits, bonus_token_ids, sampling_metadata,
+                                         *args, **kwargs)
+
+def _verify_stats(draft_token_ids, num_draft_tokens, draft_probs, target_logits, sampling_metadata):
+    if sampling_metadata.all_greedy:
+        greedy = None
+    else:
+        counts = torch.as_tensor(num_draft_tokens, device=target_logits.device)
+        greedy = (sampling_metadata.temperature < 1e-5).repeat_interleave(counts)
+    _verify["p"] = target_stats(target_logits, draft_token_ids, draft_probs, greedy).cpu().numpy()
+    _verify["ids"] = draft_token_ids.cpu().numpy()
+
+def execute_model(self, *args, **kwargs):
+    t0 = time.perf_counter()
+    out = ORIGINALS["execute_model"](self, *args, **kwargs)
+    self._svt_forward_ms = (time.perf_counter() - t0) * 1e3
+    return out
+
+def _sample(self, logits, spec_decode_metadata):
+    rec = _recorder()
+    if rec is None or spec_decode_metadata is None or not _records_here():
+        return ORIGINALS["sample"](self, logits, spec_decode_metadata)
+    _verify.clear()
+    _verify["armed"] = True
+    t0 = time.perf_counter()
+    try:
+        out = ORIGINALS["sample"](self, logits, spec_decode_metadata)
+    finally:
+        _verify.pop("armed", None)
+    ms = (time.perf_counter() - t0 - _verify.get("own", 0.0)) * 1e3 + getattr(self, "_svt_forward_ms", 0.0)
+    if "p" in _verify:
+        with _guard():
+            rec.verified(list(self.input_batch.req_ids), list(spec_decode_metadata.num_draft_tokens),
+                         _verify.pop("ids"), _verify.pop("p"), out.sampled_token_ids.cpu().numpy(), ms)
+    return out
+
+def expand_batch_to_tokens(x, cu_num_tokens, num_tokens, replace_from=0, replace_to=0):
+    if _recorder() is None:
+        return ORIGINALS["expand"](x, cu_num_tokens, num_tokens, replace_from, replace_to)
+    if _expand["broken"] is None:
+        _expand["broken"] = _expand_is_broken(x.device)
+        if _expand["broken"]:
+            _recorder().notes["expand_fix"] = True
+            log.warning("svt: this vLLM build's expand_batch_to_tokens loses float values (per-token "
+                        "temperature/top-p); using torch.repeat_interleave instead while tracing.")
+    if _expand["broken"]:
+        return expand_reference(x, cu_num_tokens, num_tokens, replace_from, replace_to)
+    return ORIGINALS["expand"](x, cu_num_tokens, num_tokens, replace_from, replace_to)
+
+def _free_request(self, request, *args, **kwargs):
+    rec = _recorder()
+    if rec is not None:
+        with _guard():
+            sp = request.sampling_params
+            rec.finished(request.request_id, list(request.prompt_token_ids or []),
+                         list(request.output_token_ids), str(request.get_finished_reason()),
+                         float(sp.temperature) if sp else float("nan"), float(sp.top_p) if sp else float("nan"))
+    return ORIGINALS["free_request"](self, request, *args, **kwargs)
+
+def assign_request_id(request):
+    ORIGINALS["assign_request_id"](request)
+    rec = _recorder()
+    if rec is not None and getattr(request, "external_req_id", None) is not None:
+        rec.named(str(request.external_req_id), str(request.request_id))
+
+def suffix_propose(self, num_speculative_tokens, input_batch, sampled_token_ids, *args, **kwargs):
+    rec = _recorder()
+    if rec is None or not _records_here():
+        return ORIGINALS["suffix_propose"](self, num_speculative_tokens, input_batch, sampled_token_ids,
+                                           *args, **kwargs)
+    if "suffix" not in rec.facts:
+        rec.describe(**_suffix_facts(self))
+    cache = self.suffix_cache
+    seen: list = []
+    original = cache.speculate
+
+    def speculate(req_id, context, *a, **kw):
+        t0 = time.perf_counter()
+        draft = original(req_id, context, *a, **kw)
+        ms = (time.perf_counter() - t0) * 1e3
+        with _guard():
+            seen.append((req_id, len(context), draft, ms, _from_global(cache, req_id, context, draft, a, kw)))
+        return draft
+
+    cache.speculate = speculate
+    try:
+        out = ORIGINALS["suffix_propose"](self, num_speculative_tokens, input_batch, sampled_token_ids,
+                                          *args, **kwargs)
+    finally:
+        del cache.speculate
+    with _guard():
+        for req_id, _, draft, ms, glob in seen:
+            i = input_batch.req_id_to_index[req_id]
+            n_tokens = int(input_batch.num_tokens_no_spec[i])
+            decode_pos = n_tokens - int(input_batch.num_prompt_tokens[i])
+            rec.cache_proposed(req_id, decode_pos, n_tokens, list(draft.token_ids), list(draft.probs),
+                               float(draft.score), int(draft.match_len) if draft.token_ids else 0, glob, ms)
+    return out
+
+
+# every hook of the plugin, in the order it is installed; install and uninstall both walk it
+HOOKS = (
+    Hook("sample_draft_tokens", "vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer",
+         "_sample_draft_tokens", _sample_draft_tokens),
+    Hook("suffix_propose", "vllm.v1.spec_decode.suffix_decoding", "SuffixDecodingProposer", "propose",
+         suffix_propose),
+    Hook("propose", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "propose_draft_token_ids",
+         propose_draft_token_ids),
+    Hook("sample", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "_sample", _sample),
+    Hook("execute_model", "vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "execute_model", execute_model),
+    Hook("rejection_sample", "vllm.v1.sample.rejection_sampler", None, "rejection_sample", rejection_sample),
+    Hook("expand", "vllm.v1.sample.rejection_sampler", None, "expand_batch_to_tokens", expand_batch_to_tokens),
+    Hook("free_request", "vllm.v1.core.sched.scheduler", "Scheduler", "_free_request", _free_request),
+    Hook("assign_request_id", "vllm.v1.engine.input_processor", "InputProcessor", "assign_request_id",
+         assign_request_id, static=True),
+)
+
+
 def install() -> None:
     """Install the hooks (once per process)."""
     global _installed
     if _installed:
         return
-    from vllm.v1.core.sched import scheduler as sched
-    from vllm.v1.engine import input_processor as inproc
-    from vllm.v1.sample import rejection_sampler as rs
-    from vllm.v1.spec_decode import llm_base_proposer as lbp
-    from vllm.v1.spec_decode import suffix_decoding as sfx
-    from vllm.v1.worker import gpu_model_runner as gmr
-
-    proposer = lbp.SpecDecodeBaseProposer
-    runner = gmr.GPUModelRunner
-    ORIGINALS.update({
-        "sample_draft_tokens": proposer._sample_draft_tokens, "propose": runner.propose_draft_token_ids,
-        "sample": runner._sample, "execute_model": runner.execute_model, "rejection_sample": rs.rejection_sample,
-        "expand": rs.expand_batch_to_tokens, "free_request": sched.Scheduler._free_request,
-        "assign_request_id": inproc.InputProcessor.assign_request_id,
-        "suffix_propose": sfx.SuffixDecodingProposer.propose,
-    })
-
-    def _sample_draft_tokens(self, hidden_states, sampling_metadata):
-        calls = _draft["calls"]
-        if calls is None:
-            return ORIGINALS["sample_draft_tokens"](self, hidden_states, sampling_metadata)
-        captured = _capture_logits(self.model)  # greedy drafting computes them: keep, not recompute
-        try:
-            ids, probs = ORIGINALS["sample_draft_tokens"](self, hidden_states, sampling_metadata)
-        finally:
-            _release_logits(self.model, captured)
-        t0 = time.perf_counter()
-        with _guard():
-            if probs is not None:
-                calls.append((probs, ids, None))
-            elif len(captured) == 1 and captured[0] is not None and not getattr(self, "use_heterogeneous_vocab", False):
-                # greedy drafting: the features' distribution from the logits the argmax was taken on
-                temp = None if sampling_metadata.all_greedy else sampling_metadata.temperature
-                logp = draft_log_probs_from_logits(captured[0], temp)
-                calls.append((logp.exp(), None, logp))  # drafted = the argmax
-            else:
-                # the drafted token is not the argmax of logits we saw (a reduced argmax, a remapped
-                # vocabulary): recomputing would be a collective only rank 0 enters, so this
-                # proposal goes unrecorded (its verification is counted as unmatched)
-                _draft["skip"] = True
-        _draft["own"] += time.perf_counter() - t0
-        return ids, probs
-
-    def propose_draft_token_ids(self, *args, **kwargs):
-        rec = _recorder()
-        if rec is None or not _records_here():
-            return ORIGINALS["propose"](self, *args, **kwargs)
-        if not rec.facts:
-            rec.describe(**_engine_facts(self))
-        _draft.update(calls=[], own=0.0, skip=False)
-        t0 = time.perf_counter()
-        try:
-            out = ORIGINALS["propose"](self, *args, **kwargs)
-        finally:
-            calls, _draft["calls"] = _draft["calls"], None
-        ms = (time.perf_counter() - t0 - _draft["own"]) * 1e3  # the drafter's time, not the plugin's
-        if _draft["skip"]:
-            rec.counters["unrecorded_proposals"] += 1
-            return out
-        with _guard():
-            _record_proposal(self, rec, out, calls, ms)
-        return out
-
-    def _record_proposal(self, rec, out, calls, ms):
-        calls = _reduce_all(calls) if calls else calls
-        if isinstance(out, torch.Tensor) and out.ndim == 2 and calls:
-            b, k = out.shape
-            if len(calls) == k and all(c.shape[0] >= b for c in calls):
-                q = torch.stack([c[:b] for c in calls], dim=1)
-            elif len(calls) == 1 and calls[0].shape[0] == b * k:  # parallel drafting
-                q = calls[0].view(b, k, -1)
-            else:
-                q = None
-            req_ids = list(self.input_batch.req_ids)
-            if q is not None and len(req_ids) == b:
-                rec.proposed(req_ids, out.cpu().numpy(), q.cpu().numpy(), ms)
-
-    def rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
-                         target_logits, bonus_token_ids, sampling_metadata, *args, **kwargs):
-        if _verify.get("armed"):  # before vLLM's sampler, which may change its inputs in place
-            t0 = time.perf_counter()
-            with _guard():
-                _verify_stats(draft_token_ids, num_draft_tokens, draft_probs, target_logits, sampling_metadata)
-            _verify["own"] = time.perf_counter() - t0
-        return ORIGINALS["rejection_sample"](draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
-                                             draft_probs, target_logits, bonus_token_ids, sampling_metadata,
-                                             *args, **kwargs)
-
-    def _verify_stats(draft_token_ids, num_draft_tokens, draft_probs, target_logits, sampling_metadata):
-        if sampling_metadata.all_greedy:
-            greedy = None
-        else:
-            counts = torch.as_tensor(num_draft_tokens, device=target_logits.device)
-            greedy = (sampling_metadata.temperature < 1e-5).repeat_interleave(counts)
-        _verify["p"] = target_stats(target_logits, draft_token_ids, draft_probs, greedy).cpu().numpy()
-        _verify["ids"] = draft_token_ids.cpu().numpy()
-
-    def execute_model(self, *args, **kwargs):
-        t0 = time.perf_counter()
-        out = ORIGINALS["execute_model"](self, *args, **kwargs)
-        self._svt_forward_ms = (time.perf_counter() - t0) * 1e3
-        return out
-
-    def _sample(self, logits, spec_decode_metadata):
-        rec = _recorder()
-        if rec is None or spec_decode_metadata is None or not _records_here():
-            return ORIGINALS["sample"](self, logits, spec_decode_metadata)
-        _verify.clear()
-        _verify["armed"] = True
-        t0 = time.perf_counter()
-        try:
-            out = ORIGINALS["sample"](self, logits, spec_decode_metadata)
-        finally:
-            _verify.pop("armed", None)
-        ms = (time.perf_counter() - t0 - _verify.get("own", 0.0)) * 1e3 + getattr(self, "_svt_forward_ms", 0.0)
-        if "p" in _verify:
-            with _guard():
-                rec.verified(list(self.input_batch.req_ids), list(spec_decode_metadata.num_draft_tokens),
-                             _verify.pop("ids"), _verify.pop("p"), out.sampled_token_ids.cpu().numpy(), ms)
-        return out
-
-    def expand_batch_to_tokens(x, cu_num_tokens, num_tokens, replace_from=0, replace_to=0):
-        if _recorder() is None:
-            return ORIGINALS["expand"](x, cu_num_tokens, num_tokens, replace_from, replace_to)
-        if _expand["broken"] is None:
-            _expand["broken"] = _expand_is_broken(x.device)
-            if _expand["broken"]:
-                _recorder().notes["expand_fix"] = True
-                log.warning("svt: this vLLM build's expand_batch_to_tokens loses float values (per-token "
-                            "temperature/top-p); using torch.repeat_interleave instead while tracing.")
-        if _expand["broken"]:
-            return expand_reference(x, cu_num_tokens, num_tokens, replace_from, replace_to)
-        return ORIGINALS["expand"](x, cu_num_tokens, num_tokens, replace_from, replace_to)
-
-    def _free_request(self, request, *args, **kwargs):
-        rec = _recorder()
-        if rec is not None:
-            with _guard():
-                sp = request.sampling_params
-                rec.finished(request.request_id, list(request.prompt_token_ids or []),
-                             list(request.output_token_ids), str(request.get_finished_reason()),
-                             float(sp.temperature) if sp else float("nan"), float(sp.top_p) if sp else float("nan"))
-        return ORIGINALS["free_request"](self, request, *args, **kwargs)
-
-    def assign_request_id(request):
-        ORIGINALS["assign_request_id"](request)
-        rec = _recorder()
-        if rec is not None and getattr(request, "external_req_id", None) is not None:
-            rec.named(str(request.external_req_id), str(request.request_id))
-
-    def suffix_propose(self, num_speculative_tokens, input_batch, sampled_token_ids, *args, **kwargs):
-        rec = _recorder()
-        if rec is None or not _records_here():
-            return ORIGINALS["suffix_propose"](self, num_speculative_tokens, input_batch, sampled_token_ids,
-                                               *args, **kwargs)
-        if "suffix" not in rec.facts:
-            rec.describe(**_suffix_facts(self))
-        cache = self.suffix_cache
-        seen: list = []
-        original = cache.speculate
-
-        def speculate(req_id, context, *a, **kw):
-            t0 = time.perf_counter()
-            draft = original(req_id, context, *a, **kw)
-            ms = (time.perf_counter() - t0) * 1e3
-            with _guard():
-                seen.append((req_id, len(context), draft, ms, _from_global(cache, req_id, context, draft, a, kw)))
-            return draft
-
-        cache.speculate = speculate
-        try:
-            out = ORIGINALS["suffix_propose"](self, num_speculative_tokens, input_batch, sampled_token_ids,
-                                              *args, **kwargs)
-        finally:
-            del cache.speculate
-        with _guard():
-            for req_id, _, draft, ms, glob in seen:
-                i = input_batch.req_id_to_index[req_id]
-                n_tokens = int(input_batch.num_tokens_no_spec[i])
-                decode_pos = n_tokens - int(input_batch.num_prompt_tokens[i])
-                rec.cache_proposed(req_id, decode_pos, n_tokens, list(draft.token_ids), list(draft.probs),
-                                   float(draft.score), int(draft.match_len) if draft.token_ids else 0, glob, ms)
-        return out
-
-    proposer._sample_draft_tokens = _sample_draft_tokens
-    sfx.SuffixDecodingProposer.propose = suffix_propose
-    runner.propose_draft_token_ids = propose_draft_token_ids
-    runner._sample = _sample
-    runner.execute_model = execute_model
-    rs.rejection_sample = rejection_sample
-    rs.expand_batch_to_tokens = expand_batch_to_tokens
-    sched.Scheduler._free_request = _free_request
-    inproc.InputProcessor.assign_request_id = staticmethod(assign_request_id)
+    for hook in HOOKS:  # every original first: a failed import installs nothing
+        ORIGINALS[hook.key] = getattr(hook.target(), hook.attribute)
+    for hook in HOOKS:
+        hook.set(hook.wrapper)
     _installed = True
+
+
+def uninstall() -> None:
+    """Put vLLM's own functions back (the benchmark's untraced rounds run vLLM's code unchanged)."""
+    global _installed
+    if not _installed:
+        return
+    for hook in HOOKS:
+        hook.set(ORIGINALS[hook.key])
+    _installed = False
 
 
 def _from_global(cache, req_id, context, draft, args, kwargs) -> bool:
@@ -400,30 +434,6 @@ def _suffix_facts(proposer) -> dict:
     return {"draft": None, "arctic_inference": version("arctic-inference"),
             "suffix": {"max_tree_depth": proposer.max_tree_depth, "max_spec_factor": proposer.max_spec_factor,
                        "min_token_prob": proposer.min_token_prob}}
-
-
-def uninstall() -> None:
-    """Put vLLM's own functions back (the benchmark's untraced rounds run vLLM's code unchanged)."""
-    global _installed
-    if not _installed:
-        return
-    from vllm.v1.core.sched import scheduler as sched
-    from vllm.v1.engine import input_processor as inproc
-    from vllm.v1.sample import rejection_sampler as rs
-    from vllm.v1.spec_decode import llm_base_proposer as lbp
-    from vllm.v1.spec_decode import suffix_decoding as sfx
-    from vllm.v1.worker import gpu_model_runner as gmr
-
-    lbp.SpecDecodeBaseProposer._sample_draft_tokens = ORIGINALS["sample_draft_tokens"]
-    gmr.GPUModelRunner.propose_draft_token_ids = ORIGINALS["propose"]
-    gmr.GPUModelRunner._sample = ORIGINALS["sample"]
-    gmr.GPUModelRunner.execute_model = ORIGINALS["execute_model"]
-    rs.rejection_sample = ORIGINALS["rejection_sample"]
-    rs.expand_batch_to_tokens = ORIGINALS["expand"]
-    sched.Scheduler._free_request = ORIGINALS["free_request"]
-    inproc.InputProcessor.assign_request_id = staticmethod(ORIGINALS["assign_request_id"])
-    sfx.SuffixDecodingProposer.propose = ORIGINALS["suffix_propose"]
-    _installed = False
 
 
 def _engine_facts(runner) -> dict:

@@ -1,0 +1,146 @@
+"""A collection planned before anything is written: the config, where the run goes, the model pair,
+the encoded prompts, the batches and the live policy. Everything that can fail on bad input fails
+in :func:`plan_collection`, before the run directory is touched."""
+
+from __future__ import annotations
+
+import datetime as dt
+import platform
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from svt import __version__
+from svt.collect.engine import LiveAV
+from svt.collect.workloads import WorkloadSet, encode_prompt, encode_reference, load_workloads
+from svt.config import CollectConfig, resolve_path, to_dict
+from svt.errors import ConfigError
+from svt.models.loading import ModelPair, load_pair
+from svt.traces.rundir import prepare_dir, staging_path
+from svt.traces.schema import SCHEMA_VERSION
+
+
+@dataclass
+class CollectPlan:
+    """What the svt and hvd engines run. ``out`` is where the run is written: ``final`` itself, or
+    a staging folder beside it when an existing run is overwritten (swapped in once complete)."""
+
+    cfg: CollectConfig
+    config: dict  # the config as run.json records it
+    config_path: Path | None
+    final: Path
+    out: Path
+    staged: bool
+    old_meta: dict | None  # run.json of the run being resumed
+    pair: ModelPair
+    workloads: WorkloadSet
+    ids: list[list[int]]  # encoded prompts, one per request
+    refs: dict[int, list[int]]  # encoded references of the prompts that carry one
+    batches: list[list[int]]
+    live: LiveAV | None = None
+    online: object | None = None  # the online estimator of a live-AV run with `av.online`
+    shard: tuple[int, int] | None = None
+    progress: bool = True
+
+    @property
+    def workload_of(self) -> dict[int, str]:
+        return {i: p.workload for i, p in enumerate(self.workloads.prompts)}
+
+    def new_meta(self) -> dict:
+        """run.json's fields common to every run of the plan (a resumed run keeps its own)."""
+        return self.old_meta or {
+            "run_id": uuid.uuid4().hex[:12],
+            "svt_version": __version__,
+            "schema_version": SCHEMA_VERSION,
+            "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "config": self.config,
+        }
+
+    def environment(self) -> dict:
+        return {"python": platform.python_version(), "torch": torch.__version__,
+                "transformers": __import__("transformers").__version__, "threads": torch.get_num_threads()}
+
+
+def check_resume_inputs(out: Path, old_meta: dict, pair, workload_hashes: dict[str, str]) -> None:
+    """A resumed run must use the same models (weights hashes) and prompt files (content hashes)
+    as the session that started it: otherwise one run would mix two experiments."""
+    now = pair.identity()
+    for role in ("target", "draft"):
+        was = (old_meta.get("models") or {}).get(role, {}).get("weights_sha256_16")
+        if was and was != now[role]["weights_sha256_16"]:
+            raise ConfigError(f"Cannot resume {str(out)!r}: the {role} model's weights changed since the run "
+                              f"started (hash {now[role]['weights_sha256_16']} vs {was}). Use --overwrite.")
+    was = old_meta.get("workload_sha256") or {}
+    for name, h in workload_hashes.items():
+        if name in was and was[name] != h:
+            raise ConfigError(f"Cannot resume {str(out)!r}: the prompt file of workload {name!r} changed since "
+                              "the run started. Use --overwrite.")
+
+
+def live_policy(cfg: CollectConfig, config_path: Path | None, resume: bool) -> tuple[LiveAV | None, object | None]:
+    """The live-AV policy (and its online estimator) of a config with ``av:``; checked in full here."""
+    if cfg.av is None:
+        return None, None
+    from svt.fit import live_confidence, load_fit
+    from svt.simulate.costs import load_costs
+
+    fit = load_fit(resolve_path(cfg.av.fit, config_path))
+    confidence = live_confidence(fit)  # a lossless feature, a known model
+    costs = load_costs(resolve_path(cfg.av.costs, config_path))
+    costs.check_covers(cfg.k, f"{cfg.av.costs}: ")
+    if not cfg.av.online:
+        return LiveAV(confidence, costs, cfg.av.explore, rule=cfg.av.rule), None
+    if resume:
+        raise ConfigError("Cannot resume a live-AV run with `av.online: true`: the estimator's state is "
+                          "not saved between sessions. Use --overwrite.")
+    from svt.fit.irls_online import OnlineOptions
+    from svt.fit.live import OnlineLive
+
+    if fit["model"] != "irls-online":
+        raise ConfigError("`av.online: true` needs an irls-online fit (its options are used).")
+    online = OnlineLive(OnlineOptions(**fit["options"]), cfg.k)
+    return LiveAV(online.confidence, costs, cfg.av.explore, online.observe, online.warming_up,
+                  rule=cfg.av.rule), online
+
+
+def plan_collection(cfg: CollectConfig, out: Path, *, config_path: Path | None, resume: bool, overwrite: bool,
+                    progress: bool, shard: tuple[int, int] | None) -> CollectPlan:
+    """Check everything and load the pair; then clear the staging folder of an overwrite."""
+    config = to_dict(cfg)
+    if shard is not None:
+        from svt.collect.shards import check_shardable
+
+        check_shardable(cfg)
+    old_meta = prepare_dir(out, resume=resume, overwrite=overwrite, config=config)
+    workloads = load_workloads(cfg.workloads, cfg.requests, config_path)
+    pair = load_pair(resolve_path(cfg.target, config_path), resolve_path(cfg.draft, config_path),
+                     device=cfg.device, dtype=cfg.dtype)
+    if old_meta:
+        check_resume_inputs(out, old_meta, pair, workloads.hashes)
+    live, online = live_policy(cfg, config_path, resume)
+    if cfg.hvd is not None:
+        from svt.collect.hvd_live import yield_scorer
+        from svt.fit import load_fit
+
+        yield_scorer(load_fit(resolve_path(cfg.hvd.fit, config_path)))
+    # an overwrite is written beside the old run and swapped in when complete
+    staged = overwrite and out.is_dir() and any(out.iterdir())
+    target = staging_path(out) if staged else out
+    if staged:
+        shutil.rmtree(target, ignore_errors=True)
+    tok = pair.tokenizer
+    prompts = workloads.prompts
+    ids = [encode_prompt(p, tok, cfg.max_prompt_tokens) for p in prompts]
+    refs = {i: encode_reference(p, tok, cfg.max_new_tokens) for i, p in enumerate(prompts) if p.reference}
+    batches = [list(range(i, min(i + cfg.batch_size, cfg.requests))) for i in range(0, cfg.requests, cfg.batch_size)]
+    return CollectPlan(cfg, config, config_path, out, target, staged, old_meta, pair, workloads, ids, refs, batches,
+                       live, online, shard, progress)
+
+
+def batch_seed(seed: int, batch: int) -> int:
+    """The seed of one batch's random stream (a resumed run redraws a batch exactly)."""
+    return int(np.random.SeedSequence([seed, batch]).generate_state(1, dtype=np.uint64)[0] >> 1)
