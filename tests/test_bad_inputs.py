@@ -46,6 +46,11 @@ def test_damaged_fit_files(small_run, fit_file, tmp_path, edit, text):
     (["--model", "logistic", "--preset", "vllm"], "--preset"),
     (["--model", "irls-online", "--preset", "nope"], "Unknown preset"),
     (["--model", "irls-online", "--label-delay", "100000"], "label_delay"),
+    # an option the fitter does not take is refused, never dropped (issue 22)
+    (["--model", "isotonic", "--mlp-hidden", "32"], "'isotonic' takes no --mlp-hidden"),
+    (["--model", "logistic", "--device", "cpu"], "'logistic' takes no --device"),
+    (["--model", "irls-online", "--features", "q_max"], "'irls-online' takes no --features"),
+    (["--model", "logistic", "--feature", "q_max", "--features", "q_max"], "not both"),
 ])
 def test_bad_fit_options(small_run, tmp_path, args, text):
     _ok(runner.invoke(app, ["fit", str(small_run), *args, "--out", str(tmp_path / "f.json")]), 2, text)

@@ -275,23 +275,10 @@ def evaluate(
     from svt.report import evaluate as build
     from svt.report.console import evaluate_tables
 
-    if bins < 1 or bootstrap < 0 or high_yield < 1:
-        raise _fail(ConfigError(f"Expected --bins >= 1, --bootstrap >= 0 and --high-yield >= 1, but got "
-                                f"{bins}, {bootstrap} and {high_yield}."))
-    if live and not costs:
-        raise _fail(ConfigError("--live needs --costs (the replay it is compared with)."))
-    from svt.report.compare import load_report, parse_tolerances
-
     try:
-        if tolerance and baseline is None:
-            raise ConfigError("--tolerance needs --baseline (the report to compare with).")
-        if replay_bootstrap and not (2 <= replay_bootstrap <= 1000 and costs):
-            raise ConfigError("--replay-bootstrap takes 2 to 1000 resamples, with --costs (the AV replay).")
-        tolerances = parse_tolerances(tolerance)
-        base = load_report(baseline, "Baseline report") if baseline else None
-        if base is not None and Path(base["_path"]).resolve() == (out_dir / "report.json").resolve():
-            raise ConfigError(f"--baseline {baseline} is the report this command writes (--out {out_dir}); "
-                              "write the new report elsewhere, or keep a copy of the baseline.")
+        tolerances, base = _evaluate_checks(out_dir, bins=bins, bootstrap=bootstrap, high_yield=high_yield,
+                                            live=live, costs=costs, tolerance=tolerance, baseline=baseline,
+                                            replay_bootstrap=replay_bootstrap)
     except SvtError as exc:
         raise _fail(exc) from None
     opts = EvaluateOptions(features=list(feature or DEFAULT_FEATURES), feature_module=feature_module,
@@ -313,6 +300,28 @@ def evaluate(
     if base is not None:
         report["_path"] = str(json_path)
         _regression(base, report, tolerances, out_dir)
+
+
+def _evaluate_checks(out_dir: Path, *, bins, bootstrap, high_yield, live, costs, tolerance, baseline,
+                     replay_bootstrap) -> tuple[dict, dict | None]:
+    """The option checks of `svt evaluate`, before any run is read; the tolerances and the baseline."""
+    from svt.report.compare import load_report, parse_tolerances
+
+    if bins < 1 or bootstrap < 0 or high_yield < 1:
+        raise ConfigError(f"Expected --bins >= 1, --bootstrap >= 0 and --high-yield >= 1, but got "
+                          f"{bins}, {bootstrap} and {high_yield}.")
+    if live and not costs:
+        raise ConfigError("--live needs --costs (the replay it is compared with).")
+    if tolerance and baseline is None:
+        raise ConfigError("--tolerance needs --baseline (the report to compare with).")
+    if replay_bootstrap and not (2 <= replay_bootstrap <= 1000 and costs):
+        raise ConfigError("--replay-bootstrap takes 2 to 1000 resamples, with --costs (the AV replay).")
+    tolerances = parse_tolerances(tolerance)
+    base = load_report(baseline, "Baseline report") if baseline else None
+    if base is not None and Path(base["_path"]).resolve() == (out_dir / "report.json").resolve():
+        raise ConfigError(f"--baseline {baseline} is the report this command writes (--out {out_dir}); "
+                          "write the new report elsewhere, or keep a copy of the baseline.")
+    return tolerances, base
 
 
 def _regression(base: dict, now: dict, tolerances: dict, out_dir: Path) -> None:

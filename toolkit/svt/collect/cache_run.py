@@ -36,6 +36,7 @@ from svt.traces.io import (
     write_meta,
     write_shard,
 )
+from svt.traces.rundir import swap_table
 
 
 def _positions_to_steps(steps: pl.DataFrame, n_out: int) -> np.ndarray:
@@ -125,26 +126,7 @@ def build_cache_drafts(run_dir: str | Path, options: CacheOptions, draft_model, 
     run = open_run(run_dir, deep=False, tables=["requests", "steps"])
     meta = run.meta
     reference = meta.get("engine") == "reference"
-    if meta.get("engine", "svt") not in ("svt", "reference"):
-        raise DataError(f"{run_dir}: a {meta['engine']} run. `svt cache` replays SuffixDecoding in the server "
-                        "order of svt's own static batches, with every output token from a verification step; "
-                        "an engine run (continuous batching, its first token from prefill) has neither, so the "
-                        "replayed drafts would not be what a server saw. Not supported.")
-    if not (meta.get("sampling") or {}).get("greedy"):
-        raise ConfigError(f"{run_dir}: cache drafts and their oracle yields are defined on greedy runs "
-                          "(temperature 0); this run sampled at temperature "
-                          f"{(meta.get('sampling') or {}).get('temperature')}.")
-    if meta.get("av"):
-        raise ConfigError(f"{run_dir}: collected with live AV; cache drafts need a plain greedy run.")
-    if isinstance(meta.get("shard"), dict):
-        raise ConfigError(f"{run_dir}: a shard ({meta['shard'].get('index')}/{meta['shard'].get('count')}). "
-                          "A shard's global suffix tree holds only its own responses, so its cache drafts are "
-                          "not the whole run's; `svt merge` the shards first, then `svt cache` the merged run.")
-    if meta.get("status") != "complete":
-        raise DataError(f"{run_dir}: the run is not complete (status {meta.get('status')!r}); finish it with "
-                        "`svt collect ... --resume` first.")
-    if not isinstance(meta.get("k"), int):
-        raise DataError(f"{run_dir}: run.json has no valid `k`.")
+    _check_cacheable(run_dir, meta)
     k = int(meta["k"])
     bs = int((meta.get("config") or {}).get("batch_size", 1) or 1)
     requests = run.scan("requests").sort("request").collect()
@@ -157,7 +139,6 @@ def build_cache_drafts(run_dir: str | Path, options: CacheOptions, draft_model, 
     if model_yields is None:
         model_yields = teacher_forced_model_yields(draft_model, k)
     drafter = CacheDrafter(options)
-    folder = run_dir / "cache_drafts"
     tmp = run_dir / ".cache_drafts.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     batches = requests.with_columns((pl.col("request") // bs).alias("_b")).partition_by("_b", maintain_order=True)
@@ -182,12 +163,7 @@ def build_cache_drafts(run_dir: str | Path, options: CacheOptions, draft_model, 
     staged = tmp / "cache_drafts"
     if not staged.is_dir():
         raise DataError(f"{run_dir}: no decode positions to propose cache drafts at.")
-    old = run_dir / ".cache_drafts.old"
-    shutil.rmtree(old, ignore_errors=True)
-    if folder.exists():
-        folder.rename(old)
-    staged.rename(folder)
-    shutil.rmtree(old, ignore_errors=True)
+    swap_table(run_dir, "cache_drafts", staged)
     shutil.rmtree(tmp, ignore_errors=True)
     ms = np.concatenate(lookup)
     entry = {"options": options.to_dict(), "arctic_inference": getattr(arctic_inference, "__version__", None)
@@ -196,6 +172,36 @@ def build_cache_drafts(run_dir: str | Path, options: CacheOptions, draft_model, 
              "global_tree": "a response enters when its request finishes (after its last engine step)" if not reference
              else "a response enters after its last token: a batch's requests advance one token per step",
              "columns": list(ROW_COLUMNS)}
+    _record_cache(run_dir, entry, n_rows)
+    return entry
+
+
+def _check_cacheable(run_dir: Path, meta: dict) -> None:
+    """Cache drafts are replayed on a complete, whole, greedy run of svt's engine (or a reference run)."""
+    if meta.get("engine", "svt") not in ("svt", "reference"):
+        raise DataError(f"{run_dir}: a {meta['engine']} run. `svt cache` replays SuffixDecoding in the server "
+                        "order of svt's own static batches, with every output token from a verification step; "
+                        "an engine run (continuous batching, its first token from prefill) has neither, so the "
+                        "replayed drafts would not be what a server saw. Not supported.")
+    if not (meta.get("sampling") or {}).get("greedy"):
+        raise ConfigError(f"{run_dir}: cache drafts and their oracle yields are defined on greedy runs "
+                          "(temperature 0); this run sampled at temperature "
+                          f"{(meta.get('sampling') or {}).get('temperature')}.")
+    if meta.get("av"):
+        raise ConfigError(f"{run_dir}: collected with live AV; cache drafts need a plain greedy run.")
+    if isinstance(meta.get("shard"), dict):
+        raise ConfigError(f"{run_dir}: a shard ({meta['shard'].get('index')}/{meta['shard'].get('count')}). "
+                          "A shard's global suffix tree holds only its own responses, so its cache drafts are "
+                          "not the whole run's; `svt merge` the shards first, then `svt cache` the merged run.")
+    if meta.get("status") != "complete":
+        raise DataError(f"{run_dir}: the run is not complete (status {meta.get('status')!r}); finish it with "
+                        "`svt collect ... --resume` first.")
+    if not isinstance(meta.get("k"), int):
+        raise DataError(f"{run_dir}: run.json has no valid `k`.")
+
+
+def _record_cache(run_dir: Path, entry: dict, n_rows: int) -> None:
+    """run.json: the cache entry, the new shards, the drafter kinds and the count."""
     meta = read_meta(run_dir)
     forget_shards(meta, "cache_drafts")
     if "shards" in meta:
@@ -207,7 +213,6 @@ def build_cache_drafts(run_dir: str | Path, options: CacheOptions, draft_model, 
     counts["cache_drafts"] = n_rows
     meta["counts"] = counts
     write_meta(run_dir, meta)
-    return entry
 
 
 def dist_version(name: str) -> str | None:

@@ -55,13 +55,22 @@ class Fitter:
 
     @classmethod
     def from_options(cls, **options) -> Fitter:
-        """Build from the CLI's options, taking only those this fitter's ``__init__`` accepts
-        (``None`` means "the fitter's default")."""
+        """Build from the CLI's options: ``None`` means "not given" (the fitter's default); an option
+        given that this fitter's ``__init__`` does not take is refused, never dropped. ``seed``
+        seeds the request split of every fit, so every fitter accepts it."""
         names = set(inspect.signature(cls.__init__).parameters) - {"self"}
-        if options.get("feature") is not None and "feature" not in names:
+        given = {k: v for k, v in options.items() if v is not None}
+        if "feature" in given and "features" in given:
+            raise ConfigError("Give --feature or --features, not both.")
+        if "feature" in given and "feature" not in names:
             raise ConfigError(f"{cls.name!r} takes no --feature"
                               + (" (use --features to choose cache features)." if "features" in names else "."))
-        return cls(**{k: v for k, v in options.items() if k in names and v is not None})
+        unknown = sorted(k for k in given if k not in names and k != "seed")
+        if unknown:
+            takes = sorted(n for n in names if n not in ("seed", "online"))
+            raise ConfigError(f"{cls.name!r} takes no {', '.join(_flag(k) for k in unknown)} (its options: "
+                              f"{', '.join(_flag(n) for n in takes) or 'none'}).")
+        return cls(**{k: v for k, v in given.items() if k in names})
 
     def fit(self, data: FitData) -> Fitter:  # pragma: no cover - interface
         raise NotImplementedError
@@ -100,6 +109,10 @@ class Fitter:
 
 
 FITTERS: dict[str, type[Fitter]] = {}
+
+
+def _flag(option: str) -> str:
+    return "--" + option.replace("_", "-")
 
 
 def register_fitter(cls: type[Fitter]) -> type[Fitter]:

@@ -29,7 +29,10 @@ def replay(x, pos, y, step, cycle_steps, label_delay, k, per_position_slope, ini
     """Score every row with the coefficients in force in its cycle (``step // cycle_steps``) and
     refit at the end of each cycle from the labels that have arrived (a label arrives in cycle
     ``(step + label_delay) // cycle_steps``); rows sorted by ``step``.
-    Fills ``prequential`` and the path arrays; returns the number of refits."""
+    Fills ``prequential`` and the path arrays; returns the number of refits.
+
+    Long because it is one compiled loop that mirrors ``IRLSOnline._update`` row by row; numba keeps
+    the accumulators in registers only within one function."""
     n = x.size
     n_w = k if per_position_slope else 1
     w = np.full(n_w, init_slope)

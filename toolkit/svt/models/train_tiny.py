@@ -252,7 +252,7 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
-def main(argv: list[str] | None = None) -> None:
+def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path("data/models"))
     ap.add_argument("--seed", type=int, default=0)
@@ -263,32 +263,27 @@ def main(argv: list[str] | None = None) -> None:
                          "(WORK/target-unsharpened) instead of training it again")
     ap.add_argument("--work", type=Path, default=Path("build/tiny"),
                     help="where the unsharpened target is kept (not committed)")
-    args = ap.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    from transformers import PreTrainedTokenizerFast
+    return ap.parse_args(argv)
 
-    t_start = time.time()
+
+def _data(seed: int):
+    """The tokenizer, the training stream, 64 held-out windows and the figures that describe them."""
     train_texts, held_texts, tasks = read_corpus()
     print(f"corpus: {len(train_texts)} training files, {len(held_texts)} held out; task documents: "
           + ", ".join(f"{len(v)} {k}" for k, v in tasks.items()), flush=True)
     tok = train_tokenizer(train_texts)  # on the files only: the same tokenizer as the workloads'
-    eos_id = tok.token_to_id(EOS)
-    stream, composition = training_stream(tok, train_texts, tasks, args.seed)
+    stream, composition = training_stream(tok, train_texts, tasks, seed)
     held_stream = encode_stream(tok, held_texts)
     chars = sum(map(len, train_texts))
     files_tokens = composition["stdlib"]
     print(f"tokens: {len(stream):,} train ({composition}; {chars / files_tokens:.2f} chars/token in the files), "
           f"{len(held_stream):,} held out", flush=True)
-    rng = np.random.default_rng(args.seed + 1)
+    rng = np.random.default_rng(seed + 1)
     starts = rng.integers(0, len(held_stream) - SEQ_LEN - 1, size=64)
     held = torch.from_numpy(np.stack([held_stream[s : s + SEQ_LEN + 1] for s in starts]))
-
-    hf_tok = PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token=EOS, bos_token=EOS, pad_token=EOS, unk_token=None
-    )
     figures = {
         "python": sysconfig.get_python_version(),
-        "seed": args.seed,
+        "seed": seed,
         "seq_len": SEQ_LEN,
         "batch": BATCH,
         "precision": "float32 (saved as bf16)",
@@ -297,10 +292,11 @@ def main(argv: list[str] | None = None) -> None:
         "chars_per_token": round(chars / files_tokens, 3),
         "models": {},
     }
+    return tok, stream, held, figures
 
-    def scaled(spec: TinySpec) -> TinySpec:
-        return TinySpec(**{**asdict(spec), "train_tokens": int(spec.train_tokens * args.scale)})
 
+def _target(args, stream, held, eos_id: int, figures: dict, scaled):
+    """The target: trained (and its unsharpened bf16 copy kept in WORK) or reused; then sharpened."""
     if args.reuse_target is not None:
         from transformers import AutoModelForCausalLM
 
@@ -323,14 +319,12 @@ def main(argv: list[str] | None = None) -> None:
     figures["models"]["target"]["sharpen"] = SHARPEN
     figures["models"]["target"]["held_out_loss_sharpened"] = round(
         evaluate(target, None, held)["held_out_loss"], 4)
-    models = {"target": target}
-    for i, spec in enumerate(DRAFTS):
-        draft, figures["models"][spec.name] = train_one(
-            scaled(spec), stream, held, eos_id, args.seed + 1 + i, teacher=target
-        )
-        models[spec.name] = draft
-    # written beside OUT, then swapped in: an interrupted run leaves the previous pair whole
-    stage = args.out.parent / f".{args.out.name}.svt-new"
+    return target
+
+
+def _save(out: Path, models: dict, hf_tok, figures: dict, scaled) -> None:
+    """Written beside OUT, then swapped in: an interrupted run leaves the previous pair whole."""
+    stage = out.parent / f".{out.name}.svt-new"
     shutil.rmtree(stage, ignore_errors=True)
     for name, model in models.items():
         path = stage / name
@@ -338,18 +332,43 @@ def main(argv: list[str] | None = None) -> None:
         hf_tok.save_pretrained(path)
         spec = TARGET if name == "target" else next(d for d in DRAFTS if d.name == name)
         figures["models"][name]["spec"] = asdict(scaled(spec))
-    figures["total_seconds"] = round(time.time() - t_start, 1)
     (stage / "training.json").write_text(json.dumps(figures, indent=2) + "\n")
-    args.out.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     for entry in sorted(stage.iterdir()):
-        dest = args.out / entry.name
-        old = args.out / f".{entry.name}.svt-old"
+        dest = out / entry.name
+        old = out / f".{entry.name}.svt-old"
         _remove(old)
         if dest.exists():
             dest.rename(old)
         entry.rename(dest)
         _remove(old)
     stage.rmdir()
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parse(argv)
+    torch.set_num_threads(args.threads)
+    from transformers import PreTrainedTokenizerFast
+
+    t_start = time.time()
+    tok, stream, held, figures = _data(args.seed)
+    eos_id = tok.token_to_id(EOS)
+    hf_tok = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token=EOS, bos_token=EOS, pad_token=EOS, unk_token=None
+    )
+
+    def scaled(spec: TinySpec) -> TinySpec:
+        return TinySpec(**{**asdict(spec), "train_tokens": int(spec.train_tokens * args.scale)})
+
+    target = _target(args, stream, held, eos_id, figures, scaled)
+    models = {"target": target}
+    for i, spec in enumerate(DRAFTS):
+        draft, figures["models"][spec.name] = train_one(
+            scaled(spec), stream, held, eos_id, args.seed + 1 + i, teacher=target
+        )
+        models[spec.name] = draft
+    figures["total_seconds"] = round(time.time() - t_start, 1)
+    _save(args.out, models, hf_tok, figures, scaled)
     print(f"saved to {args.out} ({figures['total_seconds']:.0f} s in all)")
 
 

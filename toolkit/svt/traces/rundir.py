@@ -6,8 +6,10 @@ vLLM spool's finish, synthetic runs) goes through here."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +23,7 @@ from svt.traces.io import (
     open_run,
     read_meta,
     record_shards,
+    remove_partial,
     shard_ids,
     stray_files,
     write_meta,
@@ -96,6 +99,40 @@ def swap_in(staged: Path, out: Path) -> None:
     if out.exists():
         out.rename(old)
     staged.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def staged_run(out: Path) -> Iterator[Path]:
+    """Write a run into a staging folder beside ``out`` (yielded, empty); when the block ends
+    without an error, the staged run replaces ``out``. On an error, a Ctrl-C or a SIGTERM turned
+    into an exception, the staging folder is removed and ``out`` is as it was.
+
+        with staged_run(out) as stage:
+            ...  # write the run into stage; raise to abandon it
+    """
+    stage = staging_path(out)
+    shutil.rmtree(stage, ignore_errors=True)
+    try:
+        yield stage
+        swap_in(stage, out)
+    except BaseException:
+        try:
+            remove_partial(stage)
+        except KeyboardInterrupt:  # the same Ctrl-C, left pending by polars
+            remove_partial(stage)
+        raise
+
+
+def swap_table(run_dir: Path, table: str, staged: Path) -> None:
+    """Replace a run's ``table`` folder by ``staged`` (a finished folder of its shards, on the same
+    file system): the old folder is renamed aside, the new one in, then the old one removed."""
+    folder = run_dir / table
+    old = run_dir / f".{table}.old"
+    shutil.rmtree(old, ignore_errors=True)
+    if folder.exists():
+        folder.rename(old)
+    staged.rename(folder)
     shutil.rmtree(old, ignore_errors=True)
 
 

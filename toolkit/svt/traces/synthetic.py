@@ -50,28 +50,15 @@ def write_run(source: str | Path, out: str | Path, n_labelled: int, *, steps_per
     ``synthetic`` block naming the source, the size and the seed. The run is written beside
     ``out`` and moved into place when complete.
     """
-    import json
     import uuid
 
     from svt.errors import ConfigError
     from svt.traces.io import open_run, record_shards, remove_partial, write_meta, write_shard
 
-    for name, value in (("labelled drafts", n_labelled), ("labelled drafts per shard", shard_labelled),
-                        ("steps per request", steps_per_request)):
-        if not 1 <= value <= MAX_LABELLED:
-            raise ConfigError(f"Expected {name} between 1 and {MAX_LABELLED:,}, but got {value!r}.")
-    if seed < 0:
-        raise ConfigError(f"Expected a seed >= 0, but got {seed}.")
+    out = Path(out)
+    _check_args(source, out, n_labelled, shard_labelled, steps_per_request, seed)
     src = open_run(source)
     src.require_complete()
-    out = Path(out)
-    if out.exists():
-        raise ConfigError(f"{out} exists; remove it or choose another output folder.")
-    if out.resolve().is_relative_to(Path(source).resolve()):
-        raise ConfigError(f"{out} is inside the source run {source}; write the synthetic run elsewhere.")
-    stray = sorted(out.parent.glob(f".{out.name}.tmp-*")) if out.parent.is_dir() else []
-    if stray:
-        raise ConfigError(f"{stray[0]} is left from an interrupted write of {out}; delete it first.")
     bs = int((src.meta.get("config") or {}).get("batch_size", 1) or 1)
     keys = ["request", "step"]
     drafts = src.scan("drafts").collect()
@@ -88,14 +75,7 @@ def write_run(source: str | Path, out: str | Path, n_labelled: int, *, steps_per
     req_per_shard = max(bs, int(round(shard_labelled / mean_labelled / steps_per_request / bs)) * bs)
     n_requests = max(bs, int(np.ceil(n_labelled / mean_labelled / steps_per_request / bs)) * bs)
     tmp = out.with_name(f".{out.name}.tmp-{uuid.uuid4().hex[:8]}")
-    meta = json.loads(json.dumps(src.meta))
-    meta.update({"run_id": uuid.uuid4().hex[:12], "status": "running", "shards": {}})
-    meta["config"] = {**(meta.get("config") or {}), "requests": n_requests, "log": {"hidden": False,
-                                                                                    "dists_fraction": 0.0}}
-    meta["synthetic"] = {"source": str(source), "source_run_id": src.meta.get("run_id"),
-                         "labelled_target": int(n_labelled), "steps_per_request": steps_per_request,
-                         "seed": seed, "method": "whole steps resampled with replacement"}
-    meta.pop("counts", None)
+    meta = _synthetic_meta(src.meta, source, n_requests, n_labelled, steps_per_request, seed)
     import signal
 
     def _term(signum, frame):  # a plain `kill` cleans up like Ctrl-C
@@ -107,30 +87,13 @@ def write_run(source: str | Path, out: str | Path, n_labelled: int, *, steps_per
         labelled = accepted = n_drafts = n_steps_all = emitted = 0
         for shard, first in enumerate(range(0, n_requests, req_per_shard)):
             reqs = min(req_per_shard, n_requests - first)
-            rng = np.random.default_rng([seed, shard])
-            n_steps = reqs * steps_per_request
-            pick = pl.DataFrame({"_sid": rng.integers(0, sids.height, n_steps).astype(np.uint32),
-                                 "_new": np.arange(n_steps, dtype=np.int64)})
-            new = pick.join(sids, on="_sid", how="left", maintain_order="left").rename(
-                {"request": "_src_req", "step": "_src_step"}).with_columns(
-                (first + pl.col("_new") // steps_per_request).alias("request"),
-                (pl.col("_new") % steps_per_request).cast(pl.Int32).alias("step"))
-            part = (new.select("_sid", "request", "step").join(d.drop(keys), on="_sid", how="left")
-                    .with_columns((pl.col("request") // bs).alias("_b"))
-                    .sort("_b", "step", "request", "position").drop("_sid", "_b"))
+            part, st, rq = _shard_frames(np.random.default_rng([seed, shard]), reqs * steps_per_request, first,
+                                         steps_per_request, bs, sids, d, steps_src, workload_of)
             labelled += int(part["label"].is_not_null().sum())
             accepted += int((part["label"] == 1).sum())
             n_drafts += part.height
-            st = (new.join(steps_src.rename({"request": "_src_req", "step": "_src_step"}),
-                           on=["_src_req", "_src_step"], how="left")
-                  .with_columns((pl.col("request") // bs).alias("_b")).sort("_b", "step", "request"))
             n_steps_all += st.height
             emitted += int(st["emitted"].sum())
-            rq = (new.filter(pl.col("step") == 0).select(
-                "request", pl.col("_src_req").replace_strict(workload_of, return_dtype=pl.String).alias("workload"))
-                .with_columns(pl.lit([], dtype=pl.List(pl.Int32)).alias("prompt_ids"),
-                              pl.lit([], dtype=pl.List(pl.Int32)).alias("output_ids"),
-                              pl.lit("synthetic").alias("finish_reason")))
             for table, frame in (("drafts", part), ("steps", st), ("requests", rq)):
                 written[table].append(write_shard(tmp, table, shard, frame))
         for table, paths in written.items():
@@ -151,6 +114,68 @@ def write_run(source: str | Path, out: str | Path, n_labelled: int, *, steps_per
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
     return out
+
+
+def _synthetic_meta(source_meta: dict, source, n_requests: int, n_labelled: int, steps_per_request: int,
+                    seed: int) -> dict:
+    """run.json of the synthetic run: the source's, with a new id, the new size and a ``synthetic`` block."""
+    import json
+    import uuid
+
+    meta = json.loads(json.dumps(source_meta))
+    meta.update({"run_id": uuid.uuid4().hex[:12], "status": "running", "shards": {}})
+    meta["config"] = {**(meta.get("config") or {}), "requests": n_requests, "log": {"hidden": False,
+                                                                                    "dists_fraction": 0.0}}
+    meta["synthetic"] = {"source": str(source), "source_run_id": source_meta.get("run_id"),
+                         "labelled_target": int(n_labelled), "steps_per_request": steps_per_request,
+                         "seed": seed, "method": "whole steps resampled with replacement"}
+    meta.pop("counts", None)
+    return meta
+
+
+def _check_args(source, out: Path, n_labelled: int, shard_labelled: int, steps_per_request: int,
+                seed: int) -> None:
+    from svt.errors import ConfigError
+
+    for name, value in (("labelled drafts", n_labelled), ("labelled drafts per shard", shard_labelled),
+                        ("steps per request", steps_per_request)):
+        if not 1 <= value <= MAX_LABELLED:
+            raise ConfigError(f"Expected {name} between 1 and {MAX_LABELLED:,}, but got {value!r}.")
+    if seed < 0:
+        raise ConfigError(f"Expected a seed >= 0, but got {seed}.")
+    if out.exists():
+        raise ConfigError(f"{out} exists; remove it or choose another output folder.")
+    if out.resolve().is_relative_to(Path(source).resolve()):
+        raise ConfigError(f"{out} is inside the source run {source}; write the synthetic run elsewhere.")
+    stray = sorted(out.parent.glob(f".{out.name}.tmp-*")) if out.parent.is_dir() else []
+    if stray:
+        raise ConfigError(f"{stray[0]} is left from an interrupted write of {out}; delete it first.")
+
+
+def _shard_frames(rng, n_steps: int, first: int, steps_per_request: int, bs: int, sids: pl.DataFrame,
+                  d: pl.DataFrame, steps_src: pl.DataFrame, workload_of: dict):
+    """One shard's drafts, steps and requests: ``n_steps`` source steps drawn with replacement,
+    renumbered as requests ``first``, ``first + 1``, ... of ``steps_per_request`` steps, rows in
+    replay order (batch, step, request, position)."""
+    keys = ["request", "step"]
+    pick = pl.DataFrame({"_sid": rng.integers(0, sids.height, n_steps).astype(np.uint32),
+                         "_new": np.arange(n_steps, dtype=np.int64)})
+    new = pick.join(sids, on="_sid", how="left", maintain_order="left").rename(
+        {"request": "_src_req", "step": "_src_step"}).with_columns(
+        (first + pl.col("_new") // steps_per_request).alias("request"),
+        (pl.col("_new") % steps_per_request).cast(pl.Int32).alias("step"))
+    part = (new.select("_sid", "request", "step").join(d.drop(keys), on="_sid", how="left")
+            .with_columns((pl.col("request") // bs).alias("_b"))
+            .sort("_b", "step", "request", "position").drop("_sid", "_b"))
+    st = (new.join(steps_src.rename({"request": "_src_req", "step": "_src_step"}),
+                   on=["_src_req", "_src_step"], how="left")
+          .with_columns((pl.col("request") // bs).alias("_b")).sort("_b", "step", "request"))
+    rq = (new.filter(pl.col("step") == 0).select(
+        "request", pl.col("_src_req").replace_strict(workload_of, return_dtype=pl.String).alias("workload"))
+        .with_columns(pl.lit([], dtype=pl.List(pl.Int32)).alias("prompt_ids"),
+                      pl.lit([], dtype=pl.List(pl.Int32)).alias("output_ids"),
+                      pl.lit("synthetic").alias("finish_reason")))
+    return part, st, rq
 
 
 def _main_thread() -> bool:

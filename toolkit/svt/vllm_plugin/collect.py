@@ -10,15 +10,16 @@ scheduler; a difference is an error, not a run.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
-import signal
 import time
 import uuid
 from pathlib import Path
 
 from svt.collect.engines import CollectOptions, Engine
 from svt.errors import ConfigError, DataError
+from svt.signals import sigterm_unwinds
 from svt.traces.rundir import RunSummary
 
 
@@ -51,23 +52,7 @@ def collect_vllm(cfg, out: str | Path, *, config_path=None, overwrite: bool = Fa
     from svt.collect.workloads import encode_prompt, load_workloads
     from svt.config import resolve_path, to_dict
 
-    for key, bad in (("av", cfg.av is not None), ("hvd", cfg.hvd is not None), ("cache", cfg.cache is not None),
-                     ("log.hidden", cfg.log.hidden), ("log.dists_fraction", cfg.log.dists_fraction > 0)):
-        if bad:
-            raise ConfigError(f"`{key}` is not supported with --engine vllm (the vLLM collector writes the "
-                              f"drafts, steps and requests tables); unset it, e.g. --set {key}=" +
-                              ("false" if key == "log.hidden" else "0" if key == "log.dists_fraction" else "null")
-                              + ".")
-    if cfg.device not in ("auto", "cpu", "cuda") and not cfg.device.startswith("cuda"):
-        raise ConfigError(f"Unknown device {cfg.device!r}.")
-    out = Path(out).resolve()
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out} is a file; expected a run directory to write.")
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise ConfigError(f"{out} exists and is not empty; pass --overwrite to replace it (the vLLM "
-                          "collector does not resume).")
-    if out.exists() and any(out.iterdir()) and not (out / "run.json").is_file():
-        raise ConfigError(f"Refusing to overwrite {out}: it is not a run directory (no run.json).")
+    out = _check_request(cfg, out, overwrite)
     workloads = load_workloads(cfg.workloads, cfg.requests, config_path)
     prompts = workloads.prompts
     target = resolve_path(cfg.target, config_path)
@@ -92,31 +77,16 @@ def collect_vllm(cfg, out: str | Path, *, config_path=None, overwrite: bool = Fa
     from svt.vllm_plugin.finish import finish_spool
     from svt.vllm_plugin.recorder import activate, deactivate
 
-    def _terminated(signum, frame):  # SIGTERM unwinds like Ctrl-C: the spool is removed, --out untouched
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, _terminated)
     t0 = time.time()
-    try:
+    # SIGTERM unwinds like Ctrl-C: the spool is removed, --out untouched
+    with sigterm_unwinds(), contextlib.ExitStack() as cleanup:
+        cleanup.callback(shutil.rmtree, spool, ignore_errors=True)
+        cleanup.callback(deactivate)
         activate(spool)
-        from vllm import LLM, SamplingParams
+        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        try:
-            llm = LLM(model=str(target), tokenizer=str(target), dtype=cfg.dtype, seed=cfg.seed,
-                      max_num_seqs=cfg.batch_size, max_model_len=cfg.vllm.max_model_len,
-                      enforce_eager=cfg.vllm.enforce_eager,
-                      speculative_config={"method": cfg.vllm.method, "model": str(draft),
-                                          "num_speculative_tokens": cfg.k,
-                                          "draft_sample_method": cfg.vllm.draft_sample_method},
-                      **cfg.vllm.engine_args)
-        except Exception as exc:  # vLLM's own validation (pydantic, ValueError, TypeError...)
-            lines = [x.strip() for x in str(exc).splitlines() if x.strip()]
-            detail = next((x for x in lines if "rror" in x and "validation error" not in x), lines[0] if lines else "")
-            if len(detail) > 600:
-                detail = detail[:600].rsplit(" ", 1)[0] + " …"
-            raise ConfigError(f"vLLM could not build the engine from this config ({type(exc).__name__}: "
-                              f"{detail})") from None
+        llm = _engine(cfg, target, draft)
         params = [SamplingParams(temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_new_tokens,
                                  seed=request_seed(cfg.seed, i)) for i in range(len(ids))]
         outputs = llm.generate([TokensPrompt(prompt_token_ids=x) for x in ids], params, use_tqdm=progress)
@@ -129,13 +99,53 @@ def collect_vllm(cfg, out: str | Path, *, config_path=None, overwrite: bool = Fa
                                 workloads={o.request_id: prompts[i].workload for i, o in enumerate(outputs)},
                                 meta=meta, draft=draft, strict=True,
                                 verify=lambda staged: _check_outputs(staged, outputs, ids))
-    finally:
-        deactivate()
-        shutil.rmtree(spool, ignore_errors=True)
-        signal.signal(signal.SIGTERM, previous)
     c = run_meta["counts"]
     return RunSummary(out, c["requests"], c["drafts"], c["labelled"], c["accepted"], c["output_tokens"],
                           c["steps"], seconds, 0)
+
+
+def _check_request(cfg, out, overwrite: bool) -> Path:
+    """What the vLLM collector cannot do, and an --out it must not write to; the resolved --out."""
+    for key, bad in (("av", cfg.av is not None), ("hvd", cfg.hvd is not None), ("cache", cfg.cache is not None),
+                     ("log.hidden", cfg.log.hidden), ("log.dists_fraction", cfg.log.dists_fraction > 0)):
+        if bad:
+            raise ConfigError(f"`{key}` is not supported with --engine vllm (the vLLM collector writes the "
+                              f"drafts, steps and requests tables); unset it, e.g. --set {key}=" +
+                              ("false" if key == "log.hidden" else "0" if key == "log.dists_fraction" else "null")
+                              + ".")
+    if cfg.device not in ("auto", "cpu", "cuda") and not cfg.device.startswith("cuda"):
+        raise ConfigError(f"Unknown device {cfg.device!r}.")
+    out = Path(out).resolve()
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file; expected a run directory to write.")
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise ConfigError(f"{out} exists and is not empty; pass --overwrite to replace it (the vLLM "
+                          "collector does not resume).")
+    if out.exists() and any(out.iterdir()) and not (out / "run.json").is_file():
+        raise ConfigError(f"Refusing to overwrite {out}: it is not a run directory (no run.json).")
+    return out
+
+
+def _engine(cfg, target: Path, draft: Path):
+    """vLLM's offline engine for the config (its own validation errors become one ConfigError)."""
+    from vllm import LLM
+
+    try:
+        llm = LLM(model=str(target), tokenizer=str(target), dtype=cfg.dtype, seed=cfg.seed,
+                  max_num_seqs=cfg.batch_size, max_model_len=cfg.vllm.max_model_len,
+                  enforce_eager=cfg.vllm.enforce_eager,
+                  speculative_config={"method": cfg.vllm.method, "model": str(draft),
+                                      "num_speculative_tokens": cfg.k,
+                                      "draft_sample_method": cfg.vllm.draft_sample_method},
+                  **cfg.vllm.engine_args)
+    except Exception as exc:  # vLLM's own validation (pydantic, ValueError, TypeError...)
+        lines = [x.strip() for x in str(exc).splitlines() if x.strip()]
+        detail = next((x for x in lines if "rror" in x and "validation error" not in x), lines[0] if lines else "")
+        if len(detail) > 600:
+            detail = detail[:600].rsplit(" ", 1)[0] + " …"
+        raise ConfigError(f"vLLM could not build the engine from this config ({type(exc).__name__}: "
+                          f"{detail})") from None
+    return llm
 
 
 def _check_outputs(out: Path, outputs, prompt_ids) -> None:

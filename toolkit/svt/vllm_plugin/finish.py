@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import shutil
 import uuid
 from pathlib import Path
 
 import polars as pl
 
 from svt.errors import ConfigError, DataError, SchemaError
-from svt.traces.io import open_run, record_shards, remove_partial, write_meta, write_shard
+from svt.traces.io import open_run, record_shards, write_meta, write_shard
 from svt.traces.schema import FINISH_REASONS, SCHEMA_VERSION
 from svt.vllm_plugin.recorder import SPOOL_SCHEMAS
 
@@ -217,55 +216,10 @@ def finish_spool(trace_dir: str | Path, out: str | Path, *, overwrite: bool = Fa
     it replaces ``out``; an exception from it leaves ``out`` as it was."""
     out = check_out(trace_dir, out, overwrite)
     tables, facts, status = read_spool(trace_dir)
-    if not facts:
-        raise DataError(f"{trace_dir}: no model runner recorded in the spool: none flushed (the engine was killed "
-                        "before its first flush) or its runner never reached the plugin's hooks (vLLM's V2 model "
-                        "runner, which tracing turns off, or a speculative method the plugin does not hook).")
-    if facts[0].get("rejection_sample_method") not in (None, "standard"):
-        raise DataError(f"{trace_dir}: the engine ran rejection_sample_method="
-                        f"{facts[0]['rejection_sample_method']!r}: its acceptances are not drawn from p and q, so "
-                        "the labels would not be acceptance events. Trace with the standard rejection sampler.")
-    if status["counters"].get("plugin_errors"):
-        raise DataError(f"{trace_dir}: the trace plugin failed {status['counters']['plugin_errors']} time(s) while the "
-                        f"engine ran (first: {status['notes'].get('first_plugin_error')}); the spool is incomplete, "
-                        "so no run is written.")
-    if status["counters"].get("nonfinite_drafts"):
-        raise DataError(f"{trace_dir}: the engine gave NaN or infinite probabilities at "
-                        f"{status['counters']['nonfinite_drafts']} draft(s); its sampling path is broken "
-                        "(see the plugin's notes on vLLM CPU builds), so no run is written.")
-    reqs = tables["requests"]
-    if reqs.height == 0:
-        raise DataError(f"{trace_dir}: no finished request in the spool (the engine stopped before any "
-                        "request finished, or tracing was off).")
-    dup = reqs.group_by("vllm_request").len().filter(pl.col("len") > 1)
-    if dup.height:
-        raise DataError(f"{trace_dir}: request {dup['vllm_request'][0]!r} finished {dup['len'][0]} times; the "
-                        "spool mixes two engines' runs with the same ids. Use one SVT_TRACE_DIR per run.")
+    reqs = _check_spool(trace_dir, tables, facts, status)
     check_values(tables, trace_dir)
     k = facts[0]["k"]  # one K: read_spool checked the processes agree
-    # the caller's ids (vLLM appends a random suffix to each)
-    ext = dict(zip(tables["ids"]["internal"].to_list(), tables["ids"]["external"].to_list(), strict=True))
-    reqs = reqs.with_columns(pl.col("vllm_request").replace_strict(ext, default=pl.col("vllm_request"))
-                             .alias("external"))
-    kept = reqs.filter(pl.col("finish_reason").is_in(list(FINISH_REASONS)))
-    if kept.height == 0:
-        raise DataError(f"{trace_dir}: no request finished normally (stop or length); finish reasons seen: "
-                        f"{sorted(set(reqs['finish_reason'].to_list()))}.")
-    if order is not None:
-        rank = {e: i for i, e in enumerate(order)}
-        finished = set(kept["external"].to_list())
-        missing = [e for e in order if e not in finished]
-        if missing:
-            raise DataError(f"{trace_dir}: {len(missing)} request(s) the caller sent did not finish in the "
-                            f"spool (e.g. {missing[0]!r}).")
-        kept = kept.filter(pl.col("external").is_in(list(rank)))
-        kept = kept.with_columns(pl.col("external").replace_strict(rank, return_dtype=pl.Int64).alias("request"))
-    else:
-        kept = kept.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("request"))
-    default_wl = next((f.get("workload") for f in facts if f.get("workload")), "vllm")
-    wl = workloads or {}
-    kept = kept.with_columns(pl.col("external").replace_strict(wl, default=default_wl, return_dtype=pl.String)
-                             .alias("workload")).sort("request")
+    kept = _kept_requests(trace_dir, reqs, tables, facts, order, workloads)
     ids = kept.select("vllm_request", "request", "workload")
     drafts = tables["drafts"].join(ids, on="vllm_request", how="inner")
     steps = tables["steps"].join(ids.drop("workload"), on="vllm_request", how="inner")
@@ -292,11 +246,9 @@ def finish_spool(trace_dir: str | Path, out: str | Path, *, overwrite: bool = Fa
                         "from (a step the drafter did not run, e.g. past max_model_len); the trace would miss "
                         "them, so no run is written.")
 
-    from svt.traces.rundir import staging_path, swap_in
+    from svt.traces.rundir import staged_run
 
-    staged = staging_path(out)
-    shutil.rmtree(staged, ignore_errors=True)
-    try:
+    with staged_run(out) as staged:
         try:
             run_meta = _write(staged, kept, drafts, steps, facts, status, dropped, k, meta or {}, cache, draft)
         except SchemaError as exc:
@@ -304,14 +256,65 @@ def finish_spool(trace_dir: str | Path, out: str | Path, *, overwrite: bool = Fa
                             f"{str(exc).replace(str(staged), 'the run')}") from None
         if verify is not None:
             verify(staged)
-        swap_in(staged, out)
-    except BaseException:
-        try:
-            remove_partial(staged)
-        except KeyboardInterrupt:  # the same Ctrl-C, left pending by polars
-            remove_partial(staged)
-        raise
     return run_meta
+
+
+def _check_spool(trace_dir, tables: dict, facts: list, status: dict) -> pl.DataFrame:
+    """What makes a spool unusable, each with its reason; return the finished requests."""
+    if not facts:
+        raise DataError(f"{trace_dir}: no model runner recorded in the spool: none flushed (the engine was killed "
+                        "before its first flush) or its runner never reached the plugin's hooks (vLLM's V2 model "
+                        "runner, which tracing turns off, or a speculative method the plugin does not hook).")
+    if facts[0].get("rejection_sample_method") not in (None, "standard"):
+        raise DataError(f"{trace_dir}: the engine ran rejection_sample_method="
+                        f"{facts[0]['rejection_sample_method']!r}: its acceptances are not drawn from p and q, so "
+                        "the labels would not be acceptance events. Trace with the standard rejection sampler.")
+    if status["counters"].get("plugin_errors"):
+        raise DataError(f"{trace_dir}: the trace plugin failed {status['counters']['plugin_errors']} time(s) while the "
+                        f"engine ran (first: {status['notes'].get('first_plugin_error')}); the spool is incomplete, "
+                        "so no run is written.")
+    if status["counters"].get("nonfinite_drafts"):
+        raise DataError(f"{trace_dir}: the engine gave NaN or infinite probabilities at "
+                        f"{status['counters']['nonfinite_drafts']} draft(s); its sampling path is broken "
+                        "(see the plugin's notes on vLLM CPU builds), so no run is written.")
+    reqs = tables["requests"]
+    if reqs.height == 0:
+        raise DataError(f"{trace_dir}: no finished request in the spool (the engine stopped before any "
+                        "request finished, or tracing was off).")
+    dup = reqs.group_by("vllm_request").len().filter(pl.col("len") > 1)
+    if dup.height:
+        raise DataError(f"{trace_dir}: request {dup['vllm_request'][0]!r} finished {dup['len'][0]} times; the "
+                        "spool mixes two engines' runs with the same ids. Use one SVT_TRACE_DIR per run.")
+    return reqs
+
+
+def _kept_requests(trace_dir, reqs: pl.DataFrame, tables: dict, facts: list, order, workloads) -> pl.DataFrame:
+    """The requests that finished normally, numbered in the caller's order (else the spool's),
+    with the caller's ids and workloads."""
+    # the caller's ids (vLLM appends a random suffix to each)
+    ext = dict(zip(tables["ids"]["internal"].to_list(), tables["ids"]["external"].to_list(), strict=True))
+    reqs = reqs.with_columns(pl.col("vllm_request").replace_strict(ext, default=pl.col("vllm_request"))
+                             .alias("external"))
+    kept = reqs.filter(pl.col("finish_reason").is_in(list(FINISH_REASONS)))
+    if kept.height == 0:
+        raise DataError(f"{trace_dir}: no request finished normally (stop or length); finish reasons seen: "
+                        f"{sorted(set(reqs['finish_reason'].to_list()))}.")
+    if order is not None:
+        rank = {e: i for i, e in enumerate(order)}
+        finished = set(kept["external"].to_list())
+        missing = [e for e in order if e not in finished]
+        if missing:
+            raise DataError(f"{trace_dir}: {len(missing)} request(s) the caller sent did not finish in the "
+                            f"spool (e.g. {missing[0]!r}).")
+        kept = kept.filter(pl.col("external").is_in(list(rank)))
+        kept = kept.with_columns(pl.col("external").replace_strict(rank, return_dtype=pl.Int64).alias("request"))
+    else:
+        kept = kept.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("request"))
+    default_wl = next((f.get("workload") for f in facts if f.get("workload")), "vllm")
+    wl = workloads or {}
+    kept = kept.with_columns(pl.col("external").replace_strict(wl, default=default_wl, return_dtype=pl.String)
+                             .alias("workload")).sort("request")
+    return kept
 
 
 def _drop_steps_after_end(steps: pl.DataFrame, drafts: pl.DataFrame, reqs: pl.DataFrame, async_scheduling: bool,
