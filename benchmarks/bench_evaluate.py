@@ -15,7 +15,7 @@ the demo run by default, collected first if missing). Side by side, in one proce
   is distinct and not a float32 value (svt's slowest path: float32 rounding merges scores that
   must be re-sorted by the float64 value);
 - ``svt, full table``: every built-in feature of the default table with soft-label variants
-  (`svt.report.evaluate`'s feature table), as `svt evaluate` computes it.
+  (`svt.report.scoring`'s feature table), as `svt evaluate` computes it.
 
 Results are printed and written to reports/bench/evaluate.json.
 """
@@ -36,7 +36,7 @@ from sklearn.metrics import log_loss, roc_auc_score
 
 from svt.features import DEFAULT_FEATURES, get_feature
 from svt.metrics.ordered import score_tables
-from svt.report.evaluate import EvaluateOptions, _features_table
+from svt.report.scoring import EvaluateOptions, features_table
 from svt.traces import open_run
 from svt.traces.synthetic import resample_steps
 
@@ -80,7 +80,7 @@ def main(argv=None) -> dict:
 
     feats = [get_feature(f) for f in DEFAULT_FEATURES]
     times, last = rounds({"sklearn": sk_one, "svt": svt_one,
-                          "full": lambda: _features_table(labelled, feats, EvaluateOptions()),
+                          "full": lambda: features_table(labelled, feats, EvaluateOptions()),
                           "sklearn_distinct": lambda: sk_one(q_distinct),
                           "svt_distinct": lambda: svt_one(q_distinct)}, args.repeats)
 

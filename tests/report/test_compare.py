@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 from svt.cli import app
 from svt.errors import ConfigError, IncomparableError
 from svt.report import EvaluateOptions, evaluate, write_report
-from svt.report.compare import compare_reports, judge, load_report, parse_tolerances, to_markdown
+from svt.report.compare import compare_reports, load_report, to_markdown
+from svt.report.judge import judge, parse_tolerances
 
 
 def _report(**over):
@@ -185,7 +186,7 @@ def test_on_the_same_drafts_intervals_do_not_excuse_a_change():
 
 
 def test_data_fingerprint_follows_the_drafts(small_run, greedy_run):
-    from svt.report.evaluate import load_drafts
+    from svt.report.scoring import load_drafts
 
     a = load_drafts([small_run])[2][0]["data_sha256"]
     assert a == load_drafts([small_run])[2][0]["data_sha256"]
@@ -328,7 +329,7 @@ def test_pairing_refuses_other_draws_and_changed_probabilities(small_run, greedy
     from svt.traces.identity import same_data
 
     def ident(run):
-        from svt.report.evaluate import load_drafts
+        from svt.report.scoring import load_drafts
 
         return load_drafts([run])[2][0]["data_identity"]
 
@@ -409,9 +410,9 @@ def _metric_direction(metric):
     return {"throughput": 1, "interactivity": 1, "speedup_vs_greedy": 1}[metric]  # more tokens per second
 
 
-@pytest.mark.parametrize("metric", sorted(__import__("svt.report.compare", fromlist=["x"]).DIRECTIONS))
+@pytest.mark.parametrize("metric", sorted(__import__("svt.report.judge", fromlist=["x"]).DIRECTIONS))
 def test_every_metric_regresses_when_worse_and_never_when_better(metric):
-    from svt.report.compare import DIRECTIONS, SCOPE_METRICS
+    from svt.report.judge import DIRECTIONS, SCOPE_METRICS
 
     d = _metric_direction(metric)
     assert DIRECTIONS[metric] == d
@@ -478,7 +479,7 @@ def test_replay_throughputs_are_judged_by_their_interval_when_draws_differ():
 def test_replay_bootstrap_resamples_whole_requests(small_run):
     import numpy as np
 
-    from svt.report.evaluate import load_drafts
+    from svt.report.scoring import load_drafts
     from svt.simulate import build_trace
     from svt.simulate.av import resample_requests
 
@@ -508,7 +509,7 @@ def test_replay_bootstrap_resamples_whole_requests(small_run):
 @pytest.mark.parametrize("value", [float("nan"), 1e308, "0.5", None])
 def test_a_damaged_score_sketch_is_never_a_match(small_run, value):
     from svt.report.compare import pairing
-    from svt.report.evaluate import load_drafts
+    from svt.report.scoring import load_drafts
 
     ident = load_drafts([small_run])[2][0]["data_identity"]
     base, now = _report(), _report()

@@ -10,7 +10,8 @@ from sklearn.metrics import roc_auc_score
 from svt.errors import ConfigError
 from svt.features import Feature, get_feature
 from svt.report import EvaluateOptions, evaluate
-from svt.report.console import add_row, evaluate_tables, new_table
+from svt.report.console import evaluate_tables
+from svt.report.text import add_row, new_table
 from svt.traces import open_run
 
 

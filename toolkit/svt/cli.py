@@ -205,8 +205,8 @@ def inspect(
 
     Example: [bold]svt inspect runs/demo[/]
     """
-    from svt.report.console import add_row, new_table
     from svt.report.summary import acceptance_by_position, run_summary
+    from svt.report.text import add_row, new_table
 
     try:
         for path in runs:
@@ -305,7 +305,8 @@ def evaluate(
 def _evaluate_checks(out_dir: Path, *, bins, bootstrap, high_yield, live, costs, tolerance, baseline,
                      replay_bootstrap) -> tuple[dict, dict | None]:
     """The option checks of `svt evaluate`, before any run is read; the tolerances and the baseline."""
-    from svt.report.compare import load_report, parse_tolerances
+    from svt.report.compare import load_report
+    from svt.report.judge import parse_tolerances
 
     if bins < 1 or bootstrap < 0 or high_yield < 1:
         raise ConfigError(f"Expected --bins >= 1, --bootstrap >= 0 and --high-yield >= 1, but got "
@@ -361,7 +362,8 @@ def compare(
 
     Example: [bold]svt compare ci/baseline/report.json reports/ci/report.json[/]
     """
-    from svt.report.compare import load_report, parse_tolerances
+    from svt.report.compare import load_report
+    from svt.report.judge import parse_tolerances
 
     try:
         tolerances = parse_tolerances(tolerance)
@@ -426,7 +428,7 @@ def fit(
         summary = fit_by_group(runs, model, by, out_path, **kwargs)
     except SvtError as exc:
         raise _fail(exc) from None
-    from svt.report.console import add_row, new_table
+    from svt.report.text import add_row, new_table
 
     table = new_table(by, "labelled", "acceptance", "mean draft entropy", "slope", "first intercept",
                       title=f"{model} fitted per {by}")

@@ -137,39 +137,15 @@ def _subset(v: dict, idx) -> dict:
     return {k: a[idx] for k, a in v.items()}
 
 
-def score_table(d: ScoreData, *, probability: bool, n_bins: int = 10, bootstrap: int = 0,
-                seed: int = 0, overall_only: bool = False) -> dict:
-    """``overall``, ``excluding_first`` and ``per_position`` metrics (and bootstrap intervals)."""
+def bootstrap_intervals(d: ScoreData, positions, *, probability: bool, n_bins: int = 10, n: int = 0,
+                        seed: int = 0) -> dict:
+    """The request-level bootstrap intervals of every scope of one score's table: ``overall``,
+    ``excluding_first`` and each of ``positions``, from the same ``n`` resamples of the requests
+    (the point metrics come from :func:`svt.metrics.ordered.score_tables`)."""
     v = d.sorted_view(probability)
-    table = {"overall": _scope_metrics(v, None, probability=probability, n_bins=n_bins)}
-    if overall_only:
-        return table
-    later = v["position"] > 0
-    table["excluding_first"] = _scope_metrics(_subset(v, later), None, probability=probability, n_bins=n_bins)
-    # one stable (radix) sort by position keeps each position's rows in score order
-    key = ("perm", id(d.order), id(d.position))
-    if key not in d.cache:
-        d.cache[key] = np.argsort(v["position"], kind="stable")
-    perm = d.cache[key]
-    by_pos = _subset(v, perm)
-    counts = np.bincount(by_pos["position"] - by_pos["position"].min()) if perm.size else np.zeros(0, int)
-    keys = np.flatnonzero(counts) + (by_pos["position"].min() if perm.size else 0)
-    ends = np.cumsum(counts)[counts > 0]
-    starts = ends - counts[counts > 0]
-    table["per_position"] = {
-        int(k): _scope_metrics(_subset(by_pos, slice(a, b)), None, probability=probability, n_bins=n_bins)
-        for k, a, b in zip(keys, starts, ends, strict=True)
-    }
-    if bootstrap:
-        _, group = np.unique(d.request[d.order], return_inverse=True)
-        scopes = {"overall": None, "excluding_first": later,
-                  **{k: v["position"] == k for k in table["per_position"]}}
-        cis = bootstrap_cis(v, group, scopes, probability=probability, n_bins=n_bins, n=bootstrap, seed=seed)
-        table["overall"]["ci95"] = cis["overall"]
-        table["excluding_first"]["ci95"] = cis["excluding_first"]
-        for k, block in table["per_position"].items():
-            block["ci95"] = cis[k]
-    return table
+    _, group = np.unique(d.request[d.order], return_inverse=True)
+    scopes = {"overall": None, "excluding_first": v["position"] > 0, **{k: v["position"] == k for k in positions}}
+    return bootstrap_cis(v, group, scopes, probability=probability, n_bins=n_bins, n=n, seed=seed)
 
 
 def bootstrap_ci(v: dict, group: np.ndarray, mask: np.ndarray | None, *, probability: bool,

@@ -17,7 +17,7 @@ from svt.errors import ConfigError, DataError
 from svt.fileio import read_json
 from svt.plots.hvd import hvd, hvd_map, yield_pr
 from svt.plots.style import COLORS, add_caption, figure_axes
-from svt.report.render import shown
+from svt.report.text import shown
 
 
 def _prob_features(report: dict) -> dict:

@@ -32,57 +32,16 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from pathlib import Path
 
 from svt.errors import ConfigError, IncomparableError
 from svt.fileio import atomic_path, json_text, read_json
+from svt.report.judge import MARK, format_number, threshold_text
+from svt.report.sections import SECTIONS, Judging
 from svt.traces.identity import SCORE_TOLERANCE, same_data
 
-DIRECTIONS = {"auc": 1, "log_loss": -1, "ece": -1, "brier": -1, "throughput": 1, "interactivity": 1,
-              "speedup_vs_greedy": 1, "mse": -1, "mae": -1, "precision": 1, "recall": 1, "f1": 1,
-              "average_precision": 1}
-RELATIVE = frozenset({"throughput", "interactivity", "mse", "mae"})
-# the replay's throughputs have a request-level bootstrap interval when the report was evaluated
-# with --bootstrap (see svt.simulate.av.replay_intervals); without one, two independent draws of
-# the demo experiment (seeds 0 and 1, 240 requests) differ by 0.7 % (median) and 2.1 % (max) in
-# replay throughput, hence 3 %
-DEFAULT_TOLERANCES = {"auc": 0.005, "log_loss": 0.005, "ece": 0.003, "brier": 0.003, "throughput": 0.03,
-                      "interactivity": 0.03, "speedup_vs_greedy": 0.01, "mse": 0.02, "mae": 0.02,
-                      "precision": 0.01, "recall": 0.01, "f1": 0.01, "average_precision": 0.01}
-SCOPES = ("overall", "excluding_first", "per_position", "group", "simulation", "yield", "hvd")
-FEATURE_METRICS = ("auc", "log_loss", "ece", "brier")
-YIELD_METRICS = ("mse", "mae", "precision", "recall", "f1", "average_precision")
-SCOPE_METRICS = {**{sc: FEATURE_METRICS for sc in ("overall", "excluding_first", "per_position", "group")},
-                 "simulation": ("throughput", "interactivity"), "yield": YIELD_METRICS, "hvd": ("speedup_vs_greedy",)}
-# the range a metric's value can take: anything outside is a damaged report, not a number to compare
-UNIT = frozenset({"auc", "ece", "brier", "precision", "recall", "f1", "average_precision"})
 VERDICT_ORDER = {"regressed": 0, "missing now": 0, "within tolerance": 1, "noise": 1, "unchanged": 2, "improved": 3}
 EXIT_REGRESSED = 1
-
-
-def parse_tolerances(specs: list[str] | None) -> dict[str, float]:
-    """``["auc=0.005", "per_position.auc=0.02"]`` -> ``{"auc": 0.005, "per_position.auc": 0.02}``."""
-    out: dict[str, float] = {}
-    for spec in specs or []:
-        key, sep, value = spec.partition("=")
-        key = key.strip()
-        scope, dot, metric = key.rpartition(".")
-        if not sep or metric not in DIRECTIONS or (dot and scope not in SCOPES):
-            raise ConfigError(f"Bad --tolerance {spec!r}: expected METRIC=VALUE or SCOPE.METRIC=VALUE with "
-                              f"METRIC one of {', '.join(DIRECTIONS)} and SCOPE one of {', '.join(SCOPES)}.")
-        if dot and metric not in SCOPE_METRICS[scope]:
-            raise ConfigError(f"Bad --tolerance {spec!r}: scope {scope} has the metrics "
-                              f"{', '.join(SCOPE_METRICS[scope])}, not {metric}.")
-        value = value.strip()
-        try:
-            tol = float(value) if re.fullmatch(r"[0-9.eE+-]+", value) else math.nan
-        except ValueError:
-            tol = math.nan
-        if not math.isfinite(tol) or tol < 0:
-            raise ConfigError(f"Bad --tolerance {spec!r}: the value must be a finite number >= 0.")
-        out[key] = tol
-    return out
 
 
 def load_report(path: str | Path, what: str = "Report") -> dict:
@@ -99,20 +58,6 @@ def load_report(path: str | Path, what: str = "Report") -> dict:
         raise ConfigError(f"{path}: an empty or damaged report (no features or no runs); nothing to compare.")
     rep["_path"] = str(path)
     return rep
-
-
-def metric_value(v, metric: str) -> float | None:
-    """A metric's value if it is a real number in the metric's range, else None (null, NaN, a string,
-    a boolean, an AUC of 1.5: a damaged or undefined value is never compared as a number)."""
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        return None
-    try:
-        v = float(v)
-    except OverflowError:
-        return None
-    if not math.isfinite(v) or v < 0 or (metric in UNIT and v > 1):
-        return None
-    return v
 
 
 def comparability_problems(base: dict, now: dict) -> list[str]:
@@ -166,62 +111,6 @@ def _short(v) -> str:
     return s if len(s) <= 80 else s[:77] + "..."
 
 
-def _threshold(metric: str, scope: str, base: float, ci, tolerances: dict) -> tuple[str, float | None, list | None]:
-    """(basis, tolerance in metric units or None, interval or None)."""
-    for key, basis in ((f"{scope}.{metric}", "tolerance"), (metric, "tolerance")):
-        if key in tolerances:
-            tol = tolerances[key]
-            return basis, tol * abs(base) if metric in RELATIVE else tol, None
-    if _valid(ci, metric):
-        return "95% CI", None, [min(ci[0], base), max(ci[1], base)]
-    tol = DEFAULT_TOLERANCES[metric]
-    return "default tolerance", tol * abs(base) if metric in RELATIVE else tol, None
-
-
-def _valid(ci, metric: str = "auc") -> bool:
-    """Two numbers in the metric's range, lo <= hi."""
-    if not isinstance(ci, list | tuple) or len(ci) != 2:
-        return False
-    lo, hi = (metric_value(x, metric) for x in ci)
-    return lo is not None and hi is not None and lo <= hi
-
-
-def judge(metric: str, scope: str, base, now, ci=None, tolerances: dict | None = None, ci_now=None) -> dict:
-    """One metric's verdict (see the module docstring). ``ci_now``: the new report's own interval,
-    when it has one: the change is then judged against the interval of a difference of two
-    independent estimates, sqrt(a² + b²) of the two half-widths, and never less than the baseline's
-    own interval."""
-    d = DIRECTIONS[metric]
-    basis, tol, interval = _threshold(metric, scope, base, ci, tolerances or {})
-    combined = (math.hypot((interval[1] - interval[0]) / 2, (ci_now[1] - ci_now[0]) / 2)
-                if interval is not None and _valid(ci_now, metric) else None)
-    row = {"metric": metric, "scope": scope, "baseline": base, "now": now, "direction": "higher" if d > 0 else "lower",
-           "basis": basis, "tolerance": tol, "interval": interval, "combined": combined}
-    if now is None:
-        return {**row, "difference": None, "verdict": "missing now", "excess": math.inf}
-    diff = now - base
-    worse = -d * diff  # > 0: worse
-    if interval is not None:
-        bad_room = (base - interval[0]) if d > 0 else (interval[1] - base)
-        good_room = (interval[1] - base) if d > 0 else (base - interval[0])
-        if combined is not None:
-            bad_room, good_room = max(bad_room, combined), max(good_room, combined)
-        inside = "noise"
-    else:
-        bad_room = good_room = tol
-        inside = "within tolerance"
-    if diff == 0:
-        verdict = "unchanged"
-    elif worse > bad_room:
-        verdict = "regressed"
-    elif -worse > good_room:
-        verdict = "improved"
-    else:
-        verdict = inside
-    excess = worse / bad_room if bad_room > 0 else (math.inf if worse > 0 else (0.0 if worse == 0 else -math.inf))
-    return {**row, "difference": diff, "verdict": verdict, "excess": excess}
-
-
 def pairing(base: dict, now: dict, tolerance: float = SCORE_TOLERANCE) -> dict:
     """Whether both reports scored the same data, run by run (see :mod:`svt.traces.identity`: equal
     requests, steps, draft tokens and labels, and draft probabilities equal within ``tolerance``),
@@ -237,31 +126,6 @@ def pairing(base: dict, now: dict, tolerance: float = SCORE_TOLERANCE) -> dict:
         paired = paired and same
         reasons.append(why if len(base["runs"]) == 1 else f"run {i + 1}: {why}")
     return {"paired": paired, "reason": "; ".join(reasons), "tolerance": tolerance}
-
-
-def _feature_rows(base_feats: dict, now_feats: dict, where: str, tolerances: dict, per_position: bool,
-                  paired: bool, skipped: list[str]):
-    for name, fb in base_feats.items():
-        fn = now_feats[name]
-        shown = fb.get("shown_as") or name
-        scopes = [("overall", "", fb, fn), ("excluding_first", "excluding first", fb.get("excluding_first") or {},
-                                            fn.get("excluding_first") or {})]
-        if per_position:
-            pn = {str(p): b for p, b in (fn.get("per_position") or {}).items()}  # int keys in memory, str in JSON
-            scopes += [("per_position", f"position {p}", b, pn.get(str(p), {}))
-                       for p, b in (fb.get("per_position") or {}).items()]
-        for scope, label, b, n in scopes:
-            place = ", ".join(x for x in (where, label) if x) or "all positions"
-            for m in FEATURE_METRICS:
-                if b.get(m) is None:  # undefined in the baseline (a score that is not a probability)
-                    continue
-                base = metric_value(b[m], m)
-                if base is None:
-                    skipped.append(f"{shown} {m} ({place}): the baseline's value {b[m]!r} is not a valid number")
-                    continue
-                cis = (None, None) if paired else ((b.get("ci95") or {}).get(m), (n.get("ci95") or {}).get(m))
-                row = judge(m, "group" if where else scope, base, metric_value(n.get(m), m), cis[0], tolerances, cis[1])
-                yield {**row, "section": "features", "item": shown, "where": place}
 
 
 def _damaged(what: str, exc: Exception) -> ConfigError:
@@ -285,21 +149,14 @@ def compare_reports(base: dict, now: dict, tolerances: dict | None = None,
         pair = pairing(base, now, score_tolerance)
     except (AttributeError, KeyError, TypeError, ValueError) as exc:
         raise _damaged("reading its data identities", exc) from None
-    paired = pair["paired"]
-    skipped: list[str] = []
-    section = "features"
-    try:
-        rows = list(_feature_rows(base["features"], now["features"], "", tolerances, True, paired, skipped))
-        for g, parts in (base.get("groups") or {}).items():
-            for key, feats in parts.items():
-                rows += _feature_rows(feats, now["groups"][g][key], f"{g}={key}", tolerances, False, paired, skipped)
-        section = "AV replay"
-        rows += _simulation_rows(base, now, tolerances, skipped, paired)
-        for name, fn in (("yield", _yield_rows), ("HVD replay", _hvd_rows)):
-            section = name
-            rows += fn(base, now, tolerances, skipped)
-    except (AttributeError, KeyError, TypeError, ValueError, OverflowError) as exc:
-        raise _damaged(f"reading its {section} section", exc) from None
+    judging = Judging(tolerances, pair["paired"])
+    rows: list[dict] = []
+    for section in SECTIONS:
+        try:
+            rows += section.compare(base, now, judging)
+        except (AttributeError, KeyError, TypeError, ValueError, OverflowError) as exc:
+            raise _damaged(f"reading its {section.name} section", exc) from None
+    paired, skipped = judging.paired, judging.skipped
     family = family_wise(rows)
     rows.sort(key=lambda r: (VERDICT_ORDER[r["verdict"]], -r["excess"] if math.isfinite(r["excess"]) else
                              (-math.inf if r["excess"] > 0 else math.inf)))
@@ -352,127 +209,7 @@ def _about(rep: dict) -> dict:
             "bootstrap": (rep.get("settings") or {}).get("bootstrap")}
 
 
-def _costs_match(name: str, b: dict, n: dict, skipped: list[str]) -> bool:
-    fb, fn = (b.get("costs") or {}).get("fingerprint"), (n.get("costs") or {}).get("fingerprint")
-    if fb != fn:
-        skipped.append(f"{name}: the cost tables differ (fingerprint {fb} against {fn}; a measured table is "
-                       "re-measured on every machine), so its throughputs are not compared")
-        return False
-    return True
-
-
-def _missing(section: str, item: str, where: str, metric: str, scope: str, base) -> dict:
-    """A row for something the baseline has and the new report lacks: a regression."""
-    return {**judge(metric, scope, base, None), "section": section, "item": item, "where": where}
-
-
-def _keyed(items: list, key, what: str) -> dict:
-    out: dict = {}
-    for it in items:
-        k = key(it)
-        if k in out:
-            raise ValueError(f"{what} {k} appears twice")
-        out[k] = it
-    return out
-
-
-def _simulation_rows(base, now, tolerances, skipped, paired=False):
-    b, n = base.get("simulation"), now.get("simulation")
-    if not b:
-        if n:
-            skipped.append("AV replay: only in the new report")
-        return []
-    bp = _keyed(b["points"], lambda p: (str(p["policy"]), int(p["concurrency"])), "AV replay point")
-    if n and not _costs_match("AV replay", b, n, skipped):
-        return []
-    np_ = _keyed(n["points"], lambda p: (str(p["policy"]), int(p["concurrency"])), "AV replay point") if n else {}
-    rows = []
-    for (policy, conc), p in bp.items():
-        q = np_.get((policy, conc))
-        for m in ("throughput", "interactivity"):
-            base = metric_value(p[m], m)
-            if base is None:
-                skipped.append(f"AV replay {policy} B={conc} {m}: the baseline's value is not a valid number")
-            elif q is None:
-                rows.append(_missing("AV replay", policy, f"B={conc}", m, "simulation", base))
-            else:
-                cis = (None, None) if paired else ((p.get("ci95") or {}).get(m), (q.get("ci95") or {}).get(m))
-                rows.append({**judge(m, "simulation", base, metric_value(q.get(m), m), cis[0], tolerances, cis[1]),
-                             "section": "AV replay", "item": policy, "where": f"B={conc}"})
-    return rows
-
-
-def _yield_rows(base, now, tolerances, skipped):
-    b, n = base.get("yield"), now.get("yield")
-    if not b:
-        if n:
-            skipped.append("yield predictors: only in the new report")
-        return []
-    preds_n = (n or {}).get("predictors") or {}
-    rows = []
-    for name, pb in b["predictors"].items():
-        pn = preds_n.get(name)
-        for m in YIELD_METRICS:
-            if pb.get(m) is None:
-                continue
-            base = metric_value(pb[m], m)
-            if base is None:
-                skipped.append(f"yield {name} {m}: the baseline's value is not a valid number")
-            elif pn is None:
-                rows.append(_missing("yield", name, "all requests", m, "yield", base))
-            else:
-                rows.append({**judge(m, "yield", base, metric_value(pn.get(m), m), None, tolerances),
-                             "section": "yield", "item": name, "where": "all requests"})
-    return rows
-
-
-def _hvd_rows(base, now, tolerances, skipped):
-    b, n = base.get("hvd"), now.get("hvd")
-    if not b:
-        if n:
-            skipped.append("HVD replay: only in the new report")
-        return []
-    if n and not _costs_match("HVD replay", b, n, skipped):
-        return []
-    fixed_b = _keyed([r for r in b["rows"] if "predictor" not in r], lambda r: (r["group"], r["policy"]), "HVD row")
-    best_b = _keyed(b["best"], lambda r: (r["group"], r["predictor"]), "HVD best row")
-    fixed_n = _keyed([r for r in n["rows"] if "predictor" not in r], lambda r: (r["group"], r["policy"]),
-                     "HVD row") if n else {}
-    best_n = _keyed(n["best"], lambda r: (r["group"], r["predictor"]), "HVD best row") if n else {}
-    pairs = [(k[0], k[1], r, fixed_n.get(k)) for k, r in fixed_b.items()]
-    pairs += [(k[0], f"hvd {k[1]} at its best τ", r, best_n.get(k)) for k, r in best_b.items()]
-    rows = []
-    for group, policy, rb, rn in pairs:
-        base = metric_value(rb["speedup_vs_greedy"], "speedup_vs_greedy")
-        if base is None:
-            skipped.append(f"HVD {policy} ({group}): the baseline's speed-up is not a valid number")
-            continue
-        now_v = None if rn is None else metric_value(rn.get("speedup_vs_greedy"), "speedup_vs_greedy")
-        rows.append({**judge("speedup_vs_greedy", "hvd", base, now_v, None, tolerances),
-                     "section": "HVD replay", "item": policy, "where": group})
-    return rows
-
-
 # --- writing -------------------------------------------------------------------------------------
-
-def format_number(v, metric: str) -> str:
-    if v is None:
-        return "—"
-    if metric in ("throughput", "interactivity"):
-        return f"{v:,.1f}"
-    return f"{v:.4f}"
-
-
-def threshold_text(r: dict) -> str:
-    if r["interval"] is not None:
-        text = f"95% CI [{format_number(r['interval'][0], r['metric'])}, {format_number(r['interval'][1], r['metric'])}]"
-        return text + (f", difference ±{format_number(r['combined'], r['metric'])}" if r.get("combined") is not None else "")
-    return f"±{format_number(r['tolerance'], r['metric'])} ({'tolerance' if r['basis'] == 'tolerance' else 'default'})"
-
-
-MARK = {"regressed": "❌ regressed", "missing now": "❌ missing or invalid now", "improved": "✅ improved",
-        "noise": "noise", "within tolerance": "within tolerance", "unchanged": "unchanged"}
-
 
 def _md_rows(rows: list[dict]) -> list[str]:
     out = ["| section | predictor / policy | where | metric | baseline | now | difference | threshold | verdict |",

@@ -1,0 +1,398 @@
+"""What the report's sections compute from the runs: the options of `svt evaluate`, the runs opened
+for evaluation, the feature table (metrics overall, per position, excluding the first position,
+soft labels, bootstrap intervals), the fitted predictors' scores, the step tables (acceptance length
+and its calibration) and the Adaptive Verification replay."""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from svt.errors import DataError
+from svt.features import DEFAULT_FEATURES, Feature
+from svt.metrics import ordered
+from svt.metrics.ordered import order_keys, pack_rows, score_tables
+from svt.metrics.tables import (
+    ScoreData,
+    bootstrap_intervals,
+    length_calibration_from_steps,
+)
+from svt.traces.identity import data_identity, experiment
+from svt.traces.io import open_run, open_runs
+
+SOFT_LABELS = ("accept_prob", "accept_prob_expected")
+
+
+@dataclass
+class EvaluateOptions:
+    features: list[str] = field(default_factory=lambda: list(DEFAULT_FEATURES))
+    feature_module: str | None = None
+    n_bins: int = 10
+    bootstrap: int = 0
+    seed: int = 0
+    replay_bootstrap: int = 0  # AV replay: request-level resamples for throughput intervals (whole replays)
+    by: str | None = None  # a drafts column to group by, e.g. workload
+    fits: list[str] = field(default_factory=list)  # fit files to score beside the features
+    costs: str | None = None  # a cost table: adds the Adaptive Verification replay
+    live: str | None = None  # a run collected with live AV: its tokens/step against the replay
+    concurrency: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    high_yield: int = 6  # yield predictors: "high yield" is oracle_accepted >= this
+    in_memory: bool = False  # hold the drafts in memory (they are anyway when a section needs it)
+    reference_run: str | None = None  # a reference run of the same prompts: its cache statistics in the realism table
+
+
+@dataclass
+class Opened:
+    """Runs opened for evaluation: each run's drafts shard by shard (lazy, uncensored, with ``run``
+    and ``_run`` columns), its dists (lazy) and the report's run blocks."""
+
+    parts: list[list[pl.LazyFrame]]
+    dists: list[pl.LazyFrame]
+    infos: list[dict]
+
+    @property
+    def drafts(self) -> pl.LazyFrame:
+        return pl.concat([p for run_parts in self.parts for p in run_parts])
+
+
+def open_for_evaluation(runs: list[Path]) -> Opened:
+    """Open and validate the runs; nothing is loaded but each run's fingerprint, shard by shard."""
+    parts, dists, infos = [], [], []
+    names = [Path(r).name for r in runs]
+    if len(set(names)) != len(names):
+        names = [str(r) for r in runs]
+    for i, (path, name, run) in enumerate(zip(runs, names, open_runs(runs), strict=True)):
+        parts.append([p.with_columns(pl.lit(name).alias("run"), pl.lit(i).alias("_run"))
+                      for p in run.uncensored_parts()])
+        if run.has("dists"):
+            dists.append(run.scan("dists").with_columns(pl.lit(name).alias("run")))
+        meta = run.meta
+        infos.append({"run": name, "path": str(path), "run_id": meta.get("run_id"),
+                      "sampling": meta.get("sampling"), "k": meta.get("k"),
+                      "models": {k: v.get("path") for k, v in meta.get("models", {}).items()
+                                 if isinstance(v, dict)},
+                      "counts": meta.get("counts"),
+                      "experiment": experiment(meta),
+                      "synthetic": bool(meta.get("synthetic")),
+                      "labels": _labels_note(run),
+                      "shards": ("verified against run.json" if run.verified
+                                 else "not verified: run.json records no shards (a foreign or older run)"),
+                      **_identity(parts[-1])})
+    return Opened(parts, dists, infos)
+
+
+def _identity(parts) -> dict:
+    ident = data_identity(parts)
+    return {"data_sha256": ident["sha256"], "data_identity": ident}
+
+
+def _labels_note(run) -> str:
+    if run.censored:
+        return "live AV run: only explored steps (every draft verified) are used"
+    if run.meta.get("engine") == "vllm":
+        trimmed = (run.meta.get("vllm") or {}).get("steps_trimmed")
+        return ("vLLM run: every draft the engine verified is labelled; drafts its scheduler did not verify "
+                f"(near max_tokens or max_model_len: {trimmed} step(s)) are not in the table")
+    if run.meta.get("hvd"):
+        return ("live HVD run: model drafts only from the cycles that used the model drafter (cache cycles are in "
+                "cache_drafts); its steps are HVD cycles, so the AV replay is not run on it")
+    if run.meta.get("engine") == "reference":
+        return ("reference run: no model drafts and no target probabilities; cache drafts carry oracle yields "
+                "against each prompt's reference")
+    return "complete (every step verified its drafts)"
+
+
+def load_drafts(runs: list[Path]) -> tuple[pl.DataFrame, pl.DataFrame | None, list[dict]]:
+    """Drafts (with a ``run`` column) and dists of one or more runs, validated, in memory."""
+    opened = open_for_evaluation(runs)
+    return (opened.drafts.collect(), pl.concat(opened.dists).collect() if opened.dists else None,
+            opened.infos)
+
+
+def _feature_block(labelled: pl.LazyFrame, feat: Feature, opts: EvaluateOptions,
+                   orders: list[np.ndarray], cache: dict) -> dict:
+    if feat.partial:  # a fitted predictor: only the rows it may be scored on
+        labelled = labelled.filter(feat.expr.is_not_null())
+        cols = _columns([labelled], opts.bootstrap > 0)
+        scores = labelled.select(feat.expr.cast(pl.Float64).alias("s")).collect()["s"].to_numpy()
+    else:
+        cols = cache["_cols"]
+        scores = cache["_scores"].pop(feat.name, None)
+        if scores is None:  # one feature at a time (large runs), part by part
+            scores = _part_scores(cache["_parts"], feat, cache["_cols"]["counts"])
+    if not np.isfinite(scores).all():
+        raise DataError(f"Feature {feat.name!r} gives {int((~np.isfinite(scores)).sum())} NaN/inf "
+                        "values on labelled drafts.")
+    if feat.probability and ((scores < 0) | (scores > 1)).any():
+        raise DataError(f"Feature {feat.name!r} is declared a probability but gives "
+                        f"{int(((scores < 0) | (scores > 1)).sum())} values outside [0, 1] (min {scores.min():.4g}, "
+                        f"max {scores.max():.4g}); declare it `probability=False` or fix it.")
+    if feat.direction < 0:  # lower means accept: every AUC (and ROC) is of the negated value
+        scores = np.negative(scores, out=scores) if scores.flags.writeable else -scores
+    if cache.get("_large"):  # keep one earlier order only (8 bytes per row), rewritten in place
+        del orders[:-1]
+    key = order_keys(scores, orders, in_place=bool(cache.get("_large")))  # a monotone transform of an
+    # earlier score shares its sort
+    packed = cols["_packed"]
+    table = score_tables(scores, packed["y"], packed["pos"], probability=feat.probability,
+                         n_bins=opts.n_bins, soft={c: packed[c] for c in SOFT_LABELS}, key=key,
+                         packed=packed, shared=cols.setdefault("_shared", {}))
+    del table["_key"]
+    if opts.bootstrap:
+        y = packed["y"].astype(np.float64)
+        order = (key & np.uint64(0xFFFFFFFF)).astype(np.intp)
+        d = ScoreData(y, scores.astype(np.float64), packed["pos"], cols["_req"], order, {})
+        cis = bootstrap_intervals(d, sorted(table["per_position"]), probability=feat.probability,
+                                  n_bins=opts.n_bins, n=opts.bootstrap, seed=opts.seed)
+        table["overall"]["ci95"] = cis["overall"]
+        table["excluding_first"]["ci95"] = cis["excluding_first"]
+        for k, block in table["per_position"].items():
+            block["ci95"] = cis[k]
+    block = {"lossless": feat.lossless, "probability": feat.probability, "direction": feat.direction,
+             "shown_as": feat.shown_as, "description": feat.description, **table.pop("overall")}
+    block["excluding_first"] = table["excluding_first"]
+    block["per_position"] = table["per_position"]
+    block["curves"] = table["curves"]
+    block["soft"] = table["soft"]
+    if feat.direction < 0:
+        _add_raw_auc(block)
+    return block
+
+
+def _add_raw_auc(block: dict) -> None:
+    """Beside each AUC of a negated feature, the AUC of its raw value: 1 - AUC exactly (ties count
+    one half either way)."""
+    if block.get("auc") is not None:
+        block["auc_raw"] = 1.0 - block["auc"]
+    for key, sub in block.items():
+        if key in ("curves", "ci95", "reasons"):
+            continue
+        if isinstance(sub, dict):
+            _add_raw_auc(sub)
+
+
+def _part_scores(parts: list[pl.LazyFrame], feat: Feature, counts: list[int]) -> np.ndarray:
+    """A feature's values over the parts, filled part by part: float32 while every value so far is
+    exactly a float32 (q_max and the other logged probabilities), float64 from the first that is not."""
+    out, at = None, 0
+    for part, m in zip(parts, counts, strict=True):
+        v = part.select(feat.expr.cast(pl.Float64).alias("s")).collect()["s"].to_numpy()
+        if v.size != m:
+            raise DataError(f"Feature {feat.name!r}: {v.size} values on a part of {m} labelled drafts.")
+        exact = np.array_equal(v.astype(np.float32), v)
+        if out is None:
+            out = np.empty(sum(counts), dtype=np.float32 if exact else np.float64)
+        elif out.dtype == np.float32 and not exact:
+            out = out.astype(np.float64)  # the values so far are exact float32: no loss
+        out[at:at + m] = v
+        at += m
+        del v
+    return out if out is not None else np.empty(0)
+
+
+def _columns(parts: list[pl.LazyFrame], requests: bool) -> dict:
+    """Labels, positions and soft labels packed one record per row, filled part by part (and the
+    request keys for the bootstrap); the separate columns are not kept."""
+    counts = [int(p.select(pl.len()).collect().item()) for p in parts]
+    n = sum(counts)
+    first = parts[0].select("label", "position", *SOFT_LABELS).head(1).collect()
+    packed = np.empty(n, dtype=pack_rows(first["label"].to_numpy(), first["position"].to_numpy(),
+                                         {c: first[c].to_numpy() for c in SOFT_LABELS}).dtype)
+    req = np.empty(n, dtype=np.int64) if requests else None
+    at = 0
+    for part, m in zip(parts, counts, strict=True):
+        frame = part.select("label", "position", *SOFT_LABELS, *(["_req"] if requests else [])).collect()
+        if frame.height != m:
+            raise DataError(f"A part of the drafts changed while it was read ({frame.height} rows, then {m}).")
+        pack_rows(frame["label"].to_numpy(), frame["position"].to_numpy(),
+                  {c: frame[c].to_numpy() for c in SOFT_LABELS}, out=packed[at:at + m])
+        if requests:
+            req[at:at + m] = frame["_req"].to_numpy()
+        at += m
+    cols = {"_packed": packed, "n": n, "counts": counts}
+    if requests:
+        cols["_req"] = req
+    return cols
+
+
+def features_table(labelled: pl.LazyFrame | pl.DataFrame, feats: list[Feature], opts: EvaluateOptions,
+                    parts: list[pl.LazyFrame] | None = None) -> dict:
+    """Every feature's block. ``labelled``: the labelled drafts (``parts``: the same rows in
+    pieces, e.g. one per shard, read one at a time). Up to ``ordered.LARGE`` rows the features are
+    computed together and scored on a thread pool; beyond, one at a time (a score, its sort keys
+    and the packed rows are what memory holds: 25 to 29 bytes per labelled draft)."""
+    labelled = labelled.lazy()
+    parts = parts or [labelled]
+    cache: dict = {"_cols": _columns(parts, opts.bootstrap > 0), "_parts": parts}
+    n = cache["_cols"]["n"]
+    if n == 0:
+        raise DataError("No labelled drafts: every draft's label is null, nothing to evaluate.")
+    cache["_large"] = large = n > ordered.LARGE
+    orders: list[np.ndarray] = []
+    cache["_scores"] = {}
+    if not large:  # every complete feature in one polars pass (polars runs them in parallel)
+        whole = [f for f in feats if not f.partial]
+        frame = labelled.select([f.expr.cast(pl.Float64).alias(f"_f{i}") for i, f in enumerate(whole)]).collect()
+        cache["_scores"] = {f.name: frame[f"_f{i}"].to_numpy() for i, f in enumerate(whole)}
+        del frame
+    # numpy releases the GIL in sorts and array arithmetic: features run on a small thread pool
+    # (sharing sorts: a feature monotone in an earlier one reuses its order when it is ready)
+    workers = 1 if large else min(4, os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        blocks = list(pool.map(lambda f: _feature_block(labelled, f, opts, orders, cache), feats))
+    return {f.name: b for f, b in zip(feats, blocks, strict=True)}
+
+
+def add_fits(drafts: pl.DataFrame, runs, infos, fits: list[str]) -> tuple[pl.DataFrame, list[Feature]]:
+    """A column of predictions per fit (null where the fit may not be scored) and its Feature."""
+    if not fits:
+        return drafts, []
+    from svt.fit import estimator, evaluation_mask, load_drafts_for_fit, load_fit, predict
+
+    replay, _ = load_drafts_for_fit([Path(r) for r in runs])
+    keys = ["_run", "request", "step", "position"]
+    feats = []
+    labels = _fit_labels(fits)
+    for i, path in enumerate(fits):
+        fit = load_fit(path)
+        fit["_runs"] = [Path(r) for r in runs]
+        pred = predict(fit, replay)
+        ok = evaluation_mask(fit, replay, [r["run_id"] for r in infos], [Path(r) for r in runs])
+        col = f"_fit{i}"
+        scored = replay.select(keys).with_columns(pl.Series(col, np.where(ok, pred, np.nan)).fill_nan(None))
+        drafts = drafts.join(scored, on=keys, how="left", maintain_order="left")
+        est = estimator(fit)
+        lossless = est.lossless  # a head reads the drafter's context, not the token: lossless
+        label = labels[i]
+        how = "prequential" if fit["model"] == "irls-online" else fit.get("training", {}).get("evaluation", "")
+        feats.append(Feature(label, pl.col(col), f"fitted predictor {Path(path).name} ({how})",
+                             lossless, probability=True, partial=True))
+    return drafts, feats
+
+
+def _fit_labels(paths: list[str]) -> list[str]:
+    from svt.fit import estimator, load_fit, name_fits
+
+    return name_fits(paths, [estimator(load_fit(p)).label() for p in paths])
+
+
+def _live_run(opts: EvaluateOptions, feats: list[Feature]) -> dict:
+    """Tokens per step of a live-AV run (its trimmed steps), to set against the replay of the same
+    predictor at the same concurrency."""
+    run = open_run(opts.live)
+    av = run.meta.get("av")
+    if not av:
+        raise DataError(f"{opts.live}: not collected with live AV (no `av` in run.json).")
+    fit_path = Path(av["fit"]).resolve()
+    match = [i for i, f in enumerate(opts.fits) if Path(f).resolve() == fit_path]
+    if not match:
+        raise DataError(f"{opts.live} trimmed with {av['fit']}; pass that fit with --fit to replay it.")
+    fit_feats = [f for f in feats if f.partial]
+    steps = run.scan("steps").filter(~pl.col("explored")).select(
+        (pl.col("accepted") + 1).mean().alias("t"), pl.len().alias("n"), pl.col("kept").mean().alias("kept")
+    ).collect().row(0, named=True)
+    return {"run": str(opts.live), "fit": av["fit"], "predictor": fit_feats[match[0]].name,
+            "rule": av.get("rule", "engine"),  # runs made before the lossless rule used the engine's
+            "batch_size": int(run.meta["config"]["batch_size"]), "trimmed_steps": steps["n"],
+            "live_tokens_per_step": steps["t"], "live_mean_kept": steps["kept"],
+            "note": "tokens per step = accepted + 1 on the live run's AV (non-explored) steps; the "
+                    "replay applies the same predictor and costs to the complete trace"}
+
+
+def simulation(drafts: pl.DataFrame, feats: list[Feature], opts: EvaluateOptions) -> dict:
+    """AV replay with every lossless probability score as a predictor, on the requests all of them
+    may be scored on (held-out requests when an offline fit is among them)."""
+    from svt.simulate import build_trace, load_costs, replay
+
+    costs = load_costs(opts.costs)
+    # lossy scores (the q_sampled family) are not candidates: trimming on them biases the output
+    preds = [f for f in feats if f.probability and f.lossless]
+    frame = drafts.with_columns(*(f.expr.alias(f"_p{i}") for i, f in enumerate(preds)))
+    scored = pl.all_horizontal(*(pl.col(f"_p{i}").is_not_null() for i in range(len(preds)))) if preds else pl.lit(True)
+    ok = frame.group_by("_run", "request").agg(scored.all().alias("_ok"))
+    frame = frame.join(ok.filter("_ok"), on=["_run", "request"], how="semi")
+    if frame.height == 0:
+        raise DataError("No request is scored by every predictor: nothing to simulate.")
+    trace = build_trace(frame, {f.name: f"_p{i}" for i, f in enumerate(preds)})
+    costs.check_covers(trace.k, f"{opts.costs}: ")
+    concurrency = tuple(opts.concurrency)
+    live = _live_run(opts, feats) if opts.live else None
+    if live and live["batch_size"] not in concurrency:
+        concurrency = tuple(sorted({*concurrency, live["batch_size"]}))
+    points = replay(trace, costs, concurrency=concurrency, engine_rule=True)
+    if opts.replay_bootstrap:  # each resample is a whole replay: seconds each at CI size, opt-in
+        from svt.simulate.av import replay_intervals
+
+        replay_intervals(trace, costs, points, n=opts.replay_bootstrap, seed=opts.seed, engine_rule=True)
+    if live:
+        suffix = " [engine rule]" if live["rule"] == "engine" else ""
+        rep = next(p for p in points if p["policy"] == f"AV {live['predictor']}{suffix}"
+                   and p["concurrency"] == live["batch_size"])
+        live["replayed_tokens_per_step"] = float(rep["tokens_per_step"])
+        live["gap"] = live["live_tokens_per_step"] - float(rep["tokens_per_step"])
+    return {"live_check": live, "rules": _rule_audit(trace, costs, preds, points, concurrency),
+            "costs": {"path": str(opts.costs), "kind": costs.kind, "drafter": costs.drafter,
+                      "description": costs.description.strip(), "fingerprint": costs.fingerprint()},
+            "requests": int(trace.request.max()) + 1, "request_steps": int(trace.a.size),
+            "k": trace.k, "predictors": [f.name for f in preds], "points": points}
+
+
+def _rule_audit(trace, costs, preds: list[Feature], points: list[dict], concurrency) -> list[dict]:
+    """Per concurrency: how non-convex the verify-cost curve is over a step's token range, how often
+    the engine rule's decision for a draft flips with the request's own later confidences (and the
+    lossless rule's, which must be 0), and the throughput the lossless rule gives up."""
+    from svt.simulate.av import flip_rate, non_convexity
+
+    rows = []
+    for B in concurrency:
+        row = {"concurrency": B, "non_convexity": non_convexity(costs, B, trace.k)}
+        if preds:
+            name = preds[0].name
+            row["predictor"] = name
+            row["engine_flip"] = flip_rate(trace, name, costs, B, rule="engine", max_steps=40)
+            row["convex_flip"] = flip_rate(trace, name, costs, B, rule="convex", max_steps=40)
+            by = {p["policy"]: p for p in points if p["concurrency"] == B}
+            lossless, engine = by[f"AV {name}"]["throughput"], by[f"AV {name} [engine rule]"]["throughput"]
+            row["throughput_convex"], row["throughput_engine"] = lossless, engine
+            row["throughput_given_up"] = 1 - lossless / engine
+        rows.append(row)
+    return rows
+
+
+def step_parts(opened: Opened, frame: pl.DataFrame | None) -> list[pl.LazyFrame]:
+    """Frames whose steps are whole (every draft of a step in one frame): each shard when no request
+    spans two shards of a run (the collector writes whole batches per shard), else everything."""
+    if frame is not None:
+        return [frame.lazy()]
+    parts = [p for run_parts in opened.parts for p in run_parts]
+    if len(parts) > 1:
+        keys = pl.concat([p.select("_run", "request").unique().collect() for p in parts])
+        if keys.height != keys.unique().height:
+            return [opened.drafts]
+    return parts
+
+
+def step_tables(parts: list[pl.LazyFrame], feats: list[Feature], n_bins: int) -> tuple[float, dict]:
+    """Mean acceptance length and each complete probability feature's expected-length calibration,
+    from per-step sums computed frame by frame."""
+    keys = ["run", "request", "step"]
+    cols: dict[str, list[np.ndarray]] = {"a": [], "k": [], **{f.name: [] for f in feats}}
+    for part in parts:
+        per_step = (part.sort([*keys, "position"]).group_by(keys, maintain_order=True)
+                    .agg((pl.col("label") == 1).sum().alias("_a"), pl.len().alias("_k"),
+                         *[f.expr.cast(pl.Float64).cum_prod().sum().alias(f"_p{i}") for i, f in enumerate(feats)])
+                    .collect())
+        cols["a"].append(per_step["_a"].to_numpy())
+        cols["k"].append(per_step["_k"].to_numpy())
+        for i, f in enumerate(feats):
+            cols[f.name].append(per_step[f"_p{i}"].to_numpy())
+    steps = sum(a.size for a in cols["a"])
+    accepted = sum(float(a.sum()) for a in cols["a"])
+    k = max((int(a.max()) for a in cols["k"] if a.size), default=0)
+    calib = {f.name: length_calibration_from_steps(cols[f.name], cols["a"], k, n_bins) for f in feats}
+    return (1 + accepted / steps if steps else float("nan")), calib

@@ -1,0 +1,49 @@
+"""Acceptance: the labelled drafts' acceptance rate, the mean acceptance length, acceptance by draft
+position (conditional and marginal) and, per probability score, the expected accepted length per
+step against the realised one."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from svt.metrics.tables import acceptance_by_position, length_calibration
+from svt.report.scoring import step_parts, step_tables
+from svt.report.sections.base import ReportContext, Section
+from svt.report.text import fmt, md_table
+
+
+class Acceptance(Section):
+    name = "acceptance"
+
+    def compute(self, ctx: ReportContext, report: dict) -> dict:
+        totals = ctx.source.select(pl.col("label").is_not_null().sum().alias("n"),
+                                   pl.col("label").cast(pl.Float64).mean().alias("rate")).collect().row(0, named=True)
+        complete = [f for f in ctx.feats if f.probability and not f.partial]
+        mean_length, calib = step_tables(step_parts(ctx.opened, ctx.drafts), complete, ctx.opts.n_bins)
+        acceptance = {"labelled": int(totals["n"]), "rate": float(totals["rate"]),
+                      "mean_acceptance_length": float(mean_length),
+                      "by_position": acceptance_by_position(ctx.source).to_dicts()}
+        lengths = {
+            f.name: (calib[f.name] if not f.partial else
+                     length_calibration(ctx.drafts.with_columns(f.expr.alias("_c")).filter(pl.col("_c").is_not_null()),
+                                        "_c", n_bins=ctx.opts.n_bins, keys=("run", "request", "step")))
+            for f in ctx.feats if f.probability
+        }
+        return {"acceptance": acceptance, "length_calibration": lengths}
+
+    def markdown(self, report: dict) -> list[str]:
+        lines = ["## Acceptance by draft position\n",
+                 "Conditional = accepted / verified at the position (the chain reached it); marginal = "
+                 "accepted / proposed.\n",
+                 md_table(["position", "proposed", "verified", "accepted", "conditional", "marginal"],
+                          [[str(r["position"]), fmt(r["proposed"]), fmt(r["verified"]), fmt(r["accepted"]),
+                            fmt(r["conditional"]), fmt(r["marginal"])] for r in report["acceptance"]["by_position"]]),
+                 ""]
+        if report.get("length_calibration"):
+            lines += ["## Expected accepted length per step\n",
+                      "Predicted = sum over positions of the cumulative product of the confidences (what "
+                      "Adaptive Verification's budget rule sums); realised = accepted drafts in the step.\n",
+                      md_table(["predictor", "steps", "mean predicted", "mean realised", "length ECE"],
+                               [[n, fmt(c["steps"]), fmt(c["mean_predicted"]), fmt(c["mean_realised"]),
+                                 fmt(c["length_ece"])] for n, c in report["length_calibration"].items()]), ""]
+        return lines

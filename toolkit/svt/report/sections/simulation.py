@@ -1,0 +1,107 @@
+"""End to end: the Adaptive Verification replay of the run's steps under a cost table (fixed draft
+lengths, AV per predictor, an oracle) across concurrency, the budget rule's losslessness on that
+table, and a live-AV run checked against its replay."""
+
+from __future__ import annotations
+
+from svt.report.judge import costs_match, judge, keyed, metric_value, missing_row
+from svt.report.scoring import simulation
+from svt.report.sections.base import Judging, ReportContext, Section
+from svt.report.text import add_row, fmt, md_table, new_table
+
+
+class Simulation(Section):
+    name = "AV replay"
+
+    def compute(self, ctx: ReportContext, report: dict) -> dict:
+        live_hvd = any(i["experiment"]["engine"] == "svt live HVD" for i in ctx.infos)
+        return {"simulation": simulation(ctx.drafts, ctx.feats, ctx.opts) if ctx.opts.costs and not live_hvd
+                else None}
+
+    def markdown(self, report: dict) -> list[str]:
+        sim = report.get("simulation")
+        if not sim:
+            return []
+        lines: list[str] = []
+        lines += ["## End to end: Adaptive Verification replay\n",
+                  f"Costs: `{sim['costs']['path']}` ({sim['costs']['kind']}; {sim['costs']['drafter']} drafter). "
+                  f"{sim['costs']['description']}\n",
+                  f"{sim['requests']} requests, {sim['request_steps']:,} request-steps, K = {sim['k']}. Policies: "
+                  "fixed draft lengths, AV at K with each predictor, and an oracle that knows the accepted "
+                  "runs (an upper bound on throughput). Interactivity = tokens/s per request; throughput = "
+                  "tokens/s in all; Pareto = no other policy's point is better on both (the oracle is left "
+                  "out of that comparison). The replay ignores trimming's feedback "
+                  "on later states.\n",
+                  md_table(["policy", "B", "tokens/step", "step ms", "interactivity", "throughput", "Pareto"],
+                         [[p["policy"], str(p["concurrency"]), fmt(p["tokens_per_step"], 3), fmt(p["step_ms"], 2),
+                           fmt(p["interactivity"], 1), fmt(p["throughput"], 1),
+                           "bound" if p["pareto"] is None else ("yes" if p["pareto"] else "")]
+                          for p in sim["points"]]), ""]
+        rules = sim.get("rules")
+        if rules and any("engine_flip" in r for r in rules):
+            lines += ["### Is the budget rule lossless on this cost table?\n",
+                      "AV above uses the **lossless** budget rule: the document's rule applied to the greatest "
+                      "convex minorant of the verify-cost curve, so every decision depends only on survivals "
+                      "ranked above it (causal). The document's own rule on the measured curve (the "
+                      "`[engine rule]` rows) can decide whether to verify a draft from the same request's later "
+                      "confidences, which depend on the drafted token: lossy. Non-convexity: the largest gap "
+                      "between the curve and its convex minorant over a step's token range, relative to the "
+                      "cost. Flip rate: share of draft decisions that change when only the request's later "
+                      "confidences are replaced (0.01 or 0.99), on sampled steps.\n",
+                      md_table(["B", "non-convexity", "engine-rule flips", "lossless-rule flips",
+                              "throughput (lossless)", "throughput (engine rule)", "given up"],
+                             [[str(r["concurrency"]), fmt(r["non_convexity"], 4),
+                               f"{r['engine_flip']['flips']}/{r['engine_flip']['decisions']}",
+                               f"{r['convex_flip']['flips']}/{r['convex_flip']['decisions']}",
+                               fmt(r["throughput_convex"], 1), fmt(r["throughput_engine"], 1),
+                               f"{100 * r['throughput_given_up']:.2f} %"] for r in rules]), ""]
+        live = sim.get("live_check")
+        if live:
+            lines += ["### Live check\n",
+                      f"Live AV run `{live['run']}` (fit `{live['fit']}`, batch {live['batch_size']}, "
+                      f"{live['trimmed_steps']:,} trimmed steps): **{live['live_tokens_per_step']:.3f}** tokens "
+                      f"per step live against **{live['replayed_tokens_per_step']:.3f}** replayed on the complete "
+                      f"trace at B = {live['batch_size']}; gap {live['gap']:+.3f}. {live['note']}.\n"]
+        return lines
+
+    def console(self, report: dict, concurrency=(1, 8, 64)) -> list:
+        sim = report.get("simulation")
+        if not sim:
+            return []
+        t = new_table("policy", "B", "tokens/step", "step ms", "tok/s per request", "tok/s total", "Pareto",
+                      title=f"Adaptive Verification replay ({sim['costs']['kind']} costs)")
+        for p in sim["points"]:
+            if p["concurrency"] in concurrency:
+                add_row(t, p["policy"], p["concurrency"], f"{p['tokens_per_step']:.3f}", f"{p['step_ms']:.2f}",
+                        f"{p['interactivity']:,.0f}", f"{p['throughput']:,.0f}",
+                        "bound" if p["pareto"] is None else ("yes" if p["pareto"] else ""))
+        return [t]
+
+    def compare(self, base: dict, now: dict, judging: Judging) -> list[dict]:
+        return _replay_rows(base, now, judging.tolerances, judging.skipped, judging.paired)
+
+
+def _replay_rows(base, now, tolerances, skipped, paired=False):
+    b, n = base.get("simulation"), now.get("simulation")
+    if not b:
+        if n:
+            skipped.append("AV replay: only in the new report")
+        return []
+    bp = keyed(b["points"], lambda p: (str(p["policy"]), int(p["concurrency"])), "AV replay point")
+    if n and not costs_match("AV replay", b, n, skipped):
+        return []
+    np_ = keyed(n["points"], lambda p: (str(p["policy"]), int(p["concurrency"])), "AV replay point") if n else {}
+    rows = []
+    for (policy, conc), p in bp.items():
+        q = np_.get((policy, conc))
+        for m in ("throughput", "interactivity"):
+            base = metric_value(p[m], m)
+            if base is None:
+                skipped.append(f"AV replay {policy} B={conc} {m}: the baseline's value is not a valid number")
+            elif q is None:
+                rows.append(missing_row("AV replay", policy, f"B={conc}", m, "simulation", base))
+            else:
+                cis = (None, None) if paired else ((p.get("ci95") or {}).get(m), (q.get("ci95") or {}).get(m))
+                rows.append({**judge(m, "simulation", base, metric_value(q.get(m), m), cis[0], tolerances, cis[1]),
+                             "section": "AV replay", "item": policy, "where": f"B={conc}"})
+    return rows
