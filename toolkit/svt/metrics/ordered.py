@@ -33,12 +33,13 @@ import numpy as np
 import polars as pl
 
 from svt.metrics.calibration import LOG_EPS
+from svt.metrics.specs import names
 
 CHUNK = 1 << 22  # rows per chunk of either pass
 LARGE = 1 << 25  # rows beyond which sorts work in place (memory before speed)
 DENSE_LIMIT = 4  # a chunk's [group, position] count table when its cells are under 4x its rows
 NOT_PROBABILITY = "not a probability: log-loss, ECE and Brier need a fitted predictor (svt fit)"
-_PROB_KEYS = ("log_loss", "brier", "mean_pred", "ece", "ece_mass")
+_PROB_KEYS = names("table", probability=True)
 
 
 def _float32_keys(s: np.ndarray, out: np.ndarray) -> bool:
@@ -390,36 +391,68 @@ def score_tables(s: np.ndarray, y: np.ndarray, position: np.ndarray, *, probabil
         key = order_keys(s)
     if packed is None:
         packed = pack_rows(y, pos, soft)
-    # unordered pass: per-position sums. What depends on the labels alone (counts, soft-label
-    # sums and self-pairs) is the same for every score of these rows: ``shared`` keeps it.
-    base_key = ("label sums", id(packed), k, n_bins, tuple(soft))
-    base = shared.get(base_key) if shared is not None else None
-    if base is None:
-        base = {"hard": _Sums(k, n_bins), "soft": {name: _Sums(1, n_bins) for name in soft},
-                "pairs": dict.fromkeys(soft, 0.0)}
-        for a in range(0, n, chunk):
-            sl = slice(a, a + chunk)
-            base["hard"].add(None, y[sl].astype(np.float64), pos[sl].astype(np.intp), False, hard=True)
-            for name, t in soft.items():
-                tc = t[sl].astype(np.float64)
-                base["soft"][name].add(None, tc, None, False, hard=False)
-                base["pairs"][name] += float((tc * (1.0 - tc)).sum())  # a row is never paired with itself
-        if shared is not None:
-            shared[base_key] = base
-    soft_pairs = base["pairs"]
+    base = _label_sums(y, pos, soft, ("label sums", id(packed), k, n_bins, tuple(soft)), k, n_bins, chunk, shared)
     if probability:
-        hard = _Sums(k, n_bins)
-        soft_sums = {name: _Sums(1, n_bins) for name in soft}
-        zeros = np.zeros(1, dtype=np.intp)  # one scope: positions unused
-        for a in range(0, n, chunk):
-            sl = slice(a, a + chunk)
-            sc = s[sl].astype(np.float64)  # float32 scores too: bins and logs in float64
-            hard.add(sc, y[sl].astype(np.float64), pos[sl].astype(np.intp), True, hard=True)
-            for name, t in soft.items():
-                soft_sums[name].add(sc, t[sl].astype(np.float64), zeros, True, hard=False)
+        hard, soft_sums = _score_sums(s, y, pos, soft, k, n_bins, chunk)
     else:
         hard, soft_sums = base["hard"], base["soft"]
-    # ordered pass: tie groups in ascending score order, chunks cut between groups
+    ordered, overall_roc, soft_ord = _ordered_pass(s, key, packed, soft, base["pairs"], hard, k, n_bins, chunk,
+                                                   probability, roc_points)
+    table = {"overall": hard.metrics(slice(None), ordered, k, probability),
+             "excluding_first": hard.metrics(slice(1, None), ordered, k + 1, probability),
+             "per_position": {int(p): hard.metrics([p], ordered, int(p), probability)
+                              for p in np.flatnonzero(hard.n > 0)}}
+    table["soft"] = {}
+    for name in soft:
+        block = soft_sums[name].metrics(slice(None), soft_ord[name], 0, probability)
+        block.pop("reasons", None)
+        table["soft"][name] = block
+    table["curves"] = _curves(overall_roc, hard, probability) if n else {}
+    table["_key"] = key
+    return table
+
+
+def _label_sums(y, pos, soft: dict, base_key, k: int, n_bins: int, chunk: int, shared: dict | None) -> dict:
+    """The unordered pass's sums that depend on the labels alone (counts, soft-label sums and
+    self-pairs): the same for every score of these rows, so ``shared`` keeps them."""
+    base = shared.get(base_key) if shared is not None else None
+    if base is not None:
+        return base
+    n = y.size
+    base = {"hard": _Sums(k, n_bins), "soft": {name: _Sums(1, n_bins) for name in soft},
+            "pairs": dict.fromkeys(soft, 0.0)}
+    for a in range(0, n, chunk):
+        sl = slice(a, a + chunk)
+        base["hard"].add(None, y[sl].astype(np.float64), pos[sl].astype(np.intp), False, hard=True)
+        for name, t in soft.items():
+            tc = t[sl].astype(np.float64)
+            base["soft"][name].add(None, tc, None, False, hard=False)
+            base["pairs"][name] += float((tc * (1.0 - tc)).sum())  # a row is never paired with itself
+    if shared is not None:
+        shared[base_key] = base
+    return base
+
+
+def _score_sums(s, y, pos, soft: dict, k: int, n_bins: int, chunk: int):
+    """The unordered pass of a probability score: per-position sums of the label, the score, the
+    log-loss and squared-error terms and the equal-width bins (hard labels and each soft label)."""
+    hard = _Sums(k, n_bins)
+    soft_sums = {name: _Sums(1, n_bins) for name in soft}
+    zeros = np.zeros(1, dtype=np.intp)  # one scope: positions unused
+    for a in range(0, s.size, chunk):
+        sl = slice(a, a + chunk)
+        sc = s[sl].astype(np.float64)  # float32 scores too: bins and logs in float64
+        hard.add(sc, y[sl].astype(np.float64), pos[sl].astype(np.intp), True, hard=True)
+        for name, t in soft.items():
+            soft_sums[name].add(sc, t[sl].astype(np.float64), zeros, True, hard=False)
+    return hard, soft_sums
+
+
+def _ordered_pass(s, key, packed, soft: dict, soft_pairs: dict, hard, k: int, n_bins: int, chunk: int,
+                  probability: bool, roc_points: int):
+    """Tie groups in ascending score order, in chunks cut between groups: every scope's AUC and
+    equal-mass bins (``ordered``), the overall ROC points and each soft label's AUC."""
+    n = s.size
     halves = key.view(np.uint32)  # [low, high] per key on a little-endian machine: no copy
     low, high = (halves[0::2], halves[1::2]) if sys.byteorder == "little" else (halves[1::2], halves[0::2])
     roc_groups = None
@@ -442,67 +475,65 @@ def score_tables(s: np.ndarray, y: np.ndarray, position: np.ndarray, *, probabil
         first[0] = True
         np.not_equal(hc[1:], hc[:-1], out=first[1:])
         gidx = np.cumsum(first) - 1
-        G = int(gidx[-1]) + 1
         starts = np.flatnonzero(first)
         rec = _take(packed, rows)
         s_group = s[rows[starts]].astype(np.float64) if probability else None
-        if G * (k + 2) <= DENSE_LIMIT * rows.size:  # ties are many: one [group, position] count table
-            cells = (gidx * k + rec["pos"]) * 2 + rec["y"]
-            C = np.bincount(cells, minlength=G * k * 2).reshape(G, k, 2).astype(np.float64)
-            N, P = C[:, :, 0], C[:, :, 1]
-            Ps = np.concatenate([P, P.sum(axis=1, keepdims=True), P[:, 1:].sum(axis=1, keepdims=True)], axis=1)
-            Ns = np.concatenate([N, N.sum(axis=1, keepdims=True), N[:, 1:].sum(axis=1, keepdims=True)], axis=1)
-            ordered.add(Ps, Ns, Ps + Ns, s_group)
-            P_all, W_all = Ps[:, k:k + 1], Ps[:, k:k + 1] + Ns[:, k:k + 1]
-        else:  # mostly distinct scores: each scope's rows in score order, its groups by reduceat
-            yv = rec["y"].astype(np.float64)
-            pv = rec["pos"]
-
-            def scope(idx, j, gidx=gidx, yv=yv, s_group=s_group):
-                g = gidx[idx]
-                if g.size == 0:
-                    return None, None
-                st = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
-                w = np.diff(np.r_[st, g.size]).astype(np.float64)[:, None]
-                p = np.add.reduceat(yv[idx], st)[:, None]
-                ordered.add(p, w - p, w, s_group[g[st]] if probability else None, cols=slice(j, j + 1))
-                return p, w
-
-            P_all, W_all = scope(slice(None), k)
-            scope(np.flatnonzero(pv > 0), k + 1)
-            by = np.argsort(pv, kind="stable")  # each position's rows, still in score order
-            cuts = np.r_[0, np.cumsum(np.bincount(pv, minlength=k))]
-            for p in range(k):
-                if cuts[p + 1] > cuts[p]:
-                    scope(by[cuts[p]:cuts[p + 1]], p)
+        P_all, W_all = _ordered_chunk(ordered, rec, gidx, s_group, k, probability)
         overall_roc.add(P_all, W_all - P_all, W_all, None)
         for name in soft:
             Pt = np.add.reduceat(rec[name], starts, dtype=np.float64)[:, None]
             soft_ord[name].add(Pt, W_all - Pt, W_all, s_group)
         a = b
-    table = {"overall": hard.metrics(slice(None), ordered, k, probability),
-             "excluding_first": hard.metrics(slice(1, None), ordered, k + 1, probability),
-             "per_position": {int(p): hard.metrics([p], ordered, int(p), probability)
-                              for p in np.flatnonzero(hard.n > 0)}}
-    table["soft"] = {}
-    for name in soft:
-        block = soft_sums[name].metrics(slice(None), soft_ord[name], 0, probability)
-        block.pop("reasons", None)
-        table["soft"][name] = block
-    curves: dict = {}
-    if n:
-        o = overall_roc
-        tp_below = np.concatenate(o.roc_pos) if o.roc_pos else np.zeros(0)
-        fp_below = np.concatenate(o.roc_neg) if o.roc_neg else np.zeros(0)
-        tp, fp = (o.pos[0] - tp_below)[::-1], (o.neg[0] - fp_below)[::-1]  # descending thresholds
-        curves["roc"] = {"fpr": np.r_[0.0, fp / max(o.neg[0], 1e-12)].tolist(),
-                         "tpr": np.r_[0.0, tp / max(o.pos[0], 1e-12)].tolist()}
-        if probability:
-            cnt, sp, sy = hard.w_cnt.sum(axis=0), hard.w_s.sum(axis=0), hard.w_y.sum(axis=0)
-            filled = cnt > 0
-            curves["reliability"] = {"mean_pred": (sp[filled] / cnt[filled]).tolist(),
-                                     "rate": (sy[filled] / cnt[filled]).tolist(),
-                                     "count": cnt[filled].astype(int).tolist()}
-    table["curves"] = curves
-    table["_key"] = key
-    return table
+    return ordered, overall_roc, soft_ord
+
+
+def _ordered_chunk(ordered, rec, gidx, s_group, k: int, probability: bool):
+    """One chunk's tie groups into every scope; returns the groups' positives and sizes over all rows."""
+    G = int(gidx[-1]) + 1
+    if G * (k + 2) <= DENSE_LIMIT * gidx.size:  # ties are many: one [group, position] count table
+        cells = (gidx * k + rec["pos"]) * 2 + rec["y"]
+        C = np.bincount(cells, minlength=G * k * 2).reshape(G, k, 2).astype(np.float64)
+        N, P = C[:, :, 0], C[:, :, 1]
+        Ps = np.concatenate([P, P.sum(axis=1, keepdims=True), P[:, 1:].sum(axis=1, keepdims=True)], axis=1)
+        Ns = np.concatenate([N, N.sum(axis=1, keepdims=True), N[:, 1:].sum(axis=1, keepdims=True)], axis=1)
+        ordered.add(Ps, Ns, Ps + Ns, s_group)
+        return Ps[:, k:k + 1], Ps[:, k:k + 1] + Ns[:, k:k + 1]
+    # mostly distinct scores: each scope's rows in score order, its groups by reduceat
+    yv = rec["y"].astype(np.float64)
+    pv = rec["pos"]
+
+    def scope(idx, j):
+        g = gidx[idx]
+        if g.size == 0:
+            return None, None
+        st = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
+        w = np.diff(np.r_[st, g.size]).astype(np.float64)[:, None]
+        p = np.add.reduceat(yv[idx], st)[:, None]
+        ordered.add(p, w - p, w, s_group[g[st]] if probability else None, cols=slice(j, j + 1))
+        return p, w
+
+    P_all, W_all = scope(slice(None), k)
+    scope(np.flatnonzero(pv > 0), k + 1)
+    by = np.argsort(pv, kind="stable")  # each position's rows, still in score order
+    cuts = np.r_[0, np.cumsum(np.bincount(pv, minlength=k))]
+    for p in range(k):
+        if cuts[p + 1] > cuts[p]:
+            scope(by[cuts[p]:cuts[p + 1]], p)
+    return P_all, W_all
+
+
+def _curves(overall_roc, hard, probability: bool) -> dict:
+    """The overall ROC points (descending thresholds) and, for a probability, the reliability bins."""
+    o = overall_roc
+    tp_below = np.concatenate(o.roc_pos) if o.roc_pos else np.zeros(0)
+    fp_below = np.concatenate(o.roc_neg) if o.roc_neg else np.zeros(0)
+    tp, fp = (o.pos[0] - tp_below)[::-1], (o.neg[0] - fp_below)[::-1]  # descending thresholds
+    curves = {"roc": {"fpr": np.r_[0.0, fp / max(o.neg[0], 1e-12)].tolist(),
+                      "tpr": np.r_[0.0, tp / max(o.pos[0], 1e-12)].tolist()}}
+    if probability:
+        cnt, sp, sy = hard.w_cnt.sum(axis=0), hard.w_s.sum(axis=0), hard.w_y.sum(axis=0)
+        filled = cnt > 0
+        curves["reliability"] = {"mean_pred": (sp[filled] / cnt[filled]).tolist(),
+                                 "rate": (sy[filled] / cnt[filled]).tolist(),
+                                 "count": cnt[filled].astype(int).tolist()}
+    return curves

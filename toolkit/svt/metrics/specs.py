@@ -40,7 +40,7 @@ _SPECS = (
                description="mean negative log-likelihood of the labels (probabilities clipped to [1e-7, 1 - 1e-7])"),
     MetricSpec("ece", "table", -1, 0.003, unit=True, probability=True, console=True,
                description="expected calibration error, equal-width bins"),
-    MetricSpec("ece_mass", "table", -1, None, unit=True, probability=True, report=False,
+    MetricSpec("ece_mass", "table", -1, None, unit=True, probability=True,
                description="expected calibration error, equal-mass bins (descriptive: not compared)"),
     MetricSpec("brier", "table", -1, 0.003, unit=True, probability=True, console=True,
                description="mean squared error of the probability"),

@@ -13,9 +13,10 @@ import polars as pl
 
 from svt.metrics.calibration import LOG_EPS, mass_bin_index
 from svt.metrics.ranking import auc_reason, auc_sorted
+from svt.metrics.specs import names
 
 NOT_PROBABILITY = "not a probability: log-loss, ECE and Brier need a fitted predictor (svt fit)"
-METRICS = ("auc", "log_loss", "ece", "ece_mass", "brier", "mean_pred", "accept_rate", "n")
+METRICS = names("table")
 
 
 @dataclass
@@ -125,7 +126,7 @@ def _scope_metrics(v: dict, w: np.ndarray | None, *, probability: bool, n_bins: 
             cnt, sp, sy = _bins(idx, n_bins, w, s, y)
             out[key] = float(np.abs(sp - sy).sum() / total)
     else:
-        for key in ("log_loss", "brier", "mean_pred", "ece", "ece_mass"):
+        for key in names("table", probability=True):
             out[key] = None
             reasons[key] = NOT_PROBABILITY
     if reasons:
@@ -173,7 +174,7 @@ def bootstrap_cis(v: dict, group: np.ndarray, scopes: dict, *, probability: bool
             if not w.any():  # an empty scope, or no drawn request reaches it
                 continue
             m = _scope_metrics(sv, w, probability=probability, n_bins=n_bins)
-            for key in ("auc", "log_loss", "ece", "brier"):
+            for key in names("table", compared=True):
                 if m.get(key) is not None:
                     draws[name].setdefault(key, []).append(m[key])
     lo, hi = (1 - level) / 2 * 100, (1 + level) / 2 * 100

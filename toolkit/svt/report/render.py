@@ -25,7 +25,7 @@ def to_markdown(report: dict) -> str:
              f"{report['acceptance']['mean_acceptance_length']:.3f}.\n",
              "Metrics on hard labels (drafts with a label). `—` = undefined: log-loss, ECE and Brier "
              "need a probability (features marked *probability: no* need a fitted predictor); AUC "
-             "needs both classes. ECE: 10 equal-width bins. Brackets: 95% request-level bootstrap "
+             "needs both classes. ECE: 10 equal-width bins; ece_mass: 10 equal-mass bins. Brackets: 95% request-level bootstrap "
              "intervals. " + DIRECTION_NOTE + "\n"]
     for section in SECTIONS:
         lines += section.markdown(report)
