@@ -78,6 +78,13 @@ def test_feature_modules_and_user_features(small_run, tmp_path, monkeypatch):
     r = runner.invoke(app, ["evaluate", str(small_run), "--out", "rep", "--feature-module", "feats_ok",
                             "--feature", "qmax_sq_t"])
     assert r.exit_code == 0, r.output
+    # a user feature is fitted too (issue 22), and the fit is evaluated with the same module
+    r = runner.invoke(app, ["fit", str(small_run), "--model", "logistic", "--feature", "qmax_sq_t",
+                            "--feature-module", "feats_ok", "--out", "user.json"])
+    assert r.exit_code == 0 and json.loads((tmp_path / "user.json").read_text())["feature"] == "qmax_sq_t", r.output
+    r = runner.invoke(app, ["evaluate", str(small_run), "--out", "rep2", "--feature-module", "feats_ok",
+                            "--feature", "q_max", "--fit", "user.json"])
+    assert r.exit_code == 0, r.output
     (tmp_path / "feats_syntax.py").write_text("def broken(:\n")
     _ok(runner.invoke(app, ["evaluate", str(small_run), "--out", "rep", "--feature-module", "feats_syntax"]), 2,
         "SyntaxError")

@@ -96,3 +96,33 @@ print("ok")
     res = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300,
                          env={**os.environ, "PYTHONPATH": str(tmp_path)})
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-3000:]
+
+
+def test_the_section_example_adds_a_judged_metric(small_run, tmp_path):
+    """The report section of docs/extending.md, in a fresh interpreter: evaluate writes it, report.md
+    shows it, and the regression report judges its metric in its direction."""
+    block = next(b for b in fenced((REPO / "docs" / "extending.md").read_text(), "python") if "class Verified" in b)
+    (tmp_path / "verified.py").write_text(block)
+    script = f"""
+import copy
+import polars as pl
+import verified
+from svt.report import evaluate, to_markdown, sections
+from svt.report.compare import compare_reports
+from svt.traces import open_run
+sections.SECTIONS.insert(2, verified.Verified())
+report = evaluate([{str(small_run)!r}])
+d = open_run({str(small_run)!r}).scan("drafts").select(pl.col("label").is_not_null().mean()).collect().item()
+assert abs(report["verified"]["verified_share"] - d) < 1e-12
+assert "## Verified drafts" in to_markdown(report)
+rows = [r for r in compare_reports(report, report)["rows"] if r["metric"] == "verified_share"]
+assert [r["verdict"] for r in rows] == ["unchanged"]
+worse = copy.deepcopy(report)
+worse["verified"]["verified_share"] -= 0.05
+rows = [r for r in compare_reports(report, worse)["rows"] if r["metric"] == "verified_share"]
+assert [r["verdict"] for r in rows] == ["regressed"]
+print("ok")
+"""
+    res = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stderr[-3000:]

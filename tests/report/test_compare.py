@@ -410,13 +410,13 @@ def _metric_direction(metric):
     return {"throughput": 1, "interactivity": 1, "speedup_vs_greedy": 1}[metric]  # more tokens per second
 
 
-@pytest.mark.parametrize("metric", sorted(__import__("svt.report.judge", fromlist=["x"]).DIRECTIONS))
+@pytest.mark.parametrize("metric", sorted(__import__("svt.report.judge", fromlist=["x"]).compared()))
 def test_every_metric_regresses_when_worse_and_never_when_better(metric):
-    from svt.report.judge import DIRECTIONS, SCOPE_METRICS
+    from svt.report.judge import compared, scope_metrics
 
     d = _metric_direction(metric)
-    assert DIRECTIONS[metric] == d
-    scope = next(s for s, ms in SCOPE_METRICS.items() if metric in ms)
+    assert compared()[metric].direction == d
+    scope = next(s for s, ms in scope_metrics().items() if metric in ms)
     base = 0.5
     for step in (0.05, 0.2):
         worse, better = base - d * step, base + d * step

@@ -67,11 +67,19 @@ _SPECS = (
 METRICS: dict[str, MetricSpec] = {m.name: m for m in _SPECS}
 
 
+def register_metric(spec: MetricSpec) -> MetricSpec:
+    """Add a metric (a report section's module registers the metrics it computes)."""
+    if spec.name in METRICS and METRICS[spec.name] != spec:
+        raise ValueError(f"metric {spec.name!r} is already registered with another spec")
+    METRICS[spec.name] = spec
+    return spec
+
+
 def names(group: str, *, compared: bool = False, probability: bool | None = None, report: bool = False,
           console: bool = False) -> tuple[str, ...]:
     """The metrics of a group, in spec order, optionally only those compared by the regression
     report, needing a probability (or not), shown in report.md or on the console."""
-    return tuple(m.name for m in _SPECS if m.group == group
+    return tuple(m.name for m in METRICS.values() if m.group == group
                  and (not compared or m.tolerance is not None)
                  and (probability is None or m.probability == probability)
                  and (not report or m.report) and (not console or m.console))

@@ -9,17 +9,22 @@ import re
 from svt.errors import ConfigError
 from svt.metrics.specs import METRICS, names
 
-DIRECTIONS = {m.name: m.direction for m in METRICS.values() if m.tolerance is not None}
-RELATIVE = frozenset(m.name for m in METRICS.values() if m.relative)
-DEFAULT_TOLERANCES = {m.name: m.tolerance for m in METRICS.values() if m.tolerance is not None}
-# the range a metric's value can take: anything outside is a damaged report, not a number to compare
-UNIT = frozenset(m.name for m in METRICS.values() if m.unit and m.tolerance is not None)
-SCOPES = ("overall", "excluding_first", "per_position", "group", "simulation", "yield", "hvd")
-FEATURE_METRICS = names("table", compared=True)
-YIELD_METRICS = names("yield", compared=True)
-SCOPE_METRICS = {**{sc: FEATURE_METRICS for sc in ("overall", "excluding_first", "per_position", "group")},
-                 "simulation": names("simulation", compared=True), "yield": YIELD_METRICS,
-                 "hvd": names("hvd", compared=True)}
+TABLE_SCOPES = ("overall", "excluding_first", "per_position", "group")
+
+
+def compared() -> dict:
+    """The metrics the regression report judges (those with a default tolerance), by name; read
+    when judging, so a metric registered by a section's module is judged too."""
+    return {m.name: m for m in METRICS.values() if m.tolerance is not None}
+
+
+def scope_metrics() -> dict[str, tuple[str, ...]]:
+    """The compared metrics of each scope a tolerance may name: the feature table's scopes, and
+    each other metric group (``simulation``, ``yield``, ``hvd``, ...)."""
+    groups = sorted({m.group for m in compared().values()} - {"table"},
+                    key=lambda g: [m.group for m in METRICS.values()].index(g))
+    return {**dict.fromkeys(TABLE_SCOPES, names("table", compared=True)),
+            **{g: names(g, compared=True) for g in groups}}
 
 
 def parse_tolerances(specs: list[str] | None) -> dict[str, float]:
@@ -29,12 +34,13 @@ def parse_tolerances(specs: list[str] | None) -> dict[str, float]:
         key, sep, value = spec.partition("=")
         key = key.strip()
         scope, dot, metric = key.rpartition(".")
-        if not sep or metric not in DIRECTIONS or (dot and scope not in SCOPES):
+        scopes = scope_metrics()
+        if not sep or metric not in compared() or (dot and scope not in scopes):
             raise ConfigError(f"Bad --tolerance {spec!r}: expected METRIC=VALUE or SCOPE.METRIC=VALUE with "
-                              f"METRIC one of {', '.join(DIRECTIONS)} and SCOPE one of {', '.join(SCOPES)}.")
-        if dot and metric not in SCOPE_METRICS[scope]:
+                              f"METRIC one of {', '.join(compared())} and SCOPE one of {', '.join(scopes)}.")
+        if dot and metric not in scopes[scope]:
             raise ConfigError(f"Bad --tolerance {spec!r}: scope {scope} has the metrics "
-                              f"{', '.join(SCOPE_METRICS[scope])}, not {metric}.")
+                              f"{', '.join(scopes[scope])}, not {metric}.")
         value = value.strip()
         try:
             tol = float(value) if re.fullmatch(r"[0-9.eE+-]+", value) else math.nan
@@ -46,7 +52,6 @@ def parse_tolerances(specs: list[str] | None) -> dict[str, float]:
     return out
 
 
-
 def metric_value(v, metric: str) -> float | None:
     """A metric's value if it is a real number in the metric's range, else None (null, NaN, a string,
     a boolean, an AUC of 1.5: a damaged or undefined value is never compared as a number)."""
@@ -56,10 +61,10 @@ def metric_value(v, metric: str) -> float | None:
         v = float(v)
     except OverflowError:
         return None
-    if not math.isfinite(v) or v < 0 or (metric in UNIT and v > 1):
+    spec = METRICS.get(metric)
+    if not math.isfinite(v) or v < 0 or (spec is not None and spec.unit and v > 1):
         return None
     return v
-
 
 
 def _threshold(metric: str, scope: str, base: float, ci, tolerances: dict) -> tuple[str, float | None, list | None]:
@@ -67,11 +72,11 @@ def _threshold(metric: str, scope: str, base: float, ci, tolerances: dict) -> tu
     for key, basis in ((f"{scope}.{metric}", "tolerance"), (metric, "tolerance")):
         if key in tolerances:
             tol = tolerances[key]
-            return basis, tol * abs(base) if metric in RELATIVE else tol, None
+            return basis, tol * abs(base) if METRICS[metric].relative else tol, None
     if _valid(ci, metric):
         return "95% CI", None, [min(ci[0], base), max(ci[1], base)]
-    tol = DEFAULT_TOLERANCES[metric]
-    return "default tolerance", tol * abs(base) if metric in RELATIVE else tol, None
+    tol = METRICS[metric].tolerance
+    return "default tolerance", tol * abs(base) if METRICS[metric].relative else tol, None
 
 
 def _valid(ci, metric: str = "auc") -> bool:
@@ -87,7 +92,7 @@ def judge(metric: str, scope: str, base, now, ci=None, tolerances: dict | None =
     when it has one: the change is then judged against the interval of a difference of two
     independent estimates, sqrt(a² + b²) of the two half-widths, and never less than the baseline's
     own interval."""
-    d = DIRECTIONS[metric]
+    d = METRICS[metric].direction
     basis, tol, interval = _threshold(metric, scope, base, ci, tolerances or {})
     combined = (math.hypot((interval[1] - interval[0]) / 2, (ci_now[1] - ci_now[0]) / 2)
                 if interval is not None and _valid(ci_now, metric) else None)
@@ -118,7 +123,6 @@ def judge(metric: str, scope: str, base, now, ci=None, tolerances: dict | None =
     return {**row, "difference": diff, "verdict": verdict, "excess": excess}
 
 
-
 def costs_match(name: str, b: dict, n: dict, skipped: list[str]) -> bool:
     fb, fn = (b.get("costs") or {}).get("fingerprint"), (n.get("costs") or {}).get("fingerprint")
     if fb != fn:
@@ -141,7 +145,6 @@ def keyed(items: list, key, what: str) -> dict:
             raise ValueError(f"{what} {k} appears twice")
         out[k] = it
     return out
-
 
 
 def format_number(v, metric: str) -> str:

@@ -13,7 +13,6 @@ from svt.report.sections.lossless import Lossless
 from svt.report.sections.realism import Realism
 from svt.report.sections.simulation import Simulation
 
-SECTIONS: tuple[Section, ...] = (Features(), Acceptance(), Lossless(), Simulation(), Hvd(), Realism(), Groups(),
-                                 Figures())
+SECTIONS: list[Section] = [Features(), Acceptance(), Lossless(), Simulation(), Hvd(), Realism(), Groups(), Figures()]
 
 __all__ = ["SECTIONS", "Judging", "ReportContext", "Section"]

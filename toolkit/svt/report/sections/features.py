@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import polars as pl
 
-from svt.report.judge import FEATURE_METRICS, judge, metric_value
+from svt.metrics.specs import names
+from svt.report.judge import judge, metric_value
 from svt.report.scoring import features_table
 from svt.report.sections.base import Judging, ReportContext, Section
 from svt.report.text import (
@@ -92,7 +93,7 @@ def judge_features(base_feats: dict, now_feats: dict, where: str, judging: Judgi
                        for p, b in (fb.get("per_position") or {}).items()]
         for scope, label, b, n in scopes:
             place = ", ".join(x for x in (where, label) if x) or "all positions"
-            for m in FEATURE_METRICS:
+            for m in names("table", compared=True):
                 if b.get(m) is None:  # undefined in the baseline (a score that is not a probability)
                     continue
                 base = metric_value(b[m], m)

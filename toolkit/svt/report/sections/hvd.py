@@ -4,7 +4,8 @@ cache-only and an oracle switch, the map across drafter strengths, and the docum
 
 from __future__ import annotations
 
-from svt.report.judge import YIELD_METRICS, costs_match, judge, keyed, metric_value, missing_row
+from svt.metrics.specs import names
+from svt.report.judge import costs_match, judge, keyed, metric_value, missing_row
 from svt.report.sections.base import Judging, ReportContext, Section
 from svt.report.text import add_row, fmt, md_table, new_table
 from svt.traces.io import open_run
@@ -48,7 +49,7 @@ def yield_table(report: dict):
     t = new_table("predictor", "MSE", "MAE", "precision", "recall", "F1", "AP",
                   title=f"yield predictors: high yield >= {yl['high_yield']} ({yl['requests']} requests)")
     for n, b in yl["predictors"].items():
-        add_row(t, n, *(fmt(b[k], 3) for k in YIELD_METRICS))
+        add_row(t, n, *(fmt(b[k], 3) for k in names("yield", compared=True)))
     return t
 
 
@@ -197,7 +198,7 @@ def _yield_rows(base, now, tolerances, skipped):
     rows = []
     for name, pb in b["predictors"].items():
         pn = preds_n.get(name)
-        for m in YIELD_METRICS:
+        for m in names("yield", compared=True):
             if pb.get(m) is None:
                 continue
             base = metric_value(pb[m], m)
