@@ -182,3 +182,22 @@ def test_a_failure_of_the_plugin_is_counted_not_raised(tmp_path, monkeypatch):
     assert rec.counters["plugin_errors"] == 1 and rec.notes["first_plugin_error"] == "ValueError: boom"
     with pytest.raises(KeyboardInterrupt), internals._guard():  # an interrupt is not the plugin's failure
         raise KeyboardInterrupt
+
+
+def test_the_plugin_and_the_collector_compute_the_same_draft_statistics():
+    """One definition of q_max, q_margin and q_entropy: the plugin's [n, 4] rows equal what svt's
+    collector logs and live AV scores (svt.collect.sampling.q_stats), zeros in q included."""
+    from svt.collect.sampling import draft_features, q_stats
+
+    g = torch.Generator().manual_seed(3)
+    q = torch.softmax(torch.randn(5, 3, 40, generator=g) * 4, -1)
+    q[..., :7] = 0.0
+    q = q / q.sum(-1, keepdim=True)
+    tokens = torch.randint(7, 40, (5, 3), generator=g)
+    plugin = draft_stats(q.reshape(15, 40), tokens.reshape(15))
+    ours = q_stats(q)
+    logged = draft_features(q, q, tokens)
+    for j, name in enumerate(("q_max", "q_margin", "q_entropy")):
+        assert torch.equal(plugin[:, j], ours[name].reshape(15))
+        assert torch.equal(logged[name], ours[name])
+    assert torch.equal(plugin[:, 3], logged["q_sampled"].reshape(15))

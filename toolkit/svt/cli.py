@@ -470,21 +470,13 @@ def _online_options(model: str, *, preset, feature, cycle_steps, damping, ridge,
 
 def _fit_line(result: dict, out_path: Path) -> str:
     """One line on what `svt fit` wrote."""
-    what = []
-    slope = result.get("slope")
-    if slope is not None:
-        what.append(f"slope {round(slope, 4) if isinstance(slope, float) else slope}")
-    if result.get("intercepts"):
-        what.append(f"intercepts {[round(b, 4) for b in result['intercepts']]}")
-    opts = result.get("options") or {}
-    if result["model"] == "head":
-        what.append(f"{opts['epochs']} epochs, validation log-loss {opts['best_val_log_loss']:.4f}")
+    from svt.fit import get_fitter
+
+    what = get_fitter(result["model"]).summary(result)
     training = result["training"]
     if "mean_yield" not in training:
         return (f"wrote {out_path}: {result['model']} on {result.get('feature')}, {', '.join(what)} "
                 f"({training['rows']:,} labelled drafts; evaluation: {training['evaluation']})")
-    if result["model"] == "yield-mlp":
-        what.append(f"{opts['epochs']} epochs, validation MSE {opts['best_val_mse']:.3f}")
     return (f"wrote {out_path}: {result['model']} on {len(result['features'])} cache features"
             f"{', ' if what else ''}{', '.join(what)} ({training['rows']:,} cache drafts, "
             f"mean yield {training['mean_yield']:.3f}; evaluation: {training['evaluation']})")

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from svt.collect.sampling import draft_features, draft_token, process_probs, trim, verify
+from svt.collect.sampling import draft_features, draft_token, process_probs, q_stats, trim, verify
 
 
 @dataclass(frozen=True)
@@ -333,10 +333,7 @@ def _live_av(av: LiveAV, q: torch.Tensor, nb: int, K: int, generator) -> tuple[t
     from svt.simulate.av import av_keep
 
     explore = av.explore > 0 and float(torch.rand((), generator=generator, device=q.device)) < av.explore
-    top2 = q.topk(2, dim=-1).values
-    feats = {"q_max": top2[..., 0], "q_margin": top2[..., 0] - top2[..., 1],
-             "q_entropy": -(q * q.clamp_min(1e-12).log()).sum(-1)}
-    feats = {k: v.float().cpu().numpy() for k, v in feats.items()}
+    feats = {k: v.float().cpu().numpy() for k, v in q_stats(q).items()}
     # always scored, so an online estimator sees the confidences in force at drafting time
     conf = np.asarray(av.confidence(feats, np.tile(np.arange(K), (nb, 1))), dtype=np.float64)
     if explore or (av.warming_up is not None and av.warming_up()):

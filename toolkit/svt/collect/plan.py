@@ -97,11 +97,12 @@ def live_policy(cfg: CollectConfig, config_path: Path | None, resume: bool) -> t
     if resume:
         raise ConfigError("Cannot resume a live-AV run with `av.online: true`: the estimator's state is "
                           "not saved between sessions. Use --overwrite.")
+    from svt.fit import estimator
     from svt.fit.irls_online import OnlineOptions
     from svt.fit.live import OnlineLive
 
-    if fit["model"] != "irls-online":
-        raise ConfigError("`av.online: true` needs an irls-online fit (its options are used).")
+    if not estimator(fit).online:
+        raise ConfigError("`av.online: true` needs an online fit, e.g. irls-online (its options are used).")
     online = OnlineLive(OnlineOptions(**fit["options"]), cfg.k)
     return LiveAV(online.confidence, costs, cfg.av.explore, online.observe, online.warming_up,
                   rule=cfg.av.rule), online

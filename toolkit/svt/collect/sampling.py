@@ -95,6 +95,18 @@ def verify(
     return StepResult(accepted=accepted, next_token=next_token, label_ok=ok)
 
 
+def q_stats(q: torch.Tensor, log_q: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """The lossless statistics of draft distributions ``q`` ``[..., V]``: ``q_max``, ``q_margin``
+    (top-1 minus top-2) and ``q_entropy`` (nats; 0 log 0 = 0 up to the clamp). ``log_q``, when the
+    caller has it (vLLM's log-softmax), spares a logarithm over the vocabulary. svt's collector, live
+    AV and the vLLM plugin all compute these statistics here."""
+    top2 = q.topk(2, dim=-1).values
+    if log_q is None:
+        log_q = q.clamp_min(FEATURE_EPS).log()
+    return {"q_max": top2[..., 0], "q_margin": top2[..., 0] - top2[..., 1],
+            "q_entropy": (q * log_q).sum(-1).neg().clamp_min(0)}
+
+
 def draft_features(q: torch.Tensor, p: torch.Tensor, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
     """Per-draft features of ``q`` ``[B, K, V]`` and ``p`` ``[B, K, V]`` at ``tokens`` ``[B, K]``.
 
@@ -102,15 +114,14 @@ def draft_features(q: torch.Tensor, p: torch.Tensor, tokens: torch.Tensor) -> di
     ``accept_prob_expected`` = sum_v min(p, q) = 1 - TV(p, q) is the acceptance probability before
     x is drawn (a lossless soft label).
     """
-    top2 = q.topk(2, dim=-1).values
+    stats = q_stats(q)
     q_sampled = q.gather(-1, tokens[..., None]).squeeze(-1)
     p_sampled = p.gather(-1, tokens[..., None]).squeeze(-1)
-    logq = q.clamp_min(FEATURE_EPS).log()
     return {
-        "q_max": top2[..., 0],
+        "q_max": stats["q_max"],
         "q_sampled": q_sampled,
-        "q_entropy": -(q * logq).sum(-1),
-        "q_margin": top2[..., 0] - top2[..., 1],
+        "q_entropy": stats["q_entropy"],
+        "q_margin": stats["q_margin"],
         "p_sampled": p_sampled,
         "p_max": p.amax(-1),
         "accept_prob": (p_sampled / q_sampled.clamp_min(FEATURE_EPS)).clamp(max=1.0),

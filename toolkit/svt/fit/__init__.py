@@ -315,8 +315,8 @@ def save_fit(fit: dict, path: str | Path, overwrite: bool = True) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     est = fit.get("_est")
     data = {k: v for k, v in fit.items() if not k.startswith("_")}
-    if est is None and data.get("model") == "head":
-        raise ConfigError("A head fit must carry its trained model to be saved.")
+    if est is None and data.get("model") in FITTERS and FITTERS[data["model"]].model_file:
+        raise ConfigError(f"A {data['model']} fit must carry its trained model to be saved.")
     if est is not None:
         data.update(est.save_extra(path))
     return write_text_atomic(path, json_text(data))
@@ -453,10 +453,10 @@ def live_confidence(fit: dict):
     """A function (q-feature arrays ``[nb, K]``, positions ``[nb, K]``) -> confidences, for live
     AV in the collector. Only lossless predictors on q (no head, no q_sampled features): trimming
     on anything else would bias the output distribution."""
-    if fit["model"] == "head":
-        raise ConfigError("Live AV with a confidence head is not supported (it needs the drafter's hidden "
-                          "state inside the collector); use a fit on a q feature.")
     est_ = estimator(fit)
+    if not est_.supports_live:
+        raise ConfigError(f"Live AV with a {fit['model']} fit is not supported (it needs more than the draft's "
+                          "q features inside the collector, e.g. a head's hidden state); use a fit on a q feature.")
     if est_.target != "acceptance":
         raise ConfigError(f"Live AV needs an acceptance predictor, but {fit['model']!r} predicts {est_.target}.")
     names = fit.get("features") or [fit["feature"]]
@@ -464,7 +464,7 @@ def live_confidence(fit: dict):
         if not get_feature(name).lossless:
             raise ConfigError(f"Live AV needs a lossless predictor, but feature {name!r} depends on the "
                               "sampled token: trimming on it biases the output distribution.")
-    est = IRLSOnline.from_dict(fit) if fit["model"] == "irls-online" else None
+    est = IRLSOnline.from_dict(fit) if est_.online else None
 
     def confidence(feats: dict, position: np.ndarray) -> np.ndarray:
         frame = pl.DataFrame({**{k: v.ravel() for k, v in feats.items()}, "position": position.ravel()})

@@ -52,6 +52,20 @@ class Fitter:
     target: ClassVar[str] = "acceptance"
     online: ClassVar[bool] = False
     streams: ClassVar[bool] = False  # an online fitter that trains from replay arrays (fit_arrays)
+    supports_live: ClassVar[bool] = True  # scores live AV in the collector from q features alone
+    plot_kinds: ClassVar[tuple[str, ...]] = ()  # figures drawn from the fit file itself (`svt plot`)
+    model_file: ClassVar[bool] = False  # its fit file has a model file beside it (save_extra)
+
+    @classmethod
+    def summary(cls, fit: dict) -> list[str]:
+        """What `svt fit` says of a fit it wrote, beyond its name and data (coefficients, training)."""
+        what = []
+        slope = fit.get("slope")
+        if slope is not None:
+            what.append(f"slope {round(slope, 4) if isinstance(slope, float) else slope}")
+        if fit.get("intercepts"):
+            what.append(f"intercepts {[round(b, 4) for b in fit['intercepts']]}")
+        return what
 
     @classmethod
     def from_options(cls, **options) -> Fitter:

@@ -265,6 +265,7 @@ class IRLSOnlineFitter(Fitter):
 
     name = "irls-online"
     online = True
+    plot_kinds = ("coefficients",)  # the coefficient path, one point per refit cycle
     streams = True  # trains from replay arrays read shard by shard (`fit_arrays`)
 
     def __init__(self, online: OnlineOptions | None = None, feature: str | None = None,

@@ -130,10 +130,18 @@ def pareto(report: dict, ax=None):
     return fig
 
 
+def _plot_kinds(fit: dict) -> tuple[str, ...]:
+    """The figures a fit file can draw by itself (none for a file that is not an svt fit)."""
+    from svt.fit import FITTERS
+
+    cls = FITTERS.get(fit.get("model")) if isinstance(fit, dict) else None
+    return cls.plot_kinds if cls is not None else ()
+
+
 def coefficients(fit: dict, ax=None):
     """An online fit's slope and intercepts per refit cycle."""
-    if fit.get("model") != "irls-online" or not fit.get("path"):
-        raise DataError("Expected an irls-online fit with a coefficient path.")
+    if "coefficients" not in _plot_kinds(fit) or not fit.get("path"):
+        raise DataError("Expected an online fit (irls-online) with a coefficient path.")
     fig, ax = figure_axes(ax, (7.2, 4.6))
     path = fit["path"]
     cyc = [e["cycle"] for e in path]
@@ -243,6 +251,6 @@ def plot_all(report_dir: str | Path, fits: list[str | Path] = ()) -> list[Path]:
             continue
     for fit_path in fits:
         fit = read_input(fit_path)
-        if fit.get("model") == "irls-online":
+        if "coefficients" in _plot_kinds(fit):
             out.append(save(coefficients(fit), report_dir / "figures" / f"coefficients-{Path(fit_path).stem}.png"))
     return out

@@ -269,7 +269,7 @@ def add_fits(drafts: pl.DataFrame, runs, infos, fits: list[str]) -> tuple[pl.Dat
         est = estimator(fit)
         lossless = est.lossless  # a head reads the drafter's context, not the token: lossless
         label = labels[i]
-        how = "prequential" if fit["model"] == "irls-online" else fit.get("training", {}).get("evaluation", "")
+        how = "prequential" if est.online else fit.get("training", {}).get("evaluation", "")
         feats.append(Feature(label, pl.col(col), f"fitted predictor {Path(path).name} ({how})",
                              lossless, probability=True, partial=True))
     return drafts, feats

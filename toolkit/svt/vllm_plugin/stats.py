@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from svt.collect.sampling import q_stats
+
 # the drafter's columns, in this order
 Q_COLUMNS = ("q_max", "q_margin", "q_entropy", "q_sampled")
 # the target's columns, in this order
@@ -22,13 +24,9 @@ def draft_stats(probs: torch.Tensor, tokens: torch.Tensor | None,
     the vocabulary: they are most of the plugin's cost."""
     if probs.dtype != torch.float32:
         probs = probs.float()
-    if log_probs is None:  # 0 log 0 = 0: the clamp keeps log finite where the probability is 0
-        log_probs = probs.clamp_min(torch.finfo(torch.float32).tiny).log()
-    top = probs.topk(2, dim=-1).values
-    entropy = (probs * log_probs).sum(-1, keepdim=True).neg_().clamp_min_(0)
-    q_tok = top[:, :1] if tokens is None else probs.gather(-1, tokens.view(-1, 1).long())
-    margin = top[:, :1] - top[:, 1:]
-    return torch.cat([top[:, :1], margin, entropy, q_tok], dim=-1)
+    s = q_stats(probs, log_probs)
+    q_tok = s["q_max"] if tokens is None else probs.gather(-1, tokens.view(-1, 1).long()).squeeze(-1)
+    return torch.stack([s["q_max"], s["q_margin"], s["q_entropy"], q_tok], dim=-1)
 
 
 def draft_log_probs_from_logits(logits: torch.Tensor, temperature: torch.Tensor | None) -> torch.Tensor:
