@@ -132,10 +132,9 @@ def test_head_on_a_run_of_another_hidden_size(small_run, tmp_path):
     (other / "run.json").write_text(json.dumps(meta))
     reseal(other)
     fit = load_fit(path)
-    fit["_runs"] = [other]
     drafts, _ = load_drafts_for_fit([other])
     with pytest.raises(DataError, match="hidden states of size"):
-        predict(fit, drafts)
+        predict(fit, drafts, [other])
 
 
 def test_fit_out_never_replaces_a_file_that_is_not_a_fit(small_run, tmp_path):

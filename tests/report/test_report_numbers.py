@@ -133,8 +133,7 @@ def test_fitted_predictors_every_section_by_a_slow_loop(small_run, tmp_path):
     drafts, _ = load_drafts_for_fit([small_run])
     for model, path in paths.items():
         fit = load_fit(path)
-        fit["_runs"] = [small_run]
-        rows = drafts.with_columns(pl.Series("_p", predict(fit, drafts)))
+        rows = drafts.with_columns(pl.Series("_p", predict(fit, drafts, [small_run])))
         if model == "logistic":  # its held-out requests only
             trained = {int(r) for _, r in fit["training"]["train_request_ids"]}
             rows = rows.filter(~pl.col("request").is_in(sorted(trained)))

@@ -382,16 +382,16 @@ def estimator(fit: dict) -> Fitter:
     return est
 
 
-def predict(fit: dict, drafts: pl.DataFrame) -> np.ndarray:
+def predict(fit: dict, drafts: pl.DataFrame, runs: list[str | Path] | None = None) -> np.ndarray:
     """Predictions for ``drafts`` (from ``load_drafts_for_fit``, or cache-draft rows for a yield
-    fit; every row, labelled or not).
+    fit; every row, labelled or not); ``runs``: the run directories they come from (a head reads
+    their hidden states).
 
     Online fits are replayed on these drafts and each row gets the coefficients in force at its
     decode step (prequential). Offline fits predict every row; ``evaluation_mask`` says which rows
     are fair to score.
     """
-    runs = fit.get("_runs")
-    return estimator(fit).predict(drafts, PredictContext(runs=runs))
+    return estimator(fit).predict(drafts, PredictContext(runs=None if runs is None else [Path(r) for r in runs]))
 
 
 def _seen(fit: dict, run_ids: list, paths: list | None) -> list[int | None]:

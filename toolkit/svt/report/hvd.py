@@ -53,7 +53,7 @@ def _scores(fit_dicts: list[dict], fit_paths: list[str], rows: pl.DataFrame, dra
         # a request without any draft was never trained on: every fit may score it
         ok = evaluation_mask(fit, rows, run_ids, runs)
         keys &= set(map(tuple, rows.filter(pl.Series(ok)).select("_run", "request").unique().rows()))
-        preds[name] = predict(fit, rows)
+        preds[name] = predict(fit, rows, runs)
     for rule in YIELD_RULES:
         preds[rule] = rows[rule].to_numpy().astype(np.float64)
     if not keys:

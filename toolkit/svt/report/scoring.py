@@ -260,8 +260,7 @@ def add_fits(drafts: pl.DataFrame, runs, infos, fits: list[str]) -> tuple[pl.Dat
     labels = _fit_labels(fits)
     for i, path in enumerate(fits):
         fit = load_fit(path)
-        fit["_runs"] = [Path(r) for r in runs]
-        pred = predict(fit, replay)
+        pred = predict(fit, replay, runs)
         ok = evaluation_mask(fit, replay, [r["run_id"] for r in infos], [Path(r) for r in runs])
         col = f"_fit{i}"
         scored = replay.select(keys).with_columns(pl.Series(col, np.where(ok, pred, np.nan)).fill_nan(None))
