@@ -19,9 +19,9 @@ the tree after its last token, as a server without speculation would see the fin
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import platform
-import shutil
 import time
 import uuid
 from pathlib import Path
@@ -117,7 +117,7 @@ def collect_reference(cfg: CollectConfig, out: str | Path, *, config_path=None, 
     """Write a reference run: requests (the reference as output), cache drafts, no model drafts."""
     from svt.collect.cache_run import build_cache_drafts
     from svt.models.loading import check_model_dir, load_tokenizer, weights_hash
-    from svt.traces.rundir import finish_run, prepare_dir, staging_path, swap_in
+    from svt.traces.rundir import finish_run, prepare_dir, staged_run
 
     final = Path(out)
     config = to_dict(cfg)
@@ -139,46 +139,35 @@ def collect_reference(cfg: CollectConfig, out: str | Path, *, config_path=None, 
     options = cfg.cache or CacheOptions()
 
     # always written beside --out and moved in when complete: a run killed midway leaves --out as it was
-    # (an old run, an empty folder or nothing) and only the staging folder, which the next call removes
-    run_dir = staging_path(final)
-    shutil.rmtree(run_dir, ignore_errors=True)
-    try:
-        t0 = time.time()
+    # (an old run, an empty folder or nothing); a reference run is quick to redo, so it has no --resume
+    t0 = time.time()
+    with staged_run(final) as run_dir:
         _write_requests(run_dir, cfg, config, prompts, ids, refs, cut, workloads, target_path, tok,
                         drafter, weights_hash(target_path))
         summary = finish_run(run_dir, read_meta(run_dir), 0.0, resumed=0)
-        bar = None
-        if progress:
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-            )
-
-            bar = Progress(TextColumn("[bold]reference"), BarColumn(), MofNCompleteColumn(), TextColumn("requests"),
-                           TimeElapsedColumn())
-            bar.start()
-            task = bar.add_task("reference", total=len(prompts))
-        try:
-            build_cache_drafts(run_dir, options, draft_model, tok, model_yields=model_yields,
-                               progress=None if bar is None else (lambda n: bar.update(task, advance=n)))
-        finally:
-            if bar is not None:
-                bar.stop()
+        with _progress(progress, len(prompts)) as advance:
+            build_cache_drafts(run_dir, options, draft_model, tok, model_yields=model_yields, progress=advance)
         meta = read_meta(run_dir)
         meta["last_session_seconds"] = round(time.time() - t0, 2)
         write_meta(run_dir, meta)
         summary.seconds = time.time() - t0
-        if final.is_dir() and not any(final.iterdir()):
-            final.rmdir()  # an empty folder given as --out
-        swap_in(run_dir, final)
-        summary.run_dir = final
-        return summary
-    except BaseException:
-        shutil.rmtree(run_dir, ignore_errors=True)  # a reference run is quick to redo: no --resume
-        raise
+    summary.run_dir = final
+    return summary
+
+
+@contextlib.contextmanager
+def _progress(show: bool, total: int):
+    """A progress bar over the requests (``advance(n)``), or None when it is not shown."""
+    if not show:
+        yield None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(TextColumn("[bold]reference"), BarColumn(), MofNCompleteColumn(), TextColumn("requests"),
+                   TimeElapsedColumn())
+    task = bar.add_task("reference", total=total)
+    with bar:
+        yield lambda n: bar.update(task, advance=n)
 
 
 def _write_requests(run_dir: Path, cfg: CollectConfig, config: dict, prompts, ids, refs, cut, workloads,

@@ -20,7 +20,7 @@ import uuid
 from pathlib import Path
 
 from svt.errors import ConfigError, SchemaError
-from svt.traces.io import list_shards, open_run, read_meta, remove_partial, stray_files, write_meta
+from svt.traces.io import list_shards, open_run, read_meta, stray_files, write_meta
 from svt.traces.schema import TABLES
 
 SPEC_RE = re.compile(r"(\d+)/(\d+)")
@@ -64,7 +64,7 @@ SAME = ("schema_version", "config", "sampling", "k", "workload_sha256", "seed", 
 def merge_shards(parts: list[str | Path], out: str | Path, *, overwrite: bool = False, link: bool = False) -> dict:
     """Merge the shard runs ``parts`` into the run ``out``; return its run.json. The merged run is
     written beside ``out`` and renamed into place when complete and verified."""
-    from svt.traces.rundir import staging_path, swap_in
+    from svt.traces.rundir import staged_run
 
     parts = [Path(p) for p in parts]
     if len({p.resolve() for p in parts}) != len(parts):
@@ -121,16 +121,10 @@ def merge_shards(parts: list[str | Path], out: str | Path, *, overwrite: bool = 
             raise ConfigError(f"{final} exists and is not empty; pass --overwrite to replace it.")
         if not (final / "run.json").is_file():
             raise ConfigError(f"{final} holds no run.json; --overwrite only replaces a run directory.")
-    stage = staging_path(final)
-    shutil.rmtree(stage, ignore_errors=True)
     final.parent.mkdir(parents=True, exist_ok=True)
-    try:
+    with staged_run(final) as stage:  # an existing run is replaced only when the new one is complete
         merged = _write_merged(parts, metas, stage, link)
         open_run(stage, deep=True).require_complete()  # the merged run reads back, records and all
-        swap_in(stage, final)  # an existing run is replaced only now, when the new one is complete
-    except BaseException:
-        remove_partial(stage)
-        raise
     return merged
 
 
