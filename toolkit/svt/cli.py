@@ -92,6 +92,10 @@ def collect(
     from svt.collect.shards import parse_shard
 
     try:
+        from svt.config import ENGINES
+
+        if engine is not None and engine not in ENGINES:
+            raise ConfigError(f"Unknown --engine {engine!r}: expected {', '.join(ENGINES)}.")
         _load_features(feature_module)  # a live-AV fit may score a feature of the user's
         cfg = _collect_config(config, set_, requests=limit_requests, max_new_tokens=max_new_tokens, seed=seed,
                               device=device, workloads=workload, engine=engine)
