@@ -28,8 +28,10 @@ import polars as pl
 from rich.console import Console
 from rich.table import Table
 
-from svt.collect.cache import CacheDrafter, CacheOptions, char_class_table, teacher_forced_accepted
+from svt.collect.cache import CacheDrafter, teacher_forced_accepted
 from svt.collect.cache_run import cache_rows_for_batch
+from svt.config import CacheOptions
+from svt.features.char_classes import char_class_table
 from svt.models import load_pair
 from svt.simulate.costs import load_costs
 from svt.simulate.hvd import HVDRequest, replay_hvd

@@ -96,12 +96,11 @@ def _record_cycles(out: Path) -> None:
 
 def collect_hvd(plan: CollectPlan) -> RunSummary:
     """The hvd engine's body: every request not yet complete, decoded and committed in order."""
-    import arctic_inference  # noqa: F401  (its version is recorded in run.json)
-
     cfg, pair, out = plan.cfg, plan.pair, plan.out
     if cfg.batch_size != 1:
         raise ConfigError("Live HVD decodes one request at a time: set `batch_size: 1` (compare it with a "
                           "greedy run collected at batch_size 1).")
+    import arctic_inference  # noqa: F401  (its version is recorded in run.json)
     options = cfg.cache or CacheOptions()
     fit_path = resolve_path(cfg.hvd.fit, plan.config_path).resolve()
     from svt.fit import load_fit

@@ -5,6 +5,7 @@ in :func:`plan_collection`, before the run directory is touched."""
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import platform
 import shutil
 import uuid
@@ -46,7 +47,7 @@ class CollectPlan:
     shard: tuple[int, int] | None = None
     progress: bool = True
 
-    @property
+    @functools.cached_property
     def workload_of(self) -> dict[int, str]:
         return {i: p.workload for i, p in enumerate(self.workloads.prompts)}
 

@@ -46,6 +46,9 @@ def run_plan(cfg: CollectConfig, out: Path, options: CollectOptions, body) -> Ru
     try:
         with sigterm_unwinds():  # a `kill` unwinds through the cleanup below
             summary = body(plan)
+            if plan.staged:
+                swap_in(plan.out, plan.final)
+                summary.run_dir = plan.final
     except BaseException:
         if plan.staged:
             try:
@@ -53,9 +56,6 @@ def run_plan(cfg: CollectConfig, out: Path, options: CollectOptions, body) -> Ru
             except KeyboardInterrupt:  # the same Ctrl-C, left pending by polars
                 remove_partial(plan.out)
         raise
-    if plan.staged:
-        swap_in(plan.out, plan.final)
-        summary.run_dir = plan.final
     return summary
 
 
