@@ -479,3 +479,15 @@ def test_unreadable_markers_and_facts_of_the_wrong_type_are_refused(tmp_path):
     with pytest.raises(DataError, match="`target` = 5"):
         finish_spool(tmp_path / "t", tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+def test_an_inert_plugin_loads_none_of_the_hooks():
+    """Importing the recorder (as vLLM's entry point and the collector do) leaves the hooks module
+    unloaded until tracing is switched on (make test-vllm checks the same inside vLLM)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, svt.vllm_plugin, svt.vllm_plugin.recorder, svt.vllm_plugin.state; "
+            "print('svt.vllm_plugin.internals' in sys.modules)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.stdout.strip() == "False", res.stderr

@@ -28,7 +28,6 @@ import numpy as np
 import polars as pl
 
 from svt.fileio import atomic_path, json_text, write_text_atomic
-from svt.vllm_plugin import internals
 from svt.vllm_plugin.state import active, set_active
 
 FLUSH_ROWS_ENV = "SVT_TRACE_FLUSH_ROWS"
@@ -239,6 +238,10 @@ def activate(trace_dir: str | Path) -> Recorder:
             raise RuntimeError(f"svt: this process already traces into {current.dir.parent.parent}; one "
                                "trace directory per process.")
         return current
+    from svt.vllm_plugin import (
+        internals,  # only when tracing: an inert plugin loads none of vLLM's hooks
+    )
+
     internals.check_version()
     # the hooks are in vLLM's V1 model runner; vLLM 0.32.0 picks its V2 runner on GPU builds unless told
     v2 = os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "").strip().lower()
