@@ -51,6 +51,12 @@ def test_damaged_fit_files(small_run, fit_file, tmp_path, edit, text):
     (["--model", "logistic", "--device", "cpu"], "'logistic' takes no --device"),
     (["--model", "irls-online", "--features", "q_max"], "'irls-online' takes no --features"),
     (["--model", "logistic", "--feature", "q_max", "--features", "q_max"], "not both"),
+    (["--model", "irls-online", "--test-fraction", "0.5"], "'irls-online' takes no --test-fraction"),
+    (["--model", "irls-online", "--seed", "3"], "'irls-online' takes no --seed"),
+    (["--model", "platt", "--damping", "1"], "'platt' takes no --damping (its options: --feature, --test-fraction"),
+    (["--model", "irls-online", "--mlp-hidden", "8"], "--cycle-steps, --damping, --ridge, --label-delay"),
+    (["--model", "irls-online", "--damping", "inf"], "damping"),
+    (["--model", "irls-online", "--ridge", "inf"], "ridge"),
 ])
 def test_bad_fit_options(small_run, tmp_path, args, text):
     _ok(runner.invoke(app, ["fit", str(small_run), *args, "--out", str(tmp_path / "f.json")]), 2, text)
@@ -90,6 +96,9 @@ def test_feature_modules_and_user_features(small_run, tmp_path, monkeypatch):
         "SyntaxError")
     (tmp_path / "feats_raise.py").write_text("raise RuntimeError('boom')\n")
     _ok(runner.invoke(app, ["evaluate", str(small_run), "--out", "rep", "--feature-module", "feats_raise"]), 2, "boom")
+    (tmp_path / "feats_raise2.py").write_text("raise RuntimeError('boom\\nsecond line')\n")
+    _ok(runner.invoke(app, ["fit", str(small_run), "--model", "logistic", "--out", "f.json", "--feature-module",
+                            "feats_raise2"]), 2, "boom second line")  # one line, whatever the module raised
     (tmp_path / "feats_clash.py").write_text(
         "import polars as pl\nfrom svt.features import feature\n\n"
         "@feature(lossless=True)\ndef q_max():\n    return pl.col('q_max')\n")

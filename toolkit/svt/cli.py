@@ -396,11 +396,12 @@ def fit(
     ridge: Annotated[float | None, typer.Option(help="irls-online: ridge added to H.")] = None,
     label_delay: Annotated[int | None, typer.Option(help="irls-online: decode steps before a label reaches "
                                                          "the estimator (default 1, as in an engine).")] = None,
-    test_fraction: Annotated[float, typer.Option(help="Offline fitters: share of requests held out.")] = 0.3,
+    test_fraction: Annotated[float | None, typer.Option(
+        help="Offline fitters: share of requests held out (default 0.3).")] = None,
     mlp_hidden: Annotated[int | None, typer.Option(help="head: width of a hidden MLP layer (0 = linear head, "
                                                         "the default); yield-mlp: hidden width (0 = 64).")] = None,
     device: Annotated[str | None, typer.Option(help="head: training device (auto, cpu, cuda; default auto).")] = None,
-    seed: Annotated[int, typer.Option(help="Seed of the request split.")] = 0,
+    seed: Annotated[int | None, typer.Option(help="Offline fitters: seed of the request split (default 0).")] = None,
     by: Annotated[str | None, typer.Option(help="Fit one predictor per value of a drafts column "
                                                 "(e.g. workload) and print slope and first intercept "
                                                 "against the mean draft entropy.")] = None,
@@ -460,7 +461,9 @@ def _online_options(model: str, *, preset, feature, cycle_steps, damping, ridge,
     given = [k for k, v in online_only.items() if v is not None]
     if model != "irls-online":
         if given:
-            raise ConfigError(f"{', '.join(given)} set(s) the online estimator; --model {model} does not use it.")
+            from svt.fit import get_fitter
+
+            raise get_fitter(model).refuse(given)
         return None
     online = dataclasses.replace(PRESETS[preset or "source"])
     for key, value in (("feature", feature), ("cycle_steps", cycle_steps), ("damping", damping),
@@ -479,7 +482,8 @@ def _fit_line(result: dict, out_path: Path) -> str:
     what = get_fitter(result["model"]).summary(result)
     training = result["training"]
     if "mean_yield" not in training:
-        return (f"wrote {out_path}: {result['model']} on {result.get('feature')}, {', '.join(what)} "
+        return (f"wrote {out_path}: {result['model']} on {', '.join(result.get('features') or [result.get('feature')])}, "
+                f"{', '.join(what)} "
                 f"({training['rows']:,} labelled drafts; evaluation: {training['evaluation']})")
     return (f"wrote {out_path}: {result['model']} on {len(result['features'])} cache features"
             f"{', ' if what else ''}{', '.join(what)} ({training['rows']:,} cache drafts, "

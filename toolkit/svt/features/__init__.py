@@ -130,9 +130,10 @@ def load_feature_module(module: str) -> list[str]:
     try:
         importlib.import_module(module)
     except SvtError as exc:
-        raise ConfigError(f"Feature module {module!r}: {exc}") from None
-    except Exception as exc:  # a syntax error or anything the module raises while importing
-        raise ConfigError(f"Could not import feature module {module!r}: {type(exc).__name__}: {exc}") from None
+        raise ConfigError(f"Feature module {module!r}: {' '.join(str(exc).split())}") from None
+    except Exception as exc:  # a syntax error or anything the module raises while importing (one line)
+        raise ConfigError(f"Could not import feature module {module!r}: {type(exc).__name__}: "
+                          f"{' '.join(str(exc).split())}") from None
     return sorted(set(FEATURES) - before)
 
 

@@ -185,7 +185,7 @@ def check_options(*, seed: int = 0, test_fraction: float = 0.3, **options) -> No
         raise ConfigError(f"--features names {', '.join(twice)} more than once.")
 
 
-def fit_runs(runs: list[str | Path], model: str, *, test_fraction: float = 0.3, seed: int = 0,
+def fit_runs(runs: list[str | Path], model: str, *, test_fraction: float | None = None, seed: int | None = None,
              where: pl.Expr | None = None, **options) -> dict:
     """Fit ``model`` on the runs and return the fit as a dict (see the module doc).
 
@@ -195,6 +195,12 @@ def fit_runs(runs: list[str | Path], model: str, *, test_fraction: float = 0.3, 
     request-level split of ``test_fraction`` and are scored on the others.
     """
     cls = get_fitter(model)
+    if cls.online:  # scored prequentially on every labelled draft: no held-out split to set
+        given = [flag for flag, v in (("--test-fraction", test_fraction), ("--seed", seed)) if v is not None]
+        if given:
+            raise cls.refuse(given)
+    test_fraction = 0.3 if test_fraction is None else test_fraction
+    seed = 0 if seed is None else seed
     check_options(seed=seed, test_fraction=test_fraction, **options)
     est = cls.from_options(seed=seed, **options)
     try:
@@ -255,7 +261,8 @@ def _fit_runs(runs, model: str, cls, est, test_fraction: float, seed: int, where
                            # the training requests themselves: evaluation scores every other request,
                            # whatever rows a later reading of the runs holds
                            "train_request_ids": [[int(a), int(b)] for a, b in ids.rows()],
-                           **stats, "evaluation": "held-out requests"}
+                           **stats, "evaluation": "held-out requests" if test_fraction > 0 else
+                           "none held out (--test-fraction 0): only runs it was not trained on are scored"}
         if cls.table == "cache_drafts":
             out["training"]["cache_options"] = [open_run(r, deep=False, tables=["requests"]).meta.get("cache", {})
                                                 .get("options") for r in runs]

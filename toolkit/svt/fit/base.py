@@ -55,6 +55,7 @@ class Fitter:
     supports_live: ClassVar[bool] = True  # scores live AV in the collector from q features alone
     plot_kinds: ClassVar[tuple[str, ...]] = ()  # figures drawn from the fit file itself (`svt plot`)
     model_file: ClassVar[bool] = False  # its fit file has a model file beside it (save_extra)
+    extra_flags: ClassVar[tuple[str, ...]] = ()  # options it takes through an options object
 
     @classmethod
     def summary(cls, fit: dict) -> list[str]:
@@ -81,10 +82,21 @@ class Fitter:
                               + (" (use --features to choose cache features)." if "features" in names else "."))
         unknown = sorted(k for k in given if k not in names and k != "seed")
         if unknown:
-            takes = sorted(n for n in names if n not in ("seed", "online"))
-            raise ConfigError(f"{cls.name!r} takes no {', '.join(_flag(k) for k in unknown)} (its options: "
-                              f"{', '.join(_flag(n) for n in takes) or 'none'}).")
+            raise cls.refuse([_flag(k) for k in unknown])
         return cls(**{k: v for k, v in given.items() if k in names})
+
+    @classmethod
+    def option_flags(cls) -> list[str]:
+        """The command-line options this fitter takes (`svt fit --model NAME ...`)."""
+        names = set(inspect.signature(cls.__init__).parameters) - {"self", "seed", "online"}
+        split = () if cls.online else ("--test-fraction", "--seed")
+        return [*(_flag(n) for n in sorted(names)), *cls.extra_flags, *split]
+
+    @classmethod
+    def refuse(cls, flags: list[str]) -> ConfigError:
+        """The one message for options this fitter does not take."""
+        return ConfigError(f"{cls.name!r} takes no {', '.join(flags)} (its options: "
+                           f"{', '.join(cls.option_flags()) or 'none'}).")
 
     def fit(self, data: FitData) -> Fitter:  # pragma: no cover - interface
         raise NotImplementedError

@@ -50,7 +50,8 @@ class OnlineOptions:
         from svt.errors import ConfigError
 
         checks = (("cycle_steps", self.cycle_steps >= 1, "an integer >= 1"),
-                  ("damping", self.damping >= 0, "a number >= 0"), ("ridge", self.ridge >= 0, "a number >= 0"),
+                  ("damping", 0 <= self.damping < np.inf, "a finite number >= 0"),
+                  ("ridge", 0 <= self.ridge < np.inf, "a finite number >= 0"),
                   ("min_obs", self.min_obs >= 0, "an integer >= 0"),
                   ("label_delay", self.label_delay >= 0, "an integer >= 0"),
                   ("warmup_refits", self.warmup_refits >= 0, "an integer >= 0"),
@@ -266,6 +267,7 @@ class IRLSOnlineFitter(Fitter):
     name = "irls-online"
     online = True
     plot_kinds = ("coefficients",)  # the coefficient path, one point per refit cycle
+    extra_flags = ("--preset", "--cycle-steps", "--damping", "--ridge", "--label-delay")
     streams = True  # trains from replay arrays read shard by shard (`fit_arrays`)
 
     def __init__(self, online: OnlineOptions | None = None, feature: str | None = None,
