@@ -482,12 +482,13 @@ def _fit_line(result: dict, out_path: Path) -> str:
     what = get_fitter(result["model"]).summary(result)
     training = result["training"]
     if "mean_yield" not in training:
-        return (f"wrote {out_path}: {result['model']} on {', '.join(result.get('features') or [result.get('feature')])}, "
-                f"{', '.join(what)} "
-                f"({training['rows']:,} labelled drafts; evaluation: {training['evaluation']})")
-    return (f"wrote {out_path}: {result['model']} on {len(result['features'])} cache features"
-            f"{', ' if what else ''}{', '.join(what)} ({training['rows']:,} cache drafts, "
-            f"mean yield {training['mean_yield']:.3f}; evaluation: {training['evaluation']})")
+        on = ", ".join(result.get("features") or [result.get("feature")])
+        data = f"{training['rows']:,} labelled drafts"
+    else:
+        on = f"{len(result['features'])} cache features"
+        data = f"{training['rows']:,} cache drafts, mean yield {training['mean_yield']:.3f}"
+    return (f"wrote {out_path}: {result['model']} on {on}{''.join(', ' + w for w in what)} "
+            f"({data}; evaluation: {training['evaluation']})")
 
 
 @app.command()
