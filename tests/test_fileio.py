@@ -77,3 +77,33 @@ def test_a_mark_whose_value_changed_is_dropped(tmp_path):
     assert plain["non_finite"] == {"/u": "nan"}
     doc["u"] = 2.0
     assert "non_finite" not in _strict(json_text(doc))
+
+
+def test_an_interrupted_atomic_write_removes_its_temporary_file_even_when_the_interrupt_fires_again(
+        tmp_path, monkeypatch):
+    """polars leaves a Ctrl-C pending: it fires again inside the cleanup, which must still remove
+    the temporary file (and the old file stays)."""
+    from pathlib import Path
+
+    import pytest
+
+    from svt.fileio import atomic_path
+
+    target = tmp_path / "f.json"
+    target.write_text("old")
+    real_unlink = Path.unlink
+    calls = []
+
+    def unlink_once_interrupted(self, missing_ok=False):
+        calls.append(self)
+        if len(calls) == 1:
+            raise KeyboardInterrupt  # the pending interrupt, at the first call of the cleanup
+        return real_unlink(self, missing_ok=missing_ok)
+
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_path(target) as tmp:
+            tmp.write_text("half")
+            monkeypatch.setattr(Path, "unlink", unlink_once_interrupted)
+            raise KeyboardInterrupt
+    monkeypatch.undo()
+    assert target.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["f.json"]

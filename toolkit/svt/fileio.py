@@ -146,10 +146,14 @@ def atomic_path(path: str | Path, *, fsync: bool = False) -> Iterator[Path]:
                 os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
-        try:
-            tmp.unlink(missing_ok=True)
-        except OSError:
-            pass
+        for _ in range(2):  # a Ctrl-C that polars left pending fires at the next call: clean up once more
+            try:
+                tmp.unlink(missing_ok=True)
+                break
+            except KeyboardInterrupt:
+                continue
+            except OSError:
+                break
         raise
 
 
