@@ -126,11 +126,11 @@ def test_head_on_a_run_of_another_hidden_size(small_run, tmp_path):
     import shutil
 
     from svt.errors import DataError
-    from svt.fit import fit_runs, load_drafts_for_fit, load_fit, predict, save_fit
+    from svt.fit import Fitter, PredictContext, fit_runs, load_drafts_for_fit
 
     from .conftest import reseal
 
-    path = save_fit(fit_runs([small_run], "head", device="cpu"), tmp_path / "h.json")
+    path = fit_runs([small_run], "head", device="cpu").save(tmp_path / "h.json")
     other = tmp_path / "other"
     shutil.copytree(small_run, other)
     shard = next((other / "hidden").glob("part-*.parquet"))
@@ -140,10 +140,10 @@ def test_head_on_a_run_of_another_hidden_size(small_run, tmp_path):
     meta["run_id"] = "other"
     (other / "run.json").write_text(json.dumps(meta))
     reseal(other)
-    fit = load_fit(path)
+    fit = Fitter.load(path)
     drafts, _ = load_drafts_for_fit([other])
     with pytest.raises(DataError, match="hidden states of size"):
-        predict(fit, drafts, [other])
+        fit.predict(drafts, PredictContext(runs=[other]))
 
 
 def test_fit_out_never_replaces_a_file_that_is_not_a_fit(small_run, tmp_path):
@@ -216,9 +216,9 @@ def test_cache_with_live_av_is_refused_before_collecting(models_dir):
 ])
 def test_a_fit_with_a_damaged_training_block_is_refused(small_run, tmp_path, damage):
     """Found by a probe: these were tracebacks, or scored the fit's own training rows as held out."""
-    from svt.fit import fit_runs, save_fit
+    from svt.fit import fit_runs
 
-    path = save_fit(fit_runs([small_run], "logistic"), tmp_path / "lr.json")
+    path = fit_runs([small_run], "logistic").save(tmp_path / "lr.json")
     fit = json.loads(path.read_text())
     damage(fit["training"])
     path.write_text(json.dumps(fit))

@@ -9,7 +9,7 @@ import pytest
 from svt.collect import collect
 from svt.config import load_collect_config
 from svt.errors import ConfigError
-from svt.fit import fit_runs, predict, save_fit
+from svt.fit import fit_runs
 from svt.simulate.costs import CostTable
 from svt.simulate.hvd import HVDRequest, replay_hvd
 from svt.traces.io import open_run
@@ -25,16 +25,16 @@ def batch1(tmp_path_factory, models_dir):
             "max_prompt_tokens": 192, "cache": True}
     d = tmp_path_factory.mktemp("hvd")
     collect(load_collect_config(None, base=base), d / "greedy", progress=False)
-    fit = save_fit(fit_runs([d / "greedy"], "yield-linear", test_fraction=0.0), d / "yield.json")
+    fit = fit_runs([d / "greedy"], "yield-linear", test_fraction=0.0).save(d / "yield.json")
     return base, d, fit
 
 
 def _replayed_cycles(run, fit_path, tau, k):
-    from svt.fit import load_fit
+    from svt.fit import Fitter
     from svt.fit.yield_data import load_cache_drafts_for_fit
 
     rows, _ = load_cache_drafts_for_fit([run], with_empty=True)
-    pred = predict(load_fit(fit_path), rows)
+    pred = Fitter.load(fit_path).predict(rows)
     reqs, preds = [], []
     for (_, _), part in rows.with_columns(pl.Series("_p", pred)).group_by("_run", "request", maintain_order=True):
         reqs.append(HVDRequest("w", part["draft_len"].to_numpy(), part["oracle_accepted"].to_numpy(),
@@ -78,7 +78,7 @@ def test_live_hvd_config_errors(batch1, tmp_path):
     with pytest.raises(ConfigError, match="batch_size: 1"):
         collect(load_collect_config(None, base={**base, "batch_size": 2, "hvd": {"fit": str(fit), "tau": 1}}),
                 tmp_path / "a", progress=False)
-    acc = save_fit(fit_runs([d / "greedy"], "logistic", test_fraction=0.0), tmp_path / "acc.json")
+    acc = fit_runs([d / "greedy"], "logistic", test_fraction=0.0).save(tmp_path / "acc.json")
     with pytest.raises(ConfigError, match="yield fit"):
         collect(load_collect_config(None, base={**base, "hvd": {"fit": str(acc), "tau": 1}}), tmp_path / "b",
                 progress=False)

@@ -10,7 +10,7 @@ import yaml
 from svt.collect import collect
 from svt.config import load_collect_config
 from svt.errors import SchemaError
-from svt.fit import fit_runs, save_fit
+from svt.fit import fit_runs
 from svt.report import EvaluateOptions, evaluate
 from svt.traces import open_run
 
@@ -18,7 +18,7 @@ from svt.traces import open_run
 @pytest.fixture(scope="module")
 def av_files(small_run, tmp_path_factory):
     d = tmp_path_factory.mktemp("av")
-    fit = save_fit(fit_runs([small_run], "logistic", test_fraction=0.0), d / "fit.json")
+    fit = fit_runs([small_run], "logistic", test_fraction=0.0).save(d / "fit.json")
     costs = d / "costs.yaml"  # verification expensive per token: trimming happens
     costs.write_text(yaml.safe_dump({"kind": "measured", "drafter": "autoregressive",
                                      "draft_ms": {1: {1: 0.1, 2: 0.2, 3: 0.3, 4: 0.4}, 8: {1: 0.1, 2: 0.2, 3: 0.3, 4: 0.4}},
@@ -81,7 +81,7 @@ def test_online_estimator_learns_while_collecting_after_a_verified_warm_up(model
 
     _, costs = av_files
     online = fit_runs([small_run], "irls-online", online=OnlineOptions(cycle_steps=2, warmup_refits=2, damping=50))
-    fit = save_fit(online, tmp_path / "online.json")
+    fit = online.save(tmp_path / "online.json")
     cfg = _cfg(models_dir, fit, costs, 0.0)
     cfg.av.online = True
     collect(cfg, tmp_path / "run", progress=False)

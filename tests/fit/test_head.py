@@ -7,7 +7,7 @@ import pytest
 from sklearn.metrics import roc_auc_score
 
 from svt.errors import DataError
-from svt.fit import fit_runs, load_fit, save_fit
+from svt.fit import Fitter, fit_runs
 from svt.fit.head import HeadConfig, predict_head, train_head
 
 
@@ -30,7 +30,7 @@ def test_head_learns_a_direction_in_the_hidden_state(mlp_hidden):
 
 def test_head_fit_file_roundtrip_and_evaluation(small_run, tmp_path):
     fit = fit_runs([small_run], "head", device="cpu")
-    path = save_fit(fit, tmp_path / "head.json")
+    path = fit.save(tmp_path / "head.json")
     assert (tmp_path / "head.safetensors").is_file()
     saved = json.loads(path.read_text())
     assert saved["weights"] == "head.safetensors" and saved["config"]["hidden_size"] > 0
@@ -41,7 +41,7 @@ def test_head_fit_file_roundtrip_and_evaluation(small_run, tmp_path):
     assert block["lossless"] is True and 0 < block["n"] < rep["features"]["q_max"]["n"]
     (tmp_path / "head.safetensors").unlink()
     with pytest.raises(Exception, match="weights file"):
-        load_fit(path)
+        Fitter.load(path)
 
 
 def test_head_needs_hidden_states(tmp_path, small_run):

@@ -164,9 +164,9 @@ def test_library_options_are_not_silently_ignored(small_run):
 
     shared = fit_runs([small_run], "irls-online")
     per = fit_runs([small_run], "irls-online", per_position_slope=True)
-    assert isinstance(shared["slope"], float) and isinstance(per["slope"], list)
-    assert per["options"]["per_position_slope"] is True
+    assert isinstance(shared.to_dict()["slope"], float) and isinstance(per.to_dict()["slope"], list)
+    assert per.options.per_position_slope is True
     opts = OnlineOptions(cycle_steps=5)
     f = fit_runs([small_run], "irls-online", online=opts, feature="logit_margin")
-    assert f["feature"] == "logit_margin" and f["options"]["cycle_steps"] == 5
+    assert f.feature == "logit_margin" and f.options.cycle_steps == 5
     assert opts.feature == "logit_qmax"  # the caller's options object is left as it was

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from svt.cli import app
 from svt.errors import ConfigError, DataError
-from svt.fit import fit_runs, load_fit, save_fit
+from svt.fit import Fitter, fit_runs, get_fitter
 from svt.fit.logistic import design, fit_newton
 
 from ..conftest import reseal
@@ -33,17 +33,46 @@ def test_newton_matches_sklearn_unpenalised(per_position_slope):
 
 def test_fits_on_a_real_run(small_run, tmp_path):
     lg = fit_runs([small_run], "logistic")
-    assert isinstance(lg["slope"], float) and len(lg["intercepts"]) == 4
+    assert isinstance(lg.to_dict()["slope"], float) and len(lg.intercepts_) == 4
     pp = fit_runs([small_run], "logistic", per_position_slope=True)
-    assert len(pp["slope"]) == 4
+    assert len(pp.to_dict()["slope"]) == 4
     on = fit_runs([small_run], "irls-online")
-    assert on["training"]["evaluation"] == "prequential" and on["path"]
+    assert on.training_["evaluation"] == "prequential" and on.to_dict()["path"]
     iso = fit_runs([small_run], "isotonic")
-    assert np.all(np.diff(iso["y_thresholds"]) >= 0)
+    assert np.all(np.diff(iso.to_dict()["y_thresholds"]) >= 0)
     sts = fit_runs([small_run], "sts")
-    assert all(t > 0 for t in sts["temperatures"])
-    path = save_fit(lg, tmp_path / "f.json")
-    assert load_fit(path)["intercepts"] == lg["intercepts"]
+    assert all(t > 0 for t in sts.to_dict()["temperatures"])
+
+
+@pytest.mark.parametrize(("model", "options"), [
+    ("logistic", {}), ("logistic", {"per_position_slope": True}),
+    ("logistic", {"features": ["logit_qmax", "entropy"], "per_position_slope": True}),
+    ("irls-online", {}), ("irls-online", {"per_position_slope": True}), ("sts", {}), ("platt", {}),
+    ("isotonic", {}),
+])
+def test_a_fit_saved_and_loaded_is_the_same_estimator(small_run, tmp_path, model, options):
+    """fit_runs returns the fitter; save then Fitter.load gives the same class, the same file
+    content (coefficients, training, version) and the same predictions."""
+    from svt.fit import PredictContext, load_drafts_for_fit
+
+    fit = fit_runs([small_run], model, **options)
+    path = fit.save(tmp_path / "f.json")
+    assert fit.file_ == path
+    loaded = Fitter.load(path)
+    assert type(loaded) is type(fit) and loaded.file_ == path
+    assert loaded.record() == fit.record() == json.loads(path.read_text())
+    assert loaded.training_ == fit.training_ and loaded.created_ == fit.created_
+    drafts, _ = load_drafts_for_fit([small_run])
+    ctx = PredictContext(runs=[small_run])
+    np.testing.assert_allclose(loaded.predict(drafts, ctx), fit.predict(drafts, ctx), rtol=1e-12)
+    with pytest.raises(ConfigError, match="not a sts fit" if model != "sts" else "not a platt fit"):
+        (get_fitter("platt") if model == "sts" else get_fitter("sts")).load(path)
+
+
+def test_an_unfitted_fitter_is_not_saved(tmp_path):
+    with pytest.raises(ConfigError, match="has not been fitted"):
+        get_fitter("logistic")().save(tmp_path / "f.json")
+    assert not (tmp_path / "f.json").exists()
 
 
 def test_isotonic_is_sklearns(small_run):
@@ -56,19 +85,19 @@ def test_isotonic_is_sklearns(small_run):
     train = d.filter(~pl.Series(split_mask(d, 0.25, 3)) & pl.col("label").is_not_null())
     ref = IsotonicRegression(out_of_bounds="clip", y_min=0, y_max=1).fit(
         train["q_max"].to_numpy().astype(float), train["label"].to_numpy())
-    np.testing.assert_allclose(iso["y_thresholds"], ref.y_thresholds_)
+    np.testing.assert_allclose(iso.to_dict()["y_thresholds"], ref.y_thresholds_)
 
 
 def test_bad_fit_files_and_mismatched_runs(tmp_path, small_run):
     with pytest.raises(ConfigError, match="not found"):
-        load_fit(tmp_path / "none.json")
+        Fitter.load(tmp_path / "none.json")
     (tmp_path / "x.json").write_text(json.dumps({"model": "magic"}))
     with pytest.raises(ConfigError, match="not an svt fit"):
-        load_fit(tmp_path / "x.json")
+        Fitter.load(tmp_path / "x.json")
     fit = fit_runs([small_run], "logistic")
-    fit["intercepts"] = fit["intercepts"][:2]
-    fit["training"]["k"] = 2
-    save_fit(fit, tmp_path / "k2.json")
+    fit.intercepts_ = fit.intercepts_[:2]
+    fit.training_["k"] = 2
+    fit.save(tmp_path / "k2.json")
     from svt.report import EvaluateOptions, evaluate
 
     with pytest.raises(DataError, match="knows 2 draft positions"):

@@ -35,9 +35,8 @@ def test_streamed_online_fit_equals_the_in_memory_fit(synthetic, monkeypatch):
     a = fit_runs([synthetic], "irls-online")
     monkeypatch.setattr(IRLSOnlineFitter, "streams", False)
     b = fit_runs([synthetic], "irls-online")
-    assert a["slope"] == b["slope"] and a["intercepts"] == b["intercepts"]
-    assert a["path"] == b["path"]
-    assert a["training"] == b["training"]
+    assert a.to_dict() == b.to_dict()  # slope, intercepts and the coefficient path
+    assert a.training_ == b.training_
 
 
 def test_rows_out_of_replay_order_fall_back_to_the_sort(small_run, tmp_path):
@@ -54,4 +53,4 @@ def test_rows_out_of_replay_order_fall_back_to_the_sort(small_run, tmp_path):
     record_shards(meta, "drafts", [part])
     write_meta(run, meta)
     assert replay_arrays([run], "logit_qmax") is None
-    assert fit_runs([run], "irls-online")["training"]["rows"] == fit_runs([small_run], "irls-online")["training"]["rows"]
+    assert fit_runs([run], "irls-online").training_["rows"] == fit_runs([small_run], "irls-online").training_["rows"]

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from svt.cli import app
 from svt.errors import ConfigError, DataError
 from svt.features.cache import YIELD_FEATURES
-from svt.fit import FitData, fit_runs, get_fitter, load_fit, predict, save_fit, split_mask
+from svt.fit import FitData, Fitter, fit_runs, get_fitter, split_mask
 
 from ..conftest import ROOT
 
@@ -60,16 +60,16 @@ def test_yield_linear_is_least_squares():
 @pytest.mark.parametrize("model", ["yield-mlp", "yield-gbm", "yield-linear"])
 def test_yield_fit_files_roundtrip(greedy_run, tmp_path, model):
     fit = fit_runs([greedy_run], model)
-    path = save_fit(fit, tmp_path / f"{model}.json")
+    path = fit.save(tmp_path / f"{model}.json")
     from svt.fit.yield_data import load_cache_drafts_for_fit
 
     rows, _ = load_cache_drafts_for_fit([greedy_run])
-    np.testing.assert_allclose(predict(load_fit(path), rows), predict(fit, rows), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(Fitter.load(path).predict(rows), fit.predict(rows), rtol=1e-6, atol=1e-6)
     if model == "yield-gbm":
         side = tmp_path / json.loads(path.read_text())["weights"]
         side.write_bytes(side.read_bytes() + b"x")
         with pytest.raises(ConfigError, match="SHA-256"):
-            load_fit(path)
+            Fitter.load(path)
 
 
 def test_yield_scored_on_exactly_the_held_out_requests(greedy_run, tmp_path):
@@ -77,11 +77,11 @@ def test_yield_scored_on_exactly_the_held_out_requests(greedy_run, tmp_path):
     from svt.report import EvaluateOptions, evaluate
 
     fit = fit_runs([greedy_run], "yield-linear", test_fraction=0.5, seed=4)
-    path = save_fit(fit, tmp_path / "y.json")
+    path = fit.save(tmp_path / "y.json")
     rows, _ = load_cache_drafts_for_fit([greedy_run])
     held = set(rows.filter(pl.Series(split_mask(rows, 0.5, 4)))["request"].unique().to_list())
     trained = set(rows["request"].unique().to_list()) - held
-    assert fit["training"]["train_requests"] == len(trained) and held and trained
+    assert fit.training_["train_requests"] == len(trained) and held and trained
     rep = evaluate([greedy_run], EvaluateOptions(features=["q_max"], fits=[str(path)],
                                                  costs=str(COSTS)))
     assert rep["yield"]["requests"] == len(held)
@@ -116,11 +116,11 @@ def test_held_out_requests_do_not_move_when_rows_go_missing(greedy_run, tmp_path
     from svt.fit.yield_data import load_cache_drafts_for_fit
 
     fit = fit_runs([greedy_run], "yield-linear", test_fraction=0.5, seed=1)
-    trained = {tuple(x) for x in fit["training"]["train_request_ids"]}
+    trained = {tuple(x) for x in fit.training_["train_request_ids"]}
     run = tmp_path / "r"
     shutil.copytree(greedy_run, run)
     rows, _ = load_cache_drafts_for_fit([run])
-    ok = evaluation_mask(fit, rows, [fit["training"]["runs"][0]["run_id"]])
+    ok = evaluation_mask(fit, rows, [fit.training_["runs"][0]["run_id"]])
     scored = {tuple(x) for x in rows.filter(pl.Series(ok)).select("_run", "request").unique().rows()}
     assert scored and not scored & trained
     assert scored | trained == {tuple(x) for x in rows.select("_run", "request").unique().rows()}
@@ -148,12 +148,12 @@ def test_hvd_replay_keeps_requests_without_drafts(greedy_run, tmp_path):
 def test_damaged_mlp_weights_and_bad_fit_paths(greedy_run, tmp_path):
     fit = fit_runs([greedy_run], "yield-mlp")
     with pytest.raises(ConfigError, match=".json"):
-        save_fit(fit, tmp_path / "m.safetensors")
-    path = save_fit(fit, tmp_path / "m.json")
+        fit.save(tmp_path / "m.safetensors")
+    path = fit.save(tmp_path / "m.json")
     w = tmp_path / "m.safetensors"
     w.write_bytes(w.read_bytes()[:-8] + b"\0" * 8)
     with pytest.raises(ConfigError, match="SHA-256"):
-        load_fit(path)
+        Fitter.load(path)
     with pytest.raises(ConfigError, match="--feature"):
         fit_runs([greedy_run], "yield-linear", feature="q_max")
 

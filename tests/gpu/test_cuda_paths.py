@@ -110,7 +110,7 @@ def _tiny_synthetic():
 def test_live_hvd_equals_its_replay_on_the_device(tmp_path):
     from svt.collect import collect
     from svt.config import load_collect_config
-    from svt.fit import fit_runs, save_fit
+    from svt.fit import fit_runs
     from svt.traces.io import open_run
 
     from ..collect.test_hvd_live import _replayed_cycles
@@ -120,7 +120,7 @@ def test_live_hvd_equals_its_replay_on_the_device(tmp_path):
             "max_new_tokens": 32, "k": 4, "device": DEVICE, "dtype": "float32", "temperature": 0,
             "max_prompt_tokens": 192, "cache": True}
     collect(load_collect_config(None, base=base), tmp_path / "greedy", progress=False)
-    fit = save_fit(fit_runs([tmp_path / "greedy"], "yield-linear", test_fraction=0.0), tmp_path / "y.json")
+    fit = fit_runs([tmp_path / "greedy"], "yield-linear", test_fraction=0.0).save(tmp_path / "y.json")
     collect(load_collect_config(None, base={**base, "hvd": {"fit": str(fit), "tau": 1.0}}), tmp_path / "live",
             progress=False)
     g = open_run(tmp_path / "greedy").scan("requests").sort("request").collect()

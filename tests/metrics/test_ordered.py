@@ -196,3 +196,58 @@ def test_a_reused_order_puts_ties_across_chunks_in_row_order(monkeypatch):
     reused = order_keys(clipped, orders)
     assert len(orders) == 1
     assert np.array_equal(order_keys(clipped), reused)
+
+
+def _tables_close(a, b):
+    """Every scope's every metric equal (to rounding: weighted sums add in another order)."""
+    assert sorted(a["per_position"]) == sorted(b["per_position"])
+    scopes = [("overall", a["overall"], b["overall"]), ("excluding_first", a["excluding_first"], b["excluding_first"]),
+              *((k, a["per_position"][k], b["per_position"][k]) for k in a["per_position"])]
+    for name, x, y in scopes:
+        assert x["n"] == y["n"], name
+        for m in ("accept_rate", "auc", "log_loss", "brier", "mean_pred", "ece", "ece_mass"):
+            if y.get(m) is None:
+                assert x.get(m) is None, (name, m)
+            else:
+                assert x[m] == pytest.approx(y[m], rel=1e-11, abs=1e-12), (name, m)
+
+
+@pytest.mark.parametrize("kind", ["float64", "ties"])
+@pytest.mark.parametrize("probability", [True, False])
+@pytest.mark.parametrize("chunk", [97, None])
+def test_weights_score_the_rows_repeated_by_their_weights(kind, probability, chunk, path):
+    """A bootstrap resample is row weights through the same accumulators: the table of weighted
+    rows is exactly the table of the rows repeated that many times (every scope, every metric),
+    with a position no drawn row reaches absent."""
+    s, y, pos = _data(3000, 4, kind)
+    rng = np.random.default_rng(9)
+    w = rng.multinomial(3000, np.full(3000, 1 / 3000)).astype(np.float64)
+    w[pos == 3] = 0.0  # a position no resampled request reaches
+    t = score_tables(s, y, pos, probability=probability, chunk=chunk, weights=w)
+    rep = np.repeat(np.arange(s.size), w.astype(np.int64))
+    ref = score_tables(s[rep], y[rep], pos[rep], probability=probability, chunk=chunk)
+    assert 3 not in t["per_position"]
+    _tables_close(t, ref)
+    assert t["curves"] == {} and t["soft"] == {}
+
+
+def test_bootstrap_intervals_are_percentiles_of_weighted_resamples():
+    """The intervals are the 2.5th and 97.5th percentiles of the metrics of resamples drawn as
+    whole requests, each the table of its requests' rows repeated by how often they were drawn."""
+    s, y, pos = _data(600, 2, "ties")
+    req = np.arange(600) // 6  # 100 requests of 6 drafts
+    cis = ordered.bootstrap_intervals(s, y, pos, req, probability=True, n=30, seed=5)
+    rng = np.random.default_rng(5)
+    ref = {"overall": [], "excluding_first": [], 2: []}
+    for _ in range(30):
+        counts = rng.multinomial(100, np.full(100, 1 / 100))
+        rows = np.repeat(np.arange(600), counts[req])
+        t = score_tables(s[rows], y[rows], pos[rows], probability=True)
+        ref["overall"].append(t["overall"]["log_loss"])
+        ref["excluding_first"].append(t["excluding_first"]["auc"])
+        ref[2].append(t["per_position"][2]["ece"])
+    for scope, metric in (("overall", "log_loss"), ("excluding_first", "auc"), (2, "ece")):
+        np.testing.assert_allclose(cis[scope][metric], np.percentile(ref[scope], [2.5, 97.5]), rtol=1e-10)
+    from svt.metrics.specs import names
+
+    assert set(cis["overall"]) == set(names("table", compared=True))  # every compared metric has one

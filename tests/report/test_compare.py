@@ -300,11 +300,11 @@ def _perturbed_copy(run, out, rel=1e-7, seed=0):
 
 
 def _fit_and_evaluate(run, fits_dir, damping):
-    from svt.fit import fit_runs, save_fit
+    from svt.fit import fit_runs
     from svt.fit.irls_online import OnlineOptions
 
     fit = fit_runs([run], "irls-online", online=OnlineOptions(damping=damping))
-    path = save_fit(fit, fits_dir / "irls-online.json")
+    path = fit.save(fits_dir / "irls-online.json")
     return evaluate([run], EvaluateOptions(features=["q_max"], fits=[str(path)], bootstrap=20))
 
 
@@ -365,13 +365,13 @@ def test_one_changed_label_or_token_is_another_draw():
 def test_fits_with_one_name_are_named_by_content_not_by_order(small_run, tmp_path):
     """Issue 23: two --fit files with the same stem were named by position, so swapping their order
     reported regressions and improvements with nothing changed."""
-    from svt.fit import fit_runs, save_fit
+    from svt.fit import fit_runs
     from svt.fit.irls_online import OnlineOptions
 
     paths = []
     for sub, damping in (("a", 500.0), ("b", 2500.0)):
-        paths.append(str(save_fit(fit_runs([small_run], "irls-online", online=OnlineOptions(damping=damping)),
-                                  tmp_path / sub / "irls-online.json")))
+        fit = fit_runs([small_run], "irls-online", online=OnlineOptions(damping=damping))
+        paths.append(str(fit.save(tmp_path / sub / "irls-online.json")))
     one = evaluate([small_run], EvaluateOptions(features=["q_max"], fits=paths))
     two = evaluate([small_run], EvaluateOptions(features=["q_max"], fits=paths[::-1]))
     names = [n for n in one["features"] if n != "q_max"]

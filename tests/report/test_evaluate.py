@@ -120,9 +120,9 @@ def _recollected(run, out):
 def test_a_fit_scored_on_a_recollection_of_its_training_run_keeps_its_held_out_split(small_run, tmp_path):
     """Issue 23: a re-collection (new run id) was scored as unseen, so the fit's own training
     requests counted as held out."""
-    from svt.fit import fit_runs, save_fit
+    from svt.fit import fit_runs
 
-    fit = save_fit(fit_runs([small_run], "logistic"), tmp_path / "lr.json")
+    fit = fit_runs([small_run], "logistic").save(tmp_path / "lr.json")
     opts = EvaluateOptions(features=["q_max"], fits=[str(fit)])
     own = evaluate([small_run], opts)["features"]["logistic(logit_qmax)"]
     again = evaluate([_recollected(small_run, tmp_path / "again")], opts)["features"]["logistic(logit_qmax)"]
@@ -132,9 +132,9 @@ def test_a_fit_scored_on_a_recollection_of_its_training_run_keeps_its_held_out_s
 
 def test_a_yield_fit_from_another_model_pair_is_refused(greedy_run, tmp_path):
     from svt.errors import DataError
-    from svt.fit import fit_runs, save_fit
+    from svt.fit import fit_runs
 
-    fit = save_fit(fit_runs([greedy_run], "yield-linear"), tmp_path / "y.json")
+    fit = fit_runs([greedy_run], "yield-linear").save(tmp_path / "y.json")
     other = _recollected(greedy_run, tmp_path / "other-pair")
     meta = json.loads((other / "run.json").read_text())
     meta["models"]["draft"]["weights_sha256_16"] = "0123456789abcdef"

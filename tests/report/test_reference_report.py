@@ -82,10 +82,10 @@ def test_hvd_map_figure_and_refused_acceptance_figures(ref_run, tmp_path):
 
 
 def test_an_acceptance_fit_on_a_reference_run_is_refused(ref_run, small_run, tmp_path):
-    from svt.fit import fit_runs, save_fit
+    from svt.fit import fit_runs
 
     fit = fit_runs([small_run], "logistic")
-    path = save_fit(fit, tmp_path / "logistic.json") or tmp_path / "logistic.json"
+    path = fit.save(tmp_path / "logistic.json") or tmp_path / "logistic.json"
     with pytest.raises(DataError, match="acceptance fit"):
         evaluate([ref_run], EvaluateOptions(fits=[str(path)]))
 

@@ -8,7 +8,7 @@ import pytest
 from sklearn.metrics import log_loss, roc_auc_score
 
 from svt.metrics import ece
-from svt.metrics.tables import ScoreData, bootstrap_intervals
+from svt.metrics.ordered import bootstrap_intervals
 from svt.report import EvaluateOptions, evaluate
 from svt.traces import open_run
 
@@ -83,8 +83,7 @@ def test_bootstrap_resamples_requests_not_rows():
     req = np.repeat(np.arange(n_req), per)
     y = np.repeat(rng.random(n_req) < 0.5, per).astype(float)
     s = np.clip(rng.normal(0.7, 0.15, req.size), 0.01, 0.99)  # the loss of a row depends on its label
-    d = ScoreData.build(y, s, np.zeros(req.size, int), req)
-    t = bootstrap_intervals(d, [0], probability=True, n=400, seed=3)
+    t = bootstrap_intervals(s, y.astype(np.int8), np.zeros(req.size, int), req, probability=True, n=400, seed=3)
     lo, hi = t["overall"]["log_loss"]
     # the slow reference: 400 draws of 10 requests with replacement
     ref = []
@@ -104,11 +103,11 @@ def test_bootstrap_resamples_requests_not_rows():
 
 
 def test_offline_fit_is_scored_on_exactly_the_requests_it_did_not_train_on(small_run, tmp_path):
-    from svt.fit import fit_runs, save_fit
+    from svt.fit import fit_runs
 
     fit = fit_runs([small_run], "logistic", test_fraction=0.4, seed=2)
-    path = save_fit(fit, tmp_path / "lg.json")
-    trained = {r for _, r in fit["training"]["train_request_ids"]}
+    path = fit.save(tmp_path / "lg.json")
+    trained = {r for _, r in fit.training_["train_request_ids"]}
     d = open_run(small_run).scan("drafts").filter(pl.col("label").is_not_null()).collect()
     held = d.filter(~pl.col("request").is_in(list(trained)))
     assert 0 < held.height < d.height
@@ -117,8 +116,8 @@ def test_offline_fit_is_scored_on_exactly_the_requests_it_did_not_train_on(small
     assert block["n"] == held.height
     from scipy.special import expit
 
-    z = fit["slope"] * np.log(held["q_max"].to_numpy() / (1 - held["q_max"].to_numpy())) + \
-        np.asarray(fit["intercepts"])[held["position"].to_numpy()]
+    z = fit.to_dict()["slope"] * np.log(held["q_max"].to_numpy() / (1 - held["q_max"].to_numpy())) + \
+        np.asarray(fit.to_dict()["intercepts"])[held["position"].to_numpy()]
     assert block["auc"] == pytest.approx(roc_auc_score(held["label"].to_numpy(), expit(z)), abs=1e-6)
 
 
@@ -126,16 +125,16 @@ def test_fitted_predictors_every_section_by_a_slow_loop(small_run, tmp_path):
     """A fitted predictor takes its own path through the report (joined predictions, only the rows
     it may be scored on, its own length calibration): each of its numbers against a computation
     from the fit's predictions on the drafts, step by step in plain Python."""
-    from svt.fit import fit_runs, load_drafts_for_fit, load_fit, predict, save_fit
+    from svt.fit import Fitter, PredictContext, fit_runs, load_drafts_for_fit
 
-    paths = {m: save_fit(fit_runs([small_run], m), tmp_path / f"{m}.json") for m in ("logistic", "irls-online")}
+    paths = {m: fit_runs([small_run], m).save(tmp_path / f"{m}.json") for m in ("logistic", "irls-online")}
     rep = evaluate([small_run], EvaluateOptions(features=["q_max"], fits=[str(p) for p in paths.values()]))
     drafts, _ = load_drafts_for_fit([small_run])
     for model, path in paths.items():
-        fit = load_fit(path)
-        rows = drafts.with_columns(pl.Series("_p", predict(fit, drafts, [small_run])))
+        fit = Fitter.load(path)
+        rows = drafts.with_columns(pl.Series("_p", fit.predict(drafts, PredictContext(runs=[small_run]))))
         if model == "logistic":  # its held-out requests only
-            trained = {int(r) for _, r in fit["training"]["train_request_ids"]}
+            trained = {int(r) for _, r in fit.training_["train_request_ids"]}
             rows = rows.filter(~pl.col("request").is_in(sorted(trained)))
             assert 0 < rows.height < drafts.height
         name = next(n for n in rep["features"] if n.startswith(model))

@@ -146,7 +146,7 @@ def test_suffix_method_writes_the_engines_cache_drafts(tmp_path):
     from svt.fit import fit_runs  # checks every oracle yield against the request's output
 
     fit = fit_runs([out], "yield-linear")
-    assert fit["model"] == "yield-linear"
+    assert fit.name == "yield-linear"
 
 
 def test_sigterm_during_collect_leaves_the_old_run_and_nothing_else(tmp_path):

@@ -208,7 +208,7 @@ def test_suffix_proposals_become_cache_drafts(tmp_path):
     # the yield fitters read it (rows at engine steps, checked against the outputs)
     from svt.fit import fit_runs
 
-    assert fit_runs([tmp_path / "run"], "yield-linear")["model"] == "yield-linear"
+    assert fit_runs([tmp_path / "run"], "yield-linear").name == "yield-linear"
 
 
 def test_damaged_suffix_proposals_are_an_error(tmp_path):

@@ -413,7 +413,7 @@ def fit(
     Example: [bold]svt fit runs/demo --model irls-online --out fits/online.json[/]
     Yield:   [bold]svt fit runs/greedy --model yield-mlp --out fits/yield-mlp.json[/]
     """
-    from svt.fit import check_fit_out, fit_runs, save_fit
+    from svt.fit import check_fit_out, fit_runs
     from svt.fit.studies import fit_by_group
 
     try:
@@ -426,9 +426,9 @@ def fit(
         kwargs = dict(feature=feature, features=features, per_position_slope=per_position_slope or None,
                       online=online, test_fraction=test_fraction, seed=seed, mlp_hidden=mlp_hidden, device=device)
         if by is None:
-            result = fit_runs(runs, model, **kwargs)
-            save_fit(result, out_path, overwrite)
-            _say(_fit_line(result, out_path))
+            fitted = fit_runs(runs, model, **kwargs)
+            fitted.save(out_path, overwrite)
+            _say(_fit_line(fitted, out_path))
             return
         summary = fit_by_group(runs, model, by, out_path, **kwargs)
     except SvtError as exc:
@@ -475,19 +475,17 @@ def _online_options(model: str, *, preset, feature, cycle_steps, damping, ridge,
     return online
 
 
-def _fit_line(result: dict, out_path: Path) -> str:
+def _fit_line(fit, out_path: Path) -> str:
     """One line on what `svt fit` wrote."""
-    from svt.fit import get_fitter
-
-    what = get_fitter(result["model"]).summary(result)
-    training = result["training"]
-    if "mean_yield" not in training:
-        on = ", ".join(result.get("features") or [result.get("feature")])
+    what = fit.summary()
+    training = fit.training_
+    if fit.table == "drafts":
+        on = ", ".join(getattr(fit, "features", None) or [fit.feature])
         data = f"{training['rows']:,} labelled drafts"
     else:
-        on = f"{len(result['features'])} cache features"
+        on = f"{len(fit.features)} cache features"
         data = f"{training['rows']:,} cache drafts, mean yield {training['mean_yield']:.3f}"
-    return (f"wrote {out_path}: {result['model']} on {on}{''.join(', ' + w for w in what)} "
+    return (f"wrote {out_path}: {fit.name} on {on}{''.join(', ' + w for w in what)} "
             f"({data}; evaluation: {training['evaluation']})")
 
 

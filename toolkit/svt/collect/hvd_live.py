@@ -139,18 +139,15 @@ def decode_hvd(target, draft, prompt: list[int], *, request: int, k: int, max_ne
     return log
 
 
-def yield_scorer(fit: dict):
-    """``row -> predicted yield`` from a yield fit (one-row frames through the fitter)."""
-    from svt.fit import estimator
-
-    est = estimator(fit)
-    if est.target != "yield":
+def yield_scorer(fit):
+    """``row -> predicted yield`` from a yield fit (a fitter; one-row frames through it)."""
+    if fit.target != "yield":
         from svt.errors import ConfigError
 
-        raise ConfigError(f"`hvd.fit` must be a yield fit (yield-mlp, yield-linear, yield-gbm), not {fit['model']!r}.")
+        raise ConfigError(f"`hvd.fit` must be a yield fit (yield-mlp, yield-linear, yield-gbm), not {fit.name!r}.")
 
     def score(row: dict) -> float:
         frame = pl.DataFrame([{k: v for k, v in row.items() if k != "draft_ids"}])
-        return float(est.predict(frame)[0])
+        return float(fit.predict(frame)[0])
 
     return score

@@ -103,9 +103,9 @@ def collect_hvd(plan: CollectPlan) -> RunSummary:
     import arctic_inference  # noqa: F401  (its version is recorded in run.json)
     options = cfg.cache or CacheOptions()
     fit_path = resolve_path(cfg.hvd.fit, plan.config_path).resolve()
-    from svt.fit import load_fit
+    from svt.fit import Fitter
 
-    score = yield_scorer(load_fit(fit_path))
+    score = yield_scorer(Fitter.load(fit_path))
     classes = char_class_table(pair.tokenizer, int(pair.draft.config.vocab_size))
     drafter = CacheDrafter(options)
     done = sorted(completed_batches(out, plan.old_meta))

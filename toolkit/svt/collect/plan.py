@@ -86,10 +86,10 @@ def live_policy(cfg: CollectConfig, config_path: Path | None, resume: bool) -> t
     """The live-AV policy (and its online estimator) of a config with ``av:``; checked in full here."""
     if cfg.av is None:
         return None, None
-    from svt.fit import live_confidence, load_fit
+    from svt.fit import Fitter, live_confidence
     from svt.simulate.costs import load_costs
 
-    fit = load_fit(resolve_path(cfg.av.fit, config_path))
+    fit = Fitter.load(resolve_path(cfg.av.fit, config_path))
     confidence = live_confidence(fit)  # a lossless feature, a known model
     costs = load_costs(resolve_path(cfg.av.costs, config_path))
     costs.check_covers(cfg.k, f"{cfg.av.costs}: ")
@@ -98,13 +98,13 @@ def live_policy(cfg: CollectConfig, config_path: Path | None, resume: bool) -> t
     if resume:
         raise ConfigError("Cannot resume a live-AV run with `av.online: true`: the estimator's state is "
                           "not saved between sessions. Use --overwrite.")
-    from svt.fit import estimator
-    from svt.fit.irls_online import OnlineOptions
+    from dataclasses import replace
+
     from svt.fit.live import OnlineLive
 
-    if not estimator(fit).online:
+    if not fit.online:
         raise ConfigError("`av.online: true` needs an online fit, e.g. irls-online (its options are used).")
-    online = OnlineLive(OnlineOptions(**fit["options"]), cfg.k)
+    online = OnlineLive(replace(fit.options), cfg.k)
     return LiveAV(online.confidence, costs, cfg.av.explore, online.observe, online.warming_up,
                   rule=cfg.av.rule), online
 
@@ -126,9 +126,9 @@ def plan_collection(cfg: CollectConfig, out: Path, *, config_path: Path | None, 
     live, online = live_policy(cfg, config_path, resume)
     if cfg.hvd is not None:
         from svt.collect.hvd_live import yield_scorer
-        from svt.fit import load_fit
+        from svt.fit import Fitter
 
-        yield_scorer(load_fit(resolve_path(cfg.hvd.fit, config_path)))
+        yield_scorer(Fitter.load(resolve_path(cfg.hvd.fit, config_path)))
     # an overwrite is written beside the old run and swapped in when complete
     staged = overwrite and out.is_dir() and any(out.iterdir())
     target = staging_path(out) if staged else out

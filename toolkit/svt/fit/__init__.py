@@ -9,9 +9,11 @@ parametrisation fitted offline by Newton; per-position slopes and several featur
 Verified Decoding): ``yield-mlp``, ``yield-linear``, ``yield-gbm``. Offline fitters train on a
 request-level split and are scored on the held-out requests.
 
-A fit is a JSON file: ``model``, ``feature`` (or ``features``), ``slope`` (a number, or a list by
+:func:`fit_runs` returns the fitted fitter (``training_`` says on what); ``fit.save(path)`` writes
+it as a JSON fit file: ``model``, ``feature`` (or ``features``), ``slope`` (a number, or a list by
 position), ``intercepts`` (a list by position), ``path`` (online fits: coefficients per cycle),
-``options``, ``training`` (runs, rows, requests, split) and ``svt_version``.
+``options``, ``training`` (runs, rows, requests, split) and ``svt_version``; ``Fitter.load(path)``
+reads one back.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import polars as pl
 from svt import __version__
 from svt.errors import ConfigError, DataError, SvtError
 from svt.features import get_feature
-from svt.fileio import json_text, read_json, write_text_atomic
+from svt.fit.files import check_fit_out, name_fits  # noqa: F401  (re-exported)
 from svt.fit.base import (
     FITTERS,
     FitData,
@@ -186,8 +188,8 @@ def check_options(*, seed: int = 0, test_fraction: float = 0.3, **options) -> No
 
 
 def fit_runs(runs: list[str | Path], model: str, *, test_fraction: float | None = None, seed: int | None = None,
-             where: pl.Expr | None = None, **options) -> dict:
-    """Fit ``model`` on the runs and return the fit as a dict (see the module doc).
+             where: pl.Expr | None = None, **options) -> Fitter:
+    """Fit ``model`` on the runs and return the fitted fitter (see the module doc).
 
     ``options`` go to the fitter's ``__init__`` (those it accepts: ``feature``, ``features``,
     ``per_position_slope``, ``online``, ``mlp_hidden``, ``device``, ...). Online fitters replay every
@@ -210,9 +212,11 @@ def fit_runs(runs: list[str | Path], model: str, *, test_fraction: float | None 
                         "vary, or too few labels, with no ridge to regularise it; use --ridge > 0.") from None
 
 
-def _fit_runs(runs, model: str, cls, est, test_fraction: float, seed: int, where) -> dict:
-    out: dict = {"model": model, "svt_version": __version__,
-                 "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+def _fit_runs(runs, model: str, cls, est, test_fraction: float, seed: int, where) -> Fitter:
+    """Long because: the three data sources (cache drafts, streamed replay arrays, a drafts frame)
+    and the training record each fit carries are one sequence."""
+    est.created_ = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    est.svt_version_ = __version__
     if cls.table == "cache_drafts":
         from svt.fit.yield_data import load_cache_drafts_for_fit
 
@@ -245,18 +249,16 @@ def _fit_runs(runs, model: str, cls, est, test_fraction: float, seed: int, where
             train = _labelled(drafts.filter(~pl.Series(test)))
         est.fit(FitData(train, k, [Path(r) for r in runs], seed))
         stats = {"accept_rate": float(train["label"].mean()), "rows": train.height}
-    out.update(est.to_dict())
-    out["_est"] = est
     if cls.online:
         rows = stats.pop("rows")
-        out["training"] = {"runs": infos, "rows": rows, "k": k, "cycles": len(est.est_.path_),
+        est.training_ = {"runs": infos, "rows": rows, "k": k, "cycles": len(est.est_.path_),
                            **stats, "evaluation": "prequential"}
     else:
         stats.pop("rows", None)
         for info, run in zip(infos, open_runs(runs), strict=True):  # a re-collection is recognised by its data
             info["data"] = run_identity(run)
         ids = train.select("_run", "request").unique().sort("_run", "request")
-        out["training"] = {"runs": infos, "rows": train.height, "k": k, "test_fraction": test_fraction,
+        est.training_ = {"runs": infos, "rows": train.height, "k": k, "test_fraction": test_fraction,
                            "split_seed": seed, "train_requests": ids.height,
                            # the training requests themselves: evaluation scores every other request,
                            # whatever rows a later reading of the runs holds
@@ -264,147 +266,15 @@ def _fit_runs(runs, model: str, cls, est, test_fraction: float, seed: int, where
                            **stats, "evaluation": "held-out requests" if test_fraction > 0 else
                            "none held out (--test-fraction 0): only runs it was not trained on are scored"}
         if cls.table == "cache_drafts":
-            out["training"]["cache_options"] = [open_run(r, deep=False, tables=["requests"]).meta.get("cache", {})
+            est.training_["cache_options"] = [open_run(r, deep=False, tables=["requests"]).meta.get("cache", {})
                                                 .get("options") for r in runs]
-    return out
-
-
-def _is_fit_file(path: Path) -> bool:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return False
-    return isinstance(data, dict) and {"model", "svt_version", "training"} <= data.keys()
-
-
-def name_fits(paths: list, labels: list[str]) -> list[str]:
-    """Each fit's name in a report: its label, and where two fits share one, the label with a short
-    hash of the fit file's content, so a name never depends on the order of the ``--fit`` options
-    (the regression report pairs metrics by these names). The same file given twice is refused."""
-    import hashlib
-
-    digests = [hashlib.sha256(Path(p).read_bytes()).hexdigest()[:8] for p in paths]
-    seen: dict[str, str] = {}
-    for p, d in zip(paths, digests, strict=True):
-        if d in seen:
-            raise ConfigError(f"{p} and {seen[d]} are the same fit (equal contents); give it once.")
-        seen[d] = str(p)
-    return [f"{lab} [{d}]" if labels.count(lab) > 1 else lab for lab, d in zip(labels, digests, strict=True)]
-
-
-def check_fit_out(path: str | Path, overwrite: bool = True) -> Path:
-    """Where a fit may be written, checked before any fitting: a ``.json`` name that is not a
-    directory; an existing file only with ``overwrite``, and only when it is itself an svt fit
-    (a report.json, a config or any other file is never replaced)."""
-    path = Path(path)
-    if path.is_dir():
-        raise ConfigError(f"{path} is a directory; --out takes a fit file (e.g. fits/online.json).")
-    if path.suffix.lower() != ".json":
-        raise ConfigError(f"Expected a fit file ending in .json, but got {path.name!r} (weights are written "
-                          "beside it).")
-    run = next((d for d in Path(os.path.abspath(path)).parents if (d / "run.json").is_file()), None)
-    if run is not None:  # a file in a run's folders is a damaged run to its reader
-        raise ConfigError(f"Refusing to write {path} inside the run directory {run}; write fits beside runs, "
-                          "e.g. fits/online.json.")
-    if path.exists():
-        if not _is_fit_file(path):
-            raise ConfigError(f"Refusing to replace {path}: it is not an svt fit file. Choose another --out.")
-        if not overwrite:
-            raise ConfigError(f"{path} exists; pass --overwrite to replace it.")
-    return path
-
-
-def save_fit(fit: dict, path: str | Path, overwrite: bool = True) -> Path:
-    """Write the JSON fit file (and what the fitter keeps beside it, e.g. a head's safetensors);
-    the JSON is written to a temporary name and renamed, so a reader never sees half a file. An
-    existing file is replaced only when it is an svt fit (and ``overwrite``)."""
-    path = check_fit_out(path, overwrite)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    est = fit.get("_est")
-    data = {k: v for k, v in fit.items() if not k.startswith("_")}
-    if est is None and data.get("model") in FITTERS and FITTERS[data["model"]].model_file:
-        raise ConfigError(f"A {data['model']} fit must carry its trained model to be saved.")
-    if est is not None:
-        data.update(est.save_extra(path))
-    return write_text_atomic(path, json_text(data))
-
-
-def _int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
-
-
-def _training_problem(t) -> str | None:
-    """What is wrong with a fit's ``training`` block (which runs it saw, which requests it trained
-    on): the held-out split is read from it, so a damaged one must not score a single row."""
-    if not isinstance(t, dict):
-        return f"`training` is {type(t).__name__}, not an object"
-    runs = t.get("runs")
-    if not isinstance(runs, list) or not runs or not all(isinstance(r, dict) for r in runs):
-        return "`training.runs` is not a list of run records"
-    for i, r in enumerate(runs):
-        if not isinstance(r.get("run_id"), str | None):
-            return f"`training.runs[{i}].run_id` is not a string"
-        for key in ("data", "pair"):
-            if key in r and not isinstance(r[key], dict):
-                return f"`training.runs[{i}].{key}` is not an object"
-        data = r.get("data")
-        if data is not None and not (isinstance(data.get("sha256"), str) and isinstance(data.get("structure_sha256"), str)
-                                     and _int(data.get("rows")) and isinstance(data.get("score_sketch"), dict)):
-            return f"`training.runs[{i}].data` is not a data identity (sha256, structure_sha256, rows, score_sketch)"
-    ids = t.get("train_request_ids")
-    if ids is not None and not (isinstance(ids, list) and all(
-            isinstance(x, list) and len(x) == 2 and all(_int(v) for v in x) and x[0] < len(runs) for x in ids)):
-        return "`training.train_request_ids` is not a list of [run index, request id] pairs of integers"
-    return None
-
-
-def load_fit(path: str | Path) -> dict:
-    """Read a fit file; the fitter is rebuilt from it (``fit["_est"]``), so a damaged file fails
-    here with a message rather than later with a wrong number."""
-    path = Path(path)
-    fit = read_json(path, "Fit file")
-    if not isinstance(fit, dict) or fit.get("model") not in FITTERS:
-        raise ConfigError(f"{path}: not an svt fit (expected `model` in {', '.join(FITTERS)}).")
-    problem = _training_problem(fit.get("training"))
-    if problem:
-        raise ConfigError(f"{path}: a damaged {fit['model']} fit: {problem}.")
-    try:
-        est = get_fitter(fit["model"]).from_dict(fit, path)
-        est.check()
-    except SvtError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
-    except Exception as exc:  # a damaged file: JSON fields, weights (safetensors), pickles
-        raise ConfigError(f"{path}: a damaged {fit['model']} fit ({type(exc).__name__}: {exc}).") from None
-    fit["_est"] = est
-    fit["_path"] = str(path)
-    return fit
-
-
-def estimator(fit: dict) -> Fitter:
-    """The fitter object behind a fit dict (from ``fit_runs`` or ``load_fit``)."""
-    est = fit.get("_est")
-    if est is None:
-        est = get_fitter(fit["model"]).from_dict(fit, fit.get("_path"))
-        fit["_est"] = est
     return est
 
 
-def predict(fit: dict, drafts: pl.DataFrame, runs: list[str | Path] | None = None) -> np.ndarray:
-    """Predictions for ``drafts`` (from ``load_drafts_for_fit``, or cache-draft rows for a yield
-    fit; every row, labelled or not); ``runs``: the run directories they come from (a head reads
-    their hidden states).
-
-    Online fits are replayed on these drafts and each row gets the coefficients in force at its
-    decode step (prequential). Offline fits predict every row; ``evaluation_mask`` says which rows
-    are fair to score.
-    """
-    return estimator(fit).predict(drafts, PredictContext(runs=None if runs is None else [Path(r) for r in runs]))
-
-
-def _seen(fit: dict, run_ids: list, paths: list | None) -> list[int | None]:
+def _seen(fit: Fitter, run_ids: list, paths: list | None) -> list[int | None]:
     """For each evaluated run, the index of the fit's training run it is (by run id, or by equal
     data for a re-collection under another id), else None."""
-    trained = fit.get("training", {}).get("runs", [])
+    trained = (fit.training_ or {}).get("runs", [])
     out = []
     for i, rid in enumerate(run_ids):
         hit = next((j for j, t in enumerate(trained) if rid is not None and t.get("run_id") == rid), None)
@@ -415,82 +285,83 @@ def _seen(fit: dict, run_ids: list, paths: list | None) -> list[int | None]:
     return out
 
 
-def check_pair(fit: dict, paths: list) -> None:
+def check_pair(fit: Fitter, paths: list) -> None:
     """A yield fit predicts the model drafter's yield against the cache's: it applies only to runs
     of the model pair it was trained on (acceptance fits may be studied on another pair)."""
-    if estimator(fit).target != "yield":
+    if fit.target != "yield":
         return
-    pairs = {json.dumps(t.get("pair"), sort_keys=True) for t in fit.get("training", {}).get("runs", [])
+    pairs = {json.dumps(t.get("pair"), sort_keys=True) for t in (fit.training_ or {}).get("runs", [])
              if t.get("pair")}
     for p in paths:
         pair = json.dumps(model_pair(open_run(p, deep=False).meta), sort_keys=True)
         if pairs and pair not in pairs:
-            raise DataError(f"The {fit['model']} fit was trained on runs of another model pair "
+            raise DataError(f"The {fit.name} fit was trained on runs of another model pair "
                             f"({', '.join(sorted(pairs))}) than {p} ({pair}); its yields would be another "
                             "drafter's. Fit it on runs of this pair.")
 
 
-def evaluation_mask(fit: dict, drafts: pl.DataFrame, run_ids: list[str | None],
+def evaluation_mask(fit: Fitter, drafts: pl.DataFrame, run_ids: list[str | None],
                     paths: list | None = None) -> np.ndarray:
     """Rows on which a fit may be scored: all rows for online fits (prequential) and for runs the
     fit was not trained on; the held-out requests of its own training runs otherwise. ``paths``
     (the runs' directories) let a re-collection of a training run be recognised by its data."""
     if paths is not None:
         check_pair(fit, paths)
-    if estimator(fit).online:
+    if fit.online:
         return np.ones(drafts.height, dtype=bool)
     seen = _seen(fit, run_ids, paths)
     if all(s is None for s in seen):
         return np.ones(drafts.height, dtype=bool)
-    if seen != list(range(len(fit["training"]["runs"]))):
+    training = fit.training_
+    if seen != list(range(len(training["runs"]))):
         raise DataError("Evaluate an offline fit on exactly the runs it was trained on (for its held-out "
                         "split) or on runs it has never seen; "
                         + ", ".join(f"run {i + 1} is its training run {s + 1}" for i, s in enumerate(seen)
                                     if s is not None) + ".")
-    ids = fit["training"].get("train_request_ids")
+    ids = training.get("train_request_ids")
     if ids is not None:  # every request the fit did not train on
         trained_keys = pl.DataFrame(ids, schema={"_run": pl.Int64, "request": pl.Int64}, orient="row")
         keys = drafts.select(pl.col("_run").cast(pl.Int64), pl.col("request").cast(pl.Int64))
         return ~keys.join(trained_keys.with_columns(pl.lit(True).alias("_t")), on=["_run", "request"], how="left",
                           maintain_order="left")["_t"].fill_null(False).to_numpy()
-    return split_mask(drafts, fit["training"]["test_fraction"], fit["training"]["split_seed"])
+    return split_mask(drafts, training["test_fraction"], training["split_seed"])
 
 
-def live_confidence(fit: dict):
+def live_confidence(fit: Fitter):
     """A function (q-feature arrays ``[nb, K]``, positions ``[nb, K]``) -> confidences, for live
     AV in the collector. Only lossless predictors on q (no head, no q_sampled features): trimming
     on anything else would bias the output distribution."""
-    est_ = estimator(fit)
-    if not est_.supports_live:
-        raise ConfigError(f"Live AV with a {fit['model']} fit is not supported (it needs more than the draft's "
+    if not fit.supports_live:
+        raise ConfigError(f"Live AV with a {fit.name} fit is not supported (it needs more than the draft's "
                           "q features inside the collector, e.g. a head's hidden state); use a fit on a q feature.")
-    if est_.target != "acceptance":
-        raise ConfigError(f"Live AV needs an acceptance predictor, but {fit['model']!r} predicts {est_.target}.")
-    names = fit.get("features") or [fit["feature"]]
+    if fit.target != "acceptance":
+        raise ConfigError(f"Live AV needs an acceptance predictor, but {fit.name!r} predicts {fit.target}.")
+    names = getattr(fit, "features", None) or [fit.feature]
     for name in names:
         if not get_feature(name).lossless:
             raise ConfigError(f"Live AV needs a lossless predictor, but feature {name!r} depends on the "
                               "sampled token: trimming on it biases the output distribution.")
-    est = IRLSOnline.from_dict(fit) if est_.online else None
+    est = fit.est_ if fit.online else None
 
     def confidence(feats: dict, position: np.ndarray) -> np.ndarray:
         frame = pl.DataFrame({**{k: v.ravel() for k, v in feats.items()}, "position": position.ravel()})
         if est is not None:  # the fit's final coefficients (no updates during collection)
             p = est.predict_proba(feature_values(frame, est.options.feature), frame["position"].to_numpy())
         else:
-            p = predict(fit, frame)
+            p = fit.predict(frame)
         return p.reshape(position.shape)
 
     return confidence
-
-
-__all__ = ["FITTERS", "PRESETS", "FitData", "Fitter", "IRLSOnline", "OnlineOptions", "PredictContext",
-           "estimator", "evaluation_mask", "fit_runs", "get_fitter", "register_fitter", "live_confidence", "load_drafts_for_fit", "load_fit", "predict", "save_fit", "split_mask"]
 
 
 def split_fits(paths: list[str]) -> tuple[list[str], list[str]]:
     """Acceptance fits (scored on drafts) and yield fits (scored on cache drafts)."""
     acc, yld = [], []
     for p in paths:
-        (yld if estimator(load_fit(p)).target == "yield" else acc).append(p)
+        (yld if Fitter.load(p).target == "yield" else acc).append(p)
     return acc, yld
+
+
+__all__ = ["FITTERS", "PRESETS", "FitData", "Fitter", "IRLSOnline", "OnlineOptions", "PredictContext",
+           "check_fit_out", "evaluation_mask", "fit_runs", "get_fitter", "live_confidence", "load_drafts_for_fit",
+           "name_fits", "register_fitter", "split_fits", "split_mask"]

@@ -2,9 +2,12 @@
 
 A fitter follows scikit-learn's estimator shape: ``__init__`` stores options only; ``fit(data)``
 learns and returns ``self`` (learned attributes end with ``_``); ``predict(frame, ctx)`` returns one
-number per row (an acceptance probability, or a predicted yield for cache-draft fitters);
-``to_dict()`` / ``from_dict(d, path)`` are the fit file. Adding a fitter is one new module with a
-class decorated by ``@register_fitter`` and one import line in ``svt/fit/__init__.py``.
+number per row (an acceptance probability, or a predicted yield for cache-draft fitters).
+``svt.fit.fit_runs`` returns a fitted object whose ``training_`` says what it was trained on;
+``save(path)`` writes it as a fit file and ``Fitter.load(path)`` reads one back as its own class.
+A subclass gives the file its own keys with ``to_dict()`` / ``from_dict(d, path)``. Adding a fitter
+is one new module with a class decorated by ``@register_fitter`` and one import line in
+``svt/fit/__init__.py``.
 """
 
 from __future__ import annotations
@@ -17,8 +20,11 @@ from typing import ClassVar
 import numpy as np
 import polars as pl
 
-from svt.errors import ConfigError, DataError
+from svt import __version__
+from svt.errors import ConfigError, DataError, SvtError
 from svt.features import get_feature
+from svt.fileio import json_text, read_json, write_text_atomic
+from svt.fit.files import check_fit_out, training_problem
 
 
 @dataclass
@@ -57,15 +63,21 @@ class Fitter:
     model_file: ClassVar[bool] = False  # its fit file has a model file beside it (save_extra)
     extra_flags: ClassVar[tuple[str, ...]] = ()  # options it takes through an options object
 
-    @classmethod
-    def summary(cls, fit: dict) -> list[str]:
+    # what fitting (svt.fit.fit_runs) or loading sets besides the learned parameters
+    training_: dict | None = None  # runs, rows, k, split, evaluation (the fit file's `training`)
+    created_: str | None = None  # when it was fitted (UTC, ISO 8601)
+    svt_version_: str | None = None  # the svt that fitted it
+    file_: Path | None = None  # the fit file it was read from or last written to
+
+    def summary(self) -> list[str]:
         """What `svt fit` says of a fit it wrote, beyond its name and data (coefficients, training)."""
+        d = self.to_dict()
         what = []
-        slope = fit.get("slope")
+        slope = d.get("slope")
         if slope is not None:
             what.append(f"slope {round(slope, 4) if isinstance(slope, float) else slope}")
-        if fit.get("intercepts"):
-            what.append(f"intercepts {[round(b, 4) for b in fit['intercepts']]}")
+        if d.get("intercepts"):
+            what.append(f"intercepts {[round(b, 4) for b in d['intercepts']]}")
         return what
 
     @classmethod
@@ -110,6 +122,49 @@ class Fitter:
     @classmethod
     def from_dict(cls, d: dict, path: Path | None = None) -> Fitter:  # pragma: no cover - interface
         raise NotImplementedError
+
+    def record(self) -> dict:
+        """The fit file's content: ``model``, ``svt_version``, ``created``, the fitter's own keys
+        (:meth:`to_dict`) and ``training``."""
+        if self.training_ is None:
+            raise ConfigError(f"This {self.name} fitter has not been fitted (svt.fit.fit_runs) or loaded.")
+        return {"model": self.name, "svt_version": self.svt_version_, "created": self.created_,
+                **self.to_dict(), "training": self.training_}
+
+    def save(self, path: str | Path, overwrite: bool = True) -> Path:
+        """Write the fit file (and what the fitter keeps beside it, e.g. a head's safetensors); the
+        JSON is written to a temporary name and renamed, so a reader never sees half a file. An
+        existing file is replaced only when it is an svt fit (and ``overwrite``)."""
+        path = check_fit_out(path, overwrite)
+        data = self.record()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data.update(self.save_extra(path))
+        self.file_ = write_text_atomic(path, json_text(data))
+        return self.file_
+
+    @classmethod
+    def load(cls, path: str | Path) -> Fitter:
+        """Read a fit file as the fitter class it names (on a subclass, only a fit of that class);
+        a damaged file fails here with a message rather than later with a wrong number."""
+        path = Path(path)
+        d = read_json(path, "Fit file")
+        if not isinstance(d, dict) or d.get("model") not in FITTERS:
+            raise ConfigError(f"{path}: not an svt fit (expected `model` in {', '.join(FITTERS)}).")
+        if cls is not Fitter and d["model"] != cls.name:
+            raise ConfigError(f"{path}: a {d['model']} fit, not a {cls.name} fit.")
+        problem = training_problem(d.get("training"))
+        if problem:
+            raise ConfigError(f"{path}: a damaged {d['model']} fit: {problem}.")
+        try:
+            fit = FITTERS[d["model"]].from_dict(d, path)
+            fit.check()
+        except SvtError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
+        except Exception as exc:  # a damaged file: JSON fields, weights (safetensors), pickles
+            raise ConfigError(f"{path}: a damaged {d['model']} fit ({type(exc).__name__}: {exc}).") from None
+        fit.training_, fit.created_, fit.svt_version_ = d["training"], d.get("created"), d.get("svt_version")
+        fit.file_ = path
+        return fit
 
     def check(self) -> None:
         """Raise an SvtError when the fit names something this installation does not know."""

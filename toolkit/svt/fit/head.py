@@ -150,10 +150,9 @@ class HeadFitter(Fitter):
     supports_live = False  # it needs the drafter's hidden state inside the collector
     model_file = True
 
-    @classmethod
-    def summary(cls, fit: dict) -> list[str]:
-        opts = fit["options"]
-        return [*super().summary(fit), f"{opts['epochs']} epochs, validation log-loss {opts['best_val_log_loss']:.4f}"]
+    def summary(self) -> list[str]:
+        opts = self.log_
+        return [*super().summary(), f"{opts['epochs']} epochs, validation log-loss {opts['best_val_log_loss']:.4f}"]
 
     def __init__(self, mlp_hidden: int = 0, device: str = "auto", seed: int = 0):
         self.mlp_hidden, self.device, self.seed = mlp_hidden, device, seed

@@ -283,6 +283,11 @@ class IRLSOnlineFitter(Fitter):
     def feature(self) -> str:
         return self.options.feature
 
+    # the fitted estimator's final coefficients and their path, as fitted attributes of the fitter
+    slope_ = property(lambda self: self.est_.slope_, doc="Final slope (one, or one per position).")
+    intercepts_ = property(lambda self: self.est_.intercepts_, doc="Final intercept per position.")
+    path_ = property(lambda self: self.est_.path_, doc="Coefficients after each refit cycle.")
+
     def fit(self, data: FitData) -> IRLSOnlineFitter:
         lab = data.frame
         span = int(lab["decode_step"].max()) + 1 if lab.height else 0

@@ -132,8 +132,10 @@ class LogisticFitter(Fitter):
                 raise ValueError(f"`feature` {d['feature']!r} and `features` {d['features']!r} disagree")
         self = cls(features=d.get("features") or [d["feature"]],
                    per_position_slope=bool(d.get("options", {}).get("per_position_slope")))
-        self.slope_ = np.asarray(d["slope"], dtype=np.float64)
+        slope = np.asarray(d["slope"], dtype=np.float64)  # as `fit` shapes it: [features] or [features, K]
+        self.slope_ = slope.reshape(len(self.features), -1) if self.per_position_slope else np.atleast_1d(slope)
         self.intercepts_ = np.asarray(d["intercepts"], dtype=np.float64)
+        self.iterations_ = d.get("options", {}).get("newton_iterations")
         return self
 
     def label(self) -> str:

@@ -9,7 +9,7 @@ import numpy as np
 import polars as pl
 
 from svt.errors import DataError
-from svt.fit import fit_runs, load_drafts_for_fit, save_fit
+from svt.fit import fit_runs, load_drafts_for_fit
 
 
 def fit_by_group(runs: list[str | Path], model: str, by: str, out_dir: str | Path, **kwargs) -> dict:
@@ -29,13 +29,14 @@ def fit_by_group(runs: list[str | Path], model: str, by: str, out_dir: str | Pat
     rows = []
     for value in sorted(drafts[by].unique().to_list(), key=str):
         fit = fit_runs(runs, model, where=pl.col(by) == value, **kwargs)
-        save_fit(fit, out_dir / f"{value}.json")
+        fit.save(out_dir / f"{value}.json")
+        coef = fit.to_dict()
         part = drafts.filter((pl.col(by) == value) & pl.col("label").is_not_null())
-        slope = fit.get("slope")
+        slope = coef.get("slope")
         rows.append({"group": value, "labelled": part.height, "acceptance": float(part["label"].mean()),
                      "mean_entropy": float(part["q_entropy"].mean()),
                      "slope": float(np.mean(slope)) if slope is not None else float("nan"),
-                     "first_intercept": float(fit.get("intercepts", [float("nan")])[0])})
+                     "first_intercept": float(coef.get("intercepts", [float("nan")])[0])})
     summary = {"model": model, "by": by, "groups": rows}
     if len(rows) >= 3:
         ent = np.array([r["mean_entropy"] for r in rows])

@@ -176,10 +176,9 @@ class YieldMLP(_YieldFitter):
 
     name = "yield-mlp"
 
-    @classmethod
-    def summary(cls, fit: dict) -> list[str]:
-        opts = fit["options"]
-        return [*super().summary(fit), f"{opts['epochs']} epochs, validation MSE {opts['best_val_mse']:.3f}"]
+    def summary(self) -> list[str]:
+        opts = self.log_
+        return [*super().summary(), f"{opts['epochs']} epochs, validation MSE {opts['best_val_mse']:.3f}"]
 
     def __init__(self, features: list[str] | None = None, seed: int = 0, mlp_hidden: int = 0,
                  device: str = "auto"):

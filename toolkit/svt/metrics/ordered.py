@@ -234,15 +234,19 @@ class _Sums:
         self.w_s = np.zeros((k, n_bins))
         self.w_y = np.zeros((k, n_bins))
 
-    def add(self, s, y, pos, probability: bool, hard: bool) -> None:
+    def add(self, s, y, pos, probability: bool, hard: bool, w: np.ndarray | None = None) -> None:
         """A chunk of rows: scores ``s``, labels ``y`` (0/1 when ``hard``), positions ``pos`` (all 0
-        when this holds one scope)."""
+        when this holds one scope); ``w``: row weights (a bootstrap resample's request counts; a
+        row of weight 2 counts as two rows)."""
         k, nb = self.k, self.n_bins
         one = k == 1
 
-        def per_pos(w):  # a sum per position
-            return np.array([w.sum()]) if one else np.bincount(pos, weights=w, minlength=k)
+        def per_pos(v):  # a sum per position
+            return np.array([v.sum()]) if one else np.bincount(pos, weights=v, minlength=k)
 
+        if w is not None:
+            self._add_weighted(s, y, pos, probability, hard, w, per_pos)
+            return
         if not probability:
             if hard:  # one integer count gives rows and positives per position
                 c = np.bincount(pos * 2 + (y == 1.0), minlength=2 * k).reshape(k, 2)
@@ -275,6 +279,26 @@ class _Sums:
             ll = -(y * np.log(p) + (1 - y) * np.log1p(-p))
         self.ll += per_pos(ll)
         self.sq += per_pos((s - y) ** 2)
+
+    def _add_weighted(self, s, y, pos, probability: bool, hard: bool, w, per_pos) -> None:
+        """:meth:`add` with row weights: every sum weighted, bins by weighted counts."""
+        self.n += per_pos(w)
+        wy = w * y
+        self.y += per_pos(wy)
+        if not probability:
+            return
+        k, nb = self.k, self.n_bins
+        cell = np.minimum((s * nb).astype(np.intp), nb - 1)
+        if k != 1:
+            cell += pos * nb
+        self.w_cnt += np.bincount(cell, weights=w, minlength=k * nb).reshape(k, nb)
+        self.w_y += np.bincount(cell, weights=wy, minlength=k * nb).reshape(k, nb)
+        self.w_s += np.bincount(cell, weights=w * s, minlength=k * nb).reshape(k, nb)
+        self.s += per_pos(w * s)
+        p = np.clip(s, LOG_EPS, 1 - LOG_EPS)
+        ll = -np.log(np.where(y == 1.0, p, 1 - p)) if hard else -(y * np.log(p) + (1 - y) * np.log1p(-p))
+        self.ll += per_pos(w * ll)
+        self.sq += per_pos(w * (s - y) ** 2)
 
     def metrics(self, rows, ordered: _Ordered, j: int, probability: bool) -> dict:
         """The metrics of the positions ``rows`` (a slice or list), scope ``j`` of ``ordered``."""
@@ -370,7 +394,7 @@ def _take(packed: np.ndarray, rows: np.ndarray) -> np.ndarray:
 def score_tables(s: np.ndarray, y: np.ndarray, position: np.ndarray, *, probability: bool, n_bins: int = 10,
                  soft: dict[str, np.ndarray] | None = None, key: np.ndarray | None = None,
                  packed: np.ndarray | None = None, shared: dict | None = None, roc_points: int = 200,
-                 chunk: int | None = None) -> dict:
+                 chunk: int | None = None, weights: np.ndarray | None = None) -> dict:
     """Every metric of one score: ``overall``, ``excluding_first``, ``per_position`` (0/1 labels
     ``y``), ``soft`` (overall, per soft-label column in [0, 1]) and ``curves`` (ROC points and
     reliability bins), as `svt evaluate` reports them.
@@ -380,6 +404,11 @@ def score_tables(s: np.ndarray, y: np.ndarray, position: np.ndarray, *, probabil
     returned under ``"_key"``); ``packed``: :func:`pack_rows` of ``y``, ``position`` and ``soft``
     (made when absent); ``shared``: a dict kept between scores of the same rows (what depends on
     the labels alone is computed once). Memory beyond the inputs and the keys is one chunk's worth.
+
+    ``weights``: a non-negative weight per row (the request-level bootstrap's resample counts); every
+    metric is then that of the rows repeated by their weights, through the same accumulators, with
+    no soft-label blocks or curves (a position whose rows all have weight 0 is absent; an empty
+    ``overall`` or ``excluding_first`` has ``n`` 0).
     """
     n = s.size
     soft = soft or {}
@@ -391,13 +420,16 @@ def score_tables(s: np.ndarray, y: np.ndarray, position: np.ndarray, *, probabil
         key = order_keys(s)
     if packed is None:
         packed = pack_rows(y, pos, soft)
-    base = _label_sums(y, pos, soft, ("label sums", id(packed), k, n_bins, tuple(soft)), k, n_bins, chunk, shared)
+    if weights is not None:  # a resample: the hard-label scopes only
+        soft, shared, roc_points = {}, None, 0
+    base = _label_sums(y, pos, soft, ("label sums", id(packed), k, n_bins, tuple(soft)), k, n_bins, chunk, shared,
+                       weights)
     if probability:
-        hard, soft_sums = _score_sums(s, y, pos, soft, k, n_bins, chunk)
+        hard, soft_sums = _score_sums(s, y, pos, soft, k, n_bins, chunk, weights)
     else:
         hard, soft_sums = base["hard"], base["soft"]
     ordered, overall_roc, soft_ord = _ordered_pass(s, key, packed, soft, base["pairs"], hard, k, n_bins, chunk,
-                                                   probability, roc_points)
+                                                   probability, roc_points, weights)
     table = {"overall": hard.metrics(slice(None), ordered, k, probability),
              "excluding_first": hard.metrics(slice(1, None), ordered, k + 1, probability),
              "per_position": {int(p): hard.metrics([p], ordered, int(p), probability)
@@ -407,12 +439,13 @@ def score_tables(s: np.ndarray, y: np.ndarray, position: np.ndarray, *, probabil
         block = soft_sums[name].metrics(slice(None), soft_ord[name], 0, probability)
         block.pop("reasons", None)
         table["soft"][name] = block
-    table["curves"] = _curves(overall_roc, hard, probability) if n else {}
+    table["curves"] = _curves(overall_roc, hard, probability) if n and weights is None else {}
     table["_key"] = key
     return table
 
 
-def _label_sums(y, pos, soft: dict, base_key, k: int, n_bins: int, chunk: int, shared: dict | None) -> dict:
+def _label_sums(y, pos, soft: dict, base_key, k: int, n_bins: int, chunk: int, shared: dict | None,
+                weights: np.ndarray | None = None) -> dict:
     """The unordered pass's sums that depend on the labels alone (counts, soft-label sums and
     self-pairs): the same for every score of these rows, so ``shared`` keeps them."""
     base = shared.get(base_key) if shared is not None else None
@@ -423,7 +456,8 @@ def _label_sums(y, pos, soft: dict, base_key, k: int, n_bins: int, chunk: int, s
             "pairs": dict.fromkeys(soft, 0.0)}
     for a in range(0, n, chunk):
         sl = slice(a, a + chunk)
-        base["hard"].add(None, y[sl].astype(np.float64), pos[sl].astype(np.intp), False, hard=True)
+        base["hard"].add(None, y[sl].astype(np.float64), pos[sl].astype(np.intp), False, hard=True,
+                         w=None if weights is None else weights[sl])
         for name, t in soft.items():
             tc = t[sl].astype(np.float64)
             base["soft"][name].add(None, tc, None, False, hard=False)
@@ -433,7 +467,7 @@ def _label_sums(y, pos, soft: dict, base_key, k: int, n_bins: int, chunk: int, s
     return base
 
 
-def _score_sums(s, y, pos, soft: dict, k: int, n_bins: int, chunk: int):
+def _score_sums(s, y, pos, soft: dict, k: int, n_bins: int, chunk: int, weights: np.ndarray | None = None):
     """The unordered pass of a probability score: per-position sums of the label, the score, the
     log-loss and squared-error terms and the equal-width bins (hard labels and each soft label)."""
     hard = _Sums(k, n_bins)
@@ -442,21 +476,22 @@ def _score_sums(s, y, pos, soft: dict, k: int, n_bins: int, chunk: int):
     for a in range(0, s.size, chunk):
         sl = slice(a, a + chunk)
         sc = s[sl].astype(np.float64)  # float32 scores too: bins and logs in float64
-        hard.add(sc, y[sl].astype(np.float64), pos[sl].astype(np.intp), True, hard=True)
+        hard.add(sc, y[sl].astype(np.float64), pos[sl].astype(np.intp), True, hard=True,
+                 w=None if weights is None else weights[sl])
         for name, t in soft.items():
             soft_sums[name].add(sc, t[sl].astype(np.float64), zeros, True, hard=False)
     return hard, soft_sums
 
 
 def _ordered_pass(s, key, packed, soft: dict, soft_pairs: dict, hard, k: int, n_bins: int, chunk: int,
-                  probability: bool, roc_points: int):
+                  probability: bool, roc_points: int, weights: np.ndarray | None = None):
     """Tie groups in ascending score order, in chunks cut between groups: every scope's AUC and
     equal-mass bins (``ordered``), the overall ROC points and each soft label's AUC."""
     n = s.size
     halves = key.view(np.uint32)  # [low, high] per key on a little-endian machine: no copy
     low, high = (halves[0::2], halves[1::2]) if sys.byteorder == "little" else (halves[1::2], halves[0::2])
     roc_groups = None
-    if n:
+    if n and roc_points:
         n_groups = 1 + sum(int(np.count_nonzero(high[a + 1:min(a + chunk, n - 1) + 1] != high[a:min(a + chunk, n - 1)]))
                            for a in range(0, n - 1, chunk))
         keep_desc = np.unique(np.linspace(0, n_groups - 1, min(roc_points, n_groups)).astype(np.int64))
@@ -478,7 +513,8 @@ def _ordered_pass(s, key, packed, soft: dict, soft_pairs: dict, hard, k: int, n_
         starts = np.flatnonzero(first)
         rec = _take(packed, rows)
         s_group = s[rows[starts]].astype(np.float64) if probability else None
-        P_all, W_all = _ordered_chunk(ordered, rec, gidx, s_group, k, probability)
+        wv = None if weights is None else weights[rows]
+        P_all, W_all = _ordered_chunk(ordered, rec, gidx, s_group, k, probability, wv)
         overall_roc.add(P_all, W_all - P_all, W_all, None)
         for name in soft:
             Pt = np.add.reduceat(rec[name], starts, dtype=np.float64)[:, None]
@@ -487,12 +523,13 @@ def _ordered_pass(s, key, packed, soft: dict, soft_pairs: dict, hard, k: int, n_
     return ordered, overall_roc, soft_ord
 
 
-def _ordered_chunk(ordered, rec, gidx, s_group, k: int, probability: bool):
-    """One chunk's tie groups into every scope; returns the groups' positives and sizes over all rows."""
+def _ordered_chunk(ordered, rec, gidx, s_group, k: int, probability: bool, wv: np.ndarray | None = None):
+    """One chunk's tie groups into every scope; returns the groups' positives and sizes over all rows
+    (``wv``: the rows' weights, in this chunk's order)."""
     G = int(gidx[-1]) + 1
     if G * (k + 2) <= DENSE_LIMIT * gidx.size:  # ties are many: one [group, position] count table
         cells = (gidx * k + rec["pos"]) * 2 + rec["y"]
-        C = np.bincount(cells, minlength=G * k * 2).reshape(G, k, 2).astype(np.float64)
+        C = np.bincount(cells, weights=wv, minlength=G * k * 2).reshape(G, k, 2).astype(np.float64)
         N, P = C[:, :, 0], C[:, :, 1]
         Ps = np.concatenate([P, P.sum(axis=1, keepdims=True), P[:, 1:].sum(axis=1, keepdims=True)], axis=1)
         Ns = np.concatenate([N, N.sum(axis=1, keepdims=True), N[:, 1:].sum(axis=1, keepdims=True)], axis=1)
@@ -500,6 +537,8 @@ def _ordered_chunk(ordered, rec, gidx, s_group, k: int, probability: bool):
         return Ps[:, k:k + 1], Ps[:, k:k + 1] + Ns[:, k:k + 1]
     # mostly distinct scores: each scope's rows in score order, its groups by reduceat
     yv = rec["y"].astype(np.float64)
+    if wv is not None:
+        yv *= wv
     pv = rec["pos"]
 
     def scope(idx, j):
@@ -507,7 +546,10 @@ def _ordered_chunk(ordered, rec, gidx, s_group, k: int, probability: bool):
         if g.size == 0:
             return None, None
         st = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
-        w = np.diff(np.r_[st, g.size]).astype(np.float64)[:, None]
+        if wv is None:
+            w = np.diff(np.r_[st, g.size]).astype(np.float64)[:, None]
+        else:
+            w = np.add.reduceat(wv[idx], st)[:, None]
         p = np.add.reduceat(yv[idx], st)[:, None]
         ordered.add(p, w - p, w, s_group[g[st]] if probability else None, cols=slice(j, j + 1))
         return p, w
@@ -537,3 +579,38 @@ def _curves(overall_roc, hard, probability: bool) -> dict:
                                  "rate": (sy[filled] / cnt[filled]).tolist(),
                                  "count": cnt[filled].astype(int).tolist()}
     return curves
+
+
+def bootstrap_intervals(s: np.ndarray, y: np.ndarray, position: np.ndarray, request: np.ndarray, *,
+                        probability: bool, n_bins: int = 10, n: int = 0, seed: int = 0, level: float = 0.95,
+                        key: np.ndarray | None = None, packed: np.ndarray | None = None) -> dict:
+    """Percentile intervals of every compared metric of :func:`score_tables`' scopes (``overall``,
+    ``excluding_first`` and each position) from ``n`` request-level resamples: whole requests drawn
+    with replacement (their drafts are correlated, rows are not independent), each resample scored
+    as multinomial row weights through the same accumulators and the same order (``key``) as the
+    point table. Every scope's interval comes from the *same* resamples; a scope no drawn request
+    reaches, or whose metric is undefined in a resample, skips that resample."""
+    rng = np.random.default_rng(seed)
+    _, group = np.unique(np.asarray(request), return_inverse=True)
+    n_groups = int(group.max()) + 1 if group.size else 0
+    if key is None:
+        key = order_keys(np.asarray(s, dtype=np.float64))
+    if packed is None:
+        packed = pack_rows(y, position)
+    draws: dict = {"overall": {}, "excluding_first": {}}
+    compared = names("table", compared=True)
+    for _ in range(n if n_groups else 0):
+        counts = rng.multinomial(n_groups, np.full(n_groups, 1.0 / n_groups)).astype(np.float64)
+        t = score_tables(s, y, position, probability=probability, n_bins=n_bins, key=key, packed=packed,
+                         weights=counts[group])
+        for scope, block in (("overall", t["overall"]), ("excluding_first", t["excluding_first"]),
+                             *t["per_position"].items()):
+            if block["n"] <= 0:
+                continue
+            got = draws.setdefault(scope, {})
+            for m in compared:
+                if block.get(m) is not None:
+                    got.setdefault(m, []).append(block[m])
+    lo, hi = (1 - level) / 2 * 100, (1 + level) / 2 * 100
+    return {scope: {m: [float(np.percentile(x, lo)), float(np.percentile(x, hi))] for m, x in d.items()}
+            for scope, d in draws.items()}

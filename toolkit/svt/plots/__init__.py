@@ -130,17 +130,13 @@ def pareto(report: dict, ax=None):
     return fig
 
 
-def _plot_kinds(fit: dict) -> tuple[str, ...]:
-    """The figures a fit file can draw by itself (none for a file that is not an svt fit)."""
-    from svt.fit import FITTERS
-
-    cls = FITTERS.get(fit.get("model")) if isinstance(fit, dict) else None
-    return cls.plot_kinds if cls is not None else ()
-
-
-def coefficients(fit: dict, ax=None):
-    """An online fit's slope and intercepts per refit cycle."""
-    if "coefficients" not in _plot_kinds(fit) or not fit.get("path"):
+def coefficients(fit, ax=None):
+    """An online fit's slope and intercepts per refit cycle (``fit``: from ``svt.fit.fit_runs`` or
+    ``Fitter.load``)."""
+    if "coefficients" not in getattr(fit, "plot_kinds", ()):
+        raise DataError("Expected an online fit (irls-online) with a coefficient path.")
+    fit = fit.record()
+    if not fit.get("path"):
         raise DataError("Expected an online fit (irls-online) with a coefficient path.")
     fig, ax = figure_axes(ax, (7.2, 4.6))
     path = fit["path"]
@@ -198,17 +194,20 @@ def get_plot(name: str):
     except KeyError:
         raise ConfigError(f"Unknown plot kind {name!r}; known kinds: {', '.join(PLOTS)}, all.") from None
 
-    def checked(data: dict, ax=None):
+    def checked(data, ax=None):
+        from svt.fit import Fitter
+
         wants_fit = name == "coefficients"
+        is_fit = isinstance(data, Fitter)
         is_report = isinstance(data, dict) and "features" in data and "runs" in data
-        if wants_fit and (not isinstance(data, dict) or "model" not in data):
+        if wants_fit and not is_fit:
             raise DataError("`coefficients` draws a fit file from `svt fit` (an irls-online fit).")
         if is_report and data.get("kind") == "cache-only" and name not in ("hvd", "yield-pr", "hvd-map"):
             raise DataError(f"`{name}` draws acceptance features; this report is of runs without model drafts "
                             "(cache drafts only). Its figures: hvd, yield-pr, hvd-map.")
         if not wants_fit and not is_report:
             raise DataError(f"`{name}` draws a report from `svt evaluate` (its directory or report.json), "
-                            "not " + ("a fit file." if isinstance(data, dict) and "model" in data else "this file."))
+                            "not " + ("a fit file." if is_fit else "this file."))
         try:
             return fn(data, ax=ax)
         except (KeyError, TypeError, ValueError, IndexError) as exc:
@@ -218,11 +217,16 @@ def get_plot(name: str):
     return checked
 
 
-def read_input(path: str | Path) -> dict:
-    """A report (its directory or report.json) or a fit file."""
+def read_input(path: str | Path):
+    """A report (its directory or report.json; a dict) or a fit file (its fitter)."""
+    from svt.fit import Fitter
+    from svt.fit.files import is_fit_file
+
     path = Path(path)
     if path.is_dir():
         path = path / "report.json"
+    if is_fit_file(path):
+        return Fitter.load(path)
     return read_json(path, "Report or fit file (a report directory, report.json or a fit file)")
 
 
@@ -249,8 +253,10 @@ def plot_all(report_dir: str | Path, fits: list[str | Path] = ()) -> list[Path]:
             out.append(save(PLOTS[kind](report), report_dir / "figures" / f"{kind}.png"))
         except DataError:
             continue
+    from svt.fit import Fitter
+
     for fit_path in fits:
-        fit = read_input(fit_path)
-        if "coefficients" in _plot_kinds(fit):
+        fit = Fitter.load(fit_path)
+        if "coefficients" in fit.plot_kinds:
             out.append(save(coefficients(fit), report_dir / "figures" / f"coefficients-{Path(fit_path).stem}.png"))
     return out

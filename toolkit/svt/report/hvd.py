@@ -44,16 +44,16 @@ def _scores(fit_dicts: list[dict], fit_paths: list[str], rows: pl.DataFrame, dra
             run_ids: list, runs: list[Path]) -> tuple[dict[str, np.ndarray], set]:
     """Predictions of every yield fit and rule on all rows, and the (run, request) keys every fit may
     be scored on (its held-out requests, or all for runs it never saw)."""
-    from svt.fit import evaluation_mask, name_fits, predict
+    from svt.fit import PredictContext, evaluation_mask, name_fits
 
     preds: dict[str, np.ndarray] = {}
-    names = name_fits(fit_paths, [f["model"] for f in fit_dicts])
+    names = name_fits(fit_paths, [f.name for f in fit_dicts])
     keys = set(map(tuple, rows.select("_run", "request").unique().rows()))
     for fit, name in zip(fit_dicts, names, strict=True):
         # a request without any draft was never trained on: every fit may score it
         ok = evaluation_mask(fit, rows, run_ids, runs)
         keys &= set(map(tuple, rows.filter(pl.Series(ok)).select("_run", "request").unique().rows()))
-        preds[name] = predict(fit, rows, runs)
+        preds[name] = fit.predict(rows, PredictContext(runs=[Path(r) for r in runs]))
     for rule in YIELD_RULES:
         preds[rule] = rows[rule].to_numpy().astype(np.float64)
     if not keys:
@@ -110,7 +110,7 @@ def _sweeps(rows: pl.DataFrame, preds: dict[str, np.ndarray], keys: set, k: int,
 def hvd_report(runs: list[Path], fit_paths: list[str], run_ids: list, *, costs_path: str | None,
                high_yield: int = 6, seed: int = 0) -> dict:
     """report.json's ``cache``, ``yield`` and ``hvd`` entries for the runs and yield fits."""
-    from svt.fit import load_fit
+    from svt.fit import Fitter
     from svt.fit.yield_data import load_cache_drafts_for_fit
     from svt.traces.io import open_run
 
@@ -126,7 +126,7 @@ def hvd_report(runs: list[Path], fit_paths: list[str], run_ids: list, *, costs_p
         if fit_paths:
             raise DataError("The cache proposed no draft in these runs: no yield fit can be scored.")
         return {"cache": cache_opportunity(rows, high_yield), "yield": None, "hvd": None}
-    fits = [load_fit(p) for p in fit_paths]
+    fits = [Fitter.load(p) for p in fit_paths]
     preds, keys = _scores(fits, fit_paths, rows, drafted, run_ids, runs)
     keys_df = pl.DataFrame(sorted(keys), schema={"_run": rows.schema["_run"], "request": pl.Int64}, orient="row")
     ev = (rows.with_columns(**{f"_p_{i}": pl.Series(v) for i, v in enumerate(preds.values())})

@@ -16,12 +16,8 @@ import polars as pl
 from svt.errors import DataError
 from svt.features import DEFAULT_FEATURES, Feature
 from svt.metrics import ordered
-from svt.metrics.ordered import order_keys, pack_rows, score_tables
-from svt.metrics.tables import (
-    ScoreData,
-    bootstrap_intervals,
-    length_calibration_from_steps,
-)
+from svt.metrics.ordered import bootstrap_intervals, order_keys, pack_rows, score_tables
+from svt.metrics.tables import length_calibration_from_steps
 from svt.traces.identity import data_identity, experiment
 from svt.traces.io import open_run, open_runs
 
@@ -144,15 +140,12 @@ def _feature_block(labelled: pl.LazyFrame, feat: Feature, opts: EvaluateOptions,
                          packed=packed, shared=cols.setdefault("_shared", {}))
     del table["_key"]
     if opts.bootstrap:
-        y = packed["y"].astype(np.float64)
-        order = (key & np.uint64(0xFFFFFFFF)).astype(np.intp)
-        d = ScoreData(y, scores.astype(np.float64), packed["pos"], cols["_req"], order, {})
-        cis = bootstrap_intervals(d, sorted(table["per_position"]), probability=feat.probability,
-                                  n_bins=opts.n_bins, n=opts.bootstrap, seed=opts.seed)
+        cis = bootstrap_intervals(scores, packed["y"], packed["pos"], cols["_req"], probability=feat.probability,
+                                  n_bins=opts.n_bins, n=opts.bootstrap, seed=opts.seed, key=key, packed=packed)
         table["overall"]["ci95"] = cis["overall"]
         table["excluding_first"]["ci95"] = cis["excluding_first"]
         for k, block in table["per_position"].items():
-            block["ci95"] = cis[k]
+            block["ci95"] = cis.get(k, {})
     block = {"lossless": feat.lossless, "probability": feat.probability, "direction": feat.direction,
              "shown_as": feat.shown_as, "description": feat.description, **table.pop("overall")}
     block["excluding_first"] = table["excluding_first"]
@@ -252,32 +245,31 @@ def add_fits(drafts: pl.DataFrame, runs, infos, fits: list[str]) -> tuple[pl.Dat
     """A column of predictions per fit (null where the fit may not be scored) and its Feature."""
     if not fits:
         return drafts, []
-    from svt.fit import estimator, evaluation_mask, load_drafts_for_fit, load_fit, predict
+    from svt.fit import Fitter, PredictContext, evaluation_mask, load_drafts_for_fit
 
     replay, _ = load_drafts_for_fit([Path(r) for r in runs])
     keys = ["_run", "request", "step", "position"]
     feats = []
     labels = _fit_labels(fits)
     for i, path in enumerate(fits):
-        fit = load_fit(path)
-        pred = predict(fit, replay, runs)
+        fit = Fitter.load(path)
+        pred = fit.predict(replay, PredictContext(runs=[Path(r) for r in runs]))
         ok = evaluation_mask(fit, replay, [r["run_id"] for r in infos], [Path(r) for r in runs])
         col = f"_fit{i}"
         scored = replay.select(keys).with_columns(pl.Series(col, np.where(ok, pred, np.nan)).fill_nan(None))
         drafts = drafts.join(scored, on=keys, how="left", maintain_order="left")
-        est = estimator(fit)
-        lossless = est.lossless  # a head reads the drafter's context, not the token: lossless
+        lossless = fit.lossless  # a head reads the drafter's context, not the token: lossless
         label = labels[i]
-        how = "prequential" if est.online else fit.get("training", {}).get("evaluation", "")
+        how = "prequential" if fit.online else fit.training_.get("evaluation", "")
         feats.append(Feature(label, pl.col(col), f"fitted predictor {Path(path).name} ({how})",
                              lossless, probability=True, partial=True))
     return drafts, feats
 
 
 def _fit_labels(paths: list[str]) -> list[str]:
-    from svt.fit import estimator, load_fit, name_fits
+    from svt.fit import Fitter, name_fits
 
-    return name_fits(paths, [estimator(load_fit(p)).label() for p in paths])
+    return name_fits(paths, [Fitter.load(p).label() for p in paths])
 
 
 def _live_run(opts: EvaluateOptions, feats: list[Feature]) -> dict:
