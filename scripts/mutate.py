@@ -308,6 +308,9 @@ MUTANTS = [
     M("logistic-load-slope-flat", "silently wrong", "fit/logistic.py",
       "self.slope_ = slope.reshape(len(self.features), -1) if self.per_position_slope else np.atleast_1d(slope)",
       "self.slope_ = np.atleast_1d(slope)", ("tests/fit/test_offline.py",)),
+    M("online-never-refit-silent", "silently wrong", "fit/irls_online.py",
+      "if np.all(est.slope_ == o.init_slope) and np.all(est.intercepts_ == o.init_intercept):", "if False:",
+      ("tests/fit/test_offline.py",)),
     M("fit-load-any-class", "silently wrong", "fit/base.py",
       'if cls is not Fitter and d["model"] != cls.name:', "if False:", ("tests/fit/test_offline.py",)),
     # a Ctrl-C polars leaves pending fires again in the cleanup: since every file write goes through

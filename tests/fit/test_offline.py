@@ -106,9 +106,20 @@ def test_bad_fit_files_and_mismatched_runs(tmp_path, small_run):
         fit_runs([small_run], "magic")
 
 
+def test_an_online_fit_that_never_refits_says_so(small_run, tmp_path):
+    """Found by a probe: --preset vllm --cycle-steps 4 (min_obs 50 labels per position per cycle)
+    never refits on a small run, and svt fit said nothing; the coefficients are the preset's start."""
+    args = ["fit", str(small_run), "--model", "irls-online", "--preset", "vllm", "--out", str(tmp_path / "v.json")]
+    r = CliRunner().invoke(app, [*args, "--cycle-steps", "4"])
+    assert r.exit_code == 0 and "WARNING: no refit moved the coefficients" in r.output, r.output
+    assert "larger --cycle-steps" in r.output
+    fit = Fitter.load(tmp_path / "v.json")
+    assert np.all(fit.slope_ == 0.0) and np.all(fit.intercepts_ == 1.5)  # the vllm preset's start
+
+
 def test_cli_fit_then_evaluate(small_run, tmp_path):
     r = CliRunner().invoke(app, ["fit", str(small_run), "--model", "irls-online", "--out", str(tmp_path / "o.json")])
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == 0 and "WARNING" not in r.output, r.output
     r = CliRunner().invoke(app, ["fit", str(small_run), "--model", "logistic", "--out", str(tmp_path / "l.json")])
     assert r.exit_code == 0, r.output
     r = CliRunner().invoke(app, ["evaluate", str(small_run), "--out", str(tmp_path / "rep"), "--feature", "q_max",

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +29,6 @@ import polars as pl
 from svt import __version__
 from svt.errors import ConfigError, DataError, SvtError
 from svt.features import get_feature
-from svt.fit.files import check_fit_out, name_fits  # noqa: F401  (re-exported)
 from svt.fit.base import (
     FITTERS,
     FitData,
@@ -39,6 +38,7 @@ from svt.fit.base import (
     get_fitter,
     register_fitter,
 )
+from svt.fit.files import check_fit_out, name_fits  # noqa: F401  (re-exported)
 
 # the registry: one import per fitter family (each module registers its classes)
 from svt.fit import calibrators, head, irls_online, logistic, yield_models  # noqa: E402, F401  isort: skip
@@ -206,68 +206,85 @@ def fit_runs(runs: list[str | Path], model: str, *, test_fraction: float | None 
     check_options(seed=seed, test_fraction=test_fraction, **options)
     est = cls.from_options(seed=seed, **options)
     try:
-        return _fit_runs(runs, model, cls, est, test_fraction, seed, where)
+        return _fit_runs(runs, cls, est, test_fraction, seed, where)
     except np.linalg.LinAlgError as exc:
         raise DataError(f"{model}: the fit's linear system is singular ({exc}): a position whose feature does not "
                         "vary, or too few labels, with no ridge to regularise it; use --ridge > 0.") from None
 
 
-def _fit_runs(runs, model: str, cls, est, test_fraction: float, seed: int, where) -> Fitter:
-    """Long because: the three data sources (cache drafts, streamed replay arrays, a drafts frame)
-    and the training record each fit carries are one sequence."""
-    est.created_ = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    est.svt_version_ = __version__
-    if cls.table == "cache_drafts":
-        from svt.fit.yield_data import load_cache_drafts_for_fit
+@dataclass
+class _Trained:
+    """What a fitter was trained on: the runs' records, K, the training rows and their label
+    statistic, and the training rows' (run, request) keys (None for an online fitter: it saw every
+    labelled draft, scored prequentially)."""
 
-        rows, infos = load_cache_drafts_for_fit(runs, where)
-        test = split_mask(rows, test_fraction, seed)
-        train = rows.filter(~pl.Series(test))
-        if train.height == 0:
-            raise DataError("No cache-draft rows in the training requests.")
-        k = int(rows["draft_len"].max())
-        est.fit(FitData(train, k, [Path(r) for r in runs], seed))
-        target = train["oracle_accepted"]
-        stats = {"mean_yield": float(target.mean()), "rows": train.height}
-    elif cls.online and cls.streams and (streamed := replay_arrays(runs, est.feature, where)) is not None:
-        arrays, infos, k = streamed  # shard by shard into arrays: runs larger than memory
+    infos: list[dict]
+    k: int
+    rows: int
+    stats: dict
+    requests: pl.DataFrame | None
+
+
+def _train_on_drafts(runs, est: Fitter, test_fraction: float, seed: int, where) -> _Trained:
+    """The drafts table: an online fitter that streams trains on replay arrays read shard by shard
+    (runs larger than memory); every other fitter on the drafts frame, offline ones on the
+    requests outside the split."""
+    if est.streams and (streamed := replay_arrays(runs, est.feature, where)) is not None:
+        arrays, infos, k = streamed
         y = arrays["label"]
         if y.size == 0:
             raise DataError("No labelled drafts: nothing to fit.")
         if y.min() == y.max():
             raise DataError(f"Only one class among the {y.size} labelled drafts: a predictor cannot be fitted.")
         est.fit_arrays(arrays["x"], arrays["position"], y, arrays["decode_step"], k)
-        stats = {"accept_rate": float(y.mean()), "rows": int(y.size)}
-        del arrays, y, streamed  # 19 bytes per draft, no longer needed while the fit is written out
-    else:
-        drafts, infos = load_drafts_for_fit(runs, where)
-        k = int(drafts["position"].max()) + 1
-        if cls.online:
-            train = _labelled(drafts)
-        else:
-            test = split_mask(drafts, test_fraction, seed)
-            train = _labelled(drafts.filter(~pl.Series(test)))
-        est.fit(FitData(train, k, [Path(r) for r in runs], seed))
-        stats = {"accept_rate": float(train["label"].mean()), "rows": train.height}
+        return _Trained(infos, k, int(y.size), {"accept_rate": float(y.mean())}, None)
+    drafts, infos = load_drafts_for_fit(runs, where)
+    k = int(drafts["position"].max()) + 1
+    train = _labelled(drafts if est.online else drafts.filter(~pl.Series(split_mask(drafts, test_fraction, seed))))
+    est.fit(FitData(train, k, [Path(r) for r in runs], seed))
+    return _Trained(infos, k, train.height, {"accept_rate": float(train["label"].mean())},
+                    None if est.online else train.select("_run", "request"))
+
+
+def _train_on_cache_drafts(runs, est: Fitter, test_fraction: float, seed: int, where) -> _Trained:
+    """The cache_drafts table (yield fitters): the rows of the requests outside the split."""
+    from svt.fit.yield_data import load_cache_drafts_for_fit
+
+    rows, infos = load_cache_drafts_for_fit(runs, where)
+    train = rows.filter(~pl.Series(split_mask(rows, test_fraction, seed)))
+    if train.height == 0:
+        raise DataError("No cache-draft rows in the training requests.")
+    k = int(rows["draft_len"].max())
+    est.fit(FitData(train, k, [Path(r) for r in runs], seed))
+    return _Trained(infos, k, train.height, {"mean_yield": float(train["oracle_accepted"].mean())},
+                    train.select("_run", "request"))
+
+
+# one data source per table a fitter trains on (``Fitter.table``)
+TRAINING_DATA = {"drafts": _train_on_drafts, "cache_drafts": _train_on_cache_drafts}
+
+
+def _fit_runs(runs, cls, est, test_fraction: float, seed: int, where) -> Fitter:
+    est.created_ = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    est.svt_version_ = __version__
+    t = TRAINING_DATA[cls.table](runs, est, test_fraction, seed, where)
     if cls.online:
-        rows = stats.pop("rows")
-        est.training_ = {"runs": infos, "rows": rows, "k": k, "cycles": len(est.est_.path_),
-                           **stats, "evaluation": "prequential"}
-    else:
-        stats.pop("rows", None)
-        for info, run in zip(infos, open_runs(runs), strict=True):  # a re-collection is recognised by its data
-            info["data"] = run_identity(run)
-        ids = train.select("_run", "request").unique().sort("_run", "request")
-        est.training_ = {"runs": infos, "rows": train.height, "k": k, "test_fraction": test_fraction,
-                           "split_seed": seed, "train_requests": ids.height,
-                           # the training requests themselves: evaluation scores every other request,
-                           # whatever rows a later reading of the runs holds
-                           "train_request_ids": [[int(a), int(b)] for a, b in ids.rows()],
-                           **stats, "evaluation": "held-out requests" if test_fraction > 0 else
-                           "none held out (--test-fraction 0): only runs it was not trained on are scored"}
-        if cls.table == "cache_drafts":
-            est.training_["cache_options"] = [open_run(r, deep=False, tables=["requests"]).meta.get("cache", {})
-                                                .get("options") for r in runs]
+        est.training_ = {"runs": t.infos, "rows": t.rows, "k": t.k, "cycles": len(est.est_.path_), **t.stats,
+                         "evaluation": "prequential"}
+        return est
+    for info, run in zip(t.infos, open_runs(runs), strict=True):  # a re-collection is recognised by its data
+        info["data"] = run_identity(run)
+    ids = t.requests.unique().sort("_run", "request")
+    est.training_ = {"runs": t.infos, "rows": t.rows, "k": t.k, "test_fraction": test_fraction, "split_seed": seed,
+                     "train_requests": ids.height,
+                     # the training requests themselves: evaluation scores every other request,
+                     # whatever rows a later reading of the runs holds
+                     "train_request_ids": [[int(a), int(b)] for a, b in ids.rows()], **t.stats,
+                     "evaluation": "held-out requests" if test_fraction > 0 else
+                     "none held out (--test-fraction 0): only runs it was not trained on are scored"}
+    if cls.table == "cache_drafts":
+        est.training_["cache_options"] = [open_run(r, deep=False, tables=["requests"]).meta.get("cache", {})
+                                          .get("options") for r in runs]
     return est
 
 

@@ -20,7 +20,6 @@ from typing import ClassVar
 import numpy as np
 import polars as pl
 
-from svt import __version__
 from svt.errors import ConfigError, DataError, SvtError
 from svt.features import get_feature
 from svt.fileio import json_text, read_json, write_text_atomic
@@ -75,7 +74,7 @@ class Fitter:
         what = []
         slope = d.get("slope")
         if slope is not None:
-            what.append(f"slope {round(slope, 4) if isinstance(slope, float) else slope}")
+            what.append(f"slope {np.round(slope, 4).tolist()}")
         if d.get("intercepts"):
             what.append(f"intercepts {[round(b, 4) for b in d['intercepts']]}")
         return what

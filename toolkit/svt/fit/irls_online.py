@@ -336,5 +336,16 @@ class IRLSOnlineFitter(Fitter):
         self.est_ = IRLSOnline.from_dict(d)
         return self
 
+    def summary(self) -> list[str]:
+        """The coefficients, and a warning when no refit moved them from their start (every cycle
+        short of ``min_obs`` labels at each position, or every refit rejected): the fit then
+        predicts with its initial coefficients throughout."""
+        o, est = self.options, self.est_
+        if np.all(est.slope_ == o.init_slope) and np.all(est.intercepts_ == o.init_intercept):
+            why = (f"every cycle of {o.cycle_steps} decode steps had fewer than {o.min_obs} labels at each position, "
+                   "or every refit was rejected; try a larger --cycle-steps" if o.min_obs else "every refit was rejected")
+            return [*super().summary(), f"WARNING: no refit moved the coefficients from their start ({why})"]
+        return super().summary()
+
     def label(self) -> str:
         return f"irls-online({self.feature})" + (" per-position slope" if self.options.per_position_slope else "")
