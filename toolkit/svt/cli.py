@@ -200,6 +200,50 @@ def merge(
          f"({c.get('labelled', 0):,} labelled)")
 
 
+@app.command("import")
+def import_(
+    fmt: Annotated[str, typer.Argument(metavar="FORMAT", help="vllm-steps, specdec-tokens, arctic-sim or table.")],
+    path: Annotated[Path, typer.Argument(help="The foreign trace file.")],
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help="The run directory to write.")],
+    mapping: Annotated[Path | None, typer.Option(help="table: a column-mapping YAML (rows, columns, workload).")] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing run in --out.")] = False,
+) -> None:
+    """Import a trace another tool wrote as a run directory; run.json says what its format lacks
+    (e.g. draft probabilities), and `svt evaluate` says which studies that rules out.
+
+    Example: [bold]svt import vllm-steps metrics.jsonl --out runs/served[/]
+    """
+    from svt.interop import import_trace
+
+    try:
+        summary = import_trace(fmt, path, out_dir, mapping=mapping, overwrite=overwrite)
+    except SvtError as exc:
+        raise _fail(exc) from None
+    _say(f"wrote {out_dir}: {summary.requests:,} requests, {summary.steps:,} steps, {summary.drafts:,} drafts "
+         f"({summary.labelled:,} labelled, acceptance {summary.acceptance:.3f})")
+
+
+@app.command()
+def export(
+    kind: Annotated[str, typer.Argument(help="profile (of a run, .json), features (of a report, .csv or "
+                                             ".parquet) or latex (of a report, .tex).")],
+    source: Annotated[Path, typer.Argument(help="A run directory (profile) or a report directory / report.json.")],
+    out_path: Annotated[Path, typer.Option("--out", "-o", help="The file to write.")],
+) -> None:
+    """Write what other tools read: a run's speculation profile (acceptance by position, acceptance
+    length), a report's feature table as CSV/Parquet, or its tables as LaTeX (booktabs).
+
+    Example: [bold]svt export profile runs/demo --out profile.json[/]
+    """
+    from svt.interop.export import export as export_
+
+    try:
+        written = export_(kind, source, out_path)
+    except SvtError as exc:
+        raise _fail(exc) from None
+    _say(f"wrote {written}")
+
+
 @app.command()
 def inspect(
     runs: Annotated[list[Path], typer.Argument(help="One or more run directories.")],

@@ -1,4 +1,4 @@
-"""Workloads: prompt sets in JSONL, each row optionally with its reference continuation.
+"""Workloads: prompt sets in JSONL (or Parquet), each row optionally with its reference continuation.
 
 A row is one of:
 
@@ -7,7 +7,16 @@ A row is one of:
 - an OpenAI-style chat record ``{"messages": [{"role": ..., "content": ...}, ...]}``: when the
   last message is an ``assistant`` turn it is the reference (what the served model answered) and
   the messages before it are the prompt, rendered with the tokenizer's chat template where it has
-  one.
+  one;
+- a benchmark question ``{"turns": ["...", ...], "category": "..."}``: the question files of
+  MT-Bench and Spec-Bench (``question.jsonl``) and SPEED-Bench's rows (its Parquet files too). The
+  first turn is the prompt (a later turn follows the model's own answer to the first, which a
+  one-prompt request cannot give); a ``reference`` list holds one reference per turn;
+- a ShareGPT conversation ``{"conversations": [{"from": "human" | "gpt" | "system", "value": ...}]}``,
+  read as the chat record it is.
+
+A row's ``category`` (benchmark questions and any other row) becomes its workload label
+``FILE/CATEGORY``, so ``svt evaluate --by workload`` compares the categories.
 
 The reference is what a strong model or a person wrote after the prompt. A reference run
 (``svt collect --engine reference``) takes it as the output; a target run keeps it beside the
@@ -42,7 +51,7 @@ REFERENCE_KEYS = ("reference", "response", "completion")
 
 def resolve_workload(name: str, config_path: str | Path | None = None) -> Path:
     """A workload name (``code`` -> data/workloads/code.jsonl) or a path to a JSONL file."""
-    candidate = name if name.endswith(".jsonl") or "/" in name else str(BUILTIN_DIR / f"{name}.jsonl")
+    candidate = name if name.endswith((".jsonl", ".json", ".parquet")) or "/" in name else str(BUILTIN_DIR / f"{name}.jsonl")
     path = resolve_path(candidate, config_path)
     if not path.is_file():
         raise ConfigError(f"Workload {name!r}: file {str(path)!r} not found.")
@@ -50,9 +59,15 @@ def resolve_workload(name: str, config_path: str | Path | None = None) -> Path:
 
 
 def read_workload(path: Path) -> list[Prompt]:
-    """Read one JSONL workload; a bad line is an error naming the file and line."""
+    """Read one JSONL (or Parquet) workload; a bad line is an error naming the file and line."""
     prompts = []
     name = path.stem
+    if path.suffix.lower() in (".parquet", ".json"):  # SPEED-Bench's Parquet; ShareGPT's JSON list
+        rows = _table_rows(path)
+        prompts = [_row(obj, name, f"{path} record {i + 1}") for i, obj in enumerate(rows)]
+        if not prompts:
+            raise ConfigError(f"{path}: the workload holds no prompts.")
+        return prompts
     with open(path, encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
@@ -70,7 +85,67 @@ def read_workload(path: Path) -> list[Prompt]:
     return prompts
 
 
+def _table_rows(path: Path) -> list[dict]:
+    if path.suffix.lower() == ".json":
+        try:
+            rows = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{path}: not valid JSON ({exc}).") from None
+        if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+            raise ConfigError(f"{path}: expected a JSON list of objects (ShareGPT's layout).")
+        return rows
+    import polars as pl
+
+    try:
+        return pl.read_parquet(path).to_dicts()
+    except Exception as exc:  # polars' errors for a damaged file: one message naming it
+        raise ConfigError(f"{path}: not a readable Parquet file ({type(exc).__name__}).") from None
+
+
+SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
+                  "bing": "assistant", "bard": "assistant", "system": "system"}
+
+
 def _row(obj: dict, name: str, where: str) -> Prompt:
+    category = obj.get("category")
+    label = f"{name}/{category}" if isinstance(category, str) and category else name
+    if "turns" in obj:
+        return _question(obj, label, where)
+    if "conversations" in obj and "messages" not in obj:
+        obj = {**{k: v for k, v in obj.items() if k != "conversations"}, "messages": _sharegpt(obj["conversations"], where)}
+    return _record(obj, label, where)
+
+
+def _question(obj: dict, label: str, where: str) -> Prompt:
+    """A benchmark question (MT-Bench, Spec-Bench, SPEED-Bench): its first turn, and the first
+    reference when the row has references."""
+    turns = obj["turns"]
+    if not (isinstance(turns, list) and turns and all(isinstance(t, str) for t in turns) and turns[0].strip()):
+        raise ConfigError(f"{where}: `turns` must be a non-empty list of strings with a non-empty first turn.")
+    ref = obj.get("reference")
+    if isinstance(ref, list):
+        ref = ref[0] if ref else None
+    if ref is not None and not isinstance(ref, str):
+        raise ConfigError(f"{where}: `reference` must be a string or a list of strings (one per turn).")
+    return Prompt(label, turns[0], None, ref or None, where, whole_answer=ref is not None)
+
+
+def _sharegpt(conv, where: str) -> list[dict]:
+    if not isinstance(conv, list) or not conv:
+        raise ConfigError(f"{where}: `conversations` must be a non-empty list of turns.")
+    out = []
+    for i, turn in enumerate(conv):
+        if not (isinstance(turn, dict) and isinstance(turn.get("value"), str)):
+            raise ConfigError(f"{where}: turn {i + 1} of `conversations` needs a string `value`.")
+        role = SHAREGPT_ROLES.get(str(turn.get("from", "")).lower())
+        if role is None:
+            raise ConfigError(f"{where}: turn {i + 1} is from {turn.get('from')!r}; expected one of "
+                              f"{', '.join(sorted(SHAREGPT_ROLES))}.")
+        out.append({"role": role, "content": turn["value"]})
+    return out
+
+
+def _record(obj: dict, name: str, where: str) -> Prompt:
     refs = [k for k in REFERENCE_KEYS if k in obj]
     if len(refs) > 1:
         raise ConfigError(f"{where}: give the reference once, but the row has {' and '.join(refs)}.")

@@ -225,10 +225,24 @@ class _Trained:
     requests: pl.DataFrame | None
 
 
+def _check_not_lacking(runs, est: Fitter) -> None:
+    """A feature that reads a column an imported run lacks (null throughout) is refused by name."""
+    from svt.features import FEATURES
+
+    lacks = set().union(*(open_run(r, deep=False).lacks("drafts") for r in runs))
+    for name in getattr(est, "features", None) or [getattr(est, "feature", "")]:
+        f = FEATURES.get(name)
+        need = sorted(set(f.expr.meta.root_names()) & lacks) if f is not None else []
+        if need:
+            raise DataError(f"Feature {name!r} reads {', '.join(need)}, which the imported run lacks "
+                            "(run.json `import.lacks`); fit on a feature of the columns it carries.")
+
+
 def _train_on_drafts(runs, est: Fitter, test_fraction: float, seed: int, where) -> _Trained:
     """The drafts table: an online fitter that streams trains on replay arrays read shard by shard
     (runs larger than memory); every other fitter on the drafts frame, offline ones on the
     requests outside the split."""
+    _check_not_lacking(runs, est)
     if est.streams and (streamed := replay_arrays(runs, est.feature, where)) is not None:
         arrays, infos, k = streamed
         y = arrays["label"]

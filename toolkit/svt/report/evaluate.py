@@ -63,6 +63,10 @@ def _context(runs: list[Path], opts: EvaluateOptions) -> ReportContext | dict:
     head = opened.drafts.head(1000).collect()
     for f in feats:
         check_feature(f, head)
+    # an imported trace may lack draft probabilities: the features that read them are not computed
+    not_computed = {f.name: f"needs {', '.join(opened.missing(f))}, which the imported run lacks"
+                    for f in feats if opened.missing(f)}
+    feats = [f for f in feats if f.name not in not_computed]
     if opts.by is not None and opts.by not in head.columns:
         raise DataError(f"Cannot group by {opts.by!r}: the drafts table has no such column "
                         f"(columns: {', '.join(head.columns)}).")
@@ -70,7 +74,7 @@ def _context(runs: list[Path], opts: EvaluateOptions) -> ReportContext | dict:
     in_memory = bool(acc_fits or opts.bootstrap or opts.by or len(runs) > 1 or opts.costs or opts.live
                      or opened.dists or opts.in_memory)
     ctx = ReportContext(runs, opts, opened, metas, feats, source=opened.drafts, in_memory=in_memory,
-                        yield_fits=yield_fits)
+                        yield_fits=yield_fits, not_computed=not_computed)
     if in_memory:
         drafts = opened.drafts.collect().with_columns(pl.struct("run", "request").rank("dense").alias("_req"))
         drafts, fit_feats = add_fits(drafts, runs, opened.infos, acc_fits)

@@ -18,8 +18,8 @@ def to_markdown(report: dict) -> str:
     runs = ", ".join(f"`{r['run']}`" for r in report["runs"])
     sampling = report["runs"][0].get("sampling") or {}
     lines = ["# svt evaluation report\n",
-             f"Runs: {runs}. Sampling: temperature {sampling.get('temperature')}, top-p "
-             f"{sampling.get('top_p')}. svt {report['svt_version']}, {report['created']}.\n",
+             f"Runs: {runs}. Sampling: temperature {_recorded(sampling.get('temperature'))}, top-p "
+             f"{_recorded(sampling.get('top_p'))}. svt {report['svt_version']}, {report['created']}.\n",
              f"Labelled drafts: {report['acceptance']['labelled']:,}; acceptance rate "
              f"{report['acceptance']['rate']:.4f}; mean acceptance length (incl. the bonus token) "
              f"{report['acceptance']['mean_acceptance_length']:.3f}.\n",
@@ -27,6 +27,13 @@ def to_markdown(report: dict) -> str:
              "need a probability (features marked *probability: no* need a fitted predictor); AUC "
              "needs both classes. ECE: 10 equal-width bins; ece_mass: 10 equal-mass bins. Brackets: 95% request-level bootstrap "
              "intervals. " + DIRECTION_NOTE + "\n"]
+    for r in report["runs"]:
+        imp = r.get("import")
+        if imp:  # an imported trace: where it came from and what it cannot give
+            cannot = "; ".join(imp.get("cannot_study") or [])
+            lines.append(f"`{r['run']}` is imported ({imp.get('format')}, from `{imp.get('source')}`); it lacks "
+                         + "; ".join(f"{t} {', '.join(c)}" for t, c in (imp.get("lacks") or {}).items())
+                         + (f". Cannot study {cannot}." if cannot else ".") + "\n")
     for section in SECTIONS:
         lines += section.markdown(report)
     return "\n".join(lines) + "\n"
@@ -85,3 +92,7 @@ def write_report(report: dict, out_dir: str | Path) -> tuple[Path, Path]:
                        ("report.md", to_markdown(report))):
         paths.append(write_text_atomic(out / name, text))
     return paths[0], paths[1]
+
+
+def _recorded(value) -> str:
+    return "not recorded" if value is None else str(value)

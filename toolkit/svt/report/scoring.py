@@ -50,6 +50,16 @@ class Opened:
     parts: list[list[pl.LazyFrame]]
     dists: list[pl.LazyFrame]
     infos: list[dict]
+    lacks: frozenset[str] = frozenset()  # drafts columns some run's source does not carry (imports)
+
+    @property
+    def soft_labels(self) -> list[str]:
+        """The soft labels every run carries."""
+        return [c for c in SOFT_LABELS if c not in self.lacks]
+
+    def missing(self, feat: Feature) -> list[str]:
+        """The columns ``feat`` reads that some run lacks (then it is not computed)."""
+        return sorted(set(feat.expr.meta.root_names()) & self.lacks)
 
     @property
     def drafts(self) -> pl.LazyFrame:
@@ -58,7 +68,7 @@ class Opened:
 
 def open_for_evaluation(runs: list[Path]) -> Opened:
     """Open and validate the runs; nothing is loaded but each run's fingerprint, shard by shard."""
-    parts, dists, infos = [], [], []
+    parts, dists, infos, lacks = [], [], [], set()
     names = [Path(r).name for r in runs]
     if len(set(names)) != len(names):
         names = [str(r) for r in runs]
@@ -68,6 +78,7 @@ def open_for_evaluation(runs: list[Path]) -> Opened:
         if run.has("dists"):
             dists.append(run.scan("dists").with_columns(pl.lit(name).alias("run")))
         meta = run.meta
+        lacks |= set(run.lacks("drafts"))
         infos.append({"run": name, "path": str(path), "run_id": meta.get("run_id"),
                       "sampling": meta.get("sampling"), "k": meta.get("k"),
                       "models": {k: v.get("path") for k, v in meta.get("models", {}).items()
@@ -78,8 +89,10 @@ def open_for_evaluation(runs: list[Path]) -> Opened:
                       "labels": _labels_note(run),
                       "shards": ("verified against run.json" if run.verified
                                  else "not verified: run.json records no shards (a foreign or older run)"),
+                      **({"import": {k: meta["import"][k] for k in ("format", "source", "lacks", "cannot_study")
+                                     if k in meta["import"]}} if isinstance(meta.get("import"), dict) else {}),
                       **_identity(parts[-1])})
-    return Opened(parts, dists, infos)
+    return Opened(parts, dists, infos, frozenset(lacks))
 
 
 def _identity(parts) -> dict:
@@ -114,7 +127,7 @@ def _feature_block(labelled: pl.LazyFrame, feat: Feature, opts: EvaluateOptions,
                    orders: list[np.ndarray], cache: dict) -> dict:
     if feat.partial:  # a fitted predictor: only the rows it may be scored on
         labelled = labelled.filter(feat.expr.is_not_null())
-        cols = _columns([labelled], opts.bootstrap > 0)
+        cols = _columns([labelled], opts.bootstrap > 0, cache["_cols"]["soft"])
         scores = labelled.select(feat.expr.cast(pl.Float64).alias("s")).collect()["s"].to_numpy()
     else:
         cols = cache["_cols"]
@@ -136,7 +149,7 @@ def _feature_block(labelled: pl.LazyFrame, feat: Feature, opts: EvaluateOptions,
     # earlier score shares its sort
     packed = cols["_packed"]
     table = score_tables(scores, packed["y"], packed["pos"], probability=feat.probability,
-                         n_bins=opts.n_bins, soft={c: packed[c] for c in SOFT_LABELS}, key=key,
+                         n_bins=opts.n_bins, soft={c: packed[c] for c in cols["soft"]}, key=key,
                          packed=packed, shared=cols.setdefault("_shared", {}))
     del table["_key"]
     if opts.bootstrap:
@@ -188,40 +201,42 @@ def _part_scores(parts: list[pl.LazyFrame], feat: Feature, counts: list[int]) ->
     return out if out is not None else np.empty(0)
 
 
-def _columns(parts: list[pl.LazyFrame], requests: bool) -> dict:
+def _columns(parts: list[pl.LazyFrame], requests: bool, soft: tuple[str, ...] | list[str] = SOFT_LABELS) -> dict:
     """Labels, positions and soft labels packed one record per row, filled part by part (and the
     request keys for the bootstrap); the separate columns are not kept."""
+    soft = list(soft)  # the soft labels the runs carry
     counts = [int(p.select(pl.len()).collect().item()) for p in parts]
     n = sum(counts)
-    first = parts[0].select("label", "position", *SOFT_LABELS).head(1).collect()
+    first = parts[0].select("label", "position", *soft).head(1).collect()
     packed = np.empty(n, dtype=pack_rows(first["label"].to_numpy(), first["position"].to_numpy(),
-                                         {c: first[c].to_numpy() for c in SOFT_LABELS}).dtype)
+                                         {c: first[c].to_numpy() for c in soft}).dtype)
     req = np.empty(n, dtype=np.int64) if requests else None
     at = 0
     for part, m in zip(parts, counts, strict=True):
-        frame = part.select("label", "position", *SOFT_LABELS, *(["_req"] if requests else [])).collect()
+        frame = part.select("label", "position", *soft, *(["_req"] if requests else [])).collect()
         if frame.height != m:
             raise DataError(f"A part of the drafts changed while it was read ({frame.height} rows, then {m}).")
         pack_rows(frame["label"].to_numpy(), frame["position"].to_numpy(),
-                  {c: frame[c].to_numpy() for c in SOFT_LABELS}, out=packed[at:at + m])
+                  {c: frame[c].to_numpy() for c in soft}, out=packed[at:at + m])
         if requests:
             req[at:at + m] = frame["_req"].to_numpy()
         at += m
-    cols = {"_packed": packed, "n": n, "counts": counts}
+    cols = {"_packed": packed, "n": n, "counts": counts, "soft": soft}
     if requests:
         cols["_req"] = req
     return cols
 
 
 def features_table(labelled: pl.LazyFrame | pl.DataFrame, feats: list[Feature], opts: EvaluateOptions,
-                    parts: list[pl.LazyFrame] | None = None) -> dict:
+                    parts: list[pl.LazyFrame] | None = None, soft: list[str] | None = None) -> dict:
     """Every feature's block. ``labelled``: the labelled drafts (``parts``: the same rows in
     pieces, e.g. one per shard, read one at a time). Up to ``ordered.LARGE`` rows the features are
     computed together and scored on a thread pool; beyond, one at a time (a score, its sort keys
     and the packed rows are what memory holds: 25 to 29 bytes per labelled draft)."""
     labelled = labelled.lazy()
     parts = parts or [labelled]
-    cache: dict = {"_cols": _columns(parts, opts.bootstrap > 0), "_parts": parts}
+    cache: dict = {"_cols": _columns(parts, opts.bootstrap > 0, SOFT_LABELS if soft is None else soft),
+                   "_parts": parts}
     n = cache["_cols"]["n"]
     if n == 0:
         raise DataError("No labelled drafts: every draft's label is null, nothing to evaluate.")

@@ -151,12 +151,15 @@ def check_shard_schema(path: Path, spec: TableSchema) -> None:
             )
 
 
-def check_shard_values(path: Path, spec: TableSchema) -> None:
-    """Nulls where not allowed, NaN or out-of-range probabilities, labels outside {0, 1}."""
+def check_shard_values(path: Path, spec: TableSchema, lacks: frozenset[str] = frozenset()) -> None:
+    """Nulls where not allowed, NaN or out-of-range probabilities, labels outside {0, 1}. ``lacks``:
+    columns the run's source does not carry (an imported trace; run.json says which): all null."""
     lf = pl.scan_parquet(path)
     checks = []
     for col in spec.columns:
-        if col not in spec.nullable:
+        if col in lacks:
+            checks.append(pl.col(col).is_not_null().sum().alias(f"lack:{col}"))
+        elif col not in spec.nullable:
             checks.append(pl.col(col).null_count().alias(f"null:{col}"))
     for col in spec.probabilities:
         bad = pl.col(col).is_nan() | (pl.col(col) < 0) | (pl.col(col) > 1)
@@ -185,6 +188,7 @@ def check_shard_values(path: Path, spec: TableSchema) -> None:
             "nonneg": "NaN, infinite or negative",
             "len": "a value other than the length of `draft_ids`",
             "yield": "a value outside [0, draft_len]",
+            "lack": "values, but run.json says the run's source lacks this column",
         }[kind]
         raise SchemaError(f"{path}: column `{col}` has {n} bad value(s): {what}.")
 
@@ -199,6 +203,15 @@ class Run:
 
     def has(self, table: str) -> bool:
         return bool(self.shards.get(table))
+
+    def lacks(self, table: str) -> list[str]:
+        """Columns of ``table`` the run's source does not carry (null throughout): an imported
+        trace's run.json names them (``import.lacks``); a collected run lacks none."""
+        lacks = (self.meta.get("import") or {}).get("lacks") or {}
+        cols = lacks.get(table) if isinstance(lacks, dict) else None
+        if cols is not None and not (isinstance(cols, list) and all(c in get_table(table).columns for c in cols)):
+            raise SchemaError(f"{self.path / RUN_META}: `import.lacks.{table}` is not a list of the table's columns.")
+        return list(cols or [])
 
     @property
     def verified(self) -> bool:
@@ -300,8 +313,9 @@ def open_run(path: str | Path, *, deep: bool = True, tables: list[str] | None = 
         if isinstance(recorded, dict) and (files or spec.required):
             _check_records(path, name, files, recorded.get(name) or {}, deep)
         if deep:
+            lacks = frozenset(run.lacks(name))
             for f in files:
-                check_shard_values(f, spec)
+                check_shard_values(f, spec, lacks)
         run.shards[name] = files
     if deep and "drafts" in run.shards and isinstance(meta.get("k"), int):
         top = run.scan("drafts").select(pl.col("position").max()).collect().item()

@@ -35,6 +35,7 @@ class ReportContext:
     dists: pl.DataFrame | None = None
     in_memory: bool = False
     yield_fits: list[str] = field(default_factory=list)
+    not_computed: dict[str, str] = field(default_factory=dict)  # feature -> why (an import lacks its columns)
 
     @property
     def infos(self) -> list[dict]:

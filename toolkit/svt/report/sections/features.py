@@ -28,12 +28,20 @@ class Features(Section):
     def compute(self, ctx: ReportContext, report: dict) -> dict:
         labelled = pl.col("label").is_not_null()
         parts = None if ctx.in_memory else [p.filter(labelled) for run_parts in ctx.opened.parts for p in run_parts]
-        return {"features": features_table(ctx.source.filter(labelled), ctx.feats, ctx.opts, parts=parts)}
+        out = {"features": features_table(ctx.source.filter(labelled), ctx.feats, ctx.opts, parts=parts,
+                                          soft=ctx.opened.soft_labels)}
+        if ctx.not_computed:
+            out["features_not_computed"] = dict(ctx.not_computed)
+        return out
 
     def markdown(self, report: dict) -> list[str]:
         header = ["feature", "lossless", *HEAD]
         feats = report["features"]
-        lines = ["## All positions\n", md_table(header, feature_rows(feats)), ""]
+        skipped = report.get("features_not_computed") or {}
+        lines = [f"Not computed: {', '.join(f'{n} ({why})' for n, why in skipped.items())}.\n"] if skipped else []
+        if not feats:
+            return lines
+        lines += ["## All positions\n", md_table(header, feature_rows(feats)), ""]
         lines += ["## Excluding the first draft position\n", md_table(header, feature_rows(feats, "excluding_first")),
                   ""]
         positions = sorted({int(p) for f in feats.values() for p in f["per_position"]})
@@ -49,22 +57,26 @@ class Features(Section):
             lines += ["## ECE by draft position (probability scores)\n",
                       md_table(["feature", *map(str, positions)],
                                [[n, *(fmt(at(f, p, "ece")) for p in positions)] for n, f in prob.items()]), ""]
-        lines += ["## Soft labels\n",
-                  "AUC and (for probabilities) log-loss against `accept_prob` (min(1, p/q) of the drawn "
-                  "token) and `accept_prob_expected` (1 − TV(p, q)): lower-variance labels.\n",
-                  md_table(["feature", "AUC vs accept_prob", "log-loss vs accept_prob",
-                            "AUC vs 1−TV", "log-loss vs 1−TV"],
-                           [[shown(n, f), fmt(f["soft"]["accept_prob"]["auc"]),
-                             fmt(f["soft"]["accept_prob"]["log_loss"]),
-                             fmt(f["soft"]["accept_prob_expected"]["auc"]),
-                             fmt(f["soft"]["accept_prob_expected"]["log_loss"])] for n, f in feats.items()]), ""]
+        soft = [(c, t) for c, t in (("accept_prob", "accept_prob"), ("accept_prob_expected", "1−TV"))
+                if all(c in f["soft"] for f in feats.values())]
+        if feats and soft:
+            lines += ["## Soft labels\n",
+                      "AUC and (for probabilities) log-loss against `accept_prob` (min(1, p/q) of the drawn "
+                      "token) and `accept_prob_expected` (1 − TV(p, q)): lower-variance labels.\n",
+                      md_table(["feature", *(f"{m} vs {t}" for _, t in soft for m in ("AUC", "log-loss"))],
+                               [[shown(n, f), *(fmt(f["soft"][c][m]) for c, _ in soft for m in ("auc", "log_loss"))]
+                                for n, f in feats.items()]), ""]
         return lines
 
     def console(self, report: dict) -> list:
         from rich.text import Text
 
+        skipped = report.get("features_not_computed") or {}
+        items: list = [Text(f"not computed: {', '.join(skipped)} (the imported run lacks the columns they read)")] \
+            if skipped else []
+        if not report["features"]:
+            return items
         keep = [0, 1, *(2 + HEAD.index(k) for k in SHORT)]
-        items: list = []
         for title, scope in (("all positions", None), ("excluding the first position", "excluding_first")):
             t = new_table("feature", "lossless", *SHORT, title=f"acceptance features: {title}")
             for row in feature_rows(report["features"], scope, ci=False):

@@ -1,0 +1,87 @@
+"""svt export: the speculation profile against the report's own numbers, the flat feature table
+against report.json, LaTeX that compiles as booktabs source."""
+
+import json
+
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from svt.cli import app
+from svt.errors import ConfigError
+from svt.interop.export import export, feature_rows, latex_tables, speculation_profile
+
+
+@pytest.fixture(scope="module")
+def report(small_run, tmp_path_factory):
+    from svt.report import EvaluateOptions, evaluate
+    from svt.report.render import write_report
+
+    rep = evaluate([small_run], EvaluateOptions(features=["q_max", "entropy"], bootstrap=10))
+    out = tmp_path_factory.mktemp("rep")
+    write_report(rep, out)
+    return rep, out
+
+
+def test_the_profile_is_the_reports_acceptance(small_run, report):
+    rep, _ = report
+    prof = speculation_profile(small_run)
+    acc = rep["acceptance"]
+    assert prof["acceptance_length"]["mean"] == pytest.approx(acc["mean_acceptance_length"], abs=1e-12)
+    assert prof["acceptance_rate"] == pytest.approx(acc["rate"], abs=1e-12)
+    ours = [(p["position"], p["proposed"], p["verified"], p["accepted"]) for p in prof["per_position"]]
+    theirs = [(p["position"], p["proposed"], p["verified"], p["accepted"]) for p in acc["by_position"]]
+    assert ours == theirs
+    for p in prof["per_position"]:
+        assert p["conditional"] == pytest.approx(p["accepted"] / p["verified"])
+        assert p["marginal"] == pytest.approx(p["accepted"] / p["proposed"])
+    dist = prof["acceptance_length"]["distribution"]
+    assert sum(dist.values()) == pytest.approx(1.0)
+    assert sum(int(k) * v for k, v in dist.items()) == pytest.approx(prof["acceptance_length"]["mean"])
+    assert max(int(k) for k in dist) <= prof["k"] + 1
+
+
+def test_the_flat_feature_table_holds_every_scope_of_the_report(report, tmp_path):
+    rep, out = report
+    path = export("features", out, tmp_path / "f.csv")
+    flat = pl.read_csv(path)
+    q = rep["features"]["q_max"]
+    assert flat.height == sum(2 + len(f["per_position"]) for f in rep["features"].values())
+    row = flat.filter((pl.col("feature") == "q_max") & (pl.col("scope") == "excluding_first")).row(0, named=True)
+    assert row["auc"] == pytest.approx(q["excluding_first"]["auc"], abs=1e-12)
+    assert [row["auc_lo"], row["auc_hi"]] == pytest.approx(q["excluding_first"]["ci95"]["auc"], abs=1e-12)
+    pos1 = flat.filter((pl.col("feature") == "entropy") & (pl.col("scope") == "position 1")).row(0, named=True)
+    assert pos1["shown_as"] == "−entropy" and pos1["n"] == rep["features"]["entropy"]["per_position"][1]["n"]
+    pq = export("features", out / "report.json", tmp_path / "f.parquet")
+    assert pl.read_parquet(pq).equals(feature_rows(json.loads((out / "report.json").read_text())))
+
+
+def test_latex_escapes_and_balances(report):
+    rep, _ = report
+    tex = latex_tables(rep)
+    assert tex.count("\\begin{tabular}") == tex.count("\\end{tabular}") == 2
+    assert tex.count("\\toprule") == tex.count("\\bottomrule") == 2
+    assert "q\\_max" in tex and "log\\_loss" in tex and "_" not in tex.replace("\\_", "")
+    body = [ln for ln in tex.splitlines() if ln.startswith("q\\_max")][0]
+    assert body.count("&") == tex.splitlines()[4].count("&")  # every row has the header's columns
+
+
+@pytest.mark.parametrize(("kind", "out", "match"), [
+    ("profile", "p.csv", "writes .json"), ("features", "f.json", "writes .csv or .parquet"),
+    ("pdf", "x.pdf", "Unknown export"),
+])
+def test_a_wrong_export_is_refused_before_writing(small_run, tmp_path, kind, out, match):
+    with pytest.raises(ConfigError, match=match):
+        export(kind, small_run, tmp_path / out)
+    assert not (tmp_path / out).exists()
+
+
+def test_cli_export(small_run, report, tmp_path):
+    _, rep_dir = report
+    r = CliRunner()
+    res = r.invoke(app, ["export", "profile", str(small_run), "--out", str(tmp_path / "p.json")])
+    assert res.exit_code == 0 and json.loads((tmp_path / "p.json").read_text())["k"] >= 1, res.output
+    res = r.invoke(app, ["export", "latex", str(small_run), "--out", str(tmp_path / "t.tex")])
+    assert res.exit_code == 2 and "Traceback" not in res.output and not (tmp_path / "t.tex").exists(), res.output
+    res = r.invoke(app, ["export", "latex", str(rep_dir), "--out", str(tmp_path / "t.tex")])
+    assert res.exit_code == 0 and (tmp_path / "t.tex").read_text().startswith("%")

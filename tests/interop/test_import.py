@@ -1,0 +1,208 @@
+"""svt import: each format read from a small fixture written by hand from the format's public
+description, checked against counts worked out by hand; a file not in its format is one message
+naming the first offending record, and nothing is written."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from svt.cli import app
+from svt.errors import ConfigError, DataError, SchemaError
+from svt.interop import ImportFormatError, import_trace
+from svt.traces.io import open_run
+
+FIX = Path(__file__).parent / "fixtures"
+
+
+def _drafts(run) -> pl.DataFrame:
+    return open_run(run).scan("drafts").sort("request", "step", "position").collect()
+
+
+def test_vllm_steps_counts_become_exact_chain_labels(tmp_path):
+    out = tmp_path / "run"
+    s = import_trace("vllm-steps", FIX / "vllm_steps.jsonl", out)
+    assert (s.requests, s.steps, s.drafts, s.labelled, s.accepted) == (2, 5, 14, 11, 8)
+    d = _drafts(out)
+    # request 0, step 1: 3 drafted, 1 accepted -> accepted, rejected, never verified
+    labels = d.filter((pl.col("request") == 0) & (pl.col("step") == 1))["label"].to_list()
+    assert labels == [1, 0, None]
+    assert d.filter(pl.col("request") == 1)["workload"].unique().to_list() == ["code"]
+    steps = open_run(out).scan("steps").sort("request", "step").collect()
+    assert steps["drafted"].to_list() == [3, 3, 3, 3, 2] and steps["accepted"].to_list() == [3, 1, 0, 2, 2]
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["engine"] == "import" and meta["import"]["format"] == "vllm-steps" and meta["k"] == 3
+    assert {"q_max", "token", "accept_prob"} <= set(meta["import"]["lacks"]["drafts"])
+    assert "prompt_ids" not in meta["import"]["lacks"].get("requests", [])  # both records carry them
+    assert any("no draft probabilities" in c for c in meta["import"]["cannot_study"])
+
+
+def test_an_imported_run_is_evaluated_for_what_it_carries(tmp_path):
+    from svt.report import EvaluateOptions, evaluate
+    from svt.report.render import to_markdown
+
+    import_trace("vllm-steps", FIX / "vllm_steps.jsonl", tmp_path / "run")
+    rep = evaluate([tmp_path / "run"], EvaluateOptions())
+    assert rep["features"] == {} and "q_max" in rep["features_not_computed"]
+    acc = rep["acceptance"]
+    assert acc["mean_acceptance_length"] == pytest.approx(1 + (3 + 1 + 0 + 2 + 2) / 5)
+    by = {r["position"]: r for r in acc["by_position"]}
+    assert (by[2]["proposed"], by[2]["verified"], by[2]["accepted"]) == (4, 2, 1)
+    md = to_markdown(rep)
+    assert "is imported (vllm-steps" in md and "Not computed: q_max" in md
+
+
+def test_a_fit_on_a_column_the_import_lacks_is_refused_by_name(tmp_path):
+    from svt.fit import fit_runs
+
+    import_trace("vllm-steps", FIX / "vllm_steps.jsonl", tmp_path / "run")
+    with pytest.raises(DataError, match="'logit_qmax' reads q_max, which the imported run lacks"):
+        fit_runs([tmp_path / "run"], "logistic")
+
+
+def test_specdec_tokens_keep_p_acc_as_the_soft_label(tmp_path):
+    out = tmp_path / "run"
+    s = import_trace("specdec-tokens", FIX / "specdec_tokens.jsonl", out)
+    assert (s.drafts, s.labelled, s.accepted) == (14, 10, 7)
+    d = _drafts(out)
+    first = d.filter((pl.col("request") == 0) & (pl.col("step") == 0))
+    assert first["label"].to_list() == [1, 1, 0, None] and first["token"].to_list() == [11, 12, 13, 14]
+    np.testing.assert_allclose(first["accept_prob"].to_numpy(), [1.0, 0.9, 0.35, 0.2], rtol=1e-6)
+    meta = json.loads((out / "run.json").read_text())["import"]
+    assert "accept_prob" not in meta["lacks"]["drafts"] and "accept_prob_expected" in meta["lacks"]["drafts"]
+    assert meta["prompt_ids"].startswith("given for 1 of 2 requests")  # half given: not imported
+    assert d["workload"].unique().sort().to_list() == ["math", "writing"]
+
+
+def test_arctic_simulator_tasks_become_workloads(tmp_path):
+    out = tmp_path / "run"
+    s = import_trace("arctic-sim", FIX / "arctic_sim.csv", out)
+    assert (s.requests, s.steps, s.drafts, s.labelled, s.accepted) == (3, 7, 17, 14, 11)
+    steps = open_run(out).scan("steps").sort("request", "step").collect()
+    np.testing.assert_allclose(steps["draft_ms"].to_numpy()[:3], [0.012, 0.020, 0.018], rtol=1e-6)
+    assert steps["verify_ms"].null_count() == steps.height  # a simulator has no target
+    reqs = open_run(out).scan("requests").sort("request").collect()
+    assert reqs["workload"].to_list() == ["task 0", "task 0", "task 1"]
+    meta = json.loads((out / "run.json").read_text())["import"]
+    assert meta["tasks"]["1"]["max_spec_factor"] == 2.0
+
+
+def test_arctic_tree_speculation_is_refused_naming_the_row(tmp_path):
+    bad = tmp_path / "tree.csv"
+    lines = (FIX / "arctic_sim.csv").read_text().splitlines()
+    lines[3] = lines[3].replace("False", "True", 1)
+    bad.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ImportFormatError, match=r"row 3 \(line 4\): use_tree_spec is true"):
+        import_trace("arctic-sim", bad, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_table_import_round_trips_a_collected_run(small_run, tmp_path):
+    """A collected run's drafts written as a flat CSV and read back through a mapping give the
+    same acceptance by position and the same q_max AUC."""
+    from svt.metrics.tables import acceptance_by_position
+    from svt.report import EvaluateOptions, evaluate
+
+    src = open_run(small_run).scan("drafts").collect()
+    flat = tmp_path / "drafts.csv"
+    src.select(pl.col("request").alias("req"), pl.col("step").alias("it"), pl.col("position").alias("pos"),
+               pl.col("label").alias("ok"), pl.col("q_max").alias("conf"), "workload").write_csv(flat)
+    (tmp_path / "map.yaml").write_text("rows: drafts\ncolumns: {request: req, step: it, position: pos, label: ok, "
+                                       "q_max: conf}\nworkload: workload\n")
+    import_trace("table", flat, tmp_path / "run", mapping=tmp_path / "map.yaml")
+    a = acceptance_by_position(src)
+    b = acceptance_by_position(open_run(tmp_path / "run").scan("drafts"))
+    assert a.equals(b)
+    both = [evaluate([r], EvaluateOptions(features=["q_max"]))["features"]["q_max"] for r in (small_run, tmp_path / "run")]
+    assert both[0]["auc"] == pytest.approx(both[1]["auc"], abs=1e-12)
+    assert both[0]["log_loss"] == pytest.approx(both[1]["log_loss"], rel=1e-6)  # float32 through CSV text
+
+
+def test_table_steps_rows_give_chain_drafts(tmp_path):
+    f = tmp_path / "steps.parquet"
+    pl.DataFrame({"r": [7, 7, 9], "s": [0, 1, 0], "d": [4, 4, 2], "a": [4, 1, 0]}).write_parquet(f)
+    (tmp_path / "m.yaml").write_text("rows: steps\ncolumns: {request: r, step: s, drafted: d, accepted: a}\n")
+    s = import_trace("table", f, tmp_path / "run", mapping=tmp_path / "m.yaml")
+    assert (s.requests, s.drafts, s.labelled, s.accepted) == (2, 10, 7, 5)  # 4 + (1, 0) + (0)
+
+
+@pytest.mark.parametrize(("rows", "mapping", "match"), [
+    ("req,it,pos,ok\n0,0,0,1\n0,0,1,2\n", "label: ok", r"row 2 \(line 3\): `ok` \(svt's `label`\) is 2"),
+    ("req,it,pos,ok\n0,0,0,0\n0,0,1,1\n", "label: ok", r"request 0 step 0 has labels that are not a chain's"),
+    ("req,it,pos,ok\n0,0,0,1\n0,0,2,1\n", "label: ok", r"positions that are not 0, 1"),
+    ("req,it,pos,ok\n0,0,0,1\n0,x,1,1\n", "label: ok", r"row 2 \(line 3\): `it` \(svt's `step`\) is 'x'"),
+])
+def test_a_table_not_as_mapped_names_the_first_bad_row(tmp_path, rows, mapping, match):
+    (tmp_path / "t.csv").write_text(rows)
+    (tmp_path / "m.yaml").write_text(f"rows: drafts\ncolumns: {{request: req, step: it, position: pos, {mapping}}}\n")
+    with pytest.raises(ImportFormatError, match=match):
+        import_trace("table", tmp_path / "t.csv", tmp_path / "run", mapping=tmp_path / "m.yaml")
+    assert not (tmp_path / "run").exists() and not list(tmp_path.glob(".*run*"))
+
+
+@pytest.mark.parametrize(("mapping", "match"), [
+    ("rows: drafts\ncolumns: {request: req, step: it, position: pos}\n", "need label"),
+    ("rows: drafts\ncolumns: {request: req, step: it, position: pos, label: ok, colour: c}\n",
+     "colour is not a column of svt's drafts table"),
+    ("rows: tokens\ncolumns: {}\n", "`rows` must be drafts or steps"),
+    ("rows: drafts\ncolumns: {request: req, step: it, position: pos, label: nope}\n", "no column nope"),
+])
+def test_a_bad_mapping_is_one_message(tmp_path, mapping, match):
+    (tmp_path / "t.csv").write_text("req,it,pos,ok\n0,0,0,1\n")
+    (tmp_path / "m.yaml").write_text(mapping)
+    with pytest.raises((ConfigError, ImportFormatError), match=match):
+        import_trace("table", tmp_path / "t.csv", tmp_path / "run", mapping=tmp_path / "m.yaml")
+
+
+@pytest.mark.parametrize(("fmt", "text", "match"), [
+    ("vllm-steps", '{"per_step_drafted": [2], "per_step_accepted": [1]}\nnot json\n', r"\.jsonl:2: not valid JSON"),
+    ("vllm-steps", '{"per_step_drafted": [2, 2], "per_step_accepted": [1]}\n', r":1: `per_step_drafted` has 2 steps"),
+    ("vllm-steps", '{"per_step_drafted": [2], "per_step_accepted": [3]}\n', r":1: step 0: 3 accepted of 2 drafted"),
+    ("vllm-steps", '{"drafted": [2]}\n', r":1: expected `per_step_drafted`"),
+    ("specdec-tokens", '{"steps": [{"draft_tokens": [1, 2], "p_acc": [0.5, 1.5], "accepted": 1}]}\n',
+     r":1 step 0: `p_acc` must hold one number in \[0, 1\]"),
+    ("specdec-tokens", '{"steps": [{"draft_tokens": [1, 2], "p_acc": [0.5, 0.5], "accepted": 3}]}\n',
+     r":1 step 0: `accepted` must be an integer from 0 to 2"),
+])
+def test_a_record_not_in_the_format_is_named(tmp_path, fmt, text, match):
+    (tmp_path / "f.jsonl").write_text(text)
+    with pytest.raises(ImportFormatError, match=match):
+        import_trace(fmt, tmp_path / "f.jsonl", tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_cli_import_errors_and_overwrite_keep_the_old_run(tmp_path):
+    r = CliRunner()
+    out = tmp_path / "run"
+    ok = r.invoke(app, ["import", "vllm-steps", str(FIX / "vllm_steps.jsonl"), "--out", str(out)])
+    assert ok.exit_code == 0 and "2 requests, 5 steps, 14 drafts" in ok.output, ok.output
+    before = (out / "run.json").read_text()
+    again = r.invoke(app, ["import", "vllm-steps", str(FIX / "vllm_steps.jsonl"), "--out", str(out)])
+    assert again.exit_code == 2 and "--overwrite" in again.output
+    (tmp_path / "bad.jsonl").write_text('{"per_step_drafted": [1], "per_step_accepted": [2]}\n')
+    bad = r.invoke(app, ["import", "vllm-steps", str(tmp_path / "bad.jsonl"), "--out", str(out), "--overwrite"])
+    assert bad.exit_code != 0 and "Traceback" not in bad.output and "1 drafted" in bad.output
+    assert (out / "run.json").read_text() == before  # the old run is untouched
+    for args, msg in ((["import", "csv-ish", "x", "--out", str(tmp_path / "o")], "Unknown import format"),
+                      (["import", "vllm-steps", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "o")], "not found"),
+                      (["import", "vllm-steps", str(FIX / "vllm_steps.jsonl"), "--mapping", "m.yaml", "--out",
+                        str(tmp_path / "o")], "takes no --mapping")):
+        res = r.invoke(app, args)
+        assert res.exit_code == 2 and msg in res.output and not (tmp_path / "o").exists(), res.output
+
+
+def test_the_reader_holds_an_import_to_what_it_says_it_lacks(tmp_path):
+    out = tmp_path / "run"
+    import_trace("vllm-steps", FIX / "vllm_steps.jsonl", out)
+    meta = json.loads((out / "run.json").read_text())
+    meta["import"]["lacks"]["drafts"].remove("q_max")  # q_max is all null but no longer declared lacking
+    (out / "run.json").write_text(json.dumps(meta))
+    with pytest.raises(SchemaError, match="`q_max` has 14 bad value"):
+        open_run(out)
+    meta["import"]["lacks"]["drafts"] = ["q_max", "colour"]
+    (out / "run.json").write_text(json.dumps(meta))
+    with pytest.raises(SchemaError, match="import.lacks.drafts"):
+        open_run(out)

@@ -1,0 +1,70 @@
+"""``arctic-sim``: the per-step records of arctic-inference's suffix-decoding simulator.
+
+arctic-inference (Snowflake, version 0.3) ships ``arctic_inference.suffix_decoding.simulator``,
+which replays a dataset's responses through a SuffixDecoding cache and writes one CSV row per
+request and step: ``task_id`` (one configuration of its sweep), ``request_id``, ``step``,
+``num_spec_toks`` (drafted), ``num_accept_toks`` (accepted), ``num_out_toks``, ``spec_ms`` (the
+cache lookup), ``match_len``, ``score``, and the configuration (``max_depth``, ``max_spec_factor``,
+``min_token_prob``, ``use_tree_spec``, ...). Each task becomes a workload (``task 0``, ...), so
+``svt evaluate --by workload`` compares the configurations. Tree speculation (``use_tree_spec``)
+drafts trees, not chains: those rows are refused. There is no target model, so no verify time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+
+from svt.interop.base import Imported, Importer, chain_drafts, fail
+from svt.interop.records import row_where, table_file
+
+NEEDED = ("task_id", "request_id", "step", "num_spec_toks", "num_accept_toks", "num_out_toks", "spec_ms")
+
+
+class ArcticSim(Importer):
+    name = "arctic-sim"
+    description = "arctic-inference's suffix-decoding simulator output (one CSV row per request and step)"
+
+    def read(self, path: Path, mapping: dict | None = None) -> Imported:
+        f = table_file(path)
+        missing = [c for c in NEEDED if c not in f.columns]
+        if missing:
+            raise fail(str(path), f"not simulator output: no column {', '.join(missing)} (found {', '.join(f.columns)}).")
+        f = f.with_row_index("_row")
+        for col in NEEDED[:-1]:
+            bad = f.filter(pl.col(col).cast(pl.Int64, strict=False).is_null() | (pl.col(col).cast(pl.Int64, strict=False) < 0))
+            if bad.height:
+                raise fail(row_where(path, bad["_row"][0]), f"`{col}` is {bad[col][0]!r}, not a non-negative integer.")
+        if "use_tree_spec" in f.columns:
+            tree = f.filter(pl.col("use_tree_spec").cast(pl.String).str.to_lowercase().is_in(["true", "1"]))
+            if tree.height:
+                raise fail(row_where(path, tree["_row"][0]), "use_tree_spec is true: tree drafts are not chains, so "
+                                                            "their positions have no acceptance labels; import chain runs.")
+        over = f.filter(pl.col("num_accept_toks") > pl.col("num_spec_toks"))
+        if over.height:
+            raise fail(row_where(path, over["_row"][0]), "more tokens accepted than drafted.")
+        f = f.sort("task_id", "request_id", "step")
+        keys = f.select("task_id", "request_id").unique(maintain_order=True).with_row_index("request")
+        f = f.join(keys, on=["task_id", "request_id"], how="left", maintain_order="left")
+        dup = f.filter(pl.struct("request", "step").is_duplicated())
+        if dup.height:
+            raise fail(row_where(path, dup["_row"][0]), f"task {dup['task_id'][0]} request {dup['request_id'][0]} has "
+                                                        f"step {dup['step'][0]} more than once.")
+        f = f.with_columns(pl.format("task {}", pl.col("task_id")).alias("workload"))
+        drafts = chain_drafts(f["request"].to_numpy(), f["step"].to_numpy(), f["num_spec_toks"].to_numpy(),
+                              f["num_accept_toks"].to_numpy()).join(
+            f.select(pl.col("request").cast(pl.Int64), "workload").unique("request"), on="request", how="left",
+            maintain_order="left")
+        steps = f.select(pl.col("request").cast(pl.Int64), "step", pl.col("num_spec_toks").alias("drafted"),
+                         pl.col("num_accept_toks").alias("accepted"), pl.col("num_out_toks").alias("emitted"),
+                         pl.col("spec_ms").alias("draft_ms"))
+        reqs = keys.join(f.select("request", "workload").unique("request"), on="request").select(
+            pl.col("request").cast(pl.Int64), "workload").sort("request")
+        config_cols = [c for c in f.columns if c not in (*NEEDED, "_row", "request", "workload", "match_len", "score")]
+        tasks = {str(t): {c: v for c, v in row.items() if c != "task_id"}
+                 for t, row in ((r["task_id"], r) for r in f.select("task_id", *config_cols).unique("task_id")
+                                .sort("task_id").iter_rows(named=True))}
+        return Imported(drafts, steps, reqs, lacks={"requests": ["prompt_ids", "output_ids", "finish_reason"]},
+                        source={"drafter": "SuffixDecoding cache (arctic-inference simulator)", "tasks": tasks,
+                                "requests": keys.height})
