@@ -126,3 +126,26 @@ print("ok")
     res = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=600,
                          env={**os.environ, "PYTHONPATH": str(tmp_path)})
     assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stderr[-3000:]
+
+
+def test_the_importer_example_imports(tmp_path):
+    """The format of docs/guide/interop.md's "Adding a format", in a fresh interpreter: one module,
+    one registry line, and svt import writes a run whose labels follow the counts."""
+    block = next(b for b in fenced((REPO / "docs" / "guide" / "interop.md").read_text(), "python")
+                 if "class MyFormat" in b)
+    (tmp_path / "my_format.py").write_text(block)
+    (tmp_path / "in.jsonl").write_text('{"accepted": [4, 1]}\n{"accepted": [0]}\n')
+    script = f"""
+import json
+from svt import interop
+from svt.traces import open_run
+interop.IMPORTERS["my-format"] = "my_format:MyFormat"
+s = interop.import_trace("my-format", {str(tmp_path / "in.jsonl")!r}, {str(tmp_path / "run")!r})
+assert (s.requests, s.steps, s.drafts, s.labelled, s.accepted) == (2, 3, 12, 7, 5), s
+lacks = json.load(open({str(tmp_path / "run" / "run.json")!r}))["import"]["lacks"]
+assert "q_max" in lacks["drafts"] and "prompt_ids" in lacks["requests"], lacks
+print("ok")
+"""
+    res = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-3000:]

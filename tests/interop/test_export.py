@@ -85,3 +85,20 @@ def test_cli_export(small_run, report, tmp_path):
     assert res.exit_code == 2 and "Traceback" not in res.output and not (tmp_path / "t.tex").exists(), res.output
     res = r.invoke(app, ["export", "latex", str(rep_dir), "--out", str(tmp_path / "t.tex")])
     assert res.exit_code == 0 and (tmp_path / "t.tex").read_text().startswith("%")
+
+
+@pytest.mark.parametrize("fmt", ["vllm-steps", "specdec-tokens"])
+def test_a_run_exported_and_imported_again_has_the_same_labels(small_run, tmp_path, fmt):
+    """Both directions exist for these formats: a collected run written out and read back keeps
+    every draft's label (and, through specdec-tokens, its token and accept_prob)."""
+    from svt.interop import import_trace
+    from svt.traces.io import open_run
+
+    path = export(fmt, small_run, tmp_path / "out.jsonl")
+    import_trace(fmt, path, tmp_path / "back")
+    cols = ["request", "step", "position", "label", *(["token", "accept_prob"] if fmt == "specdec-tokens" else [])]
+    a = open_run(small_run).scan("drafts").sort("request", "step", "position").select(cols).collect()
+    b = open_run(tmp_path / "back").scan("drafts").sort("request", "step", "position").select(cols).collect()
+    assert a.equals(b)
+    back = open_run(tmp_path / "back").scan("requests").sort("request").collect()
+    assert back["output_ids"].equals(open_run(small_run).scan("requests").sort("request").collect()["output_ids"])

@@ -226,12 +226,14 @@ def import_(
 @app.command()
 def export(
     kind: Annotated[str, typer.Argument(help="profile (of a run, .json), features (of a report, .csv or "
-                                             ".parquet) or latex (of a report, .tex).")],
+                                             ".parquet), latex (of a report, .tex), or a run in an import "
+                                             "format: vllm-steps or specdec-tokens (.jsonl).")],
     source: Annotated[Path, typer.Argument(help="A run directory (profile) or a report directory / report.json.")],
     out_path: Annotated[Path, typer.Option("--out", "-o", help="The file to write.")],
 ) -> None:
     """Write what other tools read: a run's speculation profile (acceptance by position, acceptance
-    length), a report's feature table as CSV/Parquet, or its tables as LaTeX (booktabs).
+    length), a report's feature table as CSV/Parquet, its tables as LaTeX (booktabs), or a run in
+    a format `svt import` reads.
 
     Example: [bold]svt export profile runs/demo --out profile.json[/]
     """

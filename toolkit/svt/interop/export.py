@@ -9,6 +9,8 @@ report's tables as LaTeX.
 - ``features`` (from a report): one row per feature and scope (all positions, excluding the first,
   each position) with every metric and its bootstrap interval, as CSV or Parquet.
 - ``latex`` (from a report): the feature tables as booktabs ``tabular`` environments.
+- ``vllm-steps`` and ``specdec-tokens`` (from a run): the formats ``svt import`` reads, so a run
+  goes out and comes back with the same labels (and, for ``specdec-tokens``, ``accept_prob``).
 """
 
 from __future__ import annotations
@@ -116,6 +118,44 @@ def _tex(s: str) -> str:
     return "".join(out)
 
 
+def _run_records(run_dir: Path, kind: str) -> list[dict]:
+    """One record per request in the layout of ``svt import``'s ``vllm-steps`` or
+    ``specdec-tokens`` format."""
+    run = open_run(run_dir)
+    if run.censored:
+        raise DataError(f"{run_dir}: collected with live AV (trimmed drafts have no label); `{kind}` records every "
+                        "draft's outcome, so export a run collected without AV.")
+    reqs = run.scan("requests").sort("request").collect()
+    carried = {c for c in ("prompt_ids", "output_ids") if c not in run.lacks("requests")}
+    d = run.scan("drafts").sort("request", "step", "position").collect()
+    steps = (d.group_by("request", "step", maintain_order=True)
+             .agg(pl.len().alias("drafted"), (pl.col("label") == 1).sum().alias("accepted"), pl.col("token"),
+                  pl.col("accept_prob")))
+    by_req = {r: g for (r,), g in steps.group_by("request", maintain_order=True)}
+    out = []
+    for row in reqs.iter_rows(named=True):
+        g = by_req.get(row["request"])
+        rec: dict = {"request_id": row["request"], "workload": row["workload"]}
+        if kind == "vllm-steps":
+            rec["per_step_drafted"] = [] if g is None else g["drafted"].to_list()
+            rec["per_step_accepted"] = [] if g is None else g["accepted"].to_list()
+        else:
+            if g is None:
+                continue
+            if "token" in run.lacks("drafts") or "accept_prob" in run.lacks("drafts"):
+                raise DataError(f"{run_dir}: `specdec-tokens` needs each draft's token and accept_prob, which this "
+                                "imported run lacks.")
+            rec["steps"] = [{"draft_tokens": t, "p_acc": [float(x) for x in p], "accepted": a}
+                            for t, p, a in zip(g["token"].to_list(), g["accept_prob"].to_list(),
+                                               g["accepted"].to_list(), strict=True)]
+        if "prompt_ids" in carried:
+            rec["prompt_token_ids"] = row["prompt_ids"]
+        if "output_ids" in carried:
+            rec["output_token_ids"] = row["output_ids"]
+        out.append(rec)
+    return out
+
+
 def _report(path: Path) -> dict:
     return read_json(path / "report.json" if path.is_dir() else path, "Report (a report directory or report.json)")
 
@@ -125,7 +165,8 @@ def export(kind: str, source: str | Path, out: str | Path) -> Path:
     (.csv or .parquet), ``latex`` of a report (.tex). Written atomically; nothing on an error."""
     source, out = Path(source), Path(out)
     suffix = out.suffix.lower()
-    wants = {"profile": (".json",), "features": (".csv", ".parquet"), "latex": (".tex",)}
+    wants = {"profile": (".json",), "features": (".csv", ".parquet"), "latex": (".tex",),
+             "vllm-steps": (".jsonl",), "specdec-tokens": (".jsonl",)}
     if kind not in wants:
         raise ConfigError(f"Unknown export {kind!r}; known: {', '.join(wants)}.")
     if suffix not in wants[kind]:
@@ -134,6 +175,9 @@ def export(kind: str, source: str | Path, out: str | Path) -> Path:
         raise ConfigError(f"{out} is a directory; --out takes a file.")
     if kind == "profile":
         return write_text_atomic(out, json_text(speculation_profile(source)))
+    if kind in ("vllm-steps", "specdec-tokens"):
+        lines = [json_text(r, indent=None) for r in _run_records(source, kind)]
+        return write_text_atomic(out, "\n".join(lines) + "\n")
     report = _report(source)
     if kind == "latex":
         return write_text_atomic(out, latex_tables(report))
