@@ -2,6 +2,7 @@
 against report.json, LaTeX that compiles as booktabs source."""
 
 import json
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -102,3 +103,29 @@ def test_a_run_exported_and_imported_again_has_the_same_labels(small_run, tmp_pa
     assert a.equals(b)
     back = open_run(tmp_path / "back").scan("requests").sort("request").collect()
     assert back["output_ids"].equals(open_run(small_run).scan("requests").sort("request").collect()["output_ids"])
+
+
+def test_an_export_never_replaces_its_source_or_a_runs_file(small_run, report, tmp_path):
+    _, rep_dir = report
+    for out, match in ((small_run / "run.json", r"\(inside\) the source"), (rep_dir / "x.tex", r"\(inside\) the source")):
+        with pytest.raises(ConfigError, match=match):
+            export("latex" if out.suffix == ".tex" else "profile", small_run if out.suffix == ".json" else rep_dir, out)
+    (tmp_path / "keep.json").write_text("{}")
+    with pytest.raises(ConfigError, match="exists; pass --overwrite"):
+        export("profile", small_run, tmp_path / "keep.json")
+    assert (tmp_path / "keep.json").read_text() == "{}"
+    assert export("profile", small_run, tmp_path / "new" / "sub" / "p.json").is_file()  # folders made
+    with pytest.raises(ConfigError, match="Cannot write"):
+        export("profile", small_run, Path("/proc/svt-nope.json"))
+
+
+@pytest.mark.parametrize("content", ["[1, 2]", '{"features": {"a": 5}}', '{"features": {}}',
+                                     '{"features": {"a": {"per_position": {"x": {}}}}}'])
+def test_a_report_that_is_not_one_is_refused(tmp_path, content):
+    from svt.errors import DataError
+
+    (tmp_path / "r.json").write_text(content)
+    for kind, out in (("latex", "t.tex"), ("features", "f.csv")):
+        with pytest.raises(DataError):
+            export(kind, tmp_path / "r.json", tmp_path / out)
+        assert not (tmp_path / out).exists()

@@ -206,3 +206,115 @@ def test_the_reader_holds_an_import_to_what_it_says_it_lacks(tmp_path):
     (out / "run.json").write_text(json.dumps(meta))
     with pytest.raises(SchemaError, match="import.lacks.drafts"):
         open_run(out)
+
+
+# Found by a hostile-input probe: each was a traceback, a silent wrong value, a lost file or an
+# out-of-memory kill.
+
+ARCTIC_HEAD = "task_id,request_id,step,num_spec_toks,num_accept_toks,num_out_toks,spec_ms,use_tree_spec\n"
+
+
+@pytest.mark.parametrize(("fmt", "name", "data", "match"), [
+    ("arctic-sim", "a.csv", ARCTIC_HEAD + "0,0,0,3000000000,1,2,0.01,False\n", r"row 1 \(line 2\): `num_spec_toks`"),
+    ("arctic-sim", "a.csv", ARCTIC_HEAD + "0,0,0,3,2.5,3,0.01,False\n", r"`num_accept_toks` is 2.5, not an integer"),
+    ("arctic-sim", "a.csv", ARCTIC_HEAD + "0,0,0,3,1,2,abc,False\n", r"`spec_ms` is 'abc', not a time"),
+    ("arctic-sim", "a.csv", ARCTIC_HEAD + "0,0,0,3,1,2,-5,False\n", r"`spec_ms` is -5"),
+    ("arctic-sim", "a.csv", ARCTIC_HEAD + "0,0,0,3,1,99,0.01,False\n", r"num_out_toks 99 with 1 accepted"),
+    ("arctic-sim", "a.csv", ARCTIC_HEAD + "0,0,0,3,1,2,0.01,yes\n", r"use_tree_spec is 'yes', not true or false"),
+    ("vllm-steps", "v.jsonl", '{"per_step_drafted": [40000], "per_step_accepted": [1]}\n', r"holds 40000, outside"),
+    ("vllm-steps", "v.jsonl", '{"per_step_drafted": [1000000000000000000000000000000], "per_step_accepted": [1]}\n',
+     r"outside \[0, 32767\]"),
+    ("vllm-steps", "v.jsonl", '{"per_step_drafted": [2], "per_step_accepted": [1], "prompt_token_ids": [3000000000]}\n',
+     r"`prompt_token_ids` holds 3000000000"),
+    ("vllm-steps", "v.jsonl", '{"request_id": "x", "per_step_drafted": [2], "per_step_accepted": [1]}\n'
+                              '{"request_id": "x", "per_step_drafted": [2], "per_step_accepted": [1]}\n',
+     r':2: request_id "x" again'),
+    ("vllm-steps", "v.jsonl", '{"per_step_drafted": [0, 0], "per_step_accepted": [0, 0]}\n', r"no drafts"),
+    ("vllm-steps", "v.jsonl", '{"per_step_drafted": [2], "per_step_accepted": [1], "workload": {"a": 1}}\n',
+     r"`workload` must be a string"),
+    ("vllm-steps", "v.jsonl", '{\n  "per_step_drafted": [2],\n  "per_step_accepted": [1]\n}\n',
+     r"expected JSON Lines \(one object per line\) or a JSON list"),
+    ("specdec-tokens", "s.jsonl", '{"steps": [{"draft_tokens": [3000000000], "p_acc": [0.5], "accepted": 1}]}\n',
+     r"`draft_tokens` holds 3000000000"),
+])
+def test_hostile_records_are_one_message_and_write_nothing(tmp_path, fmt, name, data, match):
+    (tmp_path / name).write_text(data)
+    with pytest.raises(ImportFormatError, match=match):
+        import_trace(fmt, tmp_path / name, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
+def test_non_utf8_files_are_one_message(tmp_path):
+    (tmp_path / "v.jsonl").write_bytes(b'{"per_step_drafted":[3],"per_step_accepted":[1],"workload":"caf\xe9"}\n')
+    with pytest.raises(ImportFormatError, match="not UTF-8 text"):
+        import_trace("vllm-steps", tmp_path / "v.jsonl", tmp_path / "run")
+    (tmp_path / "m.yaml").write_bytes(b"\xff\xfe\x00")
+    (tmp_path / "t.csv").write_text("r,s,p,l\n0,0,0,1\n")
+    with pytest.raises(ConfigError, match="not UTF-8 text"):
+        import_trace("table", tmp_path / "t.csv", tmp_path / "run", mapping=tmp_path / "m.yaml")
+
+
+@pytest.mark.parametrize(("rows", "cols", "match"), [
+    ("r,s,p,l\n0,0,0,0.5\n", "{request: r, step: s, position: p, label: l}", r"`l` \(svt's `label`\) is 0.5"),
+    ("r,s,p,l\n0.7,0,0,1\n", "{request: r, step: s, position: p, label: l}", r"`r` \(svt's `request`\) is 0.7"),
+    ("r,s,p,l,c\n0,0,0,1,0.5\n", "{request: r, step: s, position: p, label: l, token: c}", r"`c` \(svt's `token`\)"),
+    ("r,s,p,l\n7,0,0,1\n7,0,2,1\n", "{request: r, step: s, position: p, label: l}", r"request 7 step 0 has positions"),
+    ("r,s,p,l\n0,0,0,\n", "{request: r, step: s, position: p, label: l}", r"no draft was verified"),
+    ("r,s,p,l\n0,0,0,1\n", "{request: r, step: s, position: s, label: l}", r"'s' is mapped to step and position"),
+])
+def test_table_values_are_never_truncated_or_merged(tmp_path, rows, cols, match):
+    (tmp_path / "t.csv").write_text(rows)
+    (tmp_path / "m.yaml").write_text(f"rows: drafts\ncolumns: {cols}\n")
+    with pytest.raises((ImportFormatError, ConfigError), match=match):
+        import_trace("table", tmp_path / "t.csv", tmp_path / "run", mapping=tmp_path / "m.yaml")
+
+
+def test_duplicate_step_rows_are_named(tmp_path):
+    (tmp_path / "t.csv").write_text("r,s,d,a\n5,0,2,1\n5,0,2,1\n")
+    (tmp_path / "m.yaml").write_text("rows: steps\ncolumns: {request: r, step: s, drafted: d, accepted: a}\n")
+    with pytest.raises(ImportFormatError, match="request 5 has step 0 more than once"):
+        import_trace("table", tmp_path / "t.csv", tmp_path / "run", mapping=tmp_path / "m.yaml")
+
+
+def test_an_input_inside_out_is_never_deleted(tmp_path):
+    out = tmp_path / "run"
+    import_trace("vllm-steps", FIX / "vllm_steps.jsonl", out)
+    inside = out / "trace.jsonl"
+    inside.write_text((FIX / "vllm_steps.jsonl").read_text())
+    with pytest.raises(ConfigError, match="lies inside --out"):
+        import_trace("vllm-steps", inside, out, overwrite=True)
+    assert inside.is_file()
+    with pytest.raises(ConfigError, match="is a directory"):
+        import_trace("vllm-steps", FIX, tmp_path / "other")
+
+
+def test_zero_draft_steps_survive_import_and_export(tmp_path):
+    """The simulator's first step of a request drafts nothing; it stays a step both ways."""
+    from svt.interop.export import export
+
+    import_trace("arctic-sim", FIX / "arctic_sim.csv", tmp_path / "a")
+    path = export("vllm-steps", tmp_path / "a", tmp_path / "a.jsonl")
+    s = import_trace("vllm-steps", path, tmp_path / "b")
+    assert s.steps == 7 and s.drafts == 17
+    (tmp_path / "s.jsonl").write_text('{"steps": [{"draft_tokens": [], "p_acc": [], "accepted": 0}, '
+                                      '{"draft_tokens": [5], "p_acc": [0.3], "accepted": 1}]}\n')
+    assert import_trace("specdec-tokens", tmp_path / "s.jsonl", tmp_path / "c").steps == 2
+
+
+def test_imported_runs_group_and_pair_without_features(tmp_path):
+    from svt.report import EvaluateOptions, evaluate
+    from svt.report.render import to_markdown
+
+    import_trace("arctic-sim", FIX / "arctic_sim.csv", tmp_path / "a")
+    import_trace("vllm-steps", FIX / "vllm_steps.jsonl", tmp_path / "v")
+    rep = evaluate([tmp_path / "a"], EvaluateOptions(by="workload"))
+    assert rep["groups_acceptance"]["workload"]["task 1"] == {"n": 4, "accept_rate": 0.75}
+    assert "| task 1 | 4 | 0.7500 |" in to_markdown(rep)
+    both = evaluate([tmp_path / "a", tmp_path / "v"], EvaluateOptions())
+    assert both["groups_acceptance"]["run"]["v"]["n"] == 11
+
+
+def test_inspect_says_a_run_is_imported(tmp_path):
+    import_trace("vllm-steps", FIX / "vllm_steps.jsonl", tmp_path / "run")
+    res = CliRunner().invoke(app, ["inspect", str(tmp_path / "run")])
+    assert res.exit_code == 0 and "imported (vllm-steps)" in res.output and "q_max" in res.output, res.output

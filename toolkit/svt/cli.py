@@ -230,6 +230,7 @@ def export(
                                              "format: vllm-steps or specdec-tokens (.jsonl).")],
     source: Annotated[Path, typer.Argument(help="A run directory (profile) or a report directory / report.json.")],
     out_path: Annotated[Path, typer.Option("--out", "-o", help="The file to write.")],
+    overwrite: Annotated[bool, typer.Option(help="Replace an existing file in --out.")] = False,
 ) -> None:
     """Write what other tools read: a run's speculation profile (acceptance by position, acceptance
     length), a report's feature table as CSV/Parquet, its tables as LaTeX (booktabs), or a run in
@@ -240,7 +241,7 @@ def export(
     from svt.interop.export import export as export_
 
     try:
-        written = export_(kind, source, out_path)
+        written = export_(kind, source, out_path, overwrite=overwrite)
     except SvtError as exc:
         raise _fail(exc) from None
     _say(f"wrote {written}")
@@ -261,7 +262,10 @@ def inspect(
     try:
         for path in runs:
             summary = run_summary(path, deep=deep)
+            imported = summary.pop("imported", None)
             out.print(f"[bold]{escape(str(path))}[/]  " + escape("  ".join(f"{k}={v}" for k, v in summary.items())))
+            if imported:
+                _say(imported)
             if not summary.get("drafts"):
                 _say("no model drafts (a reference or cache-only run): no acceptance by position; its cache "
                      "drafts are read by `svt fit --model yield-mlp` and `svt evaluate`")

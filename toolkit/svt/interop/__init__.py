@@ -54,8 +54,9 @@ def import_trace(fmt: str, path: str | Path, out: str | Path, *, mapping: str | 
             raise ConfigError(f"{out} is not empty; pass --overwrite to replace it.")
         if not (out / "run.json").is_file():
             raise ConfigError(f"Refusing to replace {out}: it is not a run directory. Choose another --out.")
-    if not path.is_file():
-        raise ConfigError(f"{path}: not found.")
+    for given, what in ((path, "the trace"), (Path(mapping) if mapping is not None else None, "--mapping")):
+        if given is not None and out.resolve() in given.resolve().parents:
+            raise ConfigError(f"{what} {given} lies inside --out {out}, which the import replaces; move it out first.")
     imported = importer.read(path, read_mapping(Path(mapping)) if mapping is not None else None)
     check_tables(imported, str(path))
     return write_imported(imported, out, source_path=path, fmt=fmt)

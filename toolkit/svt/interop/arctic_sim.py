@@ -16,7 +16,7 @@ from pathlib import Path
 
 import polars as pl
 
-from svt.interop.base import Imported, Importer, chain_drafts, fail
+from svt.interop.base import COUNT_MAX, Imported, Importer, chain_drafts, fail
 from svt.interop.records import row_where, table_file
 
 NEEDED = ("task_id", "request_id", "step", "num_spec_toks", "num_accept_toks", "num_out_toks", "spec_ms")
@@ -32,18 +32,36 @@ class ArcticSim(Importer):
         if missing:
             raise fail(str(path), f"not simulator output: no column {', '.join(missing)} (found {', '.join(f.columns)}).")
         f = f.with_row_index("_row")
-        for col in NEEDED[:-1]:
-            bad = f.filter(pl.col(col).cast(pl.Int64, strict=False).is_null() | (pl.col(col).cast(pl.Int64, strict=False) < 0))
+        for col in NEEDED[:-1]:  # integers: a 2.5 or a word is an error, never a truncation
+            x = pl.col(col).cast(pl.Float64, strict=False)
+            bad = f.filter(x.is_null() | (x < 0) | (x != x.floor()) | (x > (COUNT_MAX if col.startswith("num_") else 2**62)))
             if bad.height:
-                raise fail(row_where(path, bad["_row"][0]), f"`{col}` is {bad[col][0]!r}, not a non-negative integer.")
+                raise fail(row_where(path, bad["_row"][0]), f"`{col}` is {bad[col][0]!r}, not an integer from 0"
+                                                            + (f" to {COUNT_MAX}." if col.startswith("num_") else "."))
+        f = f.with_columns(pl.col(c).cast(pl.Float64).cast(pl.Int64) for c in NEEDED[:-1])
+        ms = pl.col("spec_ms").cast(pl.Float64, strict=False)
+        bad = f.filter(ms.is_null() | ~ms.is_finite() | (ms < 0))
+        if bad.height:
+            raise fail(row_where(path, bad["_row"][0]), f"`spec_ms` is {bad['spec_ms'][0]!r}, not a time in ms.")
         if "use_tree_spec" in f.columns:
-            tree = f.filter(pl.col("use_tree_spec").cast(pl.String).str.to_lowercase().is_in(["true", "1"]))
+            flag = pl.col("use_tree_spec").cast(pl.String).str.strip_chars().str.to_lowercase()
+            odd = f.filter(~flag.is_in(["true", "false", "1", "0"]))
+            if odd.height:
+                raise fail(row_where(path, odd["_row"][0]), f"use_tree_spec is {odd['use_tree_spec'][0]!r}, not true "
+                                                            "or false.")
+            tree = f.filter(flag.is_in(["true", "1"]))
             if tree.height:
                 raise fail(row_where(path, tree["_row"][0]), "use_tree_spec is true: tree drafts are not chains, so "
                                                             "their positions have no acceptance labels; import chain runs.")
         over = f.filter(pl.col("num_accept_toks") > pl.col("num_spec_toks"))
         if over.height:
             raise fail(row_where(path, over["_row"][0]), "more tokens accepted than drafted.")
+        out = f.filter((pl.col("num_out_toks") != pl.col("num_accept_toks"))
+                       & (pl.col("num_out_toks") != pl.col("num_accept_toks") + 1))
+        if out.height:
+            raise fail(row_where(path, out["_row"][0]), f"num_out_toks {out['num_out_toks'][0]} with "
+                                                        f"{out['num_accept_toks'][0]} accepted (expected accepted + 1, "
+                                                        "or accepted at the response's end).")
         f = f.sort("task_id", "request_id", "step")
         keys = f.select("task_id", "request_id").unique(maintain_order=True).with_row_index("request")
         f = f.join(keys, on=["task_id", "request_id"], how="left", maintain_order="left")
@@ -53,7 +71,7 @@ class ArcticSim(Importer):
                                                         f"step {dup['step'][0]} more than once.")
         f = f.with_columns(pl.format("task {}", pl.col("task_id")).alias("workload"))
         drafts = chain_drafts(f["request"].to_numpy(), f["step"].to_numpy(), f["num_spec_toks"].to_numpy(),
-                              f["num_accept_toks"].to_numpy()).join(
+                              f["num_accept_toks"].to_numpy(), str(path)).join(
             f.select(pl.col("request").cast(pl.Int64), "workload").unique("request"), on="request", how="left",
             maintain_order="left")
         steps = f.select(pl.col("request").cast(pl.Int64), "step", pl.col("num_spec_toks").alias("drafted"),
@@ -67,4 +85,5 @@ class ArcticSim(Importer):
                                 .sort("task_id").iter_rows(named=True))}
         return Imported(drafts, steps, reqs, lacks={"requests": ["prompt_ids", "output_ids", "finish_reason"]},
                         source={"drafter": "SuffixDecoding cache (arctic-inference simulator)", "tasks": tasks,
-                                "requests": keys.height})
+                                "requests": keys.height},
+                        request_names=[f"task {t} request {r}" for t, r in keys.select("task_id", "request_id").rows()])

@@ -63,6 +63,7 @@ class Imported:
     lacks: dict[str, list[str]] = field(default_factory=dict)
     source: dict = field(default_factory=dict)
     greedy: bool | None = None  # None: the format does not say
+    request_names: list | None = None  # each request's id in the file (for messages), by svt's index
 
 
 class Importer:
@@ -97,10 +98,18 @@ def requests_frame(requests: list[dict]) -> tuple[pl.DataFrame, dict[str, str]]:
                                                     "output_ids": pl.List(pl.Int32)}), notes
 
 
-def chain_drafts(request: np.ndarray, step: np.ndarray, drafted: np.ndarray, accepted: np.ndarray) -> pl.DataFrame:
+COUNT_MAX = 2**15 - 1  # draft positions are 16-bit
+
+
+def chain_drafts(request: np.ndarray, step: np.ndarray, drafted: np.ndarray, accepted: np.ndarray,
+                 where: str = "") -> pl.DataFrame:
     """Draft rows of chain drafts given only counts per step: position p of a step is accepted
-    when p < accepted, rejected when p == accepted < drafted, never verified after."""
+    when p < accepted, rejected when p == accepted < drafted, never verified after. A step of
+    more than ``COUNT_MAX`` drafts is refused (before any row is made)."""
     n = drafted.astype(np.int64)
+    if n.size and (n.max() > COUNT_MAX or n.min() < 0):
+        i = int(np.flatnonzero((n > COUNT_MAX) | (n < 0))[0])
+        raise fail(where, f"request {request[i]} step {step[i]}: {n[i]} drafts; svt stores 0 to {COUNT_MAX} per step.")
     rows = np.repeat(np.arange(n.size), n)
     pos = np.arange(rows.size) - np.repeat(np.cumsum(n) - n, n)
     acc = accepted.astype(np.int64)[rows]
@@ -138,7 +147,7 @@ def full_tables(imported: Imported) -> Imported:
         frame = frame.with_columns([pl.lit(None, dtype=spec.columns[c]).alias(c) for c in missing])
         out[table] = frame.select([pl.col(c).cast(t) for c, t in spec.columns.items()])
     return Imported(out["drafts"], out["steps"], out["requests"], {t: c for t, c in lacks.items() if c},
-                    imported.source, imported.greedy)
+                    imported.source, imported.greedy, imported.request_names)
 
 
 def check_tables(imported: Imported, where: str) -> None:
@@ -146,9 +155,15 @@ def check_tables(imported: Imported, where: str) -> None:
     are not 0, 1, ... within a step, and labels that are not a chain's (accepted ones, then at most
     one rejection, then never verified)."""
     d = imported.drafts
-    if d.height == 0 and imported.steps.height == 0:
-        raise fail(where, "no draft or step records.")
+    if d.height == 0:
+        raise fail(where, "no drafts (every step drafted nothing): nothing to study.")
+    if d["label"].null_count() == d.height:
+        raise fail(where, "no draft was verified (every label empty): nothing to study.")
     step = ["request", "step"]
+    twice = imported.steps.filter(pl.struct(step).is_duplicated()).sort(step)
+    if twice.height:
+        r = twice.row(0, named=True)
+        raise fail(where, f"request {_name(imported, r['request'])} has step {r['step']} more than once.")
     bad = d.with_columns(
         pl.int_range(pl.len()).over(step, order_by="position").alias("_i"),
         pl.col("label").is_not_null().sum().over(step).alias("_v"),
@@ -165,7 +180,13 @@ def check_tables(imported: Imported, where: str) -> None:
     ).filter(pl.col("_why").is_not_null()).sort(step)
     if bad.height:
         r = bad.row(0, named=True)
-        raise fail(where, f"request {r['request']} step {r['step']} has {r['_why']}.")
+        raise fail(where, f"request {_name(imported, r['request'])} step {r['step']} has {r['_why']}.")
+
+
+def _name(imported: Imported, request: int) -> str:
+    """A request as the file names it (its id there), else svt's index."""
+    names = imported.request_names
+    return repr(names[request]) if names is not None and 0 <= request < len(names) else str(request)
 
 
 def write_imported(imported: Imported, out: Path, *, source_path: Path, fmt: str) -> RunSummary:
@@ -182,7 +203,7 @@ def write_imported(imported: Imported, out: Path, *, source_path: Path, fmt: str
         "run_id": uuid.uuid4().hex[:12], "svt_version": __version__, "schema_version": SCHEMA_VERSION,
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "status": "running",
         "engine": "import", "k": k,
-        "import": {"format": fmt, "source": str(source_path), "source_sha256": file_sha256(source_path),
+        "import": {"format": fmt, "source": str(Path(source_path).resolve()), "source_sha256": file_sha256(source_path),
                    **imported.source, "lacks": lacks, "cannot_study": cannot_study(lacks)},
         "sampling": {"greedy": imported.greedy, "features_from": "the imported file"},
         "drafter_kinds": ["model"], "av": None, "workloads": {w: str(source_path) for w in workloads},
@@ -208,7 +229,9 @@ def read_mapping(path: Path | None) -> dict | None:
     if not Path(path).is_file():
         raise ConfigError(f"--mapping {path}: not found.")
     try:
-        data = yaml.safe_load(Path(path).read_text())
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"--mapping {path}: not UTF-8 text.") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"--mapping {path}: not valid YAML ({exc}).") from None
     if not isinstance(data, dict):

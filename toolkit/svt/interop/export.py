@@ -66,9 +66,13 @@ def _num(x):
 def feature_rows(report: dict) -> pl.DataFrame:
     """The report's feature table flat: one row per feature and scope, every table metric and, with
     a bootstrap, its interval (``<metric>_lo``, ``<metric>_hi``)."""
-    feats = report.get("features")
-    if not isinstance(feats, dict):
+    feats = report.get("features") if isinstance(report, dict) else None
+    if not isinstance(feats, dict) or not all(isinstance(f, dict) for f in feats.values()):
         raise DataError("Expected a report from `svt evaluate` (report.json with a `features` table).")
+    if not feats:
+        skipped = report.get("features_not_computed") or {}
+        raise DataError("The report scored no feature" + (f" ({', '.join(skipped)} not computed: the run lacks "
+                                                          "their columns)" if skipped else "") + ": nothing to export.")
     metrics = [m for m in names("table") if m != "n"]
     rows = []
     for name, f in feats.items():
@@ -128,9 +132,14 @@ def _run_records(run_dir: Path, kind: str) -> list[dict]:
     reqs = run.scan("requests").sort("request").collect()
     carried = {c for c in ("prompt_ids", "output_ids") if c not in run.lacks("requests")}
     d = run.scan("drafts").sort("request", "step", "position").collect()
-    steps = (d.group_by("request", "step", maintain_order=True)
-             .agg(pl.len().alias("drafted"), (pl.col("label") == 1).sum().alias("accepted"), pl.col("token"),
-                  pl.col("accept_prob")))
+    per_step = (d.group_by("request", "step", maintain_order=True)
+                .agg(pl.len().alias("drafted"), (pl.col("label") == 1).sum().alias("accepted"), pl.col("token"),
+                     pl.col("accept_prob")))
+    # every step of the steps table, a step without draft rows as drafted 0 (it is kept, not dropped)
+    steps = (run.scan("steps").select("request", "step").collect().sort("request", "step")
+             .join(per_step, on=["request", "step"], how="left", maintain_order="left")
+             .with_columns(pl.col("drafted").fill_null(0), pl.col("accepted").fill_null(0),
+                           pl.col("token").fill_null([]), pl.col("accept_prob").fill_null([])))
     by_req = {r: g for (r,), g in steps.group_by("request", maintain_order=True)}
     out = []
     for row in reqs.iter_rows(named=True):
@@ -160,9 +169,25 @@ def _report(path: Path) -> dict:
     return read_json(path / "report.json" if path.is_dir() else path, "Report (a report directory or report.json)")
 
 
-def export(kind: str, source: str | Path, out: str | Path) -> Path:
+def _check_out(source: Path, out: Path, overwrite: bool) -> None:
+    """--out is a new file (or, with ``overwrite``, an existing plain file) outside SOURCE and
+    outside every run directory: an export never replaces its own input or a run's file."""
+    if out.is_dir():
+        raise ConfigError(f"{out} is a directory; --out takes a file.")
+    src, dst = source.resolve(), out.resolve()
+    if dst == src or src in dst.parents:
+        raise ConfigError(f"--out {out} is (inside) the source {source}; write the export elsewhere.")
+    run = next((p for p in dst.parents if (p / "run.json").is_file()), None)
+    if run is not None:
+        raise ConfigError(f"Refusing to write {out} inside the run directory {run}; write exports beside runs.")
+    if out.exists() and not overwrite:
+        raise ConfigError(f"{out} exists; pass --overwrite to replace it.")
+
+
+def export(kind: str, source: str | Path, out: str | Path, *, overwrite: bool = False) -> Path:
     """``svt export KIND SOURCE --out FILE``: ``profile`` of a run (.json), ``features`` of a report
-    (.csv or .parquet), ``latex`` of a report (.tex). Written atomically; nothing on an error."""
+    (.csv or .parquet), ``latex`` of a report (.tex), ``vllm-steps`` / ``specdec-tokens`` of a run
+    (.jsonl). Written atomically; nothing on an error; an existing --out only with ``overwrite``."""
     source, out = Path(source), Path(out)
     suffix = out.suffix.lower()
     wants = {"profile": (".json",), "features": (".csv", ".parquet"), "latex": (".tex",),
@@ -171,18 +196,28 @@ def export(kind: str, source: str | Path, out: str | Path) -> Path:
         raise ConfigError(f"Unknown export {kind!r}; known: {', '.join(wants)}.")
     if suffix not in wants[kind]:
         raise ConfigError(f"`{kind}` writes {' or '.join(wants[kind])}, but --out is {out.name!r}.")
-    if out.is_dir():
-        raise ConfigError(f"{out} is a directory; --out takes a file.")
+    _check_out(source, out, overwrite)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        return _write(kind, source, out, suffix)
+    except OSError as exc:
+        raise ConfigError(f"Cannot write {out}: {exc.strerror or exc}.") from None
+
+
+def _write(kind: str, source: Path, out: Path, suffix: str) -> Path:
     if kind == "profile":
         return write_text_atomic(out, json_text(speculation_profile(source)))
     if kind in ("vllm-steps", "specdec-tokens"):
         lines = [json_text(r, indent=None) for r in _run_records(source, kind)]
         return write_text_atomic(out, "\n".join(lines) + "\n")
     report = _report(source)
-    if kind == "latex":
-        return write_text_atomic(out, latex_tables(report))
-    frame = feature_rows(report)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        text = latex_tables(report) if kind == "latex" else None
+        frame = feature_rows(report) if kind == "features" else None
+    except (AttributeError, TypeError, ValueError, KeyError) as exc:  # a damaged report.json
+        raise DataError(f"{source}: not a report from `svt evaluate` ({type(exc).__name__}: {exc}).") from None
+    if text is not None:
+        return write_text_atomic(out, text)
     with atomic_path(out) as tmp:
         if suffix == ".csv":
             frame.write_csv(tmp)

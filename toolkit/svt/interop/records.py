@@ -10,17 +10,20 @@ from pathlib import Path
 import polars as pl
 
 from svt.errors import ConfigError
-from svt.interop.base import fail
+from svt.interop.base import COUNT_MAX, fail  # noqa: F401  (COUNT_MAX: the importers' bound)
 
 
 def json_records(path: Path) -> Iterator[tuple[str, dict]]:
     """(where, record) of a JSON Lines file, or of a JSON file holding a list of objects."""
-    if not path.is_file():
-        raise ConfigError(f"{path}: not found.")
-    text = path.read_text(encoding="utf-8", errors="strict") if path.stat().st_size < (1 << 31) else None
-    if text is None:
-        raise ConfigError(f"{path}: larger than 2 GiB; split it.")
+    check_file(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise fail(str(path), f"not UTF-8 text (byte {exc.start}); JSON files are UTF-8.") from None
     stripped = text.lstrip()
+    if stripped.startswith("{") and "\n" in stripped.strip() and not _is_json_line(stripped.splitlines()[0]):
+        raise fail(str(path), "expected JSON Lines (one object per line) or a JSON list of objects, but the first "
+                              "line is not a whole object (a pretty-printed object?).")
     if stripped.startswith("["):
         try:
             data = json.loads(text)
@@ -45,10 +48,24 @@ def json_records(path: Path) -> Iterator[tuple[str, dict]]:
         yield where, obj
 
 
-def table_file(path: Path) -> pl.DataFrame:
-    """A CSV or Parquet file (by its suffix) as a frame."""
+def _is_json_line(line: str) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except json.JSONDecodeError:
+        return False
+
+
+def check_file(path: Path) -> None:
+    """A readable input file, or one clear error."""
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a directory; give the trace file.")
     if not path.is_file():
         raise ConfigError(f"{path}: not found.")
+
+
+def table_file(path: Path) -> pl.DataFrame:
+    """A CSV or Parquet file (by its suffix) as a frame."""
+    check_file(path)
     suffix = path.suffix.lower()
     try:
         if suffix == ".parquet":
@@ -63,13 +80,24 @@ def table_file(path: Path) -> pl.DataFrame:
     raise ConfigError(f"{path}: expected a .csv, .tsv, .parquet or .jsonl file.")
 
 
-def int_list(value, where: str, key: str, *, non_negative: bool = True) -> list[int]:
-    """A list of integers from a record, or one clear error."""
+TOKEN_MAX = 2**31 - 1  # token ids are stored as 32-bit integers
+
+
+def int_list(value, where: str, key: str, *, bound: int = TOKEN_MAX) -> list[int]:
+    """A list of integers in [0, bound] from a record, or one clear error."""
     if not isinstance(value, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in value):
         raise fail(where, f"`{key}` must be a list of integers, but got {json.dumps(value)[:80]}.")
-    if non_negative and any(x < 0 for x in value):
-        raise fail(where, f"`{key}` holds a negative number.")
+    bad = next((x for x in value if not 0 <= x <= bound), None)
+    if bad is not None:
+        raise fail(where, f"`{key}` holds {bad}, outside [0, {bound}].")
     return value
+
+
+def label(value, where: str, key: str) -> str:
+    """A workload label: a string (or a number, written as text)."""
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise fail(where, f"`{key}` must be a string, but got {json.dumps(value)[:80]}.")
+    return str(value)
 
 
 def row_where(path: Path, i: int) -> str:

@@ -11,13 +11,14 @@ soft label); the draft's own distribution (q) is not carried.
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
 import polars as pl
 
-from svt.interop.base import Imported, Importer, fail, requests_frame, steps_from_drafts
-from svt.interop.records import int_list, json_records
+from svt.interop.base import Imported, Importer, fail, requests_frame
+from svt.interop.records import COUNT_MAX, int_list, json_records, label
 
 
 class SpecDecTokens(Importer):
@@ -27,13 +28,20 @@ class SpecDecTokens(Importer):
     def read(self, path: Path, mapping: dict | None = None) -> Imported:
         rows = {"request": [], "step": [], "position": [], "token": [], "accept_prob": [], "label": [],
                 "workload": []}
-        requests = []
+        requests, seen, counts = [], {}, {"request": [], "step": [], "drafted": [], "accepted": []}
         for where, obj in json_records(path):
             steps = obj.get("steps")
             if not isinstance(steps, list) or not steps:
                 raise fail(where, f"expected a non-empty list `steps`, but got keys {sorted(obj)}.")
             r = len(requests)
-            workload = str(obj.get("workload", obj.get("category", "specdec")))
+            rid = obj.get("request_id")
+            if rid is not None:
+                key = json.dumps(rid)
+                if key in seen:
+                    raise fail(where, f"request_id {key} again (first at {seen[key]}).")
+                seen[key] = where
+            key = "workload" if "workload" in obj else "category"
+            workload = label(obj.get(key, "specdec"), where, key)
             for s, st in enumerate(steps):
                 at = f"{where} step {s}"
                 if not isinstance(st, dict) or not {"draft_tokens", "p_acc", "accepted"} <= set(st):
@@ -44,9 +52,13 @@ class SpecDecTokens(Importer):
                         isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) and 0 <= x <= 1
                         for x in p):
                     raise fail(at, f"`p_acc` must hold one number in [0, 1] per draft token ({len(toks)}).")
+                if len(toks) > COUNT_MAX:
+                    raise fail(at, f"{len(toks)} draft tokens; svt stores at most {COUNT_MAX} per step.")
                 a = st["accepted"]
                 if not isinstance(a, int) or isinstance(a, bool) or not 0 <= a <= len(toks):
                     raise fail(at, f"`accepted` must be an integer from 0 to {len(toks)}, but got {a!r}.")
+                for k, v in (("request", r), ("step", s), ("drafted", len(toks)), ("accepted", a)):
+                    counts[k].append(v)
                 for i, (t, q) in enumerate(zip(toks, p, strict=True)):
                     rows["request"].append(r)
                     rows["step"].append(s)
@@ -63,7 +75,7 @@ class SpecDecTokens(Importer):
         if not requests:
             raise fail(str(path), "no request records.")
         drafts = pl.DataFrame(rows, schema_overrides={"label": pl.Int8})
-        steps = steps_from_drafts(drafts)
+        steps = pl.DataFrame(counts).with_columns((pl.col("accepted") + 1).alias("emitted"))  # empty steps too
         reqs, notes = requests_frame(requests)
         return Imported(drafts, steps, reqs,
                         source={"requests": len(requests), **notes, "accept_prob": "the file's p_acc = min(1, p/q)",

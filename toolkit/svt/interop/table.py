@@ -24,7 +24,7 @@ import numpy as np
 import polars as pl
 
 from svt.errors import ConfigError
-from svt.interop.base import Imported, Importer, chain_drafts, fail, steps_from_drafts
+from svt.interop.base import COUNT_MAX, Imported, Importer, chain_drafts, fail, steps_from_drafts
 from svt.interop.records import row_where, table_file
 from svt.traces.schema import TABLES
 
@@ -53,6 +53,12 @@ class Table(Importer):
                 col = col.cast(pl.Int8)
             cast = col.cast(want, strict=False)
             bad = cast.is_null() if ours != "label" else cast.is_null() & col.is_not_null()  # empty, or not castable
+            if want.is_integer() and col.dtype.is_float():  # 2.5 is not an integer: never truncated
+                bad |= (col != col.floor()).fill_null(False) | (col.abs() > 2**62).fill_null(False)
+            if want.is_integer() and col.dtype.is_integer():  # out of the column's range: never wrapped
+                top = {pl.Int8: 127, pl.Int16: COUNT_MAX, pl.Int32: 2**31 - 1}.get(type(want))
+                if top is not None:
+                    bad |= (col > top).fill_null(False)
             if ours in spec.probabilities:
                 bad |= cast.is_nan().fill_null(False) | (cast < 0).fill_null(False) | (cast > 1).fill_null(False)
             if ours == "label":
@@ -68,6 +74,7 @@ class Table(Importer):
             (f[workload].cast(pl.String) if workload else pl.lit(path.stem)).alias("workload"))
         frame = frame.with_columns(pl.col("request").rank("dense").cast(pl.Int64).sub(1).alias("_req"))
         ids = frame.select("request", "_req").unique().sort("_req")
+        names = ids["request"].to_list()
         frame = frame.with_columns(pl.col("_req").alias("request")).drop("_req")
         if rows == "drafts":
             drafts = frame
@@ -79,13 +86,13 @@ class Table(Importer):
             steps = frame.with_columns((pl.col("accepted") + 1).alias("emitted")) if "emitted" not in frame.columns \
                 else frame
             drafts = chain_drafts(frame["request"].to_numpy(), frame["step"].to_numpy(), frame["drafted"].to_numpy(),
-                                  frame["accepted"].to_numpy()).join(
+                                  frame["accepted"].to_numpy(), str(path)).join(
                 frame.select("request", "workload").unique("request"), on="request", how="left", maintain_order="left")
         reqs = frame.select("request", "workload").unique("request").sort("request")
         return Imported(drafts, steps.drop("workload", strict=False), reqs,
                         lacks={"requests": ["prompt_ids", "output_ids", "finish_reason"]},
                         source={"rows": rows, "columns": columns, "workload": workload,
-                                "requests": ids.height})
+                                "requests": ids.height}, request_names=names)
 
 
 def _expected(col: str, spec) -> str:
@@ -114,6 +121,11 @@ def _check_mapping(mapping: dict | None) -> tuple[str, dict[str, str], str | Non
     if unknown:
         raise ConfigError(f"--mapping: {', '.join(unknown)} is not a column of svt's {rows} table (its columns: "
                           f"{', '.join(allowed)}).")
+    twice = sorted({v for v in columns.values() if list(columns.values()).count(v) > 1})
+    if twice:
+        raise ConfigError(f"--mapping: the file's column {twice[0]!r} is mapped to "
+                          f"{' and '.join(k for k, v in columns.items() if v == twice[0])}; map each svt column "
+                          "to its own file column.")
     missing = [c for c in NEEDS[rows] if c not in columns]
     if missing:
         raise ConfigError(f"--mapping: rows of {rows} need {', '.join(missing)} in `columns`.")

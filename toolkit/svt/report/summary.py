@@ -42,4 +42,13 @@ def run_summary(path: str | Path, *, deep: bool = True) -> dict:
         "temperature": sampling.get("temperature"),
         "top_p": sampling.get("top_p"),
         "k": run.meta.get("k"),
+        **({"imported": _imported(run.meta["import"])} if isinstance(run.meta.get("import"), dict) else {}),
     }
+
+
+def _imported(imp: dict) -> str:
+    """One line on an imported run: its format and source, what it lacks and cannot give."""
+    lacks = "; ".join(f"{t}: {', '.join(c)}" for t, c in (imp.get("lacks") or {}).items())
+    cannot = "; ".join(imp.get("cannot_study") or [])
+    return (f"imported ({imp.get('format')}) from {imp.get('source')}; lacks {lacks or 'nothing'}"
+            + (f". Cannot study: {cannot}." if cannot else "."))

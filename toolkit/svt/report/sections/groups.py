@@ -19,27 +19,33 @@ class Groups(Section):
         if ctx.opts.by and ctx.opts.by != "run":
             groups.append(ctx.opts.by)
         out: dict = {}
+        acceptance: dict = {}  # per group, whatever features could be computed (an import may have none)
         plain = EvaluateOptions(**{**ctx.opts.__dict__, "fits": []})
         for g in groups:
-            out[g] = {str(key): features_table(part, ctx.feats, plain)
-                      for key, part in sorted(((k[0], v) for k, v in ctx.labelled.group_by(g)),
-                                              key=lambda kv: str(kv[0]))}
+            parts = sorted(((k[0], v) for k, v in ctx.labelled.group_by(g)), key=lambda kv: str(kv[0]))
+            out[g] = {str(key): features_table(part, ctx.feats, plain, soft=ctx.opened.soft_labels)
+                      for key, part in parts}
+            acceptance[g] = {str(key): {"n": part.height, "accept_rate": float(part["label"].mean())}
+                             for key, part in parts}
             for blocks in out[g].values():  # figures draw the overall curves only
                 for block in blocks.values():
                     block.pop("curves", None)
-        return {"groups": out}
+        return {"groups": out, "groups_acceptance": acceptance}
 
     def markdown(self, report: dict) -> list[str]:
         lines: list[str] = []
         for g, parts in report.get("groups", {}).items():
             names = list(report["features"])
-            lines += [f"## AUC by {g}\n",
-                      md_table(["feature", *parts], [[n, *(fmt(parts[k][n]["auc"]) for k in parts)] for n in names]),
-                      ""]
+            if names:
+                lines += [f"## AUC by {g}\n",
+                          md_table(["feature", *parts], [[n, *(fmt(parts[k][n]["auc"]) for k in parts)] for n in names]),
+                          ""]
+            # older reports have no groups_acceptance: every feature block carries the group's counts
+            acc = (report.get("groups_acceptance") or {}).get(g) or {k: next(iter(v.values())) for k, v in parts.items()
+                                                                     if v}
             lines += [f"## Acceptance rate and count by {g}\n",
                       md_table([g, "labelled", "acceptance"],
-                               [[k, fmt(next(iter(v.values()))["n"]), fmt(next(iter(v.values()))["accept_rate"])]
-                                for k, v in parts.items()]), ""]
+                               [[k, fmt(v["n"]), fmt(v["accept_rate"])] for k, v in acc.items()]), ""]
         return lines
 
     def compare(self, base: dict, now: dict, judging: Judging) -> list[dict]:
