@@ -318,3 +318,25 @@ def test_inspect_says_a_run_is_imported(tmp_path):
     import_trace("vllm-steps", FIX / "vllm_steps.jsonl", tmp_path / "run")
     res = CliRunner().invoke(app, ["inspect", str(tmp_path / "run")])
     assert res.exit_code == 0 and "imported (vllm-steps)" in res.output and "q_max" in res.output, res.output
+
+
+def test_vllm_response_bodies_with_detailed_metrics(tmp_path):
+    """vLLM's own layout: a response whose metrics.speculative_decoding holds per_step_drafted and
+    per_step_accepted (--per-request-spec-decode-metrics detailed), checked against its totals."""
+    s = import_trace("vllm-steps", FIX / "vllm_responses.jsonl", tmp_path / "run")
+    assert (s.requests, s.steps, s.drafts, s.labelled, s.accepted) == (1, 2, 6, 4, 2)
+    assert _drafts(tmp_path / "run")["label"].to_list() == [1, 1, 0, 0, None, None]
+    body = json.loads((FIX / "vllm_responses.jsonl").read_text())
+    for change, match in ((lambda sd: sd.update(num_accepted_draft_tokens=3), "`num_accepted_draft_tokens` is 3"),
+                          (lambda sd: (sd.pop("per_step_accepted"), sd.pop("per_step_drafted")),
+                           "--per-request-spec-decode-metrics detailed"),
+                          (lambda sd: sd.update(num_spec_tokens=2), "more than `num_spec_tokens` 2")):
+        bad = json.loads(json.dumps(body))
+        change(bad["metrics"]["speculative_decoding"])
+        (tmp_path / "bad.jsonl").write_text(json.dumps(bad) + "\n")
+        with pytest.raises(ImportFormatError, match=match):
+            import_trace("vllm-steps", tmp_path / "bad.jsonl", tmp_path / "bad")
+    body["metrics"]["speculative_decoding"] = None
+    (tmp_path / "null.jsonl").write_text(json.dumps(body) + "\n")
+    with pytest.raises(ImportFormatError, match="only for n == 1"):
+        import_trace("vllm-steps", tmp_path / "null.jsonl", tmp_path / "bad")

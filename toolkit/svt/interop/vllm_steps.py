@@ -1,11 +1,16 @@
-"""``vllm-steps``: per-request speculative-decoding counts, as vLLM's spec-decode metrics give them.
+"""``vllm-steps``: per-request speculative-decoding counts per verification step, as vLLM reports them.
 
-One JSON object per request (JSON Lines, or a JSON list): ``per_step_drafted`` and
-``per_step_accepted`` (lists of integers, one entry per verification step: drafts proposed and the
-accepted prefix), optionally ``request_id``, ``workload`` (or ``category``), ``prompt_token_ids`` and
-``output_token_ids``. vLLM's own per-request counters are of this shape (drafted and accepted tokens
-per step); the file is what a serving team dumps from them. Labels are exact (chain drafts); the
-draft tokens and their probabilities are not carried.
+vLLM (0.32) returns per-request acceptance metrics in each response under
+``metrics.speculative_decoding`` when the server runs with ``--per-request-spec-decode-metrics
+detailed``: the summary (``num_spec_steps``, ``num_draft_tokens``, ``num_accepted_draft_tokens``,
+``num_spec_tokens``, histograms) plus two ordered arrays, ``per_step_drafted`` and
+``per_step_accepted``, one entry per verification step (vLLM's documentation, "Per-Request
+Acceptance Metrics"; experimental there). One JSON object per request (JSON Lines, or a JSON list):
+either such a response body (its ``id`` is the request's id; the arrays are cross-checked against the
+summary's totals), or a flat record with ``per_step_drafted`` and ``per_step_accepted`` at the top,
+optionally ``request_id``, ``workload`` (or ``category``), ``prompt_token_ids`` and
+``output_token_ids``. Labels are exact (chain drafts); the draft tokens and their probabilities are
+not carried. Steps vLLM scheduled no draft for are not in its arrays.
 """
 
 from __future__ import annotations
@@ -28,11 +33,11 @@ class VllmSteps(Importer):
     def read(self, path: Path, mapping: dict | None = None) -> Imported:
         req, step, drafted, accepted, requests, seen, names = [], [], [], [], [], {}, []
         for where, obj in json_records(path):
-            if "per_step_drafted" not in obj or "per_step_accepted" not in obj:
-                raise fail(where, f"expected `per_step_drafted` and `per_step_accepted`, but got keys {sorted(obj)}.")
-            d = int_list(obj["per_step_drafted"], where, "per_step_drafted", bound=COUNT_MAX)
-            a = int_list(obj["per_step_accepted"], where, "per_step_accepted", bound=COUNT_MAX)
-            rid = obj.get("request_id")
+            counts = _counts(obj, where)
+            d = int_list(counts["per_step_drafted"], where, "per_step_drafted", bound=COUNT_MAX)
+            a = int_list(counts["per_step_accepted"], where, "per_step_accepted", bound=COUNT_MAX)
+            _cross_check(counts, d, a, where)
+            rid = obj.get("request_id", obj.get("id") if counts is not obj else None)
             if rid is not None:
                 key = json.dumps(rid)
                 if key in seen:
@@ -66,6 +71,36 @@ class VllmSteps(Importer):
         return Imported(drafts, steps, reqs, source={"requests": len(requests), **notes,
                                                      "emitted": "accepted + 1 (the target token of each step)"},
                         request_names=names)
+
+
+def _counts(obj: dict, where: str) -> dict:
+    """The per-step arrays of a record: a vLLM response's ``metrics.speculative_decoding``, or the
+    record itself."""
+    if "per_step_drafted" in obj and "per_step_accepted" in obj:
+        return obj
+    metrics = obj.get("metrics")
+    if isinstance(metrics, dict) and "speculative_decoding" in metrics:
+        spec = metrics["speculative_decoding"]
+        if not isinstance(spec, dict):
+            raise fail(where, "`metrics.speculative_decoding` is null (vLLM reports it only for n == 1 requests "
+                              "with speculative decoding on).")
+        if "per_step_drafted" not in spec or "per_step_accepted" not in spec:
+            raise fail(where, "`metrics.speculative_decoding` has no per-step arrays (a `summary` response): start "
+                              "the server with --per-request-spec-decode-metrics detailed.")
+        return spec
+    raise fail(where, f"expected `per_step_drafted` and `per_step_accepted` (or a vLLM response with "
+                      f"`metrics.speculative_decoding`), but got keys {sorted(obj)}.")
+
+
+def _cross_check(spec: dict, d: list[int], a: list[int], where: str) -> None:
+    """The arrays against the totals a vLLM response also gives (those it has)."""
+    for key, value in (("num_spec_steps", len(d)), ("num_draft_tokens", sum(d)),
+                       ("num_accepted_draft_tokens", sum(a))):
+        if key in spec and spec[key] != value:
+            raise fail(where, f"`{key}` is {spec[key]!r} but the per-step arrays give {value}.")
+    k = spec.get("num_spec_tokens")
+    if isinstance(k, int) and d and max(d) > k:
+        raise fail(where, f"a step drafts {max(d)} tokens, more than `num_spec_tokens` {k}.")
 
 
 def _ids(obj: dict, key: str, where: str) -> list[int] | None:
