@@ -370,9 +370,9 @@ MUTANTS = [
       ("tests/metrics/test_ordered.py",)),
     M("bootstrap-log-loss-unweighted", "one way", "metrics/ordered.py",
       "self.ll += per_pos(w * ll)", "self.ll += per_pos(ll)", ("tests/metrics/test_ordered.py",)),
-    M("bootstrap-scope-unreached-kept", "one way", "metrics/ordered.py",
-      '            if block["n"] <= 0:\n                continue\n', "", ("tests/metrics/test_ordered.py",
-                                                                       "tests/report/test_report_numbers.py")),
+    M("bootstrap-percentiles-one-sided", "one way", "metrics/ordered.py",
+      "lo, hi = (1 - level) / 2 * 100, (1 + level) / 2 * 100", "lo, hi = (1 - level) * 100, level * 100",
+      ("tests/metrics/test_ordered.py",)),
     M("run-batch-unseen-kept", "one way", "collect/engine.py",
       "    rows.has_unseen = all_acc.long()", "    rows.has_unseen = torch.zeros_like(all_acc).long()", ENGINE),
 

@@ -605,9 +605,7 @@ def bootstrap_intervals(s: np.ndarray, y: np.ndarray, position: np.ndarray, requ
                          weights=counts[group])
         for scope, block in (("overall", t["overall"]), ("excluding_first", t["excluding_first"]),
                              *t["per_position"].items()):
-            if block["n"] <= 0:
-                continue
-            got = draws.setdefault(scope, {})
+            got = draws.setdefault(scope, {})  # an empty scope's metrics are None: nothing is drawn
             for m in compared:
                 if block.get(m) is not None:
                     got.setdefault(m, []).append(block[m])
