@@ -25,21 +25,50 @@ def report(small_run, tmp_path_factory):
 
 
 def test_the_profile_is_the_reports_acceptance(small_run, report):
+    """specdec_bench's speculation_profile layout: the per-step mean acceptance length is the report's,
+    the marginals are the survival of the accepted count (so 1 + their sum is that mean), the
+    conditionals their ratios; with every step drafting K, both equal the report's by-position rates."""
     rep, _ = report
     prof = speculation_profile(small_run)
     acc = rep["acceptance"]
-    assert prof["acceptance_length"]["mean"] == pytest.approx(acc["mean_acceptance_length"], abs=1e-12)
-    assert prof["acceptance_rate"] == pytest.approx(acc["rate"], abs=1e-12)
-    ours = [(p["position"], p["proposed"], p["verified"], p["accepted"]) for p in prof["per_position"]]
-    theirs = [(p["position"], p["proposed"], p["verified"], p["accepted"]) for p in acc["by_position"]]
-    assert ours == theirs
-    for p in prof["per_position"]:
-        assert p["conditional"] == pytest.approx(p["accepted"] / p["verified"])
-        assert p["marginal"] == pytest.approx(p["accepted"] / p["proposed"])
-    dist = prof["acceptance_length"]["distribution"]
-    assert sum(dist.values()) == pytest.approx(1.0)
-    assert sum(int(k) * v for k, v in dist.items()) == pytest.approx(prof["acceptance_length"]["mean"])
-    assert max(int(k) for k in dist) <= prof["k"] + 1
+    k = prof["num_speculative_tokens"]
+    assert prof["schema_version"] == "1.0" and prof["method"] == "draft_model" and k == len(acc["by_position"])
+    assert prof["mean_accept_length"] == pytest.approx(acc["mean_acceptance_length"], abs=1e-6)
+    assert 1 + sum(prof["marginal_accept_rates"]) == pytest.approx(prof["mean_accept_length"], abs=1e-5)
+    assert prof["validation"]["mean_consistency"]["passed"] and prof["validation"]["marginal_monotonicity"]["passed"]
+    for i, p in enumerate(acc["by_position"]):
+        assert prof["conditional_accept_rates"][i] == pytest.approx(p["conditional"], abs=1e-6)
+        assert prof["marginal_accept_rates"][i] == pytest.approx(p["marginal"], abs=1e-6)
+    hist = prof["acceptance_length_histogram"]
+    assert sum(hist.values()) == prof["measurement_conditions"]["steps"]
+    assert sum(int(n) * c for n, c in hist.items()) / sum(hist.values()) == pytest.approx(prof["mean_accept_length"],
+                                                                                           abs=1e-6)
+    keys = ("position", "proposed", "verified", "accepted", "conditional", "marginal")
+    assert [[p[c] for c in keys] for p in prof["svt"]["per_position"]] == \
+        [[pytest.approx(p[c]) for c in keys] for p in acc["by_position"]]
+    assert set(prof["per_category"]) == set(open_workloads(small_run))
+
+
+def open_workloads(run):
+    from svt.traces.io import open_run
+
+    return open_run(run).scan("drafts").select("workload").unique().collect()["workload"].to_list()
+
+
+def test_a_profile_of_variable_length_drafts_is_the_survival_of_accepted_counts(tmp_path):
+    """The arctic simulator drafts 0 to 6 tokens a step: marginal_i is P(accepted >= i + 1) over
+    the verified steps, worked out by hand from the fixture."""
+    from svt.interop import import_trace
+
+    here = Path(__file__).parent / "fixtures"
+    import_trace("arctic-sim", here / "arctic_sim.csv", tmp_path / "run")
+    prof = speculation_profile(tmp_path / "run")
+    # verified steps accept 3, 0, 5, 3 (steps that drafted nothing have no labelled draft)
+    assert prof["num_speculative_tokens"] == 6 and prof["method"] == "suffix"
+    assert prof["marginal_accept_rates"] == [0.75, 0.75, 0.75, 0.25, 0.25, 0.0]
+    assert prof["conditional_accept_rates"][:4] == [0.75, 1.0, 1.0, pytest.approx(1 / 3, abs=1e-6)]
+    assert prof["mean_accept_length"] == pytest.approx(1 + 11 / 4)
+    assert prof["acceptance_length_histogram"] == {"1": 1, "4": 2, "6": 1}
 
 
 def test_the_flat_feature_table_holds_every_scope_of_the_report(report, tmp_path):
@@ -81,7 +110,7 @@ def test_cli_export(small_run, report, tmp_path):
     _, rep_dir = report
     r = CliRunner()
     res = r.invoke(app, ["export", "profile", str(small_run), "--out", str(tmp_path / "p.json")])
-    assert res.exit_code == 0 and json.loads((tmp_path / "p.json").read_text())["k"] >= 1, res.output
+    assert res.exit_code == 0 and json.loads((tmp_path / "p.json").read_text())["num_speculative_tokens"] >= 1, res.output
     res = r.invoke(app, ["export", "latex", str(small_run), "--out", str(tmp_path / "t.tex")])
     assert res.exit_code == 2 and "Traceback" not in res.output and not (tmp_path / "t.tex").exists(), res.output
     res = r.invoke(app, ["export", "latex", str(rep_dir), "--out", str(tmp_path / "t.tex")])

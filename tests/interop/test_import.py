@@ -340,3 +340,26 @@ def test_vllm_response_bodies_with_detailed_metrics(tmp_path):
     (tmp_path / "null.jsonl").write_text(json.dumps(body) + "\n")
     with pytest.raises(ImportFormatError, match="only for n == 1"):
         import_trace("vllm-steps", tmp_path / "null.jsonl", tmp_path / "bad")
+
+
+def test_a_lacked_column_must_be_empty(tmp_path):
+    """run.json's `lacks` is held to the data: a column it calls lacking that holds values is damage."""
+    (tmp_path / "t.csv").write_text("r,s,p,l,q\n0,0,0,1,0.9\n0,0,1,0,0.4\n")
+    (tmp_path / "m.yaml").write_text("rows: drafts\ncolumns: {request: r, step: s, position: p, label: l, q_max: q}\n")
+    import_trace("table", tmp_path / "t.csv", tmp_path / "run", mapping=tmp_path / "m.yaml")
+    meta = json.loads((tmp_path / "run" / "run.json").read_text())
+    meta["import"]["lacks"]["drafts"].append("q_max")
+    (tmp_path / "run" / "run.json").write_text(json.dumps(meta))
+    with pytest.raises(SchemaError, match="`q_max` has 2 bad value.*lacks this column"):
+        open_run(tmp_path / "run")
+
+
+def test_what_only_the_reader_checks_is_caught_before_the_swap(tmp_path):
+    """A value the importer does not check itself (a negative entropy) is caught by reading the
+    staged run back in full: nothing is written."""
+    (tmp_path / "t.csv").write_text("r,s,p,l,e\n0,0,0,1,-0.5\n")
+    (tmp_path / "m.yaml").write_text("rows: drafts\ncolumns: {request: r, step: s, position: p, label: l, "
+                                     "q_entropy: e}\n")
+    with pytest.raises(SchemaError, match="`q_entropy` has 1 bad value"):
+        import_trace("table", tmp_path / "t.csv", tmp_path / "run", mapping=tmp_path / "m.yaml")
+    assert not (tmp_path / "run").exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]

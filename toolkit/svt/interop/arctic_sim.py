@@ -86,4 +86,5 @@ class ArcticSim(Importer):
         return Imported(drafts, steps, reqs, lacks={"requests": ["prompt_ids", "output_ids", "finish_reason"]},
                         source={"drafter": "SuffixDecoding cache (arctic-inference simulator)", "tasks": tasks,
                                 "requests": keys.height},
-                        request_names=[f"task {t} request {r}" for t, r in keys.select("task_id", "request_id").rows()])
+                        request_names=[f"task {t} request {r}" for t, r in keys.select("task_id", "request_id").rows()],
+                        drafter="cache")

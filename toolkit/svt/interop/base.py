@@ -64,6 +64,7 @@ class Imported:
     source: dict = field(default_factory=dict)
     greedy: bool | None = None  # None: the format does not say
     request_names: list | None = None  # each request's id in the file (for messages), by svt's index
+    drafter: str = "model"  # who drafted: a model, or a suffix cache ("cache")
 
 
 class Importer:
@@ -147,7 +148,7 @@ def full_tables(imported: Imported) -> Imported:
         frame = frame.with_columns([pl.lit(None, dtype=spec.columns[c]).alias(c) for c in missing])
         out[table] = frame.select([pl.col(c).cast(t) for c, t in spec.columns.items()])
     return Imported(out["drafts"], out["steps"], out["requests"], {t: c for t, c in lacks.items() if c},
-                    imported.source, imported.greedy, imported.request_names)
+                    imported.source, imported.greedy, imported.request_names, imported.drafter)
 
 
 def check_tables(imported: Imported, where: str) -> None:
@@ -206,7 +207,7 @@ def write_imported(imported: Imported, out: Path, *, source_path: Path, fmt: str
         "import": {"format": fmt, "source": str(Path(source_path).resolve()), "source_sha256": file_sha256(source_path),
                    **imported.source, "lacks": lacks, "cannot_study": cannot_study(lacks)},
         "sampling": {"greedy": imported.greedy, "features_from": "the imported file"},
-        "drafter_kinds": ["model"], "av": None, "workloads": {w: str(source_path) for w in workloads},
+        "drafter_kinds": [imported.drafter], "av": None, "workloads": {w: str(source_path) for w in workloads},
         "seed": None, "batches": 1,
     }
     with staged_run(out) as run_dir:

@@ -1,11 +1,13 @@
 """Writing what peers' tools read: a speculation profile, the feature table as a flat file, the
 report's tables as LaTeX.
 
-- ``profile`` (from a run): acceptance by draft position, conditional (accepted / verified: the
-  chain reached the position) and marginal (accepted / proposed), and the acceptance length
-  (accepted drafts per verification step plus the target's token: its mean and distribution), in
-  the spirit of the ``speculation_profile.json`` of NVIDIA Model-Optimizer's specdec_bench (whose
-  exact upstream schema was not at hand when this was written: the keys are svt's, named in words).
+- ``profile`` (from a run): the ``speculation_profile.json`` of NVIDIA Model-Optimizer's
+  specdec_bench (its schema 1.0, as its ``speculation_profile.py`` builds it): per-position
+  ``conditional_accept_rates`` (P(draft i+1 accepted | the first i were)) and
+  ``marginal_accept_rates`` (P(the first i+1 drafts all accepted)) over verification steps, the
+  per-step ``mean_accept_length`` (accepted drafts + the target's token) and its histogram keyed by
+  acceptance length, per workload, with the same validation (the mean implied by the marginals, and
+  their monotonicity); svt's exposure counts per position are kept under ``svt``.
 - ``features`` (from a report): one row per feature and scope (all positions, excluding the first,
   each position) with every metric and its bootstrap interval, as CSV or Parquet.
 - ``latex`` (from a report): the feature tables as booktabs ``tabular`` environments.
@@ -29,33 +31,72 @@ PROFILE_FORMAT = "svt speculation profile 1"
 
 
 def speculation_profile(run_dir: str | Path) -> dict:
-    """The speculation profile of a run (see the module doc)."""
+    """The speculation profile of a run, in the layout of specdec_bench's ``speculation_profile.json``
+    (schema 1.0; see the module doc), with svt's per-position exposure counts under ``svt``."""
     run = open_run(run_dir)
     drafts = run.uncensored_drafts()
     by_pos = acceptance_by_position(drafts)
     if by_pos.height == 0:
         raise DataError(f"{run_dir}: the run has no drafts: no speculation profile.")
-    per_step = (drafts.filter(pl.col("label").is_not_null()).group_by("request", "step")
-                .agg((pl.col("label") == 1).sum().alias("accepted")).collect())
-    lengths = (per_step["accepted"] + 1).value_counts(normalize=False).sort("accepted")
-    n = per_step.height
+    steps = (drafts.filter(pl.col("label").is_not_null())
+             .group_by("request", "step").agg((pl.col("label") == 1).sum().alias("accepted"),
+                                              pl.col("workload").first()).collect())
+    n, k = steps.height, int(by_pos["position"].max()) + 1
+    acc = steps["accepted"].to_numpy()
+    # survival S(j) = P(a step accepts at least j drafts): marginal_i = S(i + 1), conditional_i =
+    # S(i + 1) / S(i), the two conventions specdec_bench publishes side by side
+    surv = [float((acc >= j).mean()) for j in range(k + 1)]
+    marginal = [surv[i + 1] for i in range(k)]
+    conditional = [surv[i + 1] / surv[i] if surv[i] > 0 else 0.0 for i in range(k)]
+    mean = float(1 + acc.mean())
+    per_request = steps.group_by("request").agg((pl.col("accepted").mean() + 1).alias("al"))["al"].mean()
+    histogram = {str(int(r["accepted"]) + 1): int(r["count"])
+                 for r in steps["accepted"].value_counts().sort("accepted").iter_rows(named=True)}
     meta = run.meta
+    models = meta.get("models") or {}
+    kinds = meta.get("drafter_kinds") or []
+    method = "suffix" if kinds == ["cache"] else \
+        ("draft_model" if meta.get("engine", "svt") != "import" else None)  # an import's method is unknown
+    implied = 1.0 + sum(marginal)
+    per_category = {str(w): {"mean_accept_length": round(float(1 + g["accepted"].mean()), 6), "steps": g.height}
+                    for (w,), g in steps.group_by("workload", maintain_order=True)}
     return {
-        "format": PROFILE_FORMAT,
-        "run": {"path": str(run_dir), "run_id": meta.get("run_id"), "engine": meta.get("engine", "svt"),
-                **({"imported_from": (meta.get("import") or {}).get("format")} if meta.get("import") else {})},
-        "k": meta.get("k"),
-        "steps": n,
-        "acceptance_rate": float(drafts.select(pl.col("label").mean()).collect().item()),
-        "acceptance_length": {
-            "definition": "accepted drafts per verification step + 1 (the target's token)",
-            "mean": float(1 + per_step["accepted"].mean()) if n else None,
-            "distribution": {str(int(r["accepted"])): r["count"] / n for r in lengths.iter_rows(named=True)},
+        "schema_version": "1.0",
+        "measured": True,
+        "method": method,
+        "draft_checkpoint": {"path": (models.get("draft") or {}).get("path")} if models.get("draft") else None,
+        "target_model": {"path": (models.get("target") or {}).get("path")} if models.get("target") else None,
+        "num_speculative_tokens": k,
+        "block_size": None,
+        "max_supported_k": k,
+        "verification_method": "longest_prefix",
+        "conditional_accept_rates": [round(x, 6) for x in conditional],
+        "marginal_accept_rates": [round(x, 6) for x in marginal],
+        "mean_accept_length": round(mean, 6),
+        "mean_accept_length_per_request": round(float(per_request), 6),
+        "accept_length_model": "chain_analytic" if method == "draft_model" else "measured_per_k",
+        "accept_length_by_k": {str(k): round(mean, 6)},
+        "acceptance_length_histogram": histogram,
+        "per_category": dict(sorted(per_category.items())),
+        "measurement_conditions": {
+            "source": "svt run", "run": str(run_dir), "run_id": meta.get("run_id"),
+            "engine": meta.get("engine", "svt"), "sampling": meta.get("sampling"), "steps": n,
+            **({"imported_from": (meta.get("import") or {}).get("format")} if meta.get("import") else {})},
+        "validation": {
+            "mean_consistency": {"implied_mean_accept_length": round(implied, 6),
+                                 "reported_mean_accept_length": round(mean, 6),
+                                 "abs_delta": round(abs(implied - mean), 6), "tolerance": 0.02,
+                                 "passed": abs(implied - mean) <= 0.02},
+            "marginal_monotonicity": {"passed": all(b <= a + 1e-9 for a, b in zip(marginal, marginal[1:])),
+                                      "violations": []},
         },
-        "per_position": [
-            {"position": int(r["position"]), "proposed": int(r["proposed"]), "verified": int(r["verified"]),
-             "accepted": int(r["accepted"]), "conditional": _num(r["conditional"]), "marginal": _num(r["marginal"])}
-            for r in by_pos.iter_rows(named=True)],
+        "svt": {"format": PROFILE_FORMAT,
+                "acceptance_rate": float(drafts.select(pl.col("label").mean()).collect().item()),
+                "per_position": [
+                    {"position": int(r["position"]), "proposed": int(r["proposed"]), "verified": int(r["verified"]),
+                     "accepted": int(r["accepted"]), "conditional": _num(r["conditional"]),
+                     "marginal": _num(r["marginal"])}
+                    for r in by_pos.iter_rows(named=True)]},
     }
 
 
