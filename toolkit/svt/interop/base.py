@@ -55,7 +55,8 @@ class ImportFormatError(DataError):
 @dataclass
 class Imported:
     """A foreign trace as svt's tables. ``lacks``: table -> columns the format does not carry
-    (written as nulls); ``source``: what the file was (format, options); ``k``: the longest draft."""
+    (written as nulls; columns a frame leaves out are added to it); ``source``: what the file was
+    (recorded in run.json under ``import``)."""
 
     drafts: pl.DataFrame
     steps: pl.DataFrame
