@@ -363,3 +363,14 @@ def test_what_only_the_reader_checks_is_caught_before_the_swap(tmp_path):
     with pytest.raises(SchemaError, match="`q_entropy` has 1 bad value"):
         import_trace("table", tmp_path / "t.csv", tmp_path / "run", mapping=tmp_path / "m.yaml")
     assert not (tmp_path / "run").exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_the_shipped_table_fixture_and_mapping(tmp_path):
+    """drafts_table.csv through drafts_mapping.yaml (the guide's example layout), counted by hand."""
+    s = import_trace("table", FIX / "drafts_table.csv", tmp_path / "run", mapping=FIX / "drafts_mapping.yaml")
+    assert (s.requests, s.steps, s.drafts, s.labelled, s.accepted) == (2, 3, 8, 7, 5)
+    reqs = open_run(tmp_path / "run").scan("requests").sort("request").collect()
+    assert reqs["workload"].to_list() == ["qa", "code"]
+    meta = json.loads((tmp_path / "run" / "run.json").read_text())["import"]
+    assert "q_max" not in meta["lacks"]["drafts"] and "q_entropy" in meta["lacks"]["drafts"]
+    assert any("the features that read q_sampled, q_entropy, q_margin" in c for c in meta["cannot_study"])
