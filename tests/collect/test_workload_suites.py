@@ -52,3 +52,14 @@ def test_a_bad_suite_row_is_named(tmp_path, text, match):
     (tmp_path / "w.jsonl").write_text(text)
     with pytest.raises(ConfigError, match=match):
         read_workload(tmp_path / "w.jsonl")
+
+
+def test_a_workload_that_is_not_utf8_json_is_one_message(tmp_path):
+    """Found by review: a non-UTF-8 workload was a UnicodeDecodeError traceback (the suites share
+    svt.fileio.json_objects with svt import now)."""
+    (tmp_path / "w.jsonl").write_bytes(b'{"prompt": "caf\xe9"}\n')
+    with pytest.raises(ConfigError, match="not UTF-8 text"):
+        read_workload(tmp_path / "w.jsonl")
+    (tmp_path / "l.json").write_text('[{"prompt": "a"}, 3]')
+    with pytest.raises(ConfigError, match=r"l.json record 2: expected a JSON object"):
+        read_workload(tmp_path / "l.json")

@@ -281,11 +281,16 @@ def test_an_input_inside_out_is_never_deleted(tmp_path):
     import_trace("vllm-steps", FIX / "vllm_steps.jsonl", out)
     inside = out / "trace.jsonl"
     inside.write_text((FIX / "vllm_steps.jsonl").read_text())
-    with pytest.raises(ConfigError, match="lies inside --out"):
+    with pytest.raises(ConfigError, match="overlaps the trace"):
         import_trace("vllm-steps", inside, out, overwrite=True)
     assert inside.is_file()
     with pytest.raises(ConfigError, match="is a directory"):
         import_trace("vllm-steps", FIX, tmp_path / "other")
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "keep.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="not a run directory"):  # --overwrite replaces runs only
+        import_trace("vllm-steps", FIX / "vllm_steps.jsonl", tmp_path / "notes", overwrite=True)
+    assert (tmp_path / "notes" / "keep.txt").read_text() == "mine"
 
 
 def test_zero_draft_steps_survive_import_and_export(tmp_path):

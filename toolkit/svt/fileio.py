@@ -7,7 +7,7 @@ import contextlib
 import json
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -169,3 +169,47 @@ def file_sha256(path: str | Path) -> str:
     import hashlib
 
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def json_objects(path: Path, fail: Callable[[str, str], Exception] = lambda where, what: ConfigError(
+        f"{where}: {what}")) -> Iterator[tuple[str, dict]]:
+    """(where, object) of a JSON Lines file, or of a JSON file holding a list of objects, read as
+    UTF-8; ``fail(where, what)`` makes the error for the first record that is not an object, a line
+    that is not JSON, or a file that is neither form (``where``: ``file:line`` or ``file record N``)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise fail(str(path), f"not UTF-8 text (byte {exc.start}); JSON files are UTF-8.") from None
+    stripped = text.lstrip()
+    if stripped.startswith("{") and "\n" in stripped.strip() and not _is_json_line(stripped.splitlines()[0]):
+        raise fail(str(path), "expected JSON Lines (one object per line) or a JSON list of objects, but the first "
+                              "line is not a whole object (a pretty-printed object?).")
+    if stripped.startswith("["):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise fail(str(path), f"not valid JSON ({exc.msg} at line {exc.lineno}).") from None
+        for i, obj in enumerate(data):
+            where = f"{path} record {i + 1}"
+            if not isinstance(obj, dict):
+                raise fail(where, f"expected a JSON object, but got {type(obj).__name__}.")
+            yield where, obj
+        return
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise fail(where, f"not valid JSON ({exc.msg}).") from None
+        if not isinstance(obj, dict):
+            raise fail(where, f"expected a JSON object, but got {type(obj).__name__}.")
+        yield where, obj
+
+
+def _is_json_line(line: str) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except json.JSONDecodeError:
+        return False

@@ -25,13 +25,12 @@ output, so the report can say how far the pair is from the data.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from svt.config import resolve_path
 from svt.errors import ConfigError
-from svt.fileio import file_sha256
+from svt.fileio import file_sha256, json_objects
 
 BUILTIN_DIR = Path("data") / "workloads"
 
@@ -62,38 +61,16 @@ def read_workload(path: Path) -> list[Prompt]:
     """Read one JSONL (or Parquet) workload; a bad line is an error naming the file and line."""
     prompts = []
     name = path.stem
-    if path.suffix.lower() in (".parquet", ".json"):  # SPEED-Bench's Parquet; ShareGPT's JSON list
-        rows = _table_rows(path)
-        prompts = [_row(obj, name, f"{path} record {i + 1}") for i, obj in enumerate(rows)]
-        if not prompts:
-            raise ConfigError(f"{path}: the workload holds no prompts.")
-        return prompts
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"{where}: not valid JSON ({exc.msg}).") from None
-            if not isinstance(obj, dict):
-                raise ConfigError(f"{where}: expected a JSON object with `prompt` or `messages`.")
-            prompts.append(_row(obj, name, where))
+    if path.suffix.lower() == ".parquet":  # SPEED-Bench's files
+        prompts = [_row(obj, name, f"{path} record {i + 1}") for i, obj in enumerate(_parquet_rows(path))]
+    else:  # JSON Lines, or a JSON list of objects (ShareGPT's layout)
+        prompts = [_row(obj, name, where) for where, obj in json_objects(path)]
     if not prompts:
         raise ConfigError(f"{path}: the workload holds no prompts.")
     return prompts
 
 
-def _table_rows(path: Path) -> list[dict]:
-    if path.suffix.lower() == ".json":
-        try:
-            rows = json.loads(path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{path}: not valid JSON ({exc}).") from None
-        if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
-            raise ConfigError(f"{path}: expected a JSON list of objects (ShareGPT's layout).")
-        return rows
+def _parquet_rows(path: Path) -> list[dict]:
     import polars as pl
 
     try:

@@ -20,7 +20,7 @@ from svt.interop.base import (
     read_mapping,
     write_imported,
 )
-from svt.traces.rundir import RunSummary
+from svt.traces.rundir import RunSummary, check_run_out
 
 IMPORTERS = {
     "vllm-steps": "svt.interop.vllm_steps:VllmSteps",
@@ -47,16 +47,7 @@ def import_trace(fmt: str, path: str | Path, out: str | Path, *, mapping: str | 
     path, out = Path(path), Path(out)
     if mapping is not None and not importer.takes_mapping:
         raise ConfigError(f"`{fmt}` takes no --mapping (only `table` does).")
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"Output {str(out)!r} exists and is not a directory.")
-    if out.is_dir() and any(out.iterdir()):
-        if not overwrite:
-            raise ConfigError(f"{out} is not empty; pass --overwrite to replace it.")
-        if not (out / "run.json").is_file():
-            raise ConfigError(f"Refusing to replace {out}: it is not a run directory. Choose another --out.")
-    for given, what in ((path, "the trace"), (Path(mapping) if mapping is not None else None, "--mapping")):
-        if given is not None and out.resolve() in given.resolve().parents:
-            raise ConfigError(f"{what} {given} lies inside --out {out}, which the import replaces; move it out first.")
+    check_run_out(out, overwrite, {"the trace": path, **({"--mapping": Path(mapping)} if mapping else {})})
     imported = importer.read(path, read_mapping(Path(mapping)) if mapping is not None else None)
     check_tables(imported, str(path))
     return write_imported(imported, out, source_path=path, fmt=fmt)

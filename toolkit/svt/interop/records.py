@@ -10,49 +10,15 @@ from pathlib import Path
 import polars as pl
 
 from svt.errors import ConfigError
+from svt.fileio import json_objects
 from svt.interop.base import COUNT_MAX, fail  # noqa: F401  (COUNT_MAX: the importers' bound)
 
 
 def json_records(path: Path) -> Iterator[tuple[str, dict]]:
-    """(where, record) of a JSON Lines file, or of a JSON file holding a list of objects."""
+    """(where, record) of a JSON Lines file, or of a JSON file holding a list of objects; a file
+    not in that form is an ImportFormatError naming the first offending record."""
     check_file(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise fail(str(path), f"not UTF-8 text (byte {exc.start}); JSON files are UTF-8.") from None
-    stripped = text.lstrip()
-    if stripped.startswith("{") and "\n" in stripped.strip() and not _is_json_line(stripped.splitlines()[0]):
-        raise fail(str(path), "expected JSON Lines (one object per line) or a JSON list of objects, but the first "
-                              "line is not a whole object (a pretty-printed object?).")
-    if stripped.startswith("["):
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise fail(str(path), f"not valid JSON ({exc.msg} at line {exc.lineno}).") from None
-        for i, obj in enumerate(data):
-            where = f"{path} record {i + 1}"
-            if not isinstance(obj, dict):
-                raise fail(where, f"expected a JSON object, but got {type(obj).__name__}.")
-            yield where, obj
-        return
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{lineno}"
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise fail(where, f"not valid JSON ({exc.msg}).") from None
-        if not isinstance(obj, dict):
-            raise fail(where, f"expected a JSON object, but got {type(obj).__name__}.")
-        yield where, obj
-
-
-def _is_json_line(line: str) -> bool:
-    try:
-        return isinstance(json.loads(line), dict)
-    except json.JSONDecodeError:
-        return False
+    return json_objects(path, fail)
 
 
 def check_file(path: Path) -> None:

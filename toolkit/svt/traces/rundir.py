@@ -87,6 +87,26 @@ def prepare_dir(out: Path, *, resume: bool, overwrite: bool, config: dict) -> di
     return None
 
 
+def check_run_out(out: str | Path, overwrite: bool, inputs: dict[str, Path] | None = None) -> Path:
+    """Where a whole run may be written (an import, a spool's finish): ``out`` resolved, refused
+    when it is a file, when it is not empty and ``overwrite`` is off, when it is not empty and not a
+    run (whatever ``overwrite`` says), or when it overlaps one of ``inputs`` (name -> path: the
+    swap would delete an input, or write into it)."""
+    out = Path(out).resolve()
+    for what, given in (inputs or {}).items():
+        src = Path(given).resolve()
+        if out == src or src in out.parents or out in src.parents:
+            raise ConfigError(f"--out {out} overlaps {what} {src}; write the run elsewhere.")
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file; expected a run directory to write.")
+    if out.exists() and any(out.iterdir()):
+        if not overwrite:
+            raise ConfigError(f"{out} exists and is not empty; pass --overwrite to replace it.")
+        if not (out / "run.json").is_file():  # --overwrite replaces runs, never any other folder
+            raise ConfigError(f"Refusing to overwrite {out}: it is not a run directory (no run.json).")
+    return out
+
+
 def staging_path(out: Path) -> Path:
     """Where an overwrite is written before it replaces ``out`` (beside it, same filesystem)."""
     return out.parent / f".{out.name}.svt-new"

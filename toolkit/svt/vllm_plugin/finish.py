@@ -16,7 +16,7 @@ from pathlib import Path
 
 import polars as pl
 
-from svt.errors import ConfigError, DataError, SchemaError
+from svt.errors import DataError, SchemaError
 from svt.traces.io import open_run, record_shards, write_meta, write_shard
 from svt.traces.schema import FINISH_REASONS, SCHEMA_VERSION
 from svt.vllm_plugin.recorder import SPOOL_SCHEMAS
@@ -188,18 +188,9 @@ def finish_warnings(meta: dict) -> list[str]:
 def check_out(trace_dir: str | Path, out: str | Path, overwrite: bool) -> Path:
     """``out`` resolved, refused when it is a file, is not empty and ``overwrite`` is off, is not
     empty and not a run (whatever ``overwrite`` says), or overlaps the spool it would be made from."""
-    out = Path(out).resolve()
-    src = Path(trace_dir).resolve()
-    if out == src or src in out.parents or out in src.parents:
-        raise ConfigError(f"--out {out} overlaps the trace directory {src}; write the run elsewhere.")
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out} is a file; expected a run directory to write.")
-    if out.exists() and any(out.iterdir()):
-        if not overwrite:
-            raise ConfigError(f"{out} exists and is not empty; pass --overwrite to replace it.")
-        if not (out / "run.json").is_file():  # --overwrite replaces runs, never any other folder
-            raise ConfigError(f"Refusing to overwrite {out}: it is not a run directory (no run.json).")
-    return out
+    from svt.traces.rundir import check_run_out
+
+    return check_run_out(out, overwrite, {"the trace directory": Path(trace_dir)})
 
 
 def finish_spool(trace_dir: str | Path, out: str | Path, *, overwrite: bool = False,
