@@ -34,7 +34,8 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from svt.collect import collect  # noqa: E402
-from svt.collect.workloads import encode_prompt, read_workload  # noqa: E402
+from svt.collect.encode import encode_prompt  # noqa: E402
+from svt.collect.workloads import read_workload  # noqa: E402
 from svt.config import load_collect_config  # noqa: E402
 from svt.models import load_pair  # noqa: E402
 

@@ -48,7 +48,8 @@ def main() -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from svt.collect.workloads import encode_prompt, interleave, read_workload
+    from svt.collect.encode import encode_prompt
+    from svt.collect.workloads import interleave, read_workload
     from svt.vllm_plugin import internals
     from svt.vllm_plugin.recorder import activate, active, deactivate
 

@@ -40,7 +40,8 @@ def test_bad_workload_line(tmp_path, models_dir):
 
 
 def test_collect_then_inspect_with_overrides(tmp_path, models_dir):
-    (tmp_path / "w.jsonl").write_text(json.dumps({"prompt": "for i in range(10):\n    "}) + "\n")
+    (tmp_path / "w.jsonl").write_text(json.dumps({"prompt": "for i in range(10):\n    "}) + "\n"
+                                      + json.dumps({"prompt": "while True:\n    "}) + "\n")
     c = tmp_path / "c.yaml"
     c.write_text(f"target: {models_dir}/target\ndraft: {models_dir}/draft-small\nworkloads: [code]\n")
     out = tmp_path / "run"

@@ -178,22 +178,16 @@ def test_eos_stops_a_row_and_keeps_the_eos_token(tiny_pair):
     assert log.outputs[0] == full and log.finish == ["length"]
 
 
-def test_prompts_keep_their_last_tokens_and_use_the_chat_template(tiny_pair):
-    from svt.collect.workloads import Prompt, encode_prompt
+def test_prompts_keep_their_last_tokens_and_chats_their_plain_rendering(tiny_pair):
+    from svt.collect.chat import Message
+    from svt.collect.encode import encode_prompt
+    from svt.collect.workloads import Prompt
 
     tok = tiny_pair.tokenizer
     text = PROMPTS[2]
     full = tok.encode(text, add_special_tokens=False)
     assert encode_prompt(Prompt("w", text, None), tok, 5) == full[-5:]
-    msgs = (("system", "Be brief."), ("user", "x = 1"))
-    plain = encode_prompt(Prompt("w", None, msgs), tok, 512)  # no template: contents joined by newlines
-    assert plain == tok.encode("Be brief.\nx = 1\n", add_special_tokens=False)
-
-    class Templated:  # a tokenizer that has a chat template: it must be the one rendering the messages
-        chat_template = "{{ messages }}"
-
-        def apply_chat_template(self, messages, add_generation_prompt, tokenize):
-            assert add_generation_prompt and tokenize
-            return {"input_ids": [7] * len(messages) + [9]}
-
-    assert encode_prompt(Prompt("w", None, msgs), Templated(), 512) == [7, 7, 9]
+    msgs = (Message("system", "Be brief."), Message("user", "x = 1"))
+    plain = encode_prompt(Prompt("w", None, msgs), tok, 512)  # no template: svt's plain rendering
+    assert plain == tok.encode("### system\nBe brief.\n### user\nx = 1\n### assistant\n", add_special_tokens=False)
+    # the real templates (tests/collect/fixtures/templates) are tested in test_chat_templates.py

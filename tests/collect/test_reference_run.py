@@ -156,8 +156,11 @@ def test_missing_references_write_nothing(tmp_path, models_dir):
     wl = tmp_path / "chat.jsonl"
     wl.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
     out = tmp_path / "out"
-    with pytest.raises(ConfigError, match="no reference"):
+    with pytest.raises(ConfigError, match="no row has a usable reference"):
         collect_reference(_cfg(models_dir, workloads=[str(wl)]), out, progress=False)
+    assert not out.exists()
+    with pytest.raises(ConfigError, match="chat.jsonl:1: no reference"):
+        collect_reference(_cfg(models_dir, workloads=[str(wl)], on_missing_reference="error"), out, progress=False)
     assert not out.exists()
 
 

@@ -4,7 +4,9 @@ import json
 
 import pytest
 
-from svt.collect.workloads import encode_reference, read_workload, require_references
+from svt.collect.chat import Message
+from svt.collect.encode import encode_reference
+from svt.collect.workloads import read_workload, require_references
 from svt.errors import ConfigError
 
 
@@ -27,9 +29,9 @@ def test_each_format_gives_prompt_and_reference(tmp_path):
     assert [(r.text, r.reference, r.whole_answer) for r in rows[:3]] == [
         ("def f(x):\n", "    return x\n", False), ("Q: 2+2?", " 4", True), ("Q: 3+3?", " 6", True)]
     chat = rows[3]
-    assert chat.messages == (("system", "Be brief."), ("user", "Hi")) and chat.reference == "Hello."
-    assert chat.whole_answer
-    assert rows[4].reference is None and rows[4].messages == (("user", "No answer yet"),)
+    assert chat.messages == (Message("system", "Be brief."), Message("user", "Hi")) and chat.reference == "Hello."
+    assert chat.whole_answer and chat.answer == Message("assistant", "Hello.")
+    assert rows[4].reference is None and rows[4].messages == (Message("user", "No answer yet"),)
     assert rows[0].where.endswith("w.jsonl:1") and rows[3].where.endswith("w.jsonl:4")
 
 

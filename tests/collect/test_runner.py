@@ -16,9 +16,11 @@ from svt.traces import rundir as rundir_mod
 def cfg(tmp_path, models_dir):
     (tmp_path / "w1.jsonl").write_text(
         json.dumps({"prompt": "def add(a, b):\n    return"}) + "\n"
-        + json.dumps({"prompt": "import sys\nimport os\n"}) + "\n")
-    (tmp_path / "w2.jsonl").write_text(
-        json.dumps({"messages": [{"role": "user", "content": "# A table of squares\nSQUARES = {"}]}) + "\n")
+        + json.dumps({"prompt": "import sys\nimport os\n"}) + "\n"
+        + json.dumps({"prompt": "class Point:\n    def __init__(self"}) + "\n")
+    (tmp_path / "w2.jsonl").write_text("".join(
+        json.dumps({"messages": [{"role": "user", "content": text}]}) + "\n"
+        for text in ("# A table of squares\nSQUARES = {", "# Constants\nPI =", "for i in range(")))
     base = {"target": str(models_dir / "target"), "draft": str(models_dir / "draft-small"),
             "workloads": [str(tmp_path / "w1.jsonl"), str(tmp_path / "w2.jsonl")],
             "requests": 6, "batch_size": 2, "max_new_tokens": 10, "k": 3, "device": "cpu",

@@ -7,6 +7,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from svt.collect.chat import Message
 from svt.collect.workloads import load_workloads, read_workload
 from svt.errors import ConfigError
 
@@ -17,7 +18,9 @@ def test_mt_bench_questions_take_the_first_turn_and_the_category():
     ps = read_workload(FIX / "mt_bench_question.jsonl")
     assert [p.workload for p in ps] == ["mt_bench_question/writing", "mt_bench_question/math",
                                         "mt_bench_question/coding"]
-    assert ps[0].text.startswith("Compose an engaging travel blog post") and ps[0].reference is None
+    # a question is a one-turn chat: the chat template (where the tokenizer has one) renders it
+    assert ps[0].messages[0].role == "user" and ps[0].text is None
+    assert ps[0].messages[0].content.startswith("Compose an engaging travel blog post") and ps[0].reference is None
     assert ps[1].reference == "Area is 3" and ps[1].whole_answer  # the first turn's reference
 
 
@@ -29,16 +32,16 @@ def test_speed_bench_parquet_rows(tmp_path):
                   "multiturn": [False, True]}).write_parquet(path)
     ps = read_workload(path)
     assert [p.workload for p in ps] == ["speed_qualitative/coding", "speed_qualitative/rag"]
-    assert ps[1].text == "Summarise the passage."
-    ws = load_workloads([str(path)], 3)
-    assert ws.names == ["speed_qualitative"] and len(ws.prompts) == 3
+    ws = load_workloads([str(path)], None)
+    assert ws.names == ["speed_qualitative"] and len(ws.prompts) == 2
+    assert ws.prompts[1].messages[0].content == "Summarise the passage."
 
 
 def test_sharegpt_conversations_are_chat_records():
     ps = read_workload(FIX / "sharegpt.json")
-    assert ps[0].messages == (("user", "What is a suffix tree?"),)
+    assert ps[0].messages == (Message("user", "What is a suffix tree?"),)
     assert ps[0].reference == "A compressed trie of all suffixes of a string."
-    assert ps[1].messages[0] == ("system", "Answer briefly.") and ps[1].reference == "Eleven."
+    assert ps[1].messages[0] == Message("system", "Answer briefly.") and ps[1].reference == "Eleven."
     assert len(ps[1].messages) == 4  # every turn before the last answer is the prompt
 
 

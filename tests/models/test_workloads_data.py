@@ -22,12 +22,24 @@ def test_shipped_workload_is_held_out_and_well_formed(name):
         assert is_held_out(src), f"{src} was in the training split"
 
 
-def test_interleave_is_round_robin_and_cycles():
+def test_interleave_is_round_robin_each_row_once():
+    a = read_workload(ROOT / "data" / "workloads" / "code.jsonl")[:3]
+    b = read_workload(ROOT / "data" / "workloads" / "prose.jsonl")[:1]
+    assert interleave([a, b]) == [a[0], b[0], a[1], a[2]]  # prose ran out: it leaves the rotation
+    assert interleave([a, b], 3) == [a[0], b[0], a[1]]
+
+
+def test_requests_above_the_rows_is_refused_unless_repeat():
+    """A repeated row's answer is already in the suffix cache's global tree: silently repeating rows
+    inflated the cache's yield (7.4 to 10.2 on one real set)."""
+    from svt.errors import ConfigError
+
     a = read_workload(ROOT / "data" / "workloads" / "code.jsonl")[:2]
     b = read_workload(ROOT / "data" / "workloads" / "prose.jsonl")[:1]
-    got = interleave([a, b], 5)
-    assert [p.workload for p in got] == ["code", "prose", "code", "prose", "code"]
-    assert got[4] == a[0] and got[3] == b[0]
+    with pytest.raises(ConfigError, match=r"`requests` is 4, but the workloads hold 3 prompts \(code 2, prose 1\)"):
+        interleave([a, b], 4)
+    got = interleave([a, b], 5, repeat=True)
+    assert got == [a[0], b[0], a[1], a[0], b[0]]
 
 
 @pytest.mark.parametrize("name", NAMES)

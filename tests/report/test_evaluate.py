@@ -105,6 +105,22 @@ def test_cli_writes_json_and_markdown(small_run, tmp_path):
     assert r.exit_code == 3 and "not a directory" in r.output
 
 
+def test_evaluate_replaces_a_report_only_with_overwrite_and_never_a_run(small_run, tmp_path):
+    """`svt evaluate` silently replaced an existing report; now it is --overwrite, as elsewhere."""
+    rep = tmp_path / "rep"
+    args = ["evaluate", str(small_run), "--feature", "q_max"]
+    assert CliRunner().invoke(app, [*args, "--out", str(rep)]).exit_code == 0
+    (rep / "fits").mkdir()  # a report folder holds fits and figures beside the report
+    before = (rep / "report.json").read_text()
+    r = CliRunner().invoke(app, [*args, "--out", str(rep), "--feature", "entropy"])
+    assert r.exit_code == 2 and "already holds a report (report.json); pass --overwrite" in r.output
+    assert (rep / "report.json").read_text() == before
+    r = CliRunner().invoke(app, [*args, "--out", str(rep), "--overwrite"])
+    assert r.exit_code == 0 and (rep / "fits").is_dir()
+    r = CliRunner().invoke(app, [*args, "--out", str(small_run), "--overwrite"])
+    assert r.exit_code == 2 and "is a run directory" in r.output and not (small_run / "report.json").exists()
+
+
 def _recollected(run, out):
     """An identical re-collection of ``run`` under a new run id (what the same config and seed
     give again)."""

@@ -31,7 +31,8 @@ if __name__ == "__main__":
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from svt.collect.workloads import encode_prompt, interleave, read_workload
+    from svt.collect.encode import encode_prompt
+    from svt.collect.workloads import interleave, read_workload
     from svt.vllm_plugin.collect import request_seed
 
     models = ROOT / "data" / "models"

@@ -313,6 +313,7 @@ def evaluate(
     tolerance: Annotated[list[str] | None, typer.Option(
         help="With --baseline: METRIC=VALUE or SCOPE.METRIC=VALUE (e.g. auc=0.005, per_position.auc=0.02); "
              "overrides the baseline's bootstrap interval for that metric.")] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace the report already in --out.")] = False,
 ) -> None:
     """Score acceptance features: AUC, log-loss, ECE, Brier, per position and excluding the first,
     soft labels, expected-length calibration and the losslessness bias of trimming. On greedy runs
@@ -333,6 +334,9 @@ def evaluate(
         tolerances, base = _evaluate_checks(out_dir, bins=bins, bootstrap=bootstrap, high_yield=high_yield,
                                             live=live, costs=costs, tolerance=tolerance, baseline=baseline,
                                             replay_bootstrap=replay_bootstrap)
+        from svt.report.render import check_report_out
+
+        check_report_out(out_dir, overwrite=overwrite)
     except SvtError as exc:
         raise _fail(exc) from None
     opts = EvaluateOptions(features=list(feature or DEFAULT_FEATURES), feature_module=feature_module,

@@ -133,13 +133,21 @@ ENGINES = {"svt": "svt.collect.runner:SvtEngine", "hvd": "svt.collect.hvd_run:Hv
 
 @dataclass
 class CollectConfig:
-    """What `svt collect` runs. Paths are resolved against the current directory first, then
-    against the config file's directory and its parents."""
+    """What `svt collect` runs. One path rule: a relative path in a config file is read from the
+    config file's folder, one given on the command line (``--set``, ``--workload``) or in a config
+    built in Python from the current directory; ``builtin:NAME`` names svt's own models
+    (``builtin:target``, ``builtin:draft-large``, ``builtin:draft-small``) and a bare workload name
+    (``code``, ``prose``, ``structured``, ``edit``, ``toolcalls``) svt's own workloads, from any
+    directory."""
 
     target: str  # a reference run reads only its tokenizer
-    workloads: list[str]
+    workloads: list[Any]  # names or paths, or {path: ..., turns: last | all}
     draft: str | None = None  # required except by a reference run with `stand_in` (teacher-forced otherwise)
-    requests: int = 64  # total, taken round-robin across the workloads
+    requests: int | None = None  # total, taken round-robin across the workloads, each row once (None: all rows)
+    repeat: bool = False  # allow `requests` above the rows (rows run again: their answers are already cached)
+    turns: str = "last"  # chat records: last (the last assistant turn is the reference) | all (one request per
+    #                      assistant turn, its prompt the conversation so far)
+    on_missing_reference: str = "skip"  # reference runs: skip (and count) rows without a reference | error
     max_new_tokens: int = 128
     k: int = 5  # max draft length
     temperature: float = 1.0  # 0 = greedy
@@ -159,7 +167,13 @@ class CollectConfig:
     stand_in: StandInConfig | None = None  # reference runs: a stand-in drafter instead of `draft`
 
     def validate(self) -> CollectConfig:
-        _check(self.requests >= 1, "requests", "an integer >= 1", self.requests)
+        _check(self.requests is None or self.requests >= 1, "requests", "an integer >= 1 (or unset: all rows)",
+               self.requests)
+        _check(self.turns in ("last", "all"), "turns", "last or all", self.turns)
+        _check(self.on_missing_reference in ("skip", "error"), "on_missing_reference", "skip or error",
+               self.on_missing_reference)
+        for i, w in enumerate(self.workloads):
+            _check_workload_entry(w, f"workloads[{i}]")
         _check(self.max_new_tokens >= 1, "max_new_tokens", "an integer >= 1", self.max_new_tokens)
         _check(1 <= self.k <= 64, "k", "an integer in [1, 64]", self.k)
         _check(self.temperature >= 0, "temperature", "a number >= 0 (0 = greedy)", self.temperature)
@@ -208,6 +222,15 @@ class CollectConfig:
             _check(self.log.dists_fraction == 0, "log.dists_fraction", "0 when `hvd` is set (live HVD records no "
                    "distributions)", self.log.dists_fraction)
         return self
+
+
+def _check_workload_entry(w: Any, key: str) -> None:
+    if isinstance(w, str):
+        _check(bool(w.strip()), key, "a workload name or path", w)
+        return
+    _check(isinstance(w, dict) and isinstance(w.get("path"), str) and set(w) <= {"path", "turns"}, key,
+           "a workload name or path, or a mapping {path: ..., turns: last | all}", w)
+    _check(w.get("turns", "last") in ("last", "all"), f"{key}.turns", "last or all", w.get("turns"))
 
 
 def _check(ok: bool, key: str, expected: str, got: Any) -> None:
@@ -316,7 +339,7 @@ def load_collect_config(path: str | Path | None, overrides: dict[str, Any] | Non
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: expected a YAML mapping at the top level.")
         data = _merge(data, loaded)
-    data = _merge(data, overrides or {})
+    data = _merge(data, absolute_paths(overrides or {}))
     if data.get("cache") is False and data.get("hvd") is not None:
         raise ConfigError("Expected `cache` to be unset, true or a mapping of options when `hvd` is set (live HVD "
                           "drafts from the cache), but got false.")
@@ -327,15 +350,59 @@ def load_collect_config(path: str | Path | None, overrides: dict[str, Any] | Non
     return build_section(CollectConfig, data).validate()
 
 
+BUILTIN = "builtin:"
+ROOT = Path(__file__).resolve().parents[2]  # the checkout svt is installed from (data/ beside toolkit/)
+
+
+def builtin_dir(kind: str) -> Path:
+    """svt's shipped data: ``models`` (the tiny pair) or ``workloads``."""
+    return ROOT / "data" / kind
+
+
 def resolve_path(value: str, config_path: str | Path | None) -> Path:
-    """A relative path: the current directory first, then the config file's folder and parents."""
+    """The one path rule: ``builtin:NAME`` is svt's model NAME; an absolute path is itself; a
+    relative one is read from the config file's folder, or from the current directory when there
+    is no config file (a value given on the command line was made absolute when it was read)."""
+    if str(value).startswith(BUILTIN):
+        name = str(value)[len(BUILTIN):]
+        path = builtin_dir("models") / name
+        if not name or "/" in name or not path.is_dir():
+            known = sorted(p.name for p in builtin_dir("models").iterdir() if p.is_dir())
+            raise ConfigError(f"{value!r}: svt's built-in models are {', '.join(BUILTIN + k for k in known)}.")
+        return path
     p = Path(value).expanduser()
-    if p.is_absolute() or p.exists() or config_path is None:
+    if p.is_absolute() or config_path is None:
         return p
-    for folder in [Path(config_path).resolve().parent, *Path(config_path).resolve().parents]:
-        if (folder / p).exists():
-            return folder / p
-    return p
+    return Path(config_path).resolve().parent / p
+
+
+PATH_KEYS = (("target",), ("draft",), ("av", "fit"), ("av", "costs"), ("hvd", "fit"), ("stand_in", "from_run"))
+
+
+def _absolute(value: Any) -> Any:
+    if not isinstance(value, str) or value.startswith(BUILTIN) or not value:
+        return value
+    return str(Path(value).expanduser().absolute())
+
+
+def absolute_paths(overrides: dict[str, Any]) -> dict[str, Any]:
+    """Command-line values name paths from the current directory: made absolute, so the config
+    file's folder does not apply to them. Bare workload names (built-ins) stay names."""
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in overrides.items()}
+    for keys in PATH_KEYS:
+        node = out
+        for k in keys[:-1]:
+            node = node.get(k) if isinstance(node.get(k), dict) else {}
+        if keys[-1] in node:
+            node[keys[-1]] = _absolute(node[keys[-1]])
+    if "workloads" in out:
+        ws = out["workloads"] if isinstance(out["workloads"], list) else [out["workloads"]]
+        out["workloads"] = [_absolute(w) if isinstance(w, str) and _is_path(w) else w for w in ws]
+    return out
+
+
+def _is_path(workload: str) -> bool:
+    return workload.endswith((".jsonl", ".json", ".parquet")) or "/" in workload
 
 
 def to_dict(cfg) -> dict[str, Any]:

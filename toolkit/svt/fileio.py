@@ -181,7 +181,7 @@ def json_objects(path: Path, fail: Callable[[str, str], Exception] = lambda wher
     except UnicodeDecodeError as exc:
         raise fail(str(path), f"not UTF-8 text (byte {exc.start}); JSON files are UTF-8.") from None
     stripped = text.lstrip()
-    if stripped.startswith("{") and "\n" in stripped.strip() and not _is_json_line(stripped.splitlines()[0]):
+    if stripped.startswith("{") and "\n" in stripped.strip() and not _is_json_line(stripped.split("\n", 1)[0]):
         raise fail(str(path), "expected JSON Lines (one object per line) or a JSON list of objects, but the first "
                               "line is not a whole object (a pretty-printed object?).")
     if stripped.startswith("["):
@@ -195,7 +195,8 @@ def json_objects(path: Path, fail: Callable[[str, str], Exception] = lambda wher
                 raise fail(where, f"expected a JSON object, but got {type(obj).__name__}.")
             yield where, obj
         return
-    for lineno, line in enumerate(text.splitlines(), 1):
+    # JSON Lines ends lines with \n (and \r\n) only: U+2028, U+0085 and the like are text inside strings
+    for lineno, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
         where = f"{path}:{lineno}"

@@ -50,8 +50,9 @@ def _hvd_meta(plan: CollectPlan, fit_path: Path, options: CacheOptions) -> dict:
         "cache": {"options": options.to_dict(), "arctic_inference": dist_version("arctic-inference"),
                   "global_tree": "a response enters when its request finishes (after its last engine step)"},
         "workloads": plan.workloads.files, "workload_sha256": plan.workloads.hashes,
+        "workload_reading": plan.workloads.reading,
         "seed": cfg.seed, "device": str(plan.pair.device), "environment": env,
-        "batches": cfg.requests,
+        "batches": len(plan.ids),
     })
     return meta
 

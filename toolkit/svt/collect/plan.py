@@ -17,7 +17,8 @@ import torch
 
 from svt import __version__
 from svt.collect.engine import LiveAV
-from svt.collect.workloads import WorkloadSet, encode_prompt, encode_reference, load_workloads
+from svt.collect.encode import check_positions, encode_all, position_limit
+from svt.collect.workloads import WorkloadSet, load_workloads
 from svt.config import CollectConfig, resolve_path, to_dict
 from svt.errors import ConfigError
 from svt.models.loading import ModelPair, load_pair
@@ -118,7 +119,7 @@ def plan_collection(cfg: CollectConfig, out: Path, *, config_path: Path | None, 
 
         check_shardable(cfg)
     old_meta = prepare_dir(out, resume=resume, overwrite=overwrite, config=config)
-    workloads = load_workloads(cfg.workloads, cfg.requests, config_path)
+    workloads = load_workloads(cfg.workloads, cfg.requests, config_path, turns=cfg.turns, repeat=cfg.repeat)
     pair = load_pair(resolve_path(cfg.target, config_path), resolve_path(cfg.draft, config_path),
                      device=cfg.device, dtype=cfg.dtype)
     if old_meta:
@@ -129,16 +130,20 @@ def plan_collection(cfg: CollectConfig, out: Path, *, config_path: Path | None, 
         from svt.fit import Fitter
 
         yield_scorer(Fitter.load(resolve_path(cfg.hvd.fit, config_path)))
+    prompts = workloads.prompts
+    encoded = encode_all(prompts, pair.tokenizer, cfg.max_prompt_tokens, cfg.max_new_tokens)
+    ids = [e.prompt_ids for e in encoded]
+    refs = {i: e.reference_ids for i, e in enumerate(encoded) if e.reference_ids is not None}
+    limits = [n for n in (position_limit(pair.target_path), position_limit(pair.draft_path)) if n is not None]
+    check_positions(prompts, [len(x) + cfg.max_new_tokens + cfg.k + 1 for x in ids], min(limits, default=None),
+                    "the target or the draft", "Lower `max_prompt_tokens` or `max_new_tokens`.")
     # an overwrite is written beside the old run and swapped in when complete
     staged = overwrite and out.is_dir() and any(out.iterdir())
     target = staging_path(out) if staged else out
     if staged:
         shutil.rmtree(target, ignore_errors=True)
-    tok = pair.tokenizer
-    prompts = workloads.prompts
-    ids = [encode_prompt(p, tok, cfg.max_prompt_tokens) for p in prompts]
-    refs = {i: encode_reference(p, tok, cfg.max_new_tokens) for i, p in enumerate(prompts) if p.reference}
-    batches = [list(range(i, min(i + cfg.batch_size, cfg.requests))) for i in range(0, cfg.requests, cfg.batch_size)]
+    n = len(prompts)
+    batches = [list(range(i, min(i + cfg.batch_size, n))) for i in range(0, n, cfg.batch_size)]
     return CollectPlan(cfg, config, config_path, out, target, staged, old_meta, pair, workloads, ids, refs, batches,
                        live, online, shard, progress)
 

@@ -32,7 +32,8 @@ import polars as pl
 from svt import __version__
 from svt.collect.cache_run import teacher_forced_model_yields
 from svt.collect.engines import CollectOptions, Engine
-from svt.collect.workloads import encode_prompt, load_workloads, reference_ids, require_references
+from svt.collect.encode import check_positions, encode_all, position_limit
+from svt.collect.workloads import load_workloads
 from svt.config import CacheOptions, CollectConfig, StandInConfig, resolve_path, to_dict
 from svt.errors import ConfigError, DataError
 from svt.simulate.stand_in import expected_tokens_per_cycle, stand_in_yields
@@ -122,18 +123,22 @@ def collect_reference(cfg: CollectConfig, out: str | Path, *, config_path=None, 
     final = Path(out)
     config = to_dict(cfg)
     prepare_dir(final, resume=False, overwrite=overwrite, config=config)
-    workloads = load_workloads(cfg.workloads, cfg.requests, config_path)
+    workloads = load_workloads(cfg.workloads, cfg.requests, config_path, turns=cfg.turns, repeat=cfg.repeat,
+                               need_reference=True, on_missing_reference=cfg.on_missing_reference)
     prompts = workloads.prompts
-    require_references(prompts)
     target_path = resolve_path(cfg.target, config_path).resolve()
     check_model_dir(target_path, "target (its tokenizer)")
     tok = load_tokenizer(target_path)
-    ids = [encode_prompt(p, tok, cfg.max_prompt_tokens) for p in prompts]
-    encoded = [reference_ids(p, tok, cfg.max_new_tokens) for p in prompts]
-    refs = [ids for ids, _ in encoded]
-    cut = [c for _, c in encoded]
+    encoded = encode_all(prompts, tok, cfg.max_prompt_tokens, cfg.max_new_tokens)
+    ids = [e.prompt_ids for e in encoded]
+    refs = [e.reference_ids for e in encoded]
+    cut = [e.cut for e in encoded]
     stand_in = None if cfg.stand_in is None else stand_in_accept(cfg.stand_in, cfg.k, config_path)[1]
     draft_path = None if cfg.draft is None else resolve_path(cfg.draft, config_path).resolve()
+    if draft_path is not None:  # the draft is teacher-forced on prompt + reference
+        check_positions(prompts, [len(x) + len(r) for x, r in zip(ids, refs, strict=True)],
+                        position_limit(draft_path), "the draft",
+                        "Lower `max_prompt_tokens` or `max_new_tokens` (the reference's tokens kept).")
     model_yields, draft_model, drafter = _drafter(None if draft_path is None else str(draft_path), stand_in, cfg.k,
                                                   cfg.seed, tok, cfg.device, cfg.dtype, target_path)
     options = cfg.cache or CacheOptions()
@@ -193,7 +198,7 @@ def _write_requests(run_dir: Path, cfg: CollectConfig, config: dict, prompts, id
         "reference": {"output": "each prompt's reference, tokenized with the target's tokenizer, its first "
                                 f"max_new_tokens = {cfg.max_new_tokens} tokens",
                       "lacks": "target probabilities: no acceptance features, AV replay or losslessness audit"},
-        "workloads": workloads.files, "workload_sha256": workloads.hashes,
+        "workloads": workloads.files, "workload_sha256": workloads.hashes, "workload_reading": workloads.reading,
         "seed": cfg.seed, "device": "none (no target forward)" if drafter["kind"] != "model" else cfg.device,
         "environment": {"python": platform.python_version()},
         "batches": -(-len(prompts) // cfg.batch_size),

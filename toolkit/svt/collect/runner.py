@@ -137,6 +137,7 @@ def _run_meta(plan: CollectPlan, params: SamplingParams, shard_meta: dict | None
                                                  "explored = true verified every draft"},
         "workloads": plan.workloads.files,
         "workload_sha256": plan.workloads.hashes,
+        "workload_reading": plan.workloads.reading,
         "seed": cfg.seed,
         "device": str(plan.pair.device),
         "environment": plan.environment(),

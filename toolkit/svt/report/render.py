@@ -81,6 +81,22 @@ def link_figures(report_dir: str | Path, figures: list[Path], related: list[str 
     write_report(report, report_dir)
 
 
+def check_report_out(out_dir: str | Path, *, overwrite: bool) -> None:
+    """``svt evaluate --out``: a new or report folder (fits, figures and cost tables may sit
+    beside a report); an existing report is replaced only with ``--overwrite``, and a folder that
+    is a run (or another tool's table folder) never."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{out} is a file; --out takes a report directory.")
+    if not out.is_dir():
+        return
+    if (out / "run.json").exists() or any((out / t).is_dir() and any((out / t).glob("*.parquet"))
+                                          for t in ("drafts", "steps", "requests", "cache_drafts")):
+        raise ConfigError(f"{out} is a run directory; write the report elsewhere (--out reports/NAME).")
+    if (out / "report.json").exists() and not overwrite:
+        raise ConfigError(f"{out} already holds a report (report.json); pass --overwrite to replace it.")
+
+
 def write_report(report: dict, out_dir: str | Path) -> tuple[Path, Path]:
     """report.json and report.md, each written to a temporary name and renamed."""
     out = Path(out_dir)

@@ -49,11 +49,12 @@ def request_seed(seed: int, request: int) -> int:
 
 def collect_vllm(cfg, out: str | Path, *, config_path=None, overwrite: bool = False, progress: bool = True):
     """Run the config's workloads through vLLM with tracing on; write the run ``out``."""
-    from svt.collect.workloads import encode_prompt, load_workloads
+    from svt.collect.encode import check_positions, encode_all, position_limit
+    from svt.collect.workloads import load_workloads
     from svt.config import resolve_path, to_dict
 
     out = _check_request(cfg, out, overwrite)
-    workloads = load_workloads(cfg.workloads, cfg.requests, config_path)
+    workloads = load_workloads(cfg.workloads, cfg.requests, config_path, turns=cfg.turns, repeat=cfg.repeat)
     prompts = workloads.prompts
     target = resolve_path(cfg.target, config_path)
     draft = resolve_path(cfg.draft, config_path)
@@ -63,7 +64,10 @@ def collect_vllm(cfg, out: str | Path, *, config_path=None, overwrite: bool = Fa
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(target))
-    ids = [encode_prompt(p, tok, cfg.max_prompt_tokens) for p in prompts]
+    ids = [e.prompt_ids for e in encode_all(prompts, tok, cfg.max_prompt_tokens, cfg.max_new_tokens)]
+    limits = [n for n in (position_limit(target), position_limit(draft)) if n is not None]
+    check_positions(prompts, [len(x) + cfg.max_new_tokens + cfg.k + 1 for x in ids], min(limits, default=None),
+                    "the target or the draft", "Lower `max_prompt_tokens` or `max_new_tokens`.")
     need = max(len(x) for x in ids) + cfg.max_new_tokens + cfg.k + 1
     if cfg.vllm.max_model_len < need:
         raise ConfigError(f"Expected `vllm.max_model_len` to be at least the longest prompt ({max(len(x) for x in ids)} "
@@ -94,6 +98,7 @@ def collect_vllm(cfg, out: str | Path, *, config_path=None, overwrite: bool = Fa
         seconds = time.time() - t0
         order = [o.request_id for o in outputs]
         meta = {"config": to_dict(cfg), "workloads": workloads.files, "workload_sha256": workloads.hashes,
+                "workload_reading": workloads.reading,
                 "seed": cfg.seed, "last_session_seconds": round(seconds, 2)}
         run_meta = finish_spool(spool, out, overwrite=overwrite, order=order,
                                 workloads={o.request_id: prompts[i].workload for i, o in enumerate(outputs)},
