@@ -51,7 +51,7 @@ demo: setup
 	$(VENV)/bin/svt fit runs/demo --model isotonic --out reports/demo/fits/isotonic.json --overwrite
 	$(VENV)/bin/svt fit runs/demo --model head --out reports/demo/fits/head.json --overwrite
 	$(VENV)/bin/svt collect configs/collect/demo.yaml --profile-costs --out reports/demo/costs-cpu.yaml --quiet --overwrite
-	$(VENV)/bin/svt evaluate runs/demo --out reports/demo --by workload --bootstrap 100 \
+	$(VENV)/bin/svt evaluate runs/demo --out reports/demo --overwrite --by workload --bootstrap 100 \
 	  --fit reports/demo/fits/irls-online.json --fit reports/demo/fits/logistic.json \
 	  --fit reports/demo/fits/isotonic.json --fit reports/demo/fits/head.json \
 	  --costs reports/demo/costs-cpu.yaml
@@ -61,16 +61,16 @@ demo: setup
 	$(VENV)/bin/svt fit runs/hvd --model yield-mlp --out reports/hvd/fits/yield-mlp.json --overwrite
 	$(VENV)/bin/svt fit runs/hvd --model yield-linear --out reports/hvd/fits/yield-linear.json --overwrite
 	$(VENV)/bin/svt fit runs/hvd --model yield-gbm --out reports/hvd/fits/yield-gbm.json --overwrite
-	$(VENV)/bin/svt evaluate runs/hvd --out reports/hvd --feature q_max --by workload \
+	$(VENV)/bin/svt evaluate runs/hvd --out reports/hvd --overwrite --feature q_max --by workload \
 	  --fit reports/hvd/fits/yield-mlp.json --fit reports/hvd/fits/yield-linear.json \
 	  --fit reports/hvd/fits/yield-gbm.json --costs reports/demo/costs-cpu.yaml
 	# the same prompts' real text (a reference run: no target forward), so the report shows which
 	# numbers describe the data and which the tiny pair (the realism table links the two)
 	$(VENV)/bin/svt collect configs/collect/hvd-reference.yaml --out runs/hvd-ref --overwrite
 	$(VENV)/bin/svt fit runs/hvd-ref --model yield-mlp --out reports/hvd-ref/fits/yield-mlp.json --overwrite
-	$(VENV)/bin/svt evaluate runs/hvd-ref --out reports/hvd-ref --fit reports/hvd-ref/fits/yield-mlp.json \
+	$(VENV)/bin/svt evaluate runs/hvd-ref --out reports/hvd-ref --overwrite --fit reports/hvd-ref/fits/yield-mlp.json \
 	  --costs configs/costs/h100-llama8b-eagle.yaml
-	$(VENV)/bin/svt evaluate runs/hvd --out reports/hvd-h100 --feature q_max \
+	$(VENV)/bin/svt evaluate runs/hvd --out reports/hvd-h100 --overwrite --feature q_max \
 	  --fit reports/hvd/fits/yield-mlp.json --fit reports/hvd/fits/yield-linear.json \
 	  --fit reports/hvd/fits/yield-gbm.json --costs configs/costs/h100-llama8b-eagle.yaml \
 	  --reference-run runs/hvd-ref
@@ -90,7 +90,7 @@ define ci_evaluate
 	$(SVT) collect configs/collect/ci.yaml --out runs/ci --overwrite --quiet
 	$(SVT) fit runs/ci --model irls-online --out runs/ci-fits/irls-online.json --overwrite
 	$(SVT) fit runs/ci --model logistic --out runs/ci-fits/logistic.json --overwrite
-	$(SVT) evaluate runs/ci --out $(1) --by workload --bootstrap 100 --replay-bootstrap 20 \
+	$(SVT) evaluate runs/ci --out $(1) --overwrite --by workload --bootstrap 100 --replay-bootstrap 20 \
 	  --fit runs/ci-fits/irls-online.json --fit runs/ci-fits/logistic.json \
 	  --costs configs/costs/h100-llama8b-eagle.yaml $(2)
 endef

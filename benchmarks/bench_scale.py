@@ -64,7 +64,7 @@ def main(argv=None) -> dict:
     drafts = sum(r["rows"] for r in meta["shards"]["drafts"].values())
     out_dir = ROOT / "reports" / "bench"
     cmds = {
-        "evaluate": [sys.executable, "-m", "svt.cli", "evaluate", str(run), "--out", str(out_dir / "scale-evaluate")],
+        "evaluate": [sys.executable, "-m", "svt.cli", "evaluate", str(run), "--out", str(out_dir / "scale-evaluate"), "--overwrite"],
         "fit": [sys.executable, "-m", "svt.cli", "fit", str(run), "--model", "irls-online",
                 "--out", str(out_dir / "scale-fit.json"), "--overwrite"],
     }

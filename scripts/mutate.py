@@ -4,7 +4,7 @@ tests on each; a mutant the tests do not catch is a hole in the suite.
     python scripts/mutate.py [--only ID ...] [--full] [--list]
 
 Each mutant replaces one exact snippet of one module (the snippet must occur exactly once). The
-copy (``toolkit/`` and ``tests/``, with ``data/`` and ``configs/`` linked) is imported first through
+copy (``toolkit/`` and ``tests/``, with ``data/``, ``configs/`` and ``examples/`` linked) is imported first through
 PYTHONPATH, checked to be the one under test, and passes its tests unmutated before any mutant
 runs. By default each mutant runs the tests of its area (``tests``), stopping at the first
 failure; ``--full`` runs the whole suite for each (slow). Prints a table of killed and surviving
@@ -429,7 +429,7 @@ MUTANTS = [
 def _copy_tree(dst: Path) -> None:
     shutil.copytree(ROOT / "toolkit", dst / "toolkit", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     shutil.copytree(ROOT / "tests", dst / "tests", ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("data", "configs", "notebooks", "pyproject.toml", "scripts", "benchmarks"):
+    for name in ("data", "configs", "examples", "notebooks", "pyproject.toml", "scripts", "benchmarks"):
         (dst / name).symlink_to(ROOT / name)
 
 

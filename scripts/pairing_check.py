@@ -34,7 +34,7 @@ for damping in ("500", "2500"):
         extra = ["--damping", damping] if model == "irls-online" else []
         subprocess.run([svt, "fit", str(out), "--model", model, *extra, "--out", f"{f}/{model}.json", "--overwrite"],
                        check=True, capture_output=True)
-    r = subprocess.run([svt, "evaluate", str(out), "--out", f"reports/ci-other-{damping}", "--by", "workload",
+    r = subprocess.run([svt, "evaluate", str(out), "--out", f"reports/ci-other-{damping}", "--overwrite", "--by", "workload",
                         "--bootstrap", "100", "--fit", f"{f}/irls-online.json", "--fit", f"{f}/logistic.json",
                         "--costs", "configs/costs/h100-llama8b-eagle.yaml", "--baseline", "ci/baseline/report.json"],
                        capture_output=True, text=True)

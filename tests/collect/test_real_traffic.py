@@ -89,7 +89,7 @@ def test_a_config_copied_elsewhere_runs_from_a_third_folder(tmp_path, monkeypatc
     assert _requests(elsewhere / "out").height == 4
     meta = read_meta(elsewhere / "out")
     assert Path(meta["workloads"]["chat-log"]) == here / "chat-log.jsonl"
-    assert Path(meta["models"]["target"]["path"]) == ROOT / "data" / "models" / "target"
+    assert Path(meta["models"]["target"]["path"]) == (ROOT / "data" / "models" / "target").resolve()
     # a shipped config copied alone: built-in models and workloads by name
     cfg = load_collect_config(here / "hvd-reference.yaml",
                               {"requests": 5, "max_new_tokens": 16, "draft": None, "stand_in": {"rate": 0.5}})

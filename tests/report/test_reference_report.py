@@ -49,8 +49,17 @@ def test_reference_report_has_the_cache_sections_and_says_what_it_lacks(ref_run,
     json_path, md_path = write_report(rep, tmp_path / "rep")
     md = md_path.read_text()
     for text in ("cache drafts only", "a stand-in", "Where HVD pays off", "Two-sided switch",
-                 "The document's checks", "How far the pair is from the data"):
+                 "The document's checks", "How far the pair is from the data",
+                 # the document named by its title; each HVD table says which requests it covers
+                 "*Hybrid Verified Decoding: Learning to Allocate Verification in Speculative Decoding*",
+                 "**Covers all requests.**", "**Covers all 18 requests.**",
+                 "Workloads: 18 requests from the workloads' prompts (prose 150, edit 60, toolcalls 60); chat turns: prose last"):
         assert text in md
+    assert rep["hvd"]["coverage"] == rep["yield"]["coverage"] == "all 18 requests"
+    # the realism table of a reference run: one text, no columns that only a target run fills
+    table = md.split("How far the pair is from the data")[1].split("\n## ")[0]
+    assert "| group | requests | text: repeats prompt+text | text: repeats itself | cache yield | top-10% share |" in table
+    assert "—" not in table
     json.loads(json_path.read_text())
 
 
@@ -102,6 +111,50 @@ def test_target_run_with_references_gets_the_realism_table(greedy_run):
     want = np.mean([common_prefix(o, refs[r]) for r, o in zip(req["request"], req["output_ids"], strict=True)])
     assert rows["all"]["mean_common_prefix"] == pytest.approx(want)
     assert rows["all"]["with_reference"] == req.height
+
+
+def test_reference_run_compares_the_same_requests_or_says_which_differ(greedy_run, tmp_path, models_dir):
+    """--reference-run put a reference run's cache statistics beside the run's whatever requests
+    each held; now it matches them by workload and prompt tokens and says which differ."""
+    from svt.collect.reference_run import collect_reference
+    from svt.config import load_collect_config
+    from svt.report.reference import realism_section
+    from svt.traces.io import read_meta
+
+    meta = read_meta(greedy_run)
+    base = {"engine": "reference", "target": str(models_dir / "target"), "stand_in": {"rate": 0.6},
+            "workloads": list(meta["workloads"].values()), "max_new_tokens": 48, "k": 4, "temperature": 0,
+            "cache": True, "max_prompt_tokens": 256}
+    collect_reference(load_collect_config(None, base={**base, "requests": 12}), tmp_path / "same", progress=False)
+    collect_reference(load_collect_config(None, base={**base, "requests": 8}), tmp_path / "fewer", progress=False)
+    same = realism_section([greedy_run], str(tmp_path / "same"))[greedy_run.name]
+    assert same["reference_requests"]["shared"] == 12 and same["reference_requests"]["note"].startswith("the same 12")
+    fewer = realism_section([greedy_run], str(tmp_path / "fewer"))[greedy_run.name]
+    got = fewer["reference_requests"]
+    assert got["shared"] == 8 and got["only_in_run"] == [8, 9, 10, 11] and got["only_in_reference"] == []
+    assert "Only in this run: 4 (requests 8, 9, 10, 11)" in got["note"]
+    # its cache columns are computed on the shared requests only: as the first 8 of the full run
+    from svt.report.reference import _cache_stats
+
+    assert fewer["reference_cache"] == _cache_stats(tmp_path / "same", set(range(8)))
+    assert fewer["reference_cache"] != same["reference_cache"]
+    from svt.report.sections.realism import realism_markdown
+
+    text = "\n".join(realism_markdown({"realism": {greedy_run.name: fewer}}))
+    assert "8 requests in common (matched by workload and prompt tokens)" in text
+
+
+def test_hvd_tables_say_they_cover_the_held_out_requests(greedy_run, tmp_path):
+    from svt.fit import fit_runs
+
+    fit = fit_runs([greedy_run], "yield-linear", test_fraction=0.5, seed=0)
+    fit.save(tmp_path / "y.json")
+    rep = evaluate([greedy_run], EvaluateOptions(features=["q_max"], costs=COSTS, fits=[str(tmp_path / "y.json")]))
+    n = rep["hvd"]["requests"]
+    assert 0 < n < 12 and rep["hvd"]["coverage"] == (f"the {n} requests every yield fit held out (of 12; the others "
+                                                     "trained a fit)")
+    _, md = write_report(rep, tmp_path / "rep")
+    assert md.read_text().count(f"**Covers the {n} requests every yield fit held out") == 2
 
 
 def test_reference_run_of_other_prompts_is_refused(greedy_run, ref_run):

@@ -132,7 +132,11 @@ def hvd_report(runs: list[Path], fit_paths: list[str], run_ids: list, *, costs_p
     ev = (rows.with_columns(**{f"_p_{i}": pl.Series(v) for i, v in enumerate(preds.values())})
           .join(keys_df, on=["_run", "request"], how="semi"))
     names = list(preds)
-    out_yield: dict = {"high_yield": high_yield, "requests": len(keys), "predictors": {}, "groups": {}}
+    total = rows.select("_run", "request").unique().height
+    coverage = (f"all {total} requests" if len(keys) == total or not fits else
+                f"the {len(keys)} requests every yield fit held out (of {total}; the others trained a fit)")
+    out_yield: dict = {"high_yield": high_yield, "requests": len(keys), "coverage": coverage, "predictors": {},
+                       "groups": {}}
     ev_d = ev.filter(pl.col("draft_len") > 0)
     y = ev_d["oracle_accepted"].to_numpy()
     for i, n in enumerate(names):
@@ -164,6 +168,7 @@ def hvd_report(runs: list[Path], fit_paths: list[str], run_ids: list, *, costs_p
         report["hvd_map"], report["two_sided"] = _sweeps(rows, preds, keys, k, costs, seed)
         report["hvd"] = {"costs": {"path": str(costs_path), "kind": costs.kind,
                                            "fingerprint": costs.fingerprint()}, "k": k, "requests": len(reqs),
+                         "coverage": coverage,
                          "batch_size": 1, "collected_batch_size": batch_sizes, "rows": points,
                          "best": best_tau(points),
                          "note": "each request replayed at batch 1; the global tree's timing follows the collection's "

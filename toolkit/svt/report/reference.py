@@ -8,6 +8,7 @@ import datetime as dt
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 
 from svt import __version__
 from svt.errors import DataError
@@ -131,12 +132,46 @@ def realism_rows(run) -> dict[str, dict]:
     return out
 
 
-def _cache_stats(path) -> dict:
+def _cache_stats(path, requests: set[int] | None = None) -> dict:
     from svt.fit.yield_data import load_cache_drafts_for_fit
     from svt.report.hvd import cache_opportunity
 
     rows, _ = load_cache_drafts_for_fit([path], with_empty=True)
+    if requests is not None:
+        rows = rows.filter(pl.col("request").is_in(sorted(requests)))
     return cache_opportunity(rows, 6)
+
+
+def _prompts(run) -> dict[tuple, int]:
+    req = run.scan("requests").select("request", "workload", "prompt_ids").sort("request").collect()
+    out: dict[tuple, int] = {}
+    for r, w, p in req.iter_rows():
+        out.setdefault((w, tuple(p)), r)
+    return out
+
+
+def matched_requests(run, ref, path, reference_run) -> tuple[set[int], dict]:
+    """The reference run's requests that are this run's (the same workload and prompt tokens), and
+    what the report says about the match."""
+    mine, theirs = _prompts(run), _prompts(ref)
+    shared = set(mine) & set(theirs)
+    if not shared:
+        raise DataError(f"--reference-run {reference_run} shares no request with {path} (none has the same workload "
+                        "and prompt tokens): another tokenizer, chat template, max_prompt_tokens or turns setting?")
+    only_run = sorted(mine[k] for k in set(mine) - shared)
+    only_ref = sorted(theirs[k] for k in set(theirs) - shared)
+    if not only_run and not only_ref:
+        note = f"the same {len(shared)} requests (matched by workload and prompt tokens)."
+    else:
+        note = (f"{len(shared)} requests in common (matched by workload and prompt tokens); its cache columns are "
+                f"computed on those. Only in this run: {len(only_run)}"
+                + (f" (requests {', '.join(map(str, only_run[:5]))}{' ...' if len(only_run) > 5 else ''})"
+                   if only_run else "")
+                + f"; only in the reference run: {len(only_ref)}"
+                + (f" (requests {', '.join(map(str, only_ref[:5]))}{' ...' if len(only_ref) > 5 else ''})"
+                   if only_ref else "") + ".")
+    return {theirs[k] for k in shared}, {"shared": len(shared), "only_in_run": only_run,
+                                         "only_in_reference": only_ref, "note": note}
 
 
 def check_reference_run(reference_run: str | None):
@@ -160,7 +195,6 @@ def realism_section(runs: list, reference_run: str | None = None) -> dict | None
 
     out = {}
     ref = check_reference_run(reference_run)
-    ref_cache = _cache_stats(reference_run) if ref is not None else None
     names = [Path(r).name for r in runs]
     if len(set(names)) != len(names):
         names = [str(r) for r in runs]
@@ -178,8 +212,9 @@ def realism_section(runs: list, reference_run: str | None = None) -> dict | None
                  "workloads": realism_rows(run)}
         if run.has("cache_drafts"):
             block["cache"] = _cache_stats(path)
-        if ref_cache is not None:
-            block["reference_cache"] = ref_cache
+        if ref is not None and Path(path).resolve() != Path(reference_run).resolve():
+            shared, block["reference_requests"] = matched_requests(run, ref, path, reference_run)
+            block["reference_cache"] = _cache_stats(reference_run, shared)
             block["reference_run"] = str(reference_run)
         out[name] = block
     return out or None

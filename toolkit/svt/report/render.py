@@ -27,6 +27,7 @@ def to_markdown(report: dict) -> str:
              "need a probability (features marked *probability: no* need a fitted predictor); AUC "
              "needs both classes. ECE: 10 equal-width bins; ece_mass: 10 equal-mass bins. Brackets: 95% request-level bootstrap "
              "intervals. " + DIRECTION_NOTE + "\n"]
+    lines += reading_lines(report)
     for r in report["runs"]:
         imp = r.get("import")
         if imp:  # an imported trace: where it came from and what it cannot give
@@ -53,10 +54,34 @@ def _cache_only_markdown(report: dict) -> str:
                          f"{drafter['tokens_per_cycle']:.2f} tokens per cycle expected). {drafter['note']}.\n")
         elif drafter.get("kind") == "model":
             lines.append(f"{who}Model drafter: `{drafter['path']}`, {drafter['note']}.\n")
+    lines += reading_lines(report)
     for section in SECTIONS:
         if section.name in CACHE_ONLY:
             lines += section.markdown(report)
     return "\n".join(lines) + "\n"
+
+
+def reading_lines(report: dict) -> list[str]:
+    """How each run's workloads were read (run.json's ``workload_reading``): chat turns, rows
+    skipped for want of a reference, and requests that repeat a row (their answers were already in
+    a suffix cache's global tree)."""
+    out = []
+    for r in report["runs"]:
+        w = r.get("workload_reading")
+        if not w:
+            continue
+        who = f"`{r['run']}`: " if len(report["runs"]) > 1 else ""
+        turns = ", ".join(f"{n} {t}" for n, t in (w.get("turns") or {}).items())
+        parts = [f"{w.get('requests', 0):,} requests from the workloads' prompts "
+                 f"({', '.join(f'{n} {c:,}' for n, c in (w.get('prompts') or {}).items())}); chat turns: {turns}"]
+        skipped = {n: c for n, c in (w.get("skipped_no_reference") or {}).items() if c}
+        if skipped:
+            parts.append("skipped for want of a reference: " + ", ".join(f"{n} {c:,}" for n, c in skipped.items()))
+        if w.get("repeated_requests"):
+            parts.append(f"**{w['repeated_requests']:,} requests repeat a row** (`repeat: true`): their answers were "
+                         "already in the suffix cache's global tree, which raises its yield")
+        out.append(f"{who}Workloads: " + "; ".join(parts) + ".\n")
+    return out
 
 
 # the sections a report of runs without model drafts has

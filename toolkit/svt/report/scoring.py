@@ -85,6 +85,8 @@ def open_for_evaluation(runs: list[Path]) -> Opened:
                                  if isinstance(v, dict)},
                       "counts": meta.get("counts"),
                       "experiment": experiment(meta),
+                      **({"workload_reading": meta["workload_reading"]}
+                         if isinstance(meta.get("workload_reading"), dict) else {}),
                       "synthetic": bool(meta.get("synthetic")),
                       "labels": _labels_note(run),
                       "shards": ("verified against run.json" if run.verified

@@ -10,6 +10,8 @@ from svt.report.sections.base import Judging, ReportContext, Section
 from svt.report.text import add_row, fmt, md_table, new_table
 from svt.traces.io import open_run
 
+HVD_PAPER = "Hybrid Verified Decoding: Learning to Allocate Verification in Speculative Decoding"
+
 
 class Hvd(Section):
     name = "yield and HVD replay"
@@ -30,6 +32,7 @@ class Hvd(Section):
 
     def markdown(self, report: dict) -> list[str]:
         return hvd_markdown(report) + map_markdown(report)
+
 
     def console(self, report: dict) -> list:
         items = []
@@ -72,7 +75,7 @@ def hvd_markdown(report: dict) -> list[str]:
     cache = report.get("cache")
     if cache:
         lines += ["## Cache drafts (SuffixDecoding): opportunity\n",
-                  "Share of decode positions where the cache proposes a draft, its mean length and oracle "
+                  "**Covers all requests.** Share of decode positions where the cache proposes a draft, its mean length and oracle "
                   "yield (common prefix with the target's greedy continuation), the model drafter's mean "
                   "yield at the same positions, and how concentrated the high-yield drafts are: their share "
                   "of drafts and of the tokens all cache drafts would have accepted, and the share of those "
@@ -93,7 +96,7 @@ def hvd_markdown(report: dict) -> list[str]:
                     fmt(b["f1"], 3), fmt(b["average_precision"], 3), fmt(b["n"])]
 
         lines += [f"## Yield predictors (high yield = accepted length >= {yl['high_yield']})\n",
-                  f"Scored on the cache drafts of {yl['requests']} requests that every yield fit holds out. "
+                  f"**Covers {yl.get('coverage') or str(yl['requests']) + ' requests'}.** "
                   "Precision / recall / F1: predicted >= threshold against oracle >= threshold; AP: average "
                   "precision of the ranking. Rules are raw statistics in tokens (no fit).\n",
                   md_table(head, [row(n, b, b["kind"]) for n, b in yl["predictors"].items()]), ""]
@@ -102,6 +105,7 @@ def hvd_markdown(report: dict) -> list[str]:
     sim = report.get("hvd")
     if sim:
         lines += ["## End to end: Hybrid Verified Decoding replay\n",
+                  f"**Covers {sim.get('coverage') or str(sim['requests']) + ' requests'}.** "
                   f"Costs: `{sim['costs']['path']}` ({sim['costs']['kind']}). {sim['requests']} requests walked "
                   f"from position 0 at batch 1, K = {sim['k']}; a cycle advances by accepted + 1. Model cycles pay "
                   "K draft passes and verify(1 + K); cache cycles pay their measured lookup and verify(1 + draft "
@@ -148,7 +152,7 @@ def map_markdown(report: dict) -> list[str]:
         lines += ["## Where HVD pays off\n", f"Not computed: {hmap['note']}.\n"]
     two = report.get("two_sided") or {}
     if two.get("groups"):
-        lines += ["## Two-sided switch (beyond the document)\n",
+        lines += [f"## Two-sided switch (beyond the document, *{HVD_PAPER}*)\n",
                   f"The model drafter's yield predicted too ({two['regressor']} on causal features: "
                   f"{', '.join(two['features'])}; held-out MSE {fmt(two['model_yield_mse'], 3)} against the "
                   f"yield variance {fmt(two['model_yield_var'], 3)}); the cache draft is verified when its predicted "
@@ -184,7 +188,9 @@ def map_markdown(report: dict) -> list[str]:
             rows.append(["accepted tokens carried by the top 10 % of cache drafts",
                          ", ".join(f"{g} {fmt(v, 2)}" for g, v in checks["top10_token_share"].items()),
                          checks["top10_document"]])
-        lines += ["## The document's checks, side by side\n", md_table(["check", "here", "the document"], rows), ""]
+        lines += ["## The document's checks, side by side\n",
+                  f"The document: *{HVD_PAPER}*; its figures as it reports them, beside this report's.\n",
+                  md_table(["check", "here", "the document"], rows), ""]
     return lines
 
 

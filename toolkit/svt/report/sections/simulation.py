@@ -40,9 +40,10 @@ class Simulation(Section):
         rules = sim.get("rules")
         if rules and any("engine_flip" in r for r in rules):
             lines += ["### Is the budget rule lossless on this cost table?\n",
-                      "AV above uses the **lossless** budget rule: the document's rule applied to the greatest "
+                      "AV above uses the **lossless** budget rule: the rule of the document *Adaptive Verification "
+                      "without a confidence head* applied to the greatest "
                       "convex minorant of the verify-cost curve, so every decision depends only on survivals "
-                      "ranked above it (causal). The document's own rule on the measured curve (the "
+                      "ranked above it (causal). That document's own rule on the measured curve (the "
                       "`[engine rule]` rows) can decide whether to verify a draft from the same request's later "
                       "confidences, which depend on the drafted token: lossy. Non-convexity: the largest gap "
                       "between the curve and its convex minorant over a step's token range, relative to the "
