@@ -74,9 +74,9 @@ demo: setup
 	  --fit reports/hvd/fits/yield-mlp.json --fit reports/hvd/fits/yield-linear.json \
 	  --fit reports/hvd/fits/yield-gbm.json --costs configs/costs/h100-llama8b-eagle.yaml \
 	  --reference-run runs/hvd-ref
-	$(VENV)/bin/svt plot all reports/hvd
-	$(VENV)/bin/svt plot all reports/hvd-ref --link reports/hvd-h100
-	$(VENV)/bin/svt plot all reports/hvd-h100 --link reports/hvd-ref
+	$(VENV)/bin/svt plot all reports/hvd --vmax 60
+	$(VENV)/bin/svt plot all reports/hvd-ref --link reports/hvd-h100 --vmax 60
+	$(VENV)/bin/svt plot all reports/hvd-h100 --link reports/hvd-ref --vmax 60
 	$(VENV)/bin/svt plot all reports/demo --fit reports/demo/fits/irls-online.json \
 	  --link reports/hvd --link reports/hvd-h100 --link reports/hvd-ref
 

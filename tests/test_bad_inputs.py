@@ -81,7 +81,7 @@ def test_feature_modules_and_user_features(small_run, tmp_path, monkeypatch):
     (tmp_path / "feats_ok.py").write_text(
         "import polars as pl\nfrom svt.features import feature\n\n"
         "@feature(lossless=True, description='q_max squared')\ndef qmax_sq_t():\n    return pl.col('q_max') ** 2\n")
-    r = runner.invoke(app, ["evaluate", str(small_run), "--out", "rep", "--feature-module", "feats_ok",
+    r = runner.invoke(app, ["evaluate", str(small_run), "--out", "rep", "--overwrite", "--feature-module", "feats_ok",
                             "--feature", "qmax_sq_t"])
     assert r.exit_code == 0, r.output
     # a user feature is fitted too (issue 22), and the fit is evaluated with the same module
@@ -92,28 +92,28 @@ def test_feature_modules_and_user_features(small_run, tmp_path, monkeypatch):
                             "--feature", "q_max", "--fit", "user.json"])
     assert r.exit_code == 0, r.output
     (tmp_path / "feats_syntax.py").write_text("def broken(:\n")
-    _ok(runner.invoke(app, ["evaluate", str(small_run), "--out", "rep", "--feature-module", "feats_syntax"]), 2,
+    _ok(runner.invoke(app, ["evaluate", str(small_run), "--out", "rep", "--overwrite", "--feature-module", "feats_syntax"]), 2,
         "SyntaxError")
     (tmp_path / "feats_raise.py").write_text("raise RuntimeError('boom')\n")
-    _ok(runner.invoke(app, ["evaluate", str(small_run), "--out", "rep", "--feature-module", "feats_raise"]), 2, "boom")
+    _ok(runner.invoke(app, ["evaluate", str(small_run), "--out", "rep", "--overwrite", "--feature-module", "feats_raise"]), 2, "boom")
     (tmp_path / "feats_raise2.py").write_text("raise RuntimeError('boom\\nsecond line')\n")
     _ok(runner.invoke(app, ["fit", str(small_run), "--model", "logistic", "--out", "f.json", "--feature-module",
                             "feats_raise2"]), 2, "boom second line")  # one line, whatever the module raised
     (tmp_path / "feats_clash.py").write_text(
         "import polars as pl\nfrom svt.features import feature\n\n"
         "@feature(lossless=True)\ndef q_max():\n    return pl.col('q_max')\n")
-    _ok(runner.invoke(app, ["evaluate", str(small_run), "--out", "rep", "--feature-module", "feats_clash"]), 2,
+    _ok(runner.invoke(app, ["evaluate", str(small_run), "--out", "rep", "--overwrite", "--feature-module", "feats_clash"]), 2,
         "built-in feature")
     (tmp_path / "feats_cols.py").write_text(
         "import polars as pl\nfrom svt.features import feature\n\n"
         "@feature(lossless=True)\ndef no_col_t():\n    return pl.col('nope')\n\n"
         "@feature(lossless=True, probability=True)\ndef bad_prob_t():\n    return pl.col('q_max') * 3\n\n"
         "@feature(lossless=True)\ndef constant_t():\n    return pl.lit(1.0) + pl.col('q_max') * 0\n")
-    _ok(runner.invoke(app, ["evaluate", str(small_run), "--out", "rep", "--feature-module", "feats_cols",
+    _ok(runner.invoke(app, ["evaluate", str(small_run), "--out", "rep", "--overwrite", "--feature-module", "feats_cols",
                             "--feature", "no_col_t"]), 2, "cannot be computed")
-    _ok(runner.invoke(app, ["evaluate", str(small_run), "--out", "rep", "--feature-module", "feats_cols",
+    _ok(runner.invoke(app, ["evaluate", str(small_run), "--out", "rep", "--overwrite", "--feature-module", "feats_cols",
                             "--feature", "bad_prob_t"]), 5, "outside [0, 1]")
-    r = runner.invoke(app, ["evaluate", str(small_run), "--out", "rep", "--feature-module", "feats_cols",
+    r = runner.invoke(app, ["evaluate", str(small_run), "--out", "rep", "--overwrite", "--feature-module", "feats_cols",
                             "--feature", "constant_t"])
     assert r.exit_code == 0 and "Traceback" not in r.output, r.output
     rep = json.loads((tmp_path / "rep" / "report.json").read_text())

@@ -140,7 +140,7 @@ def test_sigterm_during_an_overwrite_keeps_the_old_run_and_leaves_nothing(cfg, d
 
     before = _snapshot(done)
     conf = tmp_path / "c.yaml"
-    conf.write_text(yaml.safe_dump({**to_dict(cfg), "requests": 400, "max_new_tokens": 64}))
+    conf.write_text(yaml.safe_dump({**to_dict(cfg), "requests": 400, "repeat": True, "max_new_tokens": 64}))
     proc = subprocess.Popen([sys.executable, "-m", "svt.cli", "collect", str(conf), "--out", str(done), "--overwrite",
                              "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     staged = done.parent / f".{done.name}.svt-new"

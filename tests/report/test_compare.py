@@ -266,7 +266,7 @@ def test_cli_refuses_to_overwrite_its_baseline_and_clears_stale_reports(small_ru
     assert (tmp_path / "s" / "regression.md").is_file()
     # the next evaluation into s is incomparable: the earlier regression report must not stay behind
     res = runner.invoke(app, ["evaluate", str(small_run), "--feature", "entropy", "--out", str(tmp_path / "s"),
-                              "--baseline", str(tmp_path / "r")])
+                              "--baseline", str(tmp_path / "r"), "--overwrite"])
     assert res.exit_code == 6 and not (tmp_path / "s" / "regression.md").exists()
     res = runner.invoke(app, ["compare", str(tmp_path / "r"), str(tmp_path / "r"), "--out", str(tmp_path / "r" / "report.json")])
     assert res.exit_code == 2 and "Cannot write" in res.output and "Traceback" not in res.output

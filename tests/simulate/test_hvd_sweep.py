@@ -14,7 +14,9 @@ from svt.simulate.hvd_sweep import (
     rate_for_tokens_per_cycle,
     strength_map,
     two_sided,
+    with_model_yields,
 )
+from svt.simulate.stand_in import stand_in_yields
 
 
 @pytest.fixture
@@ -54,6 +56,30 @@ def test_stand_in_strength_is_the_model_onlys_tokens_per_cycle(costs):
         # on the scored requests up to τ chosen elsewhere
         assert r["oracle-switch"]["ms"] <= min(r["hvd"]["ms"], r["model-only"]["ms"], r["cache-only"]["ms"]) + 1e-6
     assert {r["group"] for r in rows} == {"all", "a", "b"}
+
+
+def test_each_map_cells_gain_has_a_request_level_bootstrap_interval(costs):
+    """The interval resamples the scored requests: checked against a direct resampling of the
+    per-request times of the three policies, with the same generator."""
+    from svt.simulate.hvd_sweep import gain_interval
+
+    reqs = _requests(8, 600)
+    preds = [r.cache_yield.astype(float) for r in reqs]
+    split = Split([0, 1, 2, 3], [4, 5, 6, 7], "test")
+    rows = strength_map(reqs, preds, list(range(8)), 5, costs, split, seed=3, strengths=(2.0,))
+    row = next(r for r in rows if r["group"] == "all")
+    lo, hi = row["gain_interval"]
+    assert lo <= row["hvd_gain_over_best_single"] <= hi and row["bootstrap"] == 200
+    assert row["gain_interval_spans_zero"] == (lo <= 0 <= hi) and row["few_requests"] is True
+    res = policy_results(with_model_yields(reqs, [stand_in_yields(np.full(5, rate_for_tokens_per_cycle(2.0, 5)), 3, i,
+                                                                  r.draft_len.size) for i, r in enumerate(reqs)]),
+                         preds, 5, costs, [0, 1, 2, 3], [4, 5, 6, 7])
+    ms = res["per_request_ms"]
+    rng = np.random.default_rng(7)
+    idx = np.random.default_rng(7).integers(0, 4, size=(200, 4))
+    gains = np.minimum(ms["model-only"][idx].sum(1), ms["cache-only"][idx].sum(1)) / ms["hvd"][idx].sum(1) - 1
+    assert gain_interval(ms, rng) == pytest.approx(tuple(np.percentile(gains, [2.5, 97.5])))
+    assert ms["hvd"].sum() == pytest.approx(res["hvd"].ms)
 
 
 def test_tau_is_chosen_on_the_choose_set_only(costs):

@@ -585,6 +585,9 @@ def plot(
                                                           "coefficient paths of.")] = None,
     link: Annotated[list[Path] | None, typer.Option("--link", help="all: other report directories to link "
                                                             "(with their figures) from this report.md.")] = None,
+    vmax: Annotated[float | None, typer.Option(
+        help="hvd-map (and all): the symmetric colour scale's limit in %, e.g. 40, so that maps of several "
+             "reports share one scale (default: the map's own largest gain).")] = None,
 ) -> None:
     """Draw a figure from a report or a fit (plots read stored results; nothing is recomputed).
     `all` writes every figure into REPORT/figures/ and links them from report.md.
@@ -596,7 +599,7 @@ def plot(
 
     try:
         if kind == "all":
-            written = plots.plot_all(input_path, fit or [])
+            written = plots.plot_all(input_path, fit or [], vmax=vmax)
             link_figures(input_path, written, related=link or [])
             for p in written:
                 _say(f"wrote {p}")
@@ -604,7 +607,10 @@ def plot(
         fn = plots.get_plot(kind)
         if out_path is None:
             raise ConfigError("Pass --out FILE.png (or .svg).")
-        written = plots.save(fn(plots.read_input(input_path)), out_path)
+        if vmax is not None and kind != "hvd-map":
+            raise ConfigError("--vmax sets the colour scale of hvd-map (or of `all`'s hvd-map).")
+        written = plots.save(fn(plots.read_input(input_path), **({"vmax": vmax} if vmax is not None else {})),
+                             out_path)
     except SvtError as exc:
         raise _fail(exc) from None
     _say(f"wrote {written}")

@@ -194,7 +194,7 @@ def get_plot(name: str):
     except KeyError:
         raise ConfigError(f"Unknown plot kind {name!r}; known kinds: {', '.join(PLOTS)}, all.") from None
 
-    def checked(data, ax=None):
+    def checked(data, ax=None, **options):
         from svt.fit import Fitter
 
         wants_fit = name == "coefficients"
@@ -209,7 +209,7 @@ def get_plot(name: str):
             raise DataError(f"`{name}` draws a report from `svt evaluate` (its directory or report.json), "
                             "not " + ("a fit file." if is_fit else "this file."))
         try:
-            return fn(data, ax=ax)
+            return fn(data, ax=ax, **options)
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise DataError(f"The input lacks what `{name}` draws ({type(exc).__name__}: {exc}); "
                             "re-run `svt evaluate` with the options that compute it.") from None
@@ -240,8 +240,9 @@ def save(fig, out: str | Path) -> Path:
     return out
 
 
-def plot_all(report_dir: str | Path, fits: list[str | Path] = ()) -> list[Path]:
-    """Every figure a report (and online fits) allows, into REPORT_DIR/figures/*.png."""
+def plot_all(report_dir: str | Path, fits: list[str | Path] = (), vmax: float | None = None) -> list[Path]:
+    """Every figure a report (and online fits) allows, into REPORT_DIR/figures/*.png (``vmax``: the
+    HVD map's colour scale, in %)."""
     report_dir = Path(report_dir)
     report = read_input(report_dir)
     out = []
@@ -250,7 +251,8 @@ def plot_all(report_dir: str | Path, fits: list[str | Path] = ()) -> list[Path]:
         kinds = ("hvd", "yield-pr", "hvd-map")
     for kind in kinds:
         try:
-            out.append(save(PLOTS[kind](report), report_dir / "figures" / f"{kind}.png"))
+            fig = PLOTS[kind](report, vmax=vmax) if kind == "hvd-map" else PLOTS[kind](report)
+            out.append(save(fig, report_dir / "figures" / f"{kind}.png"))
         except DataError:
             continue
     from svt.fit import Fitter

@@ -81,31 +81,63 @@ def yield_pr(report: dict, ax=None):
     return fig
 
 
-def hvd_map(report: dict, ax=None):
+def hvd_map(report: dict, ax=None, vmax: float | None = None):
     """Where HVD pays off: drafter strength (tokens per cycle of a stand-in model drafter) against
     workload, coloured by HVD's gain over the better single source (model-only or cache-only), with
-    τ chosen on other requests than those scored. Each cell is annotated with the gain in %."""
+    τ chosen on other requests than those scored. Each cell shows the gain in % and its 95 %
+    request-level bootstrap interval; a gain whose interval spans 0 is in parentheses, a cell scored
+    on fewer than 10 requests is hatched. ``vmax`` (in %) fixes the symmetric colour scale, so maps
+    of several reports share one."""
+    from matplotlib.patches import Rectangle
+
     hmap = report.get("hvd_map") or {}
     rows = hmap.get("rows")
     if not rows:
         raise DataError("The report has no HVD map: run `svt evaluate` on a run with cache drafts, with --costs COSTS.")
+    if vmax is not None and not (math.isfinite(vmax) and vmax > 0):
+        raise DataError(f"--vmax must be a positive number of percent, but got {vmax!r}.")
     strengths = sorted({r["strength"] for r in rows})
     groups = [g for g in dict.fromkeys(r["group"] for r in rows) if g != "all"] + ["all"]
     grid = np.full((len(groups), len(strengths)), np.nan)
+    cells = {}
     for r in rows:
-        grid[groups.index(r["group"]), strengths.index(r["strength"])] = 100.0 * r["hvd_gain_over_best_single"]
-    fig, ax = figure_axes(ax, (1.3 * len(strengths) + 2.6, 0.55 * len(groups) + 2.0))
-    lim = max(5.0, float(np.nanmax(np.abs(grid))))
+        i, j = groups.index(r["group"]), strengths.index(r["strength"])
+        grid[i, j] = 100.0 * r["hvd_gain_over_best_single"]
+        cells[i, j] = r
+    fig, ax = figure_axes(ax, (1.45 * len(strengths) + 3.2, 0.62 * len(groups) + 2.2))
+    lim = float(vmax) if vmax is not None else max(5.0, float(np.nanmax(np.abs(grid))))
     im = ax.imshow(grid, cmap="RdBu", vmin=-lim, vmax=lim, aspect="auto")
+    spans = few = 0
     for (i, j), v in np.ndenumerate(grid):
-        if np.isfinite(v):
-            ax.text(j, i, f"{v:+.0f}%", ha="center", va="center", fontsize=8,
-                    color="white" if abs(v) > 0.6 * lim else "black")
+        if not np.isfinite(v):
+            continue
+        r = cells[i, j]
+        ci = r.get("gain_interval")
+        zero = bool(r.get("gain_interval_spans_zero"))
+        spans += zero
+        text = f"({v:+.0f}%)" if zero else f"{v:+.0f}%"
+        if ci is not None:
+            text += f"\n[{100 * ci[0]:+.0f}, {100 * ci[1]:+.0f}]"
+        ax.text(j, i, text, ha="center", va="center", fontsize=7, linespacing=1.1,
+                color="white" if abs(v) > 0.6 * lim else "black")
+        if r.get("requests", FEW) < FEW:
+            few += 1
+            ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="///", edgecolor="0.4", lw=0))
     ax.set_xticks(range(len(strengths)), [f"{s:g}" for s in strengths])
     ax.set_yticks(range(len(groups)), groups)
     ax.set(xlabel="model drafter strength (tokens per cycle, stand-in)", ylabel="workload",
            title=f"HVD's gain over the better single source (predictor {hmap['predictor']})")
-    fig.colorbar(im, ax=ax, label="time of best single source / HVD's − 1 (%)")
+    bar = fig.colorbar(im, ax=ax, fraction=0.05, pad=0.02)
+    bar.set_label("gain over the better single source (%)\n= its time / HVD's time − 1", fontsize=8)
     costs = (report.get("hvd") or {}).get("costs") or {}
-    add_caption(fig, report, f"   {Path(costs.get('path', '')).name} costs; τ chosen on other requests")
+    notes = ["[95 % request-level bootstrap interval]"]
+    if spans:
+        notes.append("(gain): interval spans 0")
+    if few:
+        notes.append(f"hatched: < {FEW} scored requests")
+    add_caption(fig, report, f"   {Path(costs.get('path', '')).name} costs; τ chosen on other requests; "
+                             + "; ".join(notes))
     return fig
+
+
+FEW = 10  # svt.simulate.hvd_sweep.FEW_REQUESTS (plots import nothing from simulate)

@@ -38,10 +38,17 @@ def rate_for_tokens_per_cycle(tokens: float, k: int) -> float:
     return (lo + hi) / 2
 
 
-def total(reqs: list[HVDRequest], idx, fn) -> WalkResult:
+BOOTSTRAP = 200  # request-level resamples of each map cell's gain
+FEW_REQUESTS = 10  # a cell scored on fewer requests is drawn hatched
+
+
+def total(reqs: list[HVDRequest], idx, fn, per_request: list | None = None) -> WalkResult:
     acc = WalkResult()
     for i in idx:
-        acc += fn(reqs[i])
+        one = fn(reqs[i])
+        if per_request is not None:
+            per_request.append(one.ms)
+        acc += one
     return acc
 
 
@@ -54,18 +61,36 @@ def policy_results(reqs: list[HVDRequest], preds: list[np.ndarray], k: int, cost
         ms = sum(walk(reqs[i], preds[i] > tau, k, costs, consult=tau < math.inf).ms for i in choose)
         if ms < best_ms:
             best_tau, best_ms = tau, ms
+    ms: dict[str, list[float]] = {"model-only": [], "cache-only": [], "hvd": []}
     out = {
         "greedy": total(reqs, score, lambda r: walk(r, None, k, costs, consult=False)),
-        "model-only": total(reqs, score, lambda r: walk(r, np.zeros(r.draft_len.size, bool), k, costs, consult=False)),
-        "cache-only": total(reqs, score, lambda r: walk(r, np.ones(r.draft_len.size, bool), k, costs, consult=True)),
+        "model-only": total(reqs, score, lambda r: walk(r, np.zeros(r.draft_len.size, bool), k, costs, consult=False),
+                            ms["model-only"]),
+        "cache-only": total(reqs, score, lambda r: walk(r, np.ones(r.draft_len.size, bool), k, costs, consult=True),
+                            ms["cache-only"]),
         "oracle-switch": total(reqs, score, lambda r: oracle_walk(r, k, costs)),
     }
     hv = WalkResult()
     for i in score:
-        hv += walk(reqs[i], preds[i] > best_tau, k, costs, consult=best_tau < math.inf)
+        one = walk(reqs[i], preds[i] > best_tau, k, costs, consult=best_tau < math.inf)
+        ms["hvd"].append(one.ms)
+        hv += one
     out["hvd"] = hv
     out["tau"] = best_tau
+    out["per_request_ms"] = {n: np.asarray(v) for n, v in ms.items()}
     return out
+
+
+def gain_interval(per_request_ms: dict[str, np.ndarray], rng: np.random.Generator,
+                  n_boot: int = BOOTSTRAP) -> tuple[float, float]:
+    """95 % request-level bootstrap interval of HVD's gain over the better single source (τ fixed
+    where it was chosen; the scored requests resampled with replacement)."""
+    n = per_request_ms["hvd"].size
+    idx = rng.integers(0, n, size=(n_boot, n))
+    model, cache, hvd = (per_request_ms[p][idx].sum(1) for p in ("model-only", "cache-only", "hvd"))
+    gains = np.minimum(model, cache) / np.where(hvd > 0, hvd, np.nan) - 1.0
+    lo, hi = np.nanpercentile(gains, [2.5, 97.5])
+    return float(lo), float(hi)
 
 
 def summarise(res: dict) -> dict:
@@ -115,9 +140,12 @@ def strength_map(reqs: list[HVDRequest], preds: list[np.ndarray], request_ids: l
         acc = np.full(k, a)
         sub = with_model_yields(reqs, [stand_in_yields(acc, seed, rid, r.draft_len.size)
                                        for r, rid in zip(reqs, request_ids, strict=True)])
-        for g, choose, score in split.by_group(reqs):
+        for gi, (g, choose, score) in enumerate(split.by_group(reqs)):
             res = policy_results(sub, preds, k, costs, choose, score)
-            rows.append({"strength": s, "rate": a, "group": g, "requests": len(score), **summarise(res)})
+            lo, hi = gain_interval(res["per_request_ms"], np.random.default_rng([seed, int(round(s * 100)), gi]))
+            rows.append({"strength": s, "rate": a, "group": g, "requests": len(score), **summarise(res),
+                         "gain_interval": [lo, hi], "gain_interval_spans_zero": bool(lo <= 0.0 <= hi),
+                         "bootstrap": BOOTSTRAP, "few_requests": len(score) < FEW_REQUESTS})
     return rows
 
 

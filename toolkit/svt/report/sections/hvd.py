@@ -140,14 +140,17 @@ def map_markdown(report: dict) -> list[str]:
                   f"a^K, the same conditional acceptance a at every position, drawn per position with seed "
                   f"{hmap['seed']}); yield predictor `{hmap['predictor']}`; {hmap['split']}. Gain: time of the "
                   "better single source (model-only or cache-only) over HVD's, minus 1.\n",
-                  md_table(["strength (tok/cycle)", "group", "τ", "greedy", "model-only", "cache-only", "HVD",
-                          "oracle", "HVD speed-up", "HVD gain vs best single"],
-                         [[fmt(r["strength"], 2), r["group"], fmt(r["tau"]),
+                  md_table(["strength (tok/cycle)", "group", "scored requests", "τ", "greedy", "model-only",
+                          "cache-only", "HVD", "oracle", "HVD speed-up", "HVD gain vs best single", "95% interval"],
+                         [[fmt(r["strength"], 2), r["group"], fmt(r.get("requests")) + (" (few)" if r.get("few_requests")
+                                                                                          else ""), fmt(r["tau"]),
                            *(fmt(r[p]["cycles_per_1000"], 1) for p in ("greedy", "model-only", "cache-only", "hvd",
                                                                        "oracle-switch")),
-                           fmt(r["hvd"]["speedup_vs_greedy"], 3), fmt(r["hvd_gain_over_best_single"], 3)]
-                          for r in hmap["rows"]]),
-                  "\nColumns greedy .. oracle: cycles per 1000 tokens.\n"]
+                           fmt(r["hvd"]["speedup_vs_greedy"], 3), fmt(r["hvd_gain_over_best_single"], 3),
+                           _interval(r)] for r in hmap["rows"]]),
+                  "\nColumns greedy .. oracle: cycles per 1000 tokens. 95% interval: request-level bootstrap of the "
+                  "gain over the scored requests (τ fixed where it was chosen); *spans 0* marks a gain that "
+                  "cannot be told from none; *(few)*: fewer than 10 scored requests.\n"]
     elif hmap.get("note"):
         lines += ["## Where HVD pays off\n", f"Not computed: {hmap['note']}.\n"]
     two = report.get("two_sided") or {}
@@ -192,6 +195,13 @@ def map_markdown(report: dict) -> list[str]:
                   f"The document: *{HVD_PAPER}*; its figures as it reports them, beside this report's.\n",
                   md_table(["check", "here", "the document"], rows), ""]
     return lines
+
+
+def _interval(r: dict) -> str:
+    ci = r.get("gain_interval")
+    if not ci:
+        return fmt(None)
+    return f"[{ci[0]:.3f}, {ci[1]:.3f}]" + (" spans 0" if r.get("gain_interval_spans_zero") else "")
 
 
 def _yield_rows(base, now, tolerances, skipped):
