@@ -3,6 +3,7 @@ the README tour runs as written, and the worked examples of docs/extending.md wo
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -67,6 +68,35 @@ def test_the_readme_tour_runs_as_written(tmp_path):
         res = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
         assert res.returncode == 0, f"{cmd}\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}"
     assert (tmp_path / "reports" / "tour-new" / "regression.md").is_file()
+
+
+def test_the_readme_traffic_section_runs_and_its_figures_are_what_it_measures(tmp_path):
+    """The agent-log example as the README shows it, run from another folder (the config's paths
+    are read from its own folder), and the speed-ups the README quotes."""
+    text = README.read_text().split("## Your own traffic", 1)[1]
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "HF_HUB_OFFLINE": "1"}
+    (tmp_path / "examples").symlink_to(REPO / "examples")
+    (tmp_path / "configs").symlink_to(REPO / "configs")
+    for line in fenced(text, "bash")[0].splitlines():
+        cmd = line.split(" #", 1)[0].strip()
+        res = subprocess.run(shlex.split(cmd), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, f"{cmd}\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}"
+
+    def speedups(report):
+        rows = json.loads(report.read_text())["hvd"]["rows"]
+        return {r["policy"]: round(r["speedup_vs_greedy"], 2) for r in rows if r["group"] == "all"
+                and "predictor" not in r}
+
+    got = speedups(tmp_path / "reports" / "agent" / "report.json")
+    assert json.loads((tmp_path / "reports" / "agent" / "report.json").read_text())["runs"][0]["counts"]["requests"] == 24
+    assert f"cache-only decoding is\n{got['cache-only']:.2f}x greedy (model-only {got['model-only']:.2f}x, the oracle " \
+           f"switch {got['oracle-switch']:.2f}x)" in text
+    last = [["svt", "collect", "examples/traffic/agent.yaml", "--out", "runs/last", "--set", "turns=last",
+             "--workload", "examples/traffic/agent-log.jsonl"],
+            ["svt", "evaluate", "runs/last", "--out", "reports/last", "--costs", "configs/costs/h100-llama8b-eagle.yaml"]]
+    for argv in last:
+        assert subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, timeout=300).returncode == 0
+    assert f"against {speedups(tmp_path / 'reports' / 'last' / 'report.json')['cache-only']:.2f}x when only" in text
 
 
 def test_the_extending_examples_work(tmp_path):

@@ -122,6 +122,15 @@ def test_mt_bench_questions_run_with_the_rows_without_reference_skipped(tmp_path
     assert meta["workload_reading"]["skipped_no_reference"] == {"mt_bench_question": 2}
     assert meta["workload_reading"]["on_missing_reference"] == "skip"
     assert _requests(tmp_path / "mt")["workload"].to_list() == ["mt_bench_question/math"]
+    from typer.testing import CliRunner
+
+    from svt.cli import app
+
+    (tmp_path / "mt.yaml").write_text(yaml.safe_dump({"engine": "reference", "target": "builtin:target",
+                                                      "stand_in": {"rate": 0.5}, "temperature": 0, "cache": True,
+                                                      "workloads": [str(FIX / "mt_bench_question.jsonl")]}))
+    r = CliRunner().invoke(app, ["collect", str(tmp_path / "mt.yaml"), "--out", str(tmp_path / "cli"), "--quiet"])
+    assert r.exit_code == 0 and "skipped rows without a usable reference: mt_bench_question 2" in r.output, r.output
     with pytest.raises(ConfigError, match=r"mt_bench_question.jsonl:1: no reference"):
         collect(_ref_cfg([str(FIX / "mt_bench_question.jsonl")], on_missing_reference="error"), tmp_path / "e",
                 progress=False)

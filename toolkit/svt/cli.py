@@ -113,6 +113,7 @@ def collect(
     if cfg.engine == "reference":
         _say(f"wrote {summary.run_dir}: {summary.requests} requests, {summary.output_tokens:,} reference "
              f"tokens (no model drafts: a reference run) in {summary.seconds:.1f} s")
+        _reading_notes(summary.run_dir)
         return
     out.print(
         f"wrote {summary.run_dir}: {summary.requests} requests, {summary.drafts:,} drafts "
@@ -120,6 +121,23 @@ def collect(
         f"{summary.output_tokens:,} tokens in {summary.seconds:.1f} s"
         + (f" (resumed after {summary.resumed_batches} complete batches)" if summary.resumed_batches else "")
     )
+    _reading_notes(summary.run_dir)
+
+
+def _reading_notes(run_dir) -> None:
+    """What the run's workload reading left out or repeated (run.json's ``workload_reading``)."""
+    from svt.traces.io import read_meta
+
+    try:
+        reading = read_meta(run_dir).get("workload_reading") or {}
+    except SvtError:
+        return
+    skipped = {n: c for n, c in (reading.get("skipped_no_reference") or {}).items() if c}
+    if skipped:
+        _say("skipped rows without a usable reference: " + ", ".join(f"{n} {c:,}" for n, c in skipped.items()))
+    if reading.get("repeated_requests"):
+        _say(f"{reading['repeated_requests']:,} requests repeat a row (repeat: true): their answers are already "
+             "in the suffix cache's global tree")
 
 
 def _collect_config(config: Path, set_: list[str] | None, **flags):

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from svt import __version__
-from svt.collect.engine import LiveAV
 from svt.collect.encode import check_positions, encode_all, position_limit
+from svt.collect.engine import LiveAV
 from svt.collect.workloads import WorkloadSet, load_workloads
 from svt.config import CollectConfig, resolve_path, to_dict
 from svt.errors import ConfigError

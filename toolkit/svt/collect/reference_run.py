@@ -31,8 +31,8 @@ import polars as pl
 
 from svt import __version__
 from svt.collect.cache_run import teacher_forced_model_yields
-from svt.collect.engines import CollectOptions, Engine
 from svt.collect.encode import check_positions, encode_all, position_limit
+from svt.collect.engines import CollectOptions, Engine
 from svt.collect.workloads import load_workloads
 from svt.config import CacheOptions, CollectConfig, StandInConfig, resolve_path, to_dict
 from svt.errors import ConfigError, DataError

@@ -115,14 +115,15 @@ def hvd_map(report: dict, ax=None, vmax: float | None = None):
         ci = r.get("gain_interval")
         zero = bool(r.get("gain_interval_spans_zero"))
         spans += zero
-        text = f"({v:+.0f}%)" if zero else f"{v:+.0f}%"
+        text = f"({_pct(v)}%)" if zero else f"{_pct(v)}%"
         if ci is not None:
-            text += f"\n[{100 * ci[0]:+.0f}, {100 * ci[1]:+.0f}]"
+            text += f"\n[{_pct(100 * ci[0])}, {_pct(100 * ci[1])}]"
         ax.text(j, i, text, ha="center", va="center", fontsize=7, linespacing=1.1,
                 color="white" if abs(v) > 0.6 * lim else "black")
         if r.get("requests", FEW) < FEW:
             few += 1
-            ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="///", edgecolor="0.4", lw=0))
+            ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="///", edgecolor=(0, 0, 0, 0.22),
+                                   lw=0))
     ax.set_xticks(range(len(strengths)), [f"{s:g}" for s in strengths])
     ax.set_yticks(range(len(groups)), groups)
     ax.set(xlabel="model drafter strength (tokens per cycle, stand-in)", ylabel="workload",
@@ -141,3 +142,8 @@ def hvd_map(report: dict, ax=None, vmax: float | None = None):
 
 
 FEW = 10  # svt.simulate.hvd_sweep.FEW_REQUESTS (plots import nothing from simulate)
+
+
+def _pct(v: float) -> str:
+    """A signed whole percentage; a value that rounds to 0 is +0, never -0."""
+    return f"{round(v) + 0:+d}"
