@@ -60,6 +60,21 @@ def test_a_templated_tokenizer_runs_chat_workloads_on_both_engines(tmp_path, mod
     assert cache.height == sum(len(o) for o in reqs["output_ids"].to_list())
 
 
+def test_a_record_the_template_refuses_leaves_no_run_behind(tmp_path, models_dir):
+    """The crashed collection left a folder holding only run.json: every prompt is rendered before
+    anything is written."""
+    target = templated_model(tmp_path, "chatml", models_dir)
+    wl = tmp_path / "w.jsonl"
+    wl.write_text(json.dumps({"messages": [{"role": "user", "content": "a"}]}) + "\n"
+                  + json.dumps({"messages": [{"role": "user", "content": "a"}, {"role": "system", "content": "b"}]})
+                  + "\n")
+    base = {"target": str(target), "draft": str(models_dir / "draft-small"), "workloads": [str(wl)],
+            "max_new_tokens": 4, "k": 2, "device": "cpu"}
+    with pytest.raises(ConfigError, match=r"w.jsonl:2: the tokenizer's chat template failed on this record"):
+        collect(load_collect_config(None, base=base), tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()
+
+
 def load_workloads_prompts(n, turns="last"):
     from svt.collect.workloads import load_workloads
 

@@ -131,7 +131,7 @@ def test_reference_run_compares_the_same_requests_or_says_which_differ(greedy_ru
     each held; now it matches them by workload and prompt tokens and says which differ."""
     from svt.collect.reference_run import collect_reference
     from svt.config import load_collect_config
-    from svt.report.reference import realism_section
+    from svt.report.reference import _cache_stats, realism_section
     from svt.traces.io import read_meta
 
     meta = read_meta(greedy_run)
@@ -142,13 +142,16 @@ def test_reference_run_compares_the_same_requests_or_says_which_differ(greedy_ru
     collect_reference(load_collect_config(None, base={**base, "requests": 8}), tmp_path / "fewer", progress=False)
     same = realism_section([greedy_run], str(tmp_path / "same"))[greedy_run.name]
     assert same["reference_requests"]["shared"] == 12 and same["reference_requests"]["note"].startswith("the same 12")
+    collect_reference(load_collect_config(None, base={**base, "requests": 30}), tmp_path / "more", progress=False)
+    more = realism_section([greedy_run], str(tmp_path / "more"))[greedy_run.name]
+    assert more["reference_requests"]["shared"] == 12 and len(more["reference_requests"]["only_in_reference"]) == 18
+    assert more["reference_cache"] == _cache_stats(tmp_path / "more", set(range(12)))
+    assert more["reference_cache"] != _cache_stats(tmp_path / "more")  # not the 18 requests the run lacks
     fewer = realism_section([greedy_run], str(tmp_path / "fewer"))[greedy_run.name]
     got = fewer["reference_requests"]
     assert got["shared"] == 8 and got["only_in_run"] == [8, 9, 10, 11] and got["only_in_reference"] == []
     assert "Only in this run: 4 (requests 8, 9, 10, 11)" in got["note"]
     # its cache columns are computed on the shared requests only: as the first 8 of the full run
-    from svt.report.reference import _cache_stats
-
     assert fewer["reference_cache"] == _cache_stats(tmp_path / "same", set(range(8)))
     assert fewer["reference_cache"] != same["reference_cache"]
     from svt.report.sections.realism import realism_markdown
