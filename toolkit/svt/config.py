@@ -397,7 +397,9 @@ def absolute_paths(overrides: dict[str, Any]) -> dict[str, Any]:
             node[keys[-1]] = _absolute(node[keys[-1]])
     if "workloads" in out:
         ws = out["workloads"] if isinstance(out["workloads"], list) else [out["workloads"]]
-        out["workloads"] = [_absolute(w) if isinstance(w, str) and _is_path(w) else w for w in ws]
+        out["workloads"] = [_absolute(w) if isinstance(w, str) and _is_path(w) else
+                            {**w, "path": _absolute(w["path"])} if isinstance(w, dict) and isinstance(w.get("path"), str)
+                            and _is_path(w["path"]) else w for w in ws]
     return out
 
 
