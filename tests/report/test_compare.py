@@ -434,6 +434,9 @@ def test_every_metric_regresses_when_worse_and_never_when_better(metric):
     (lambda m: m.update(hvd={"fit": "y.json", "tau": 2.0}), "engine"),
     (lambda m: m.update(engine="vllm"), "engine"),
     (lambda m: m.update(cache={"options": {"max_tree_depth": 24}}), "cache_options"),
+    # one request per assistant turn is another set of requests than the last turns alone; so are repeats
+    (lambda m: m.update(workload_reading={"turns": {"code": "all"}, "repeat": False}), "turns"),
+    (lambda m: m.update(workload_reading={"turns": {"code": "last"}, "repeat": True}), "repeat"),
 ])
 def test_reports_of_other_experiments_are_refused(small_run, change, key):
     """Issue 23: a shard's report against the whole run's, a synthetic run against a real one, a
@@ -444,7 +447,7 @@ def test_reports_of_other_experiments_are_refused(small_run, change, key):
     other = copy.deepcopy(meta)
     change(other)
     a, b = experiment(meta), experiment(other)
-    assert a[key] != b[key]
+    assert a.get(key) != b.get(key)
     base, now = _report(), _report()
     base["runs"][0]["experiment"], now["runs"][0]["experiment"] = a, b
     with pytest.raises(IncomparableError, match=key):

@@ -214,7 +214,13 @@ def experiment(meta: dict) -> dict:
     shard = meta.get("shard") if isinstance(meta.get("shard"), dict) else None
     synthetic = meta.get("synthetic") if isinstance(meta.get("synthetic"), dict) else None
     pair = model_pair(meta)
-    return {"target_weights": pair["target"], "draft_weights": pair["draft"],
+    reading = meta.get("workload_reading") if isinstance(meta.get("workload_reading"), dict) else {}
+    turns = reading.get("turns") if isinstance(reading.get("turns"), dict) else {}
+    # how chat records were read and whether rows repeat change the requests (recorded only when not
+    # the defaults, so runs from before they existed keep their identity)
+    extra = {**({"turns": turns} if any(t != "last" for t in turns.values()) else {}),
+             **({"repeat": True} if reading.get("repeat") else {})}
+    return {**extra, "target_weights": pair["target"], "draft_weights": pair["draft"],
             "k": meta.get("k"), "temperature": sampling.get("temperature", cfg.get("temperature")),
             "top_p": sampling.get("top_p", cfg.get("top_p")),
             "workloads": meta.get("workload_sha256") or cfg.get("workloads"),
