@@ -171,9 +171,11 @@ def test_turns_all_is_one_request_per_assistant_turn_in_order(tmp_path):
         {"role": "user", "content": "b"}, {"role": "assistant", "content": "B"},
         {"role": "user", "content": "c"}]}])
     ps = read_workload(p, turns="all")
-    # the greeting answers nothing (no user or tool turn before it); the last user turn waits for an answer
-    assert [(len(x.messages), x.reference) for x in ps] == [(3, "A"), (5, "B"), (7, None)]
-    assert [x.where.rsplit(" ", 1)[1] for x in ps] == ["4", "6", "8"]
+    # every assistant turn after some message is a request (the greeting too, its prompt the system
+    # turn, as with `turns: last`); the last user turn waits for an answer
+    assert [(len(x.messages), x.reference) for x in ps] == [(1, "Hello, how can I help?"), (3, "A"), (5, "B"),
+                                                            (7, None)]
+    assert [x.where.split(":1 ", 1)[1] for x in ps] == ["turn 2", "turn 4", "turn 6", "after turn 7 (unanswered)"]
     (last,) = read_workload(p)  # turns: last: the record does not end with the assistant: no reference
     assert last.reference is None and len(last.messages) == 7
 
@@ -204,18 +206,102 @@ def test_a_template_that_rewrites_earlier_turns_is_refused_with_the_reason(tmp_p
         encode(ps[0], tok, 512, 64)
 
 
+def _head_tokens(tok, p):
+    """The tokens before the first non-system message's content, as the model's template renders them."""
+    text = tok.apply_chat_template([m.for_template() for m in p.messages], tools=json.loads(p.tools) if p.tools else None,
+                                   add_generation_prompt=True, tokenize=False)
+    first = next(m for m in p.messages if m.role != "system")
+    return tok(text[:text.index(first.content)], add_special_tokens=False)["input_ids"], text
+
+
 def test_max_prompt_tokens_keeps_the_templates_head(templated):
-    """A long agent prompt keeps its last tokens after rendering, and the system turn (with the
-    tools) intact; a head longer than the limit is refused rather than cut."""
+    """A long agent prompt keeps its last tokens after rendering, and its head (the template's
+    opening, the tools, the system turn) intact; a head longer than the limit is refused rather than cut."""
     _, _, tok = templated
     p = read_workload(AGENT_LOG, turns="all")[3]  # the longest prompt of the first conversation
     whole = encode(p, tok, 100_000, 10).prompt_ids
-    lead = tok.apply_chat_template([p.messages[0].for_template()], tools=json.loads(p.tools), tokenize=False)
-    head = len(tok(lead, add_special_tokens=False)["input_ids"])
-    cut = encode(p, tok, head + 40, 10).prompt_ids
-    assert len(cut) == head + 40 and cut[:head - 1] == whole[:head - 1] and cut[head:] == whole[-40:]
+    head_ids, _ = _head_tokens(tok, p)
+    n = len(head_ids)
+    cut = encode(p, tok, n + 40, 10).prompt_ids
+    assert len(cut) == n + 40 and cut[:n - 1] == whole[:n - 1] and cut[-40:] == whole[-40:]
+    text = tok.decode(cut)
+    assert "You are a coding agent" in text and '"name": "replace_in_file"' in text  # the system turn, the tools
     with pytest.raises(ConfigError, match=r"the prompt's head .* takes \d+ tokens, more than max_prompt_tokens = 30"):
         encode(p, tok, 30, 10)
+
+
+def test_a_cut_keeps_the_tools_without_a_system_turn(templated, tmp_path):
+    """Found by a hostile-input probe: with tools and no system turn the cut dropped the tools block."""
+    _, _, tok = templated
+    tools = json.loads(AGENT_LOG.read_text().splitlines()[0])["tools"]
+    rows = [{"tools": tools, "messages": [{"role": "user", "content": " ".join(f"word{i}" for i in range(300))},
+                                          {"role": "assistant", "content": "ok"}]}]
+    (p,) = read_workload(_write(tmp_path, rows))
+    head_ids, _ = _head_tokens(tok, p)
+    cut = encode(p, tok, len(head_ids) + 60, 10).prompt_ids
+    text = tok.decode(cut)
+    assert '"name": "read_file"' in text and '"name": "run_tests"' in text and "word299" in text
+    assert "word0 " not in text
+
+
+def test_a_template_that_refuses_a_system_only_conversation_still_renders_and_cuts(tmp_path, models_dir):
+    """Found by the probe: the head was found by rendering the system turns alone, which templates
+    such as Qwen3's refuse ("No user query found"): every record with a system turn failed."""
+    from svt.models.loading import load_tokenizer
+
+    d = templated_model(tmp_path, "chatml", models_dir)
+    (d / "chat_template.jinja").write_text(
+        "{%- if not (messages | selectattr('role', 'equalto', 'user') | list) -%}"
+        "{{- raise_exception('No user query found in messages.') -}}{%- endif -%}"
+        + (TEMPLATES / "chatml.jinja").read_text())
+    tok = load_tokenizer(d)
+    rows = [{"messages": [{"role": "system", "content": "Be brief."},
+                          {"role": "user", "content": " ".join(f"w{i}" for i in range(200))},
+                          {"role": "assistant", "content": "ok"}]}]
+    (p,) = read_workload(_write(tmp_path, rows))
+    assert tok.decode(encode(p, tok, 10_000, 10).reference_ids) == "ok<|im_end|>\n"
+    cut = tok.decode(encode(p, tok, 80, 10).prompt_ids)
+    assert cut.startswith("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n") and "w199" in cut
+
+
+def test_a_template_that_does_not_render_tool_calls_is_refused(tmp_path, models_dir):
+    """Found by the probe: a template that never prints `tool_calls` turned a tool call into an
+    empty reference, silently."""
+    from svt.models.loading import load_tokenizer
+
+    d = templated_model(tmp_path, "chatml", models_dir)
+    (d / "chat_template.jinja").write_text(
+        "{%- for m in messages -%}{{- '<|im_start|>' + m.role + '\\n' + (m.content or '') + '<|im_end|>\\n' -}}"
+        "{%- endfor -%}{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}")
+    tok = load_tokenizer(d)
+    ps = read_workload(AGENT_LOG, turns="all")
+    with pytest.raises(ConfigError, match=r"agent-log.jsonl:1 turn 3: the chat template does not render the tool call "
+                                          r"'read_file' of the answer"):
+        encode(ps[0], tok, 10_000, 10)
+    with pytest.raises(ConfigError, match=r"does not render the tool call 'read_file' of the conversation"):
+        encode(ps[1], tok, 10_000, 10)
+
+
+@pytest.mark.parametrize(("row", "match"), [
+    ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "I'll call",
+                                                      "function_call": "f({})"}]},
+     r"message 2: `function_call` must be an object"),
+    ({"messages": [{"role": "user", "content": "q", "function_call": {"name": "f"}},
+                   {"role": "assistant", "content": "a"}]}, r"only an assistant turn calls tools, but this user turn"),
+    ({"prompt": "PLAIN", "reference": "R", "messages": [{"role": "user", "content": "q"}]},
+     r"the row has both `prompt` and `messages`"),
+])
+def test_records_that_would_lose_a_part_silently_are_refused(tmp_path, row, match):
+    with pytest.raises(ConfigError, match=match):
+        read_workload(_write(tmp_path, [row]))
+
+
+def test_a_byte_order_mark_and_padded_sharegpt_roles_are_read(tmp_path):
+    p = tmp_path / "w.jsonl"
+    p.write_bytes("\ufeff".encode() + json.dumps({"conversations": [{"from": " Human ", "value": "q"},
+                                                                     {"from": "GPT", "value": "a"}]}).encode() + b"\n")
+    (row,) = read_workload(p)
+    assert row.messages == (Message("user", "q"),) and row.reference == "a"
 
 
 def test_json_lines_split_on_newlines_only(tmp_path):

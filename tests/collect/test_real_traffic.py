@@ -145,7 +145,7 @@ def test_mt_bench_questions_run_with_the_rows_without_reference_skipped(tmp_path
                                                       "stand_in": {"rate": 0.5}, "temperature": 0, "cache": True,
                                                       "workloads": [str(FIX / "mt_bench_question.jsonl")]}))
     r = CliRunner().invoke(app, ["collect", str(tmp_path / "mt.yaml"), "--out", str(tmp_path / "cli"), "--quiet"])
-    assert r.exit_code == 0 and "skipped rows without a usable reference: mt_bench_question 2" in r.output, r.output
+    assert r.exit_code == 0 and "skipped prompts without a usable reference: mt_bench_question 2" in r.output, r.output
     with pytest.raises(ConfigError, match=r"mt_bench_question.jsonl:1: no reference"):
         collect(_ref_cfg([str(FIX / "mt_bench_question.jsonl")], on_missing_reference="error"), tmp_path / "e",
                 progress=False)

@@ -134,7 +134,7 @@ def _reading_notes(run_dir) -> None:
         return
     skipped = {n: c for n, c in (reading.get("skipped_no_reference") or {}).items() if c}
     if skipped:
-        _say("skipped rows without a usable reference: " + ", ".join(f"{n} {c:,}" for n, c in skipped.items()))
+        _say("skipped prompts without a usable reference: " + ", ".join(f"{n} {c:,}" for n, c in skipped.items()))
     if reading.get("repeated_requests"):
         _say(f"{reading['repeated_requests']:,} requests repeat a row (repeat: true): their answers are already "
              "in the suffix cache's global tree")

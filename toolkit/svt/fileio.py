@@ -177,7 +177,7 @@ def json_objects(path: Path, fail: Callable[[str, str], Exception] = lambda wher
     UTF-8; ``fail(where, what)`` makes the error for the first record that is not an object, a line
     that is not JSON, or a file that is neither form (``where``: ``file:line`` or ``file record N``)."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark (Windows editors write one) is not text
     except UnicodeDecodeError as exc:
         raise fail(str(path), f"not UTF-8 text (byte {exc.start}); JSON files are UTF-8.") from None
     stripped = text.lstrip()

@@ -84,8 +84,9 @@ def _message(m, where: str) -> Message:
     role = role.strip().lower()
     content = _content(m.get("content"), where)
     calls = _tool_calls(m, where) if role == "assistant" else ()
-    if role != "assistant" and ("tool_calls" in m and m["tool_calls"]):
-        raise ConfigError(f"{where}: only an assistant turn calls tools, but this {role} turn has `tool_calls`.")
+    for key in ("tool_calls", "function_call"):
+        if role != "assistant" and m.get(key):
+            raise ConfigError(f"{where}: only an assistant turn calls tools, but this {role} turn has `{key}`.")
     if role == "assistant" and content is None and not calls:
         raise ConfigError(f"{where}: an assistant turn with neither content nor tool calls.")
     call_id = m.get("tool_call_id")
@@ -118,8 +119,14 @@ def _content(value, where: str) -> str | None:
 
 def _tool_calls(m: dict, where: str) -> tuple[ToolCall, ...]:
     raw = m.get("tool_calls")
-    if raw is None and isinstance(m.get("function_call"), dict):  # the legacy single call
-        raw = [{"type": "function", "function": m["function_call"]}]
+    legacy = m.get("function_call")
+    if legacy is not None:  # the legacy single call
+        if raw is not None:
+            raise ConfigError(f"{where}: give `tool_calls` or the legacy `function_call`, not both.")
+        if not isinstance(legacy, dict):
+            raise ConfigError(f"{where}: `function_call` must be an object with `name` and `arguments`, but got "
+                              f"{type(legacy).__name__}.")
+        raw = [{"type": "function", "function": legacy}]
     if raw is None:
         return ()
     if not isinstance(raw, list):
@@ -157,7 +164,7 @@ def sharegpt_messages(conv, where: str) -> tuple[Message, ...]:
     for i, turn in enumerate(conv):
         if not (isinstance(turn, dict) and isinstance(turn.get("value"), str)):
             raise ConfigError(f"{where}: turn {i + 1} of `conversations` needs a string `value`.")
-        source = str(turn.get("from", "")).lower()
+        source = str(turn.get("from", "")).strip().lower()
         role = SHAREGPT_ROLES.get(source)
         if role is None:
             raise ConfigError(f"{where}: turn {i + 1} is from {turn.get('from')!r}; expected one of "

@@ -17,14 +17,15 @@
   reference is the assistant turn's text followed by the end of sequence.
 
 ``max_prompt_tokens`` keeps a prompt's last tokens after rendering; a chat prompt keeps its head
-(the template's opening and the leading system turns, with the tools) intact, or is refused when
-the head alone does not fit.
+(everything rendered before the first non-system message's content: the template's opening, the
+tools, the system turns) intact, or is refused when the head alone does not fit or cannot be
+located. A template that does not render a turn's tool calls is refused (they would be lost).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from svt.collect.chat import plain_head, plain_prompt
 from svt.collect.workloads import Prompt
@@ -76,30 +77,51 @@ def _common(a: list[int], b: list[int]) -> int:
     return n
 
 
-def _system_lead(prompt: Prompt):
-    lead = []
-    for m in prompt.messages:
-        if m.role != "system":
-            break
-        lead.append(m)
-    return tuple(lead)
+def _template_head(tokenizer, prompt: Prompt, text: str, ids: list[int]) -> int | None:
+    """How many of the prompt's tokens a cut must keep: everything before the first non-system
+    message's content (the template's opening, the tools, the system turns and that message's
+    header). Found without rendering a partial conversation (templates may refuse one): the prompt
+    rendered again with that content changed differs from it exactly there. None when it cannot be
+    located."""
+    first = next((i for i, m in enumerate(prompt.messages) if m.role != "system"), None)
+    if first is None:
+        return None
+    m = prompt.messages[first]
+    other = replace(m, content="\u2063" + m.content)  # changed at its first character
+    try:
+        changed = _render(tokenizer, prompt, (*prompt.messages[:first], other, *prompt.messages[first + 1:]), True)
+    except ConfigError:
+        return None
+    at = _common(list(text), list(changed))
+    if at >= len(text):
+        return None
+    return _common(_tokens(tokenizer, text[:at]), ids)
+
+
+def _check_calls(prompt: Prompt, text: str, what: str) -> None:
+    """Every tool call of ``what`` (the prompt's turns, or the answer) is in the rendered text: a
+    template that does not render tool calls would drop them silently."""
+    msgs = prompt.messages if what == "prompt" else (prompt.answer,)
+    for m in msgs:
+        for c in m.tool_calls:
+            if c.name not in text:
+                raise ConfigError(f"{prompt.where}: the chat template does not render the tool call {c.name!r} of the "
+                                  f"{'answer' if what != 'prompt' else 'conversation'}: its tool calls would be lost. "
+                                  "Use a template that renders `tool_calls` (or a tokenizer without a template: "
+                                  "svt's plain rendering keeps them).")
 
 
 def encode(prompt: Prompt, tokenizer, max_prompt_tokens: int, max_new_tokens: int) -> Encoded:
     """A prompt's token ids (cut to ``max_prompt_tokens``) and its reference's (to ``max_new_tokens``)."""
     if prompt.messages is None:
         ids = _ids(tokenizer.encode(prompt.text, add_special_tokens=False))
-        head = 0
+        head = lambda: 0  # noqa: E731
         ref = _plain_reference(prompt, tokenizer)
     elif has_template(tokenizer):
         text = _render(tokenizer, prompt, prompt.messages, True)
+        _check_calls(prompt, text, "prompt")
         ids = _tokens(tokenizer, text)
-        lead = _system_lead(prompt)
-        head_text = _render(tokenizer, prompt, lead, False) if lead else ""
-        head = _common(_tokens(tokenizer, head_text), ids) if text.startswith(head_text) and head_text else 0
-        bos = getattr(tokenizer, "bos_token_id", None)
-        if head == 0 and ids and bos is not None and ids[0] == bos:
-            head = 1  # the template's opening token
+        head = lambda: _template_head(tokenizer, prompt, text, ids)  # noqa: E731
         ref = None
         if prompt.answer is not None:
             full = _render(tokenizer, prompt, (*prompt.messages, prompt.answer), False)
@@ -109,6 +131,7 @@ def encode(prompt: Prompt, tokenizer, max_prompt_tokens: int, max_new_tokens: in
                     "as the prompt followed by that turn (the prompt's text is not a prefix of it: the template "
                     "rewrites earlier text, e.g. drops reasoning or dates the system turn), so the tokens the turn "
                     "adds are not defined.")
+            _check_calls(prompt, full[len(text):], "answer")
             # what the model writes after the prompt: the added text, tokenized on its own
             ref = _tokens(tokenizer, full[len(text):])
             if not ref:
@@ -116,16 +139,21 @@ def encode(prompt: Prompt, tokenizer, max_prompt_tokens: int, max_new_tokens: in
     else:
         ids = _ids(tokenizer.encode(plain_prompt(prompt.messages, prompt.tools), add_special_tokens=False))
         head_text = plain_head(prompt.messages, prompt.tools)
-        head = _common(_ids(tokenizer.encode(head_text, add_special_tokens=False)), ids) if head_text else 0
+        head = lambda: _common(_ids(tokenizer.encode(head_text, add_special_tokens=False)), ids)  # noqa: E731
         ref = _plain_reference(prompt, tokenizer)
     if not ids:
         raise ConfigError(f"{prompt.where}: the prompt encodes to no tokens.")
     if len(ids) > max_prompt_tokens:
-        if head >= max_prompt_tokens:
+        keep = head()
+        if keep is None:
+            raise ConfigError(f"{prompt.where}: the prompt ({len(ids)} tokens) is longer than max_prompt_tokens = "
+                              f"{max_prompt_tokens}, and where its head (the template's opening, tools and system "
+                              "turns) ends cannot be located, so a cut could drop it; raise max_prompt_tokens.")
+        if keep >= max_prompt_tokens:
             raise ConfigError(f"{prompt.where}: the prompt's head (the template's opening, tools and system turns) "
-                              f"takes {head} tokens, more than max_prompt_tokens = {max_prompt_tokens}; raise it, "
+                              f"takes {keep} tokens, more than max_prompt_tokens = {max_prompt_tokens}; raise it, "
                               "or the prompt would lose its system turn.")
-        ids = ids[:head] + ids[len(ids) - (max_prompt_tokens - head):]
+        ids = ids[:keep] + ids[len(ids) - (max_prompt_tokens - keep):]
     if ref is None:
         return Encoded(ids, None)
     return Encoded(ids, ref[:max_new_tokens], len(ref) > max_new_tokens)

@@ -137,6 +137,8 @@ def _record(obj: dict, name: str, where: str, turns: str, row: int) -> list[Prom
     if reference is not None and not isinstance(reference, str):
         raise ConfigError(f"{where}: `{refs[0]}` must be a string, but got {type(reference).__name__}.")
     whole = bool(refs) and refs[0] != "reference"
+    if "prompt" in obj and "messages" in obj:
+        raise ConfigError(f"{where}: the row has both `prompt` and `messages`; give one of them.")
     if isinstance(obj.get("prompt"), str) and obj["prompt"]:
         return [Prompt(name, obj["prompt"], None, reference, where, whole, row=row)]
     if "messages" in obj:
@@ -162,12 +164,14 @@ def _chat(msgs: tuple[Message, ...], obj: dict, name: str, where: str, turns: st
         if len(msgs) == 1:
             raise ConfigError(f"{where}: the chat record holds only an assistant turn: no prompt before it.")
         return [_answered(name, msgs[:-1], msgs[-1], where, tools, row)]
+    # as with `last`, an assistant turn is a request when any message comes before it
     out = [_answered(name, msgs[:i], m, f"{where} turn {i + 1}", tools, row)
-           for i, m in enumerate(msgs) if m.role == "assistant" and any(p.role != "system" for p in msgs[:i])]
+           for i, m in enumerate(msgs) if m.role == "assistant" and i > 0]
     if msgs[-1].role != "assistant":  # the conversation waits for an answer: a prompt without reference
-        out.append(Prompt(name, None, msgs, None, f"{where} turn {len(msgs) + 1}", tools=tools, row=row))
+        out.append(Prompt(name, None, msgs, None, f"{where} after turn {len(msgs)} (unanswered)", tools=tools,
+                          row=row))
     if not out:
-        raise ConfigError(f"{where}: no assistant turn follows a user or tool turn: nothing to answer.")
+        raise ConfigError(f"{where}: the chat record holds only an assistant turn: no prompt before it.")
     return out
 
 
