@@ -160,6 +160,7 @@ def test_requests_above_the_rows_is_refused_and_repeat_counts_them(tmp_path):
     collect(_ref_cfg([wl], requests=20, repeat=True), tmp_path / "b", progress=False)
     reading = read_meta(tmp_path / "b")["workload_reading"]
     assert reading["repeat"] is True and reading["repeated_requests"] == 2 and reading["requests"] == 20
+    assert reading["requests_per_workload"] == {"chat-log": 20} and reading["prompts"] == {"chat-log": 18}
 
 
 def _short_model(tmp_path, models_dir, role, positions):

@@ -53,7 +53,7 @@ def test_reference_report_has_the_cache_sections_and_says_what_it_lacks(ref_run,
                  # the document named by its title; each HVD table says which requests it covers
                  "*Hybrid Verified Decoding: Learning to Allocate Verification in Speculative Decoding*",
                  "**Covers all requests.**", "**Covers all 18 requests.**",
-                 "Workloads: 18 requests from the workloads' prompts (prose 150, edit 60, toolcalls 60); chat turns: prose last"):
+                 "Workloads: 18 requests (prose 6, edit 6, toolcalls 6) from the workloads' 270 prompts (prose 150, edit 60, toolcalls 60); chat turns: prose last"):
         assert text in md
     assert rep["hvd"]["coverage"] == rep["yield"]["coverage"] == "all 18 requests"
     # the realism table of a reference run: one text, no columns that only a target run fills

@@ -264,13 +264,16 @@ def load_workloads(workloads: list, requests: int | None, config_path: str | Pat
                               "`response` or `completion`, or a last assistant turn), so a reference run has "
                               "nothing to measure.")
     prompts = interleave(read, requests, repeat=repeat)
-    seen, repeated = set(), 0
+    source = {p.where: n for n, w in zip(names, read, strict=True) for p in w}
+    seen, repeated, taken = set(), 0, dict.fromkeys(names, 0)
     for p in prompts:
         repeated += p.where in seen
         seen.add(p.where)
+        taken[source[p.where]] += 1
     reading = {"turns": {n: t for n, (_, t) in zip(names, entries, strict=True)},
                "prompts": {n: len(w) for n, w in zip(names, read, strict=True)},
-               "requests": len(prompts), "repeat": repeat, "repeated_requests": repeated}
+               "requests": len(prompts), "requests_per_workload": taken, "repeat": repeat,
+               "repeated_requests": repeated}
     if need_reference:
         reading["on_missing_reference"] = on_missing_reference
         reading["skipped_no_reference"] = skipped

@@ -72,8 +72,12 @@ def reading_lines(report: dict) -> list[str]:
             continue
         who = f"`{r['run']}`: " if len(report["runs"]) > 1 else ""
         turns = ", ".join(f"{n} {t}" for n, t in (w.get("turns") or {}).items())
-        parts = [f"{w.get('requests', 0):,} requests from the workloads' prompts "
-                 f"({', '.join(f'{n} {c:,}' for n, c in (w.get('prompts') or {}).items())}); chat turns: {turns}"]
+        taken = w.get("requests_per_workload") or {}
+        prompts = w.get("prompts") or {}
+        parts = [f"{w.get('requests', 0):,} requests"
+                 + (f" ({', '.join(f'{n} {c:,}' for n, c in taken.items())})" if taken else "")
+                 + f" from the workloads' {sum(prompts.values()):,} prompts "
+                 f"({', '.join(f'{n} {c:,}' for n, c in prompts.items())}); chat turns: {turns}"]
         skipped = {n: c for n, c in (w.get("skipped_no_reference") or {}).items() if c}
         if skipped:
             parts.append("skipped for want of a reference: " + ", ".join(f"{n} {c:,}" for n, c in skipped.items()))
