@@ -158,7 +158,7 @@ def trial(model_factory, stream: np.ndarray, shapes: list[tuple[int, int]], step
 
 
 def main(argv: list[str] | None = None) -> None:
-    from svt.models.train_tiny import EOS, TARGET, _data, make_model
+    from svt.models.train_tiny import EOS, TARGET, make_model, prepare_data
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--work", type=Path, default=Path("build/tiny/induction"))
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--trial", action="store_true", help="measure tokens/s for a few (B, C) and stop")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    tok, stream, _, _ = _data(args.seed)
+    tok, stream, _, _ = prepare_data(args.seed)
     eos = tok.token_to_id(EOS)
     vocab = tok.get_vocab_size()
 

@@ -266,7 +266,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def _data(seed: int):
+def prepare_data(seed: int):
     """The tokenizer, the training stream, 64 held-out windows and the figures that describe them."""
     train_texts, held_texts, tasks = read_corpus()
     print(f"corpus: {len(train_texts)} training files, {len(held_texts)} held out; task documents: "
@@ -351,7 +351,7 @@ def main(argv: list[str] | None = None) -> None:
     from transformers import PreTrainedTokenizerFast
 
     t_start = time.time()
-    tok, stream, held, figures = _data(args.seed)
+    tok, stream, held, figures = prepare_data(args.seed)
     eos_id = tok.token_to_id(EOS)
     hf_tok = PreTrainedTokenizerFast(
         tokenizer_object=tok, eos_token=EOS, bos_token=EOS, pad_token=EOS, unk_token=None
