@@ -18,13 +18,15 @@ from it. The phase stops when the gate passes ``patience`` times in a row, or at
     python -m svt.models.induction_phase --work build/tiny/induction --batch 8 --context 64
 
 ``--trial`` measures training tokens per second for a few (B, C) shapes instead (the per-step
-overhead of small batches decides which is cheapest per token).
+overhead of small batches decides which is cheapest per token); ``--anneal TOKENS`` continues the
+checkpoint with a decaying learning rate (does the copying consolidate?).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -133,6 +135,41 @@ def run_phase(model, stream: np.ndarray, cfg: PhaseConfig, work: Path, *, vocab:
             "curve": curve}
 
 
+def anneal(model, stream: np.ndarray, work: Path, tokens: int, *, vocab: int, bos: int, final_lr_share: float = 0.1,
+           log=print) -> dict:
+    """Continue phase 1 from WORK's checkpoint for ``tokens`` more, the learning rate decaying
+    (cosine) from the phase's to ``final_lr_share`` of it: does the copying consolidate once the
+    step noise shrinks? The gate is measured as in the phase; the curve goes to WORK/anneal.json."""
+    state = torch.load(work / "checkpoint.pt", weights_only=False)
+    cfg = PhaseConfig(**state["config"])
+    model.load_state_dict(state["model"])
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.1, betas=(0.9, 0.95))
+    opt.load_state_dict(state["opt"])
+    rng = np.random.default_rng([cfg.seed, state["step"]])
+    steps = tokens // (cfg.batch * cfg.context)
+    curve, t0 = [], time.time()
+    model.train()
+    for i in range(steps):
+        lr = cfg.lr * (final_lr_share + (1 - final_lr_share) * 0.5 * (1 + math.cos(math.pi * i / max(1, steps - 1))))
+        for group in opt.param_groups:
+            group["lr"] = lr
+        batch = window_batch(stream, cfg, rng, vocab)
+        logits = model(input_ids=batch[:, :-1]).logits
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if (i + 1) % cfg.gate_every == 0 or i == steps - 1:
+            gate = induction_gate(model, vocab=vocab, bos=bos)
+            curve.append({"step": state["step"] + i + 1, "tokens": (state["step"] + i + 1) * cfg.batch * cfg.context,
+                          "lr": lr, "seconds": round(time.time() - t0, 1), **gate})
+            (work / "anneal.json").write_text(json.dumps({"from_step": state["step"], "curve": curve}, indent=1) + "\n")
+            log(f"anneal step {i + 1}/{steps} lr {lr:.2e} gate top1 {gate['top1']:.3f} ce {gate['cross_entropy']:.2f} "
+                f"max head {gate.get('max_induction_score', 0):.3f}", flush=True)
+    return {"from_step": state["step"], "tokens": tokens, "passed": passes(curve[-1]), "curve": curve}
+
+
 def trial(model_factory, stream: np.ndarray, shapes: list[tuple[int, int]], steps: int, vocab: int) -> list[dict]:
     """Training tokens per second of each (B, C), ``steps`` steps after 3 warm-up steps."""
     out = []
@@ -168,6 +205,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--trial", action="store_true", help="measure tokens/s for a few (B, C) and stop")
+    ap.add_argument("--anneal", type=int, default=None, metavar="TOKENS",
+                    help="continue WORK's checkpoint for TOKENS more with a decaying learning rate")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     tok, stream, _, _ = prepare_data(args.seed)
@@ -182,6 +221,10 @@ def main(argv: list[str] | None = None) -> None:
         result = trial(factory, stream, [(2, 128), (4, 64), (8, 32), (8, 64), (16, 32), (8, 128)], 30, vocab)
         args.work.mkdir(parents=True, exist_ok=True)
         (args.work / "trial.json").write_text(json.dumps(result, indent=1) + "\n")
+        return
+    if args.anneal is not None:
+        result = anneal(factory(), stream, args.work, args.anneal, vocab=vocab, bos=eos)
+        print(f"anneal: gate {'passed' if result['passed'] else 'NOT passed'} after {args.anneal:,} more tokens")
         return
     cfg = PhaseConfig(batch=args.batch, context=args.context, max_tokens=args.max_tokens, seed=args.seed)
     model = factory()
