@@ -72,6 +72,17 @@ def window_batch(stream: np.ndarray, cfg: PhaseConfig, rng: np.random.Generator,
     return torch.from_numpy(x)
 
 
+def train_step(model, opt, batch: torch.Tensor) -> torch.Tensor:
+    """One next-token step on ``batch`` (clipped at norm 1); the loss."""
+    logits = model(input_ids=batch[:, :-1]).logits
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return loss
+
+
 def _checkpoint(work: Path, model, opt, step: int, rng: np.random.Generator, curve: list, cfg: PhaseConfig) -> None:
     tmp = work / "checkpoint.pt.tmp"
     torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
@@ -105,13 +116,7 @@ def run_phase(model, stream: np.ndarray, cfg: PhaseConfig, work: Path, *, vocab:
     while step < max_steps:
         for group in opt.param_groups:
             group["lr"] = cfg.lr * min(1.0, (step + 1) / cfg.warmup)
-        batch = window_batch(stream, cfg, rng, vocab)
-        logits = model(input_ids=batch[:, :-1]).logits
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        loss = train_step(model, opt, window_batch(stream, cfg, rng, vocab))
         step += 1
         if step % cfg.gate_every == 0 or step == max_steps:
             gate = induction_gate(model, vocab=vocab, bos=bos)
@@ -153,17 +158,11 @@ def anneal(model, stream: np.ndarray, work: Path, tokens: int, *, vocab: int, bo
         lr = cfg.lr * (final_lr_share + (1 - final_lr_share) * 0.5 * (1 + math.cos(math.pi * i / max(1, steps - 1))))
         for group in opt.param_groups:
             group["lr"] = lr
-        batch = window_batch(stream, cfg, rng, vocab)
-        logits = model(input_ids=batch[:, :-1]).logits
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        loss = train_step(model, opt, window_batch(stream, cfg, rng, vocab))
         if (i + 1) % cfg.gate_every == 0 or i == steps - 1:
             gate = induction_gate(model, vocab=vocab, bos=bos)
             curve.append({"step": state["step"] + i + 1, "tokens": (state["step"] + i + 1) * cfg.batch * cfg.context,
-                          "lr": lr, "seconds": round(time.time() - t0, 1), **gate})
+                          "lr": lr, "loss": round(loss.item(), 4), "seconds": round(time.time() - t0, 1), **gate})
             (work / "anneal.json").write_text(json.dumps({"from_step": state["step"], "curve": curve}, indent=1) + "\n")
             log(f"anneal step {i + 1}/{steps} lr {lr:.2e} gate top1 {gate['top1']:.3f} ce {gate['cross_entropy']:.2f} "
                 f"max head {gate.get('max_induction_score', 0):.3f}", flush=True)
@@ -181,12 +180,7 @@ def trial(model_factory, stream: np.ndarray, shapes: list[tuple[int, int]], step
         for i in range(steps + 3):
             if i == 3:
                 t0 = time.perf_counter()
-            batch = window_batch(stream, cfg, rng, vocab)
-            logits = model(input_ids=batch[:, :-1]).logits
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            train_step(model, opt, window_batch(stream, cfg, rng, vocab))
         dt = time.perf_counter() - t0
         out.append({"batch": b, "context": c, "tokens_per_step": b * c, "steps_per_s": round(steps / dt, 2),
                     "tokens_per_s": round(steps * b * c / dt)})
