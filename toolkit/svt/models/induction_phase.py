@@ -202,6 +202,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--anneal", type=int, default=None, metavar="TOKENS",
                     help="continue WORK's checkpoint for TOKENS more with a decaying learning rate")
     args = ap.parse_args(argv)
+    if args.batch < 1 or args.context < 2 * PhaseConfig.min_span or args.max_tokens < 1 or args.threads < 1:
+        ap.error(f"--batch, --max-tokens and --threads must be >= 1 and --context >= {2 * PhaseConfig.min_span}.")
+    if args.anneal is not None and (args.anneal < 1 or not (args.work / "checkpoint.pt").is_file()):
+        ap.error(f"--anneal takes a positive number of tokens and a phase-1 checkpoint in {args.work}.")
     torch.set_num_threads(args.threads)
     tok, stream, _, _ = prepare_data(args.seed)
     eos = tok.token_to_id(EOS)
