@@ -128,9 +128,11 @@ mutate: setup
 lint: setup
 	$(VENV)/bin/ruff check toolkit tests benchmarks scripts
 
-# Reproduce the committed tiny pair (seeded; float32; ~50 min on 2 cores) and workloads (~1 min).
+# Reproduce the committed tiny pair (seeded; float32 on 2 cores, see data/models/README.md; resumes an
+# interrupted run from build/tiny; DEVICE=cuda runs the same stages on a GPU in bf16) and workloads (~1 min).
+DEVICE ?= cpu
 models: setup
-	$(PY) -m svt.models.train_tiny --out data/models
+	$(PY) -m svt.models.recipe --out data/models --work build/tiny --device $(DEVICE)
 
 workloads: setup
 	$(PY) -m svt.models.workloads --out data/workloads

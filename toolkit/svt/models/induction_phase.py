@@ -13,13 +13,16 @@ in small batches, with a share of windows that repeat a span inside them:
 The induction gate (:mod:`svt.models.induction`) is measured every ``gate_every`` steps and its curve
 written to ``WORK/curve.json``; a checkpoint (model, optimiser, data position, curve) is written
 every ``checkpoint_minutes`` and at the end, and a run started again with the same WORK resumes
-from it. The phase stops when the gate passes ``patience`` times in a row, or at ``max_tokens``.
+from it. The phase stops at ``max_tokens``, or earlier when the gate passes ``patience`` times in a
+row (``stop_on_gate``) or ``after_jump_tokens`` after the best head first scores ``jump_score``
+(the phase change). The learning rate warms up, then stays constant or decays (cosine) to
+``final_lr_share`` of its peak; with a ``teacher`` the phase distils it instead of fitting the text.
 
     python -m svt.models.induction_phase --work build/tiny/induction --batch 8 --context 64
 
 ``--trial`` measures training tokens per second for a few (B, C) shapes instead (the per-step
-overhead of small batches decides which is cheapest per token); ``--anneal TOKENS`` continues the
-checkpoint with a decaying learning rate (does the copying consolidate?).
+overhead of small batches decides which is cheapest per token). The whole recipe of the built-in
+pair runs several such phases in turn (:mod:`svt.models.recipe`).
 """
 
 from __future__ import annotations
@@ -52,6 +55,11 @@ class PhaseConfig:
     max_tokens: int = 16_000_000
     checkpoint_minutes: float = 10.0
     seed: int = 0
+    final_lr_share: float = 1.0  # 1: constant after warm-up; < 1: cosine decay to this share of lr
+    stop_on_gate: bool = True  # stop once the gate passes `patience` times in a row
+    confidence_weight: float = 0.0  # distillation only: token weight = teacher's top-1 prob ** this
+    jump_score: float = 0.0  # > 0: the phase ends `after_jump_tokens` after the best head first scores this
+    after_jump_tokens: int = 0
 
 
 def window_batch(stream: np.ndarray, cfg: PhaseConfig, rng: np.random.Generator, vocab: int) -> torch.Tensor:
@@ -72,10 +80,29 @@ def window_batch(stream: np.ndarray, cfg: PhaseConfig, rng: np.random.Generator,
     return torch.from_numpy(x)
 
 
-def train_step(model, opt, batch: torch.Tensor) -> torch.Tensor:
-    """One next-token step on ``batch`` (clipped at norm 1); the loss."""
-    logits = model(input_ids=batch[:, :-1]).logits
-    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+def lr_at(step: int, cfg: PhaseConfig, max_steps: int) -> float:
+    """Linear warm-up, then constant (``final_lr_share`` 1) or a cosine decay to ``final_lr_share``."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    frac = (step - cfg.warmup) / max(1, max_steps - cfg.warmup)
+    return cfg.lr * (cfg.final_lr_share + (1 - cfg.final_lr_share) * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def train_step(model, opt, batch: torch.Tensor, teacher=None, confidence_weight: float = 0.0) -> torch.Tensor:
+    """One step on ``batch`` (clipped at norm 1); the loss. Next-token cross-entropy, or with a
+    ``teacher`` the soft cross-entropy against its distributions (KL(teacher || model) + const),
+    each token weighted by the teacher's top-1 probability ** ``confidence_weight``."""
+    x = batch[:, :-1]
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=x.is_cuda):  # float32 on a CPU
+        logits = model(input_ids=x).logits.float()
+    if teacher is None:
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+    else:
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=x.is_cuda):
+            target_probs = teacher(input_ids=x).logits.float().softmax(-1)
+        per_token = -(target_probs * logits.log_softmax(-1)).sum(-1)
+        weight = target_probs.amax(-1) ** confidence_weight
+        loss = (per_token * weight).sum() / weight.sum()
     opt.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -92,8 +119,9 @@ def _checkpoint(work: Path, model, opt, step: int, rng: np.random.Generator, cur
 
 
 def run_phase(model, stream: np.ndarray, cfg: PhaseConfig, work: Path, *, vocab: int, bos: int,
-              log=print) -> dict:
-    """Train ``model`` in place until the gate passes (or ``max_tokens``); resumes from WORK."""
+              teacher=None, log=print) -> dict:
+    """Train ``model`` in place until the gate passes (if ``cfg.stop_on_gate``) or ``max_tokens``;
+    resumes from WORK's checkpoint. With a ``teacher``, distils it (see :func:`train_step`)."""
     work.mkdir(parents=True, exist_ok=True)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.1, betas=(0.9, 0.95))
     rng = np.random.default_rng(cfg.seed)
@@ -111,24 +139,34 @@ def run_phase(model, stream: np.ndarray, cfg: PhaseConfig, work: Path, *, vocab:
         step, curve = state["step"], state["curve"]
         log(f"resumed at step {step} ({step * cfg.batch * cfg.context:,} tokens)")
     max_steps = cfg.max_tokens // (cfg.batch * cfg.context)
+    device = next(model.parameters()).device
     model.train()
     t0, last_ckpt, streak = time.time(), time.time(), 0
+    jumped = next((c for c in curve if cfg.jump_score > 0 and c.get("max_induction_score", 0) >= cfg.jump_score), None)
     while step < max_steps:
+        lr = lr_at(step, cfg, max_steps)
         for group in opt.param_groups:
-            group["lr"] = cfg.lr * min(1.0, (step + 1) / cfg.warmup)
-        loss = train_step(model, opt, window_batch(stream, cfg, rng, vocab))
+            group["lr"] = lr
+        loss = train_step(model, opt, window_batch(stream, cfg, rng, vocab).to(device), teacher,
+                          cfg.confidence_weight)
         step += 1
         if step % cfg.gate_every == 0 or step == max_steps:
             gate = induction_gate(model, vocab=vocab, bos=bos)
             tokens = step * cfg.batch * cfg.context
-            curve.append({"step": step, "tokens": tokens, "loss": round(loss.item(), 4),
+            curve.append({"step": step, "tokens": tokens, "lr": lr, "loss": round(loss.item(), 4),
                           "seconds": round(time.time() - t0, 1), **gate})
             (work / "curve.json").write_text(json.dumps({"config": asdict(cfg), "curve": curve}, indent=1) + "\n")
             log(f"step {step} tokens {tokens:,} loss {loss.item():.3f} gate top1 {gate['top1']:.3f} "
                 f"ce {gate['cross_entropy']:.2f} max head {gate.get('max_induction_score', 0):.3f} "
                 f"({tokens / max(time.time() - t0, 1e-9):,.0f} tok/s this session)", flush=True)
             streak = streak + 1 if passes(gate) else 0
-            if streak >= cfg.patience:
+            if cfg.stop_on_gate and streak >= cfg.patience:
+                break
+            if jumped is None and cfg.jump_score > 0 and gate.get("max_induction_score", 0) >= cfg.jump_score:
+                jumped = curve[-1]
+                log(f"the best head scored {gate['max_induction_score']:.3f} >= {cfg.jump_score} at {tokens:,} "
+                    f"tokens: {cfg.after_jump_tokens:,} more", flush=True)
+            if jumped is not None and tokens >= jumped["tokens"] + cfg.after_jump_tokens:
                 break
         if time.time() - last_ckpt > 60 * cfg.checkpoint_minutes:
             _checkpoint(work, model, opt, step, rng, curve, cfg)
@@ -137,36 +175,8 @@ def run_phase(model, stream: np.ndarray, cfg: PhaseConfig, work: Path, *, vocab:
     passed = [c for c in curve if passes(c)]
     return {"config": asdict(cfg), "steps": step, "tokens": step * cfg.batch * cfg.context,
             "passed": streak >= cfg.patience, "first_pass_tokens": passed[0]["tokens"] if passed else None,
-            "curve": curve}
-
-
-def anneal(model, stream: np.ndarray, work: Path, tokens: int, *, vocab: int, bos: int, final_lr_share: float = 0.1,
-           log=print) -> dict:
-    """Continue phase 1 from WORK's checkpoint for ``tokens`` more, the learning rate decaying
-    (cosine) from the phase's to ``final_lr_share`` of it: does the copying consolidate once the
-    step noise shrinks? The gate is measured as in the phase; the curve goes to WORK/anneal.json."""
-    state = torch.load(work / "checkpoint.pt", weights_only=False)
-    cfg = PhaseConfig(**state["config"])
-    model.load_state_dict(state["model"])
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.1, betas=(0.9, 0.95))
-    opt.load_state_dict(state["opt"])
-    rng = np.random.default_rng([cfg.seed, state["step"]])
-    steps = tokens // (cfg.batch * cfg.context)
-    curve, t0 = [], time.time()
-    model.train()
-    for i in range(steps):
-        lr = cfg.lr * (final_lr_share + (1 - final_lr_share) * 0.5 * (1 + math.cos(math.pi * i / max(1, steps - 1))))
-        for group in opt.param_groups:
-            group["lr"] = lr
-        loss = train_step(model, opt, window_batch(stream, cfg, rng, vocab))
-        if (i + 1) % cfg.gate_every == 0 or i == steps - 1:
-            gate = induction_gate(model, vocab=vocab, bos=bos)
-            curve.append({"step": state["step"] + i + 1, "tokens": (state["step"] + i + 1) * cfg.batch * cfg.context,
-                          "lr": lr, "loss": round(loss.item(), 4), "seconds": round(time.time() - t0, 1), **gate})
-            (work / "anneal.json").write_text(json.dumps({"from_step": state["step"], "curve": curve}, indent=1) + "\n")
-            log(f"anneal step {i + 1}/{steps} lr {lr:.2e} gate top1 {gate['top1']:.3f} ce {gate['cross_entropy']:.2f} "
-                f"max head {gate.get('max_induction_score', 0):.3f}", flush=True)
-    return {"from_step": state["step"], "tokens": tokens, "passed": passes(curve[-1]), "curve": curve}
+            "jump_tokens": jumped["tokens"] if jumped else None, "jump_step": jumped["step"] if jumped else None,
+            "seconds": round(time.time() - t0, 1), "curve": curve}
 
 
 def trial(model_factory, stream: np.ndarray, shapes: list[tuple[int, int]], steps: int, vocab: int) -> list[dict]:
@@ -199,13 +209,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--trial", action="store_true", help="measure tokens/s for a few (B, C) and stop")
-    ap.add_argument("--anneal", type=int, default=None, metavar="TOKENS",
-                    help="continue WORK's checkpoint for TOKENS more with a decaying learning rate")
     args = ap.parse_args(argv)
     if args.batch < 1 or args.context < 2 * PhaseConfig.min_span or args.max_tokens < 1 or args.threads < 1:
         ap.error(f"--batch, --max-tokens and --threads must be >= 1 and --context >= {2 * PhaseConfig.min_span}.")
-    if args.anneal is not None and (args.anneal < 1 or not (args.work / "checkpoint.pt").is_file()):
-        ap.error(f"--anneal takes a positive number of tokens and a phase-1 checkpoint in {args.work}.")
     torch.set_num_threads(args.threads)
     tok, stream, _, _ = prepare_data(args.seed)
     eos = tok.token_to_id(EOS)
@@ -219,10 +225,6 @@ def main(argv: list[str] | None = None) -> None:
         result = trial(factory, stream, [(2, 128), (4, 64), (8, 32), (8, 64), (16, 32), (8, 128)], 30, vocab)
         args.work.mkdir(parents=True, exist_ok=True)
         (args.work / "trial.json").write_text(json.dumps(result, indent=1) + "\n")
-        return
-    if args.anneal is not None:
-        result = anneal(factory(), stream, args.work, args.anneal, vocab=vocab, bos=eos)
-        print(f"anneal: gate {'passed' if result['passed'] else 'NOT passed'} after {args.anneal:,} more tokens")
         return
     cfg = PhaseConfig(batch=args.batch, context=args.context, max_tokens=args.max_tokens, seed=args.seed)
     model = factory()

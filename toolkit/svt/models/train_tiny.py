@@ -1,21 +1,13 @@
-"""Train the built-in tiny model pair on the Python standard library's own source and on documents
-in the workloads' task formats.
-
-Reproduce the committed weights with one command (seeded; CPU, float32; ~50 minutes on 2 cores)::
-
-    python -m svt.models.train_tiny --out data/models
-
-What it makes, each saved with ``save_pretrained`` (safetensors, bf16) and the shared tokenizer:
+"""The pieces of the built-in tiny pair: the corpus stream, the tokenizer, the model shapes, the
+plain training loop, held-out evaluation, sharpening and the swap into OUT. The recipe that makes
+the committed weights from them is :mod:`svt.models.recipe` (``make models``).
 
 - ``tokenizer``: byte-level BPE, 2048 tokens, trained on the training files;
 - ``target``: a 4-layer, 256-wide Llama (transformers' own ``LlamaConfig``), trained on next tokens
   of one stream of whole documents: the training files, plus task documents built from those files
   only (``svt.models.workloads.task_documents``): edit requests followed by their whole revision,
-  complete agent logs of tool calls, and the files' tables. From them the target learns the
-  workloads' formats; within this budget it does not learn to copy from its context (measured in
-  ``data/models/README.md``: no induction), so it does not carry out the edit and toolcalls tasks.
-  Held-out files (the workloads' source) never enter the stream. Sequences are 512 tokens, so a 384-token prompt plus 128 new tokens stays
-  inside the positions the model was trained on;
+  complete agent logs of tool calls, and the files' tables. Held-out files (the workloads' source)
+  never enter the stream;
 - the target is then **sharpened**: its final RMSNorm weight is multiplied by ``SHARPEN`` (all
   logits scale by that factor; the same as sampling the trained model at temperature
   1 / SHARPEN). A 4M-parameter model trained on a few million tokens is far less confident than a
@@ -24,25 +16,22 @@ What it makes, each saved with ``save_pretrained`` (safetensors, bf16) and the s
   is unchanged); its held-out loss before and after is recorded, so nobody mistakes it for a better
   language model;
 - ``draft-small`` (1 layer, 128 wide) and ``draft-large`` (2 layers, 192 wide): distilled from the
-  sharpened target (soft cross-entropy against its distributions) on the same stream, each token's
-  loss weighted by the target's top-1 probability squared, so the drafters spend their small
-  capacity on the contexts the target is sure of, and disagree with it where it is unsure: the
-  pattern that makes real drafters' confidence informative.
+  sharpened target (soft cross-entropy against its distributions), each token's loss weighted by
+  the target's top-1 probability squared, so the drafters spend their small capacity on the
+  contexts the target is sure of, and disagree with it where it is unsure: the pattern that makes
+  real drafters' confidence informative.
 
 Training is float32: bf16 autocast is ~20x slower than float32 on CPUs without bf16 matrix units
 (measured 120 against 2,200 tokens/s on this project's 2-core machine), and float32 gives the same
 weights wherever the CPU is. The corpus is every ``.py`` file of the running interpreter's
 standard library outside test folders, split by a hash of the file's relative path
 (``svt.models.corpus``): 1 file in 10 is held out for validation and for the workload prompts
-(``python -m svt.models.workloads``). Figures land in ``OUT/training.json``;
-``data/models/README.md`` quotes them. The models are written beside OUT and moved in when all are
-saved. The standard library differs between Python versions, so identical weights need the same
-Python (the committed ones: 3.11.7).
+(``python -m svt.models.workloads``). The standard library differs between Python versions, so
+identical weights need the same Python (the committed ones: 3.11.7).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import shutil
@@ -176,7 +165,7 @@ def evaluate(model, teacher, held: torch.Tensor) -> dict:
     ce = kl = agree = 0.0
     n = 0
     ce_short = n_short = 0.0
-    for chunk in held.split(8):
+    for chunk in held.to(next(model.parameters()).device).split(8):
         x, y = chunk[:, :-1], chunk[:, 1:]
         logits = model(input_ids=x).logits.float()
         per_token = F.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1), reduction="none").view(y.shape)
@@ -199,9 +188,9 @@ def evaluate(model, teacher, held: torch.Tensor) -> dict:
     return out
 
 
-def train_one(spec: TinySpec, stream, held, eos_id, seed, teacher=None, log=print):
+def train_one(spec: TinySpec, stream, held, eos_id, seed, teacher=None, log=print, device: str = "cpu"):
     torch.manual_seed(seed)
-    model = make_model(spec, eos_id)
+    model = make_model(spec, eos_id).to(device)
     n_params = sum(p.numel() for p in model.parameters())
     n_steps = spec.train_tokens // (BATCH * SEQ_LEN)
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.1, betas=(0.9, 0.95))
@@ -210,11 +199,13 @@ def train_one(spec: TinySpec, stream, held, eos_id, seed, teacher=None, log=prin
     for step, batch in enumerate(batches(stream, n_steps, seed)):
         for group in opt.param_groups:
             group["lr"] = lr_at(step, n_steps, spec.lr)
+        batch = batch.to(device)
         x, y = batch[:, :-1], batch[:, 1:]
-        logits = model(input_ids=x).logits
-        if teacher is not None:
-            with torch.no_grad():
-                target_probs = teacher(input_ids=x).logits.softmax(-1)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=x.is_cuda):  # float32 on a CPU
+            logits = model(input_ids=x).logits.float()
+            if teacher is not None:
+                with torch.no_grad():
+                    target_probs = teacher(input_ids=x).logits.float().softmax(-1)
         if teacher is None:
             loss = F.cross_entropy(logits.reshape(-1, VOCAB), y.reshape(-1))
         else:  # soft cross-entropy = KL(target || draft) + const, weighted by target confidence
@@ -252,20 +243,6 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
-def _parse(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--out", type=Path, default=Path("data/models"))
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--scale", type=float, default=1.0, help="multiply every token budget (smoke tests)")
-    ap.add_argument("--reuse-target", type=Path, default=None,
-                    help="load the unsharpened target saved by an earlier run of this script "
-                         "(WORK/target-unsharpened) instead of training it again")
-    ap.add_argument("--work", type=Path, default=Path("build/tiny"),
-                    help="where the unsharpened target is kept (not committed)")
-    return ap.parse_args(argv)
-
-
 def prepare_data(seed: int):
     """The tokenizer, the training stream, 64 held-out windows and the figures that describe them."""
     train_texts, held_texts, tasks = read_corpus()
@@ -295,34 +272,7 @@ def prepare_data(seed: int):
     return tok, stream, held, figures
 
 
-def _target(args, stream, held, eos_id: int, figures: dict, scaled):
-    """The target: trained (and its unsharpened bf16 copy kept in WORK) or reused; then sharpened."""
-    if args.reuse_target is not None:
-        from transformers import AutoModelForCausalLM
-
-        target = AutoModelForCausalLM.from_pretrained(args.reuse_target, dtype=torch.float32)
-        figures["models"]["target"] = json.loads((args.reuse_target / "figures.json").read_text())
-    else:
-        target, figures["models"]["target"] = train_one(scaled(TARGET), stream, held, eos_id, args.seed)
-        # what is saved is bf16: round now so the teacher the drafts see is exactly the saved model
-        target = target.to(torch.bfloat16)
-        figures["models"]["target"]["held_out_loss_saved_bf16"] = round(
-            evaluate(target.float(), None, held)["held_out_loss"], 4)
-        raw = args.work / "target-unsharpened"
-        target.save_pretrained(raw)
-        (raw / "figures.json").write_text(json.dumps(figures["models"]["target"], indent=2) + "\n")
-        target = target.float()
-    target.eval()
-    for p in target.parameters():
-        p.requires_grad_(False)
-    sharpen(target, SHARPEN)
-    figures["models"]["target"]["sharpen"] = SHARPEN
-    figures["models"]["target"]["held_out_loss_sharpened"] = round(
-        evaluate(target, None, held)["held_out_loss"], 4)
-    return target
-
-
-def _save(out: Path, models: dict, hf_tok, figures: dict, scaled) -> None:
+def save_pair(out: Path, models: dict, hf_tok, figures: dict, scaled) -> None:
     """Written beside OUT, then swapped in: an interrupted run leaves the previous pair whole."""
     stage = out.parent / f".{out.name}.svt-new"
     shutil.rmtree(stage, ignore_errors=True)
@@ -343,34 +293,3 @@ def _save(out: Path, models: dict, hf_tok, figures: dict, scaled) -> None:
         entry.rename(dest)
         _remove(old)
     stage.rmdir()
-
-
-def main(argv: list[str] | None = None) -> None:
-    args = _parse(argv)
-    torch.set_num_threads(args.threads)
-    from transformers import PreTrainedTokenizerFast
-
-    t_start = time.time()
-    tok, stream, held, figures = prepare_data(args.seed)
-    eos_id = tok.token_to_id(EOS)
-    hf_tok = PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token=EOS, bos_token=EOS, pad_token=EOS, unk_token=None
-    )
-
-    def scaled(spec: TinySpec) -> TinySpec:
-        return TinySpec(**{**asdict(spec), "train_tokens": int(spec.train_tokens * args.scale)})
-
-    target = _target(args, stream, held, eos_id, figures, scaled)
-    models = {"target": target}
-    for i, spec in enumerate(DRAFTS):
-        draft, figures["models"][spec.name] = train_one(
-            scaled(spec), stream, held, eos_id, args.seed + 1 + i, teacher=target
-        )
-        models[spec.name] = draft
-    figures["total_seconds"] = round(time.time() - t_start, 1)
-    _save(args.out, models, hf_tok, figures, scaled)
-    print(f"saved to {args.out} ({figures['total_seconds']:.0f} s in all)")
-
-
-if __name__ == "__main__":
-    main()
