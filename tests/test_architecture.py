@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1] / "toolkit"
 # cli -> report/plots -> vllm_plugin -> simulate/fit/collect -> features/metrics/models -> traces/config
 # -> the base (errors, fileio, signals, the version).
 LAYERS = {
-    "svt": 0, "errors": 0, "fileio": 0, "signals": 0,
+    "svt": 0, "errors": 0, "fileio": 0, "signals": 0, "devices": 0,
     "traces": 1, "config": 1,
     "features": 2, "metrics": 2, "models": 2,
     "simulate": 3, "fit": 3, "collect": 3,
@@ -117,6 +117,13 @@ def test_no_layer_imports_upwards():
     upward = sorted(f"{m} -> {t}" for m, ts in EDGES.items() for t in ts
                     if LAYERS[package(t)] > LAYERS[package(m)])
     assert not upward, "upward imports:\n" + "\n".join(upward)
+
+
+def test_fitting_never_loads_the_model_package():
+    """A fit (even of a head on a GPU) needs a device, not the collectors' model loading."""
+    into_models = sorted(f"{m} -> {t}" for m, ts in EDGES.items() for t in ts
+                         if package(m) == "fit" and package(t) == "models")
+    assert not into_models, "\n".join(into_models)
 
 
 def test_no_import_circles_between_modules_or_packages():

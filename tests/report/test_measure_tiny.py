@@ -49,3 +49,52 @@ def test_goals_on_bad_input_say_so_in_one_line(tmp_path):
     (tmp_path / "report.json").write_text("[1, 2")
     with pytest.raises(DataError, match="not a readable svt report"):
         hvd_against_cache_only(tmp_path)
+
+
+def test_gate_goals_undo_the_sharpening_before_the_gate(tmp_path, models_dir):
+    """The gate is the target as trained: its shipped (sharpened) logits divided by the factor."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from svt.models.induction import induction_gate
+    from svt.report.measure_tiny import gate_goals
+
+    goals = gate_goals(models_dir)
+    training = json.loads((models_dir / "training.json").read_text())
+    assert goals["held_out_loss_as_trained"] == training["models"]["target"]["held_out_loss"]
+    model = AutoModelForCausalLM.from_pretrained(models_dir / "target", dtype=torch.float32)
+    sharp = induction_gate(model, vocab=model.config.vocab_size, bos=model.config.eos_token_id, heads=False)
+    assert goals["target_gate"]["top1"] == round(sharp["top1"], 4)  # greedy: unchanged by the factor
+    if sharp["top1"] < 0.99:  # a factor > 1 moves the cross-entropy where the model is not sure
+        assert goals["target_gate"]["cross_entropy"] != round(sharp["cross_entropy"], 3)
+    for name in ("target", "draft-large"):
+        assert set(goals[f"{name}_gate"]) == {"top1", "cross_entropy", "max_induction_score", "passes"}
+    copy = tmp_path / "models"
+    shutil.copytree(models_dir, copy)
+    (copy / "training.json").write_text("{}")
+    import pytest
+
+    from svt.errors import DataError
+
+    with pytest.raises(DataError, match="training record"):
+        gate_goals(copy)
+
+
+def test_report_readers_take_the_figures_they_name(tmp_path):
+    import pytest
+
+    from svt.errors import DataError
+    from svt.report.measure_tiny import demo_auc, reference_model_yield
+
+    (tmp_path / "report.json").write_text(json.dumps({
+        "features": {"q_max": {"auc": 0.81}, "q_sampled": {"auc": 0.7}},
+        "cache": {"all": {"mean_model_yield": 1.23456}, "code": {"mean_model_yield": 0.5}}}))
+    assert demo_auc(tmp_path) == 0.81 and demo_auc(tmp_path, "q_sampled") == 0.7
+    assert reference_model_yield(tmp_path) == {"all": 1.235, "code": 0.5}
+    (tmp_path / "report.json").write_text('{"features": {}}')
+    with pytest.raises(DataError, match="no q_max AUC"):
+        demo_auc(tmp_path)
+    with pytest.raises(DataError, match="no cache section"):
+        reference_model_yield(tmp_path)

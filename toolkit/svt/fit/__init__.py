@@ -175,7 +175,7 @@ def check_options(*, seed: int = 0, test_fraction: float = 0.3, **options) -> No
         raise ConfigError(f"Expected --mlp-hidden to be from 0 (the default width) to {MAX_HIDDEN}, but got {hidden}.")
     device = options.get("device")
     if device not in (None, "auto"):
-        from svt.models.loading import resolve_device
+        from svt.devices import resolve_device
 
         try:
             resolve_device(str(device))

@@ -10,20 +10,10 @@ from typing import Any
 
 import torch
 
+from svt.devices import resolve_device  # noqa: F401  (re-exported: svt.models.resolve_device)
 from svt.errors import ModelLoadError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_device(device: str) -> torch.device:
-    """``auto`` -> CUDA when present, else CPU; ``cuda`` without a GPU is an error."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ModelLoadError("Expected a CUDA device for `device: cuda`, but torch sees no GPU.")
-    if device not in ("cpu",) and not device.startswith("cuda"):
-        raise ModelLoadError(f"Expected `device` to be auto, cpu or cuda[:N], but got {device!r}.")
-    return torch.device(device)
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:

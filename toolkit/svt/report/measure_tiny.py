@@ -1,14 +1,18 @@
 """Measure how the built-in pair behaves as a speculative pair (the figures in data/models/README.md).
 
     python -m svt.report.measure_tiny --requests 96 --out reports/tiny_pair.md
-    python -m svt.report.measure_tiny --goals runs/hvd --hvd-report reports/hvd-h100   # after make demo
+    python -m svt.report.measure_tiny --goals runs/hvd --hvd-report reports/hvd-h100 \\
+        --demo-report reports/demo --reference-report reports/hvd-ref   # after make demo
 
 For each draft and for temperature 1 and greedy: collect on the three shipped workloads (K = 5,
 128 new tokens), then report acceptance (overall, and by position in both conventions), mean
 acceptance length, mean q_max, and how well q_max ranks acceptance (ROC AUC, scikit-learn).
 ``--goals`` reads a greedy run of the five workloads instead: whether the toolcalls outputs write a
 well-formed next call, the edit outputs' common prefix with the reference, and self-repetition;
-``--hvd-report`` adds HVD against cache-only per workload.
+``--hvd-report`` adds HVD against cache-only per workload, ``--demo-report`` AUC(q_max) at T = 1, and
+``--reference-report`` the model drafter's mean yield on the real text of a reference run. The
+induction gate of the shipped target (as trained: its sharpening undone) and of ``draft-large``
+and the target's held-out loss are always given.
 """
 
 from __future__ import annotations
@@ -98,6 +102,60 @@ def task_goals(run_dir: Path) -> dict:
     }
 
 
+def gate_goals(models: Path) -> dict:
+    """The induction gate of the shipped target as trained (its sharpening undone: the final norm
+    divided by the ``sharpen`` factor ``training.json`` records) and of ``draft-large``, with the
+    held-out loss ``training.json`` recorded for the target as trained."""
+    import torch
+
+    from svt.errors import DataError
+    from svt.models.induction import induction_gate, passes
+    from svt.models.loading import load_tokenizer
+
+    try:
+        training = json.loads((models / "training.json").read_text())
+        factor = float(training["models"]["target"]["sharpen"])
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise DataError(f"{models}/training.json: not the pair's training record ({exc}).") from None
+    from transformers import AutoModelForCausalLM
+
+    tok = load_tokenizer(str(models / "target"))
+    out = {"held_out_loss_as_trained": training["models"]["target"].get("held_out_loss")}
+    for name in ("target", "draft-large"):
+        model = AutoModelForCausalLM.from_pretrained(models / name, dtype=torch.float32)
+        if name == "target":
+            with torch.no_grad():
+                model.model.norm.weight.div_(factor)
+        g = induction_gate(model, vocab=int(model.config.vocab_size), bos=tok.eos_token_id)
+        out[f"{name}_gate"] = {"top1": round(g["top1"], 4), "cross_entropy": round(g["cross_entropy"], 3),
+                               "max_induction_score": g.get("max_induction_score"), "passes": passes(g)}
+    return out
+
+
+def demo_auc(report_dir: Path, feature: str = "q_max") -> float:
+    """AUC of ``feature`` over all labelled drafts of an ``svt evaluate`` report (the demo's)."""
+    from svt.errors import DataError
+
+    path = Path(report_dir) / "report.json"
+    try:
+        return float(json.loads(path.read_text())["features"][feature]["auc"])
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise DataError(f"{path}: no {feature} AUC in this report ({exc}).") from None
+
+
+def reference_model_yield(report_dir: Path) -> dict[str, float]:
+    """Per workload of a reference run's report: the model drafter's mean yield (tokens accepted
+    per cycle of K drafts, teacher-forced on the real text)."""
+    from svt.errors import DataError
+
+    path = Path(report_dir) / "report.json"
+    try:
+        cache = json.loads(path.read_text())["cache"]
+        return {g: round(float(v["mean_model_yield"]), 3) for g, v in cache.items()}
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+        raise DataError(f"{path}: no cache section with the model drafter's yields ({exc}).") from None
+
+
 def hvd_against_cache_only(report_dir: Path, predictor: str = "yield-mlp") -> dict[str, dict]:
     """Per workload of an HVD report (``svt evaluate --costs``): HVD's speed-up at its best tau
     against cache-only's, and whether it is better (more than 0.5 % faster), tied or worse."""
@@ -131,14 +189,23 @@ def main(argv=None) -> None:
                     help="print the task figures of a greedy run of the five workloads (e.g. runs/hvd) and stop")
     ap.add_argument("--hvd-report", type=Path, default=None, metavar="REPORT",
                     help="with --goals: also HVD at its best tau against cache-only per workload (e.g. reports/hvd-h100)")
+    ap.add_argument("--demo-report", type=Path, default=None, metavar="REPORT",
+                    help="with --goals: also AUC(q_max) of a temperature-1 report (e.g. reports/demo)")
+    ap.add_argument("--reference-report", type=Path, default=None, metavar="REPORT",
+                    help="with --goals: also the model drafter's mean yield on a reference run (e.g. reports/hvd-ref)")
     args = ap.parse_args(argv)
     if args.goals is not None:
         from svt.errors import SvtError
 
         try:
             goals = task_goals(args.goals)
+            goals.update(gate_goals(args.models))
             if args.hvd_report is not None:
                 goals["hvd_vs_cache_only"] = hvd_against_cache_only(args.hvd_report)
+            if args.demo_report is not None:
+                goals["demo_auc_q_max"] = round(demo_auc(args.demo_report), 4)
+            if args.reference_report is not None:
+                goals["reference_model_yield"] = reference_model_yield(args.reference_report)
         except SvtError as exc:
             raise SystemExit(f"error: {exc}") from None
         print(json.dumps(goals, indent=2, default=str))
