@@ -362,9 +362,12 @@ def evaluate(
                            fits=[str(f) for f in fit or []], costs=str(costs) if costs else None,
                            live=str(live) if live else None, high_yield=high_yield,
                            reference_run=str(reference_run) if reference_run else None)
+    from svt.fileio import output_lock
+
     try:
-        report = build(runs, opts)
-        json_path, md_path = write_report(report, out_dir)
+        with output_lock(out_dir):  # one writer per report folder
+            report = build(runs, opts)
+            json_path, md_path = write_report(report, out_dir)
     except SvtError as exc:
         raise _fail(exc) from None
     from svt.report.compare import remove_stale

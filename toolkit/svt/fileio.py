@@ -138,7 +138,7 @@ def atomic_path(path: str | Path, *, fsync: bool = False) -> Iterator[Path]:
             tmp.write_text(text)
     """
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # one per process: writers never share it
     try:
         yield tmp
         if fsync:
@@ -155,6 +155,57 @@ def atomic_path(path: str | Path, *, fsync: bool = False) -> Iterator[Path]:
             except OSError:
                 break
         raise
+
+
+@contextlib.contextmanager
+def output_lock(out: str | Path) -> Iterator[None]:
+    """Hold ``out`` for one writer: a second svt process writing the same output is refused at once
+    with one clear error (never two staging folders in one place, never one writer's data lost).
+    The lock is ``flock`` on ``.NAME.svt-lock`` beside ``out``: the kernel releases it when the
+    holder exits, ``kill -9`` included, so a killed writer's lock is never stale. The file is
+    removed when the holder is done. An ``out`` inside a run directory is refused (a run's folders
+    hold its own tables; anything else there makes the run unreadable)."""
+    import fcntl
+
+    out = Path(out)
+    host = next((p for p in out.resolve().parents if (p / "run.json").is_file()), None)
+    if host is not None:  # a run's folders hold its tables only: anything else breaks it
+        raise ConfigError(f"--out {out} is inside the run {host}; write it outside any run directory.")
+    lock = out.parent / f".{out.name}.svt-lock"
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"Cannot write {out}: {exc.strerror or exc}.") from None
+    while True:
+        try:
+            fh = open(lock, "a+")  # noqa: SIM115  (held until the block ends)
+        except OSError as exc:
+            raise ConfigError(f"Cannot write {out}: {exc.strerror or exc}.") from None
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            who = fh.read().strip() or "another process"
+            fh.close()
+            raise ConfigError(f"{out} is being written by another svt command ({who}); wait for it to "
+                              "finish, or write elsewhere.") from None
+        try:  # the holder before us may have removed the file between our open and our lock
+            same = os.stat(lock).st_ino == os.fstat(fh.fileno()).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        fh.close()
+    fh.seek(0)
+    fh.truncate()
+    fh.write(f"pid {os.getpid()}")
+    fh.flush()
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            lock.unlink()
+        fh.close()
 
 
 def write_text_atomic(path: str | Path, text: str, *, fsync: bool = False) -> Path:

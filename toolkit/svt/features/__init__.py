@@ -26,11 +26,15 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import polars as pl
 
 from svt.errors import ConfigError, SvtError
 
 EPS = 1e-6  # probabilities are clipped to [EPS, 1 - EPS] before logs
+# what the target computed (its probabilities, the acceptance test): a lossless feature may read
+# none of them (it would not be known before verifying), and no feature may read the label it scores
+TARGET_COLUMNS = frozenset({"label", "p_sampled", "p_max", "accept_prob", "accept_prob_expected"})
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,14 @@ class Feature:
         if self.probability and self.direction != 1:
             raise ConfigError(f"Feature {self.name!r} is a probability of acceptance, so higher must mean "
                               "accept (direction=1).")
+        reads = set(self.expr.meta.root_names())
+        if "label" in reads:
+            raise ConfigError(f"Feature {self.name!r} reads the column 'label', the outcome it would be "
+                              "scored against: a feature may not see its own label.")
+        if self.lossless and reads & TARGET_COLUMNS:
+            raise ConfigError(f"Feature {self.name!r} is declared lossless but reads "
+                              f"{', '.join(sorted(reads & TARGET_COLUMNS))}, computed by the target when it "
+                              "verifies: declare it lossless=False.")
 
     @property
     def shown_as(self) -> str:
@@ -82,14 +94,40 @@ def register(f: Feature, *, replace: bool = False) -> Feature:
     return f
 
 
-def check_feature(f: Feature, frame: pl.DataFrame) -> None:
-    """Evaluate ``f`` on (a slice of) ``frame``: a feature over a missing column, or one that fails,
-    is one clear error naming it."""
+def _cannot(f: Feature, exc: Exception) -> ConfigError:
+    if type(exc).__name__ == "ShapeError":
+        return ConfigError(f"Feature {f.name!r} gives a column of another length than the drafts table: one "
+                           "value per draft expected.")
+    return ConfigError(f"Feature {f.name!r} cannot be computed on the drafts table "
+                       f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}).")
+
+
+def check_feature(f: Feature, frame: pl.DataFrame | pl.LazyFrame) -> None:
+    """Before any work: ``f`` over a missing column, one whose values are not numbers (strings,
+    lists), or one that fails on the first rows is one clear error naming it. Every value is checked
+    again where it is computed (:func:`feature_values`)."""
+    lazy = frame.lazy()
     try:
-        frame.head(1000).select(f.expr.alias("_x"))
+        dtype = lazy.select(f.expr.alias("_x")).collect_schema()["_x"]
+        feature_values(f, lazy.head(1000))
+    except ConfigError:
+        raise
     except Exception as exc:  # polars raises ColumnNotFoundError, InvalidOperationError, ...
-        raise ConfigError(f"Feature {f.name!r} cannot be computed on the drafts table "
-                          f"({type(exc).__name__}: {str(exc).splitlines()[0]}).") from None
+        raise _cannot(f, exc) from None
+    if not (dtype.is_numeric() or dtype == pl.Boolean or dtype == pl.Null):
+        raise ConfigError(f"Feature {f.name!r} gives {dtype} values; a feature must give one number per draft.")
+
+
+def feature_values(f: Feature, frame: pl.DataFrame | pl.LazyFrame, *, name: str = "_x") -> np.ndarray:
+    """``f``'s value on every row of ``frame`` as float64 (null -> NaN). A failure on any row, values
+    that are not numbers, or a result of another length than the frame's is one error naming ``f``."""
+    try:  # with_columns: a result of another length is polars' ShapeError; a constant is broadcast
+        col = frame.lazy().with_columns(f.expr.alias(name)).select(name).collect()[name]
+    except Exception as exc:  # polars: a cast that fails on some row, a shape error, a user function's error
+        raise _cannot(f, exc) from None
+    if not (col.dtype.is_numeric() or col.dtype in (pl.Boolean, pl.Null)):
+        raise ConfigError(f"Feature {f.name!r} gives {col.dtype} values; a feature must give one number per draft.")
+    return col.cast(pl.Float64).to_numpy()
 
 
 def feature(*, lossless: bool, description: str = "", probability: bool = False,

@@ -80,7 +80,7 @@ def replay_arrays(runs: list[str | Path], feature: str, where: pl.Expr | None = 
     `svt.traces.synthetic` write them), which is checked; returns None when they are not (then
     :func:`load_drafts_for_fit` sorts in memory).
     """
-    from svt.features import check_feature, get_feature
+    from svt.features import check_feature, feature_values, get_feature
 
     f = get_feature(feature)
     parts, infos = [], []
@@ -91,14 +91,18 @@ def replay_arrays(runs: list[str | Path], feature: str, where: pl.Expr | None = 
             parts.append((i, bs, p))
         infos.append(run_record(path, run))
     if parts:
-        check_feature(f, parts[0][2].head(1000).collect())
+        check_feature(f, parts[0][2])
     counts = [int(p.select(pl.col("label").is_not_null().sum()).collect().item()) for _, _, p in parts]
     n = sum(counts)
     out = {"x": np.empty(n, np.float64), "position": np.empty(n, np.int16), "label": np.empty(n, np.int8),
            "decode_step": np.empty(n, np.int64)}
     at, expected, last, step_id, k = 0, 0, None, -1, 0
     for (run_i, bs, part), m in zip(parts, counts, strict=True):
-        d = part.select("request", "step", "position", pl.col("label"), f.expr.cast(pl.Float64).alias("_x")).collect()
+        try:
+            d = part.select("request", "step", "position", "label", f.expr.cast(pl.Float64).alias("_x")).collect()
+        except Exception:  # the feature fails on some row of this part: say which feature and why
+            feature_values(f, part)
+            raise
         for c in range(0, d.height, 1 << 21):  # slices: the order checks' temporaries stay small
             sl = d.slice(c, 1 << 21)
             req, step, pos = sl["request"].to_numpy(), sl["step"].to_numpy(), sl["position"].to_numpy()

@@ -5,7 +5,8 @@ learns and returns ``self`` (learned attributes end with ``_``); ``predict(frame
 number per row (an acceptance probability, or a predicted yield for cache-draft fitters).
 ``svt.fit.fit_runs`` returns a fitted object whose ``training_`` says what it was trained on;
 ``save(path)`` writes it as a fit file and ``Fitter.load(path)`` reads one back as its own class.
-A subclass gives the file its own keys with ``to_dict()`` / ``from_dict(d, path)``. Adding a fitter
+A subclass gives the file its own keys with ``to_dict()`` / ``from_dict(d, path)`` and checks them
+on load with ``check_fields(d)`` (helpers in ``svt.fit.files``). Adding a fitter
 is one new module with a class decorated by ``@register_fitter`` and one import line in
 ``svt/fit/__init__.py``.
 """
@@ -154,6 +155,10 @@ class Fitter:
         problem = training_problem(d.get("training"))
         if problem:
             raise ConfigError(f"{path}: a damaged {d['model']} fit: {problem}.")
+        try:  # the fields this fitter writes, before any is read
+            FITTERS[d["model"]].check_fields(d)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: a damaged {d['model']} fit: {str(exc).rstrip('.')}.") from None
         try:
             fit = FITTERS[d["model"]].from_dict(d, path)
             fit.check()
@@ -164,6 +169,15 @@ class Fitter:
         fit.training_, fit.created_, fit.svt_version_ = d["training"], d.get("created"), d.get("svt_version")
         fit.file_ = path
         return fit
+
+    @classmethod
+    def check_fields(cls, d: dict) -> None:
+        """Raise a ConfigError naming the first field of the fit file's content ``d`` that is not
+        what :meth:`to_dict` writes: missing, of another type or shape, a NaN/inf coefficient, a
+        zero std. Each fitter checks its own fields (with the helpers of ``svt.fit.files``)
+        before :meth:`from_dict` reads them, so a damaged file fails on load, never later with a
+        traceback or a wrong number. Every registered fitter overrides it."""
+        raise NotImplementedError(f"{cls.__name__} does not check its fit file's fields.")
 
     def check(self) -> None:
         """Raise an SvtError when the fit names something this installation does not know."""
@@ -201,6 +215,8 @@ def register_fitter(cls: type[Fitter]) -> type[Fitter]:
         raise ValueError(f"{cls.__name__} has no `name`.")
     if cls.name in FITTERS and FITTERS[cls.name] is not cls:
         raise ValueError(f"A fitter named {cls.name!r} is already registered.")
+    if cls.check_fields.__func__ is Fitter.check_fields.__func__:
+        raise ValueError(f"{cls.__name__} does not check its fit file's fields (`check_fields`).")
     FITTERS[cls.name] = cls
     return cls
 
@@ -216,10 +232,11 @@ def get_fitter(name: str) -> type[Fitter]:
 def feature_values(frame: pl.DataFrame, name: str) -> np.ndarray:
     """A registered feature's values on ``frame`` as float64; NaN/inf is an error."""
     from svt.features import check_feature
+    from svt.features import feature_values as values
 
     f = get_feature(name)
     check_feature(f, frame)
-    x = frame.select(f.expr.alias("x"))["x"].to_numpy().astype(np.float64)
+    x = values(f, frame)
     if not np.isfinite(x).all():
         raise DataError(f"Feature {name!r} gives NaN/inf values; cannot fit on it.")
     return x

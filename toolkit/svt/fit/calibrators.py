@@ -7,7 +7,9 @@ import numpy as np
 from scipy.optimize import minimize_scalar
 from scipy.special import expit, logit
 
+from svt.errors import ConfigError
 from svt.fit.base import FitData, Fitter, check_positions, feature_values, register_fitter
+from svt.fit.files import finite, text
 from svt.fit.logistic import fit_newton
 
 EPS = 1e-6
@@ -54,6 +56,17 @@ class STSFitter(Fitter):
                 "options": {"note": "p = sigmoid(logit(q) / T_position)"}}
 
     @classmethod
+    def check_fields(cls, d: dict) -> None:
+        text(d, "feature")
+        t = finite(d, "temperatures", (None,), positive=True, why="p = sigmoid(logit(q) / T_position)")
+        # written beside the temperatures in the shape of a logistic fit, and derived from them: an
+        # edit there would be ignored without a word
+        if not np.allclose(finite(d, "slope", (t.size,), why="1 / T_position"), 1 / t, rtol=1e-12, atol=0):
+            raise ConfigError("`slope` is not 1 / `temperatures` (sts reads its temperatures: edit those)")
+        if np.any(finite(d, "intercepts", (t.size,), why="0 at each position") != 0):
+            raise ConfigError("`intercepts` are not all 0 (sts has no intercepts)")
+
+    @classmethod
     def from_dict(cls, d: dict, path=None) -> STSFitter:
         self = cls(d["feature"])
         self.temperatures_ = np.asarray(d["temperatures"], dtype=np.float64)
@@ -81,6 +94,15 @@ class PlattFitter(Fitter):
     def to_dict(self) -> dict:
         return {"model": self.name, "feature": self.feature, "slope": self.a_, "intercepts": [self.b_] * self.k_,
                 "options": {"note": "p = sigmoid(a * score + b), one intercept for all positions"}}
+
+    @classmethod
+    def check_fields(cls, d: dict) -> None:
+        text(d, "feature")
+        finite(d, "slope", why="a in p = sigmoid(a * score + b)")
+        b = finite(d, "intercepts", (None,), why="b, written once per position")
+        if np.any(b != b[0]):
+            raise ConfigError(f"`intercepts` differ by position ({b.tolist()}), but platt has one intercept "
+                              "for all positions")
 
     @classmethod
     def from_dict(cls, d: dict, path=None) -> PlattFitter:
@@ -112,6 +134,20 @@ class IsotonicFitter(Fitter):
     def to_dict(self) -> dict:
         return {"model": self.name, "feature": self.feature, "x_thresholds": self.x_.tolist(),
                 "y_thresholds": self.y_.tolist(), "options": {}}
+
+    @classmethod
+    def check_fields(cls, d: dict) -> None:
+        text(d, "feature")
+        x = finite(d, "x_thresholds", (None,))
+        y = finite(d, "y_thresholds", (x.size,), why="one per x threshold")
+        for key, a in (("x_thresholds", x), ("y_thresholds", y)):
+            if np.any(np.diff(a) < 0):
+                i = int(np.argmax(np.diff(a) < 0)) + 1
+                raise ConfigError(f"`{key}[{i}]` is {a[i]:g}, below `{key}[{i - 1}]` {a[i - 1]:g}: "
+                                  "an isotonic fit's thresholds increase")
+        if np.any((y < 0) | (y > 1)):
+            i = int(np.argmax((y < 0) | (y > 1)))
+            raise ConfigError(f"`y_thresholds[{i}]` is {y[i]:g}, not a probability in [0, 1]")
 
     @classmethod
     def from_dict(cls, d: dict, path=None) -> IsotonicFitter:

@@ -1,5 +1,7 @@
 """The fit file around a fitter: where one may be written, whether a file is one, whether its
-``training`` block (which runs, which requests) is whole, and the names fits get in a report.
+``training`` block (which runs, which requests) is whole, the names fits get in a report, and the
+checks of a fit file's fields (a finite number, a finite array of a shape, a positive std, a name,
+an options object) with which each fitter's ``check_fields`` says which field of a file is wrong.
 
 The fitter itself writes and reads the file (:meth:`svt.fit.base.Fitter.save`, ``Fitter.load``);
 what is here needs no fitter.
@@ -8,8 +10,11 @@ what is here needs no fitter.
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
+
+import numpy as np
 
 from svt.errors import ConfigError
 
@@ -86,3 +91,133 @@ def training_problem(t) -> str | None:
             isinstance(x, list) and len(x) == 2 and all(_int(v) for v in x) and x[0] < len(runs) for x in ids)):
         return "`training.train_request_ids` is not a list of [run index, request id] pairs of integers"
     return None
+
+
+# The fields of a fit file, checked on load (each fitter's ``Fitter.check_fields``): a value a
+# hand edit or a damaged write left wrong is one ConfigError naming the field, never a traceback
+# later or a wrong number (a NaN coefficient scores nothing, a zero std divides by zero).
+
+def _name(key: str, at: str) -> str:
+    return f"{at}.{key}" if at else key
+
+
+def describe(v) -> str:
+    """How a value that is not what a field takes reads in a message."""
+    if v is None or isinstance(v, bool):
+        return json.dumps(v)
+    if isinstance(v, list):
+        return f"a list of {len(v)}"
+    if isinstance(v, dict):
+        return "an object"
+    return repr(v) if isinstance(v, str) else str(v)  # nan, inf, a number out of range
+
+
+def need(d: dict, key: str, at: str = ""):
+    """The value of field ``key`` of ``d`` (an object, itself the field ``at`` of the file)."""
+    if not isinstance(d, dict):
+        raise ConfigError(f"`{at}` is {describe(d)}, not an object")
+    if key not in d:
+        raise ConfigError(f"`{_name(key, at)}` is missing")
+    return d[key]
+
+
+def section(d: dict, key: str, at: str = "", required: bool = True) -> dict:
+    """Field ``key``, an object (``{}`` when it is absent and not ``required``)."""
+    if not required and isinstance(d, dict) and key not in d:
+        return {}
+    v = need(d, key, at)
+    if not isinstance(v, dict):
+        raise ConfigError(f"`{_name(key, at)}` is {describe(v)}, not an object")
+    return v
+
+
+def _number(v) -> bool:
+    return type(v) in (float, int) and math.isfinite(v)  # not a bool, which is an int to isinstance
+
+
+def _first_bad(v, shape: tuple, name: str) -> str | None:
+    """What is wrong with ``v`` as nested lists of finite numbers of ``shape`` (None, for the first
+    dimension only: any length of at least one), naming the first element that is wrong; None
+    when nothing is."""
+    if not shape:
+        return None if _number(v) else f"`{name}` is {describe(v)}, not a finite number"
+    n = shape[0]
+    if not isinstance(v, list):
+        return f"`{name}` is {describe(v)}, not a list of {'' if n is None else f'{n} '}numbers"
+    if (not v) if n is None else len(v) != n:
+        return f"`{name}` has {len(v)} value{'s' * (len(v) != 1)}, expected {'at least one' if n is None else n}"
+    if len(shape) == 1:  # the numbers themselves: a name is made only for a bad one
+        i = next((i for i, x in enumerate(v) if not _number(x)), None)
+        return None if i is None else _first_bad(v[i], (), f"{name}[{i}]")
+    return next((bad for i, x in enumerate(v) if (bad := _first_bad(x, shape[1:], f"{name}[{i}]"))), None)
+
+
+def finite(d: dict, key: str, shape: tuple = (), *, at: str = "", why: str = "", positive: bool = False):
+    """Field ``key`` as a finite float (``shape`` ``()``) or a float64 array of ``shape`` (its first
+    dimension None: any length of at least one); ``positive``: every value above 0. ``why`` says,
+    in a message, what the field is expected to be (e.g. which option sets its shape)."""
+    name, v = _name(key, at), need(d, key, at)
+    bad = _first_bad(v, shape, name)
+    if bad is None and positive:
+        a = np.asarray(v, dtype=np.float64)
+        if (a <= 0).any():
+            i = np.argwhere(a <= 0)[0] if a.ndim else ()
+            bad = f"`{name}{''.join(f'[{j}]' for j in i)}` is {a[tuple(i)]:g}, not above 0"
+    if bad is not None:
+        raise ConfigError(bad + (f" ({why})" if why else ""))
+    return float(v) if not shape else np.asarray(v, dtype=np.float64)
+
+
+def text(d: dict, key: str, at: str = "") -> str:
+    """Field ``key``, a non-empty string."""
+    v = need(d, key, at)
+    if not isinstance(v, str) or not v:
+        raise ConfigError(f"`{_name(key, at)}` is {describe(v)}, not a name")
+    return v
+
+
+def names(d: dict, key: str, at: str = "") -> list[str]:
+    """Field ``key``, a non-empty list of distinct non-empty strings."""
+    v = need(d, key, at)
+    if not isinstance(v, list) or not v or not all(isinstance(x, str) and x for x in v):
+        raise ConfigError(f"`{_name(key, at)}` is {describe(v)}, not a list of names")
+    if len(set(v)) < len(v):
+        raise ConfigError(f"`{_name(key, at)}` names {sorted({x for x in v if v.count(x) > 1})} more than once")
+    return v
+
+
+def integer(d: dict, key: str, at: str = "", minimum: int = 0) -> int:
+    """Field ``key``, an integer of at least ``minimum``."""
+    v = need(d, key, at)
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise ConfigError(f"`{_name(key, at)}` is {describe(v)}, not an integer >= {minimum}")
+    return v
+
+
+def flag(d: dict, key: str, at: str = "", default: bool = False) -> bool:
+    """Field ``key``, true or false (``default`` when absent)."""
+    v = d.get(key, default) if isinstance(d, dict) else need(d, key, at)
+    if not isinstance(v, bool):
+        raise ConfigError(f"`{_name(key, at)}` is {describe(v)}, not true or false")
+    return v
+
+
+_KINDS = {"int": integer, "bool": flag, "str": text, "float": finite}
+
+
+def config(d: dict, key: str, cls: type, at: str = "") -> dict:
+    """Field ``key``, an object of the fields of dataclass ``cls`` (ints, floats, bools, strings):
+    no field it lacks, each of its type; fields without a default are required."""
+    import dataclasses
+
+    v = section(d, key, at)
+    name = _name(key, at)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(v) - set(fields))
+    if unknown:
+        raise ConfigError(f"`{name}` has {', '.join(f'`{u}`' for u in unknown)}, not among its fields "
+                          f"({', '.join(fields)})")
+    for f in fields.values():
+        if f.name in v or f.default is dataclasses.MISSING:
+            _KINDS[getattr(f.type, "__name__", f.type)](v, f.name, at=name)
+    return v

@@ -20,6 +20,7 @@ from torch import nn
 
 from svt.errors import ConfigError, DataError
 from svt.fit.base import FitData, Fitter, PredictContext, check_positions, register_fitter
+from svt.fit.files import config, integer, section, text
 
 
 @dataclass
@@ -188,6 +189,15 @@ class HeadFitter(Fitter):
         weights = path.with_suffix(".safetensors")
         save_head(self.head_, weights)
         return {"weights": weights.name}
+
+    @classmethod
+    def check_fields(cls, d: dict) -> None:
+        """The JSON fields; the weights (safetensors) are checked against the config when read."""
+        cfg = config(d, "config", HeadConfig)
+        integer(cfg, "hidden_size", "config", minimum=1)
+        integer(cfg, "k", "config", minimum=1)
+        text(d, "weights")
+        section(d, "options", required=False)
 
     @classmethod
     def from_dict(cls, d: dict, path: Path | None = None) -> HeadFitter:

@@ -25,8 +25,9 @@ import numpy as np
 import polars as pl
 from scipy.special import expit
 
-from svt.errors import DataError
+from svt.errors import ConfigError, DataError
 from svt.fit.base import FitData, Fitter, check_positions, feature_values, register_fitter
+from svt.fit.files import config, describe, finite, integer, need, text
 
 
 @dataclass
@@ -259,6 +260,23 @@ class IRLSOnline:
         }
 
 
+def check_path(path: list, k: int, n_w: int) -> None:
+    """A fit file's coefficient path (``IRLSOnline.path_``): one entry per refit, in increasing
+    cycles, each with its rows, ``n_w`` slopes and ``k`` intercepts, all finite."""
+    if not isinstance(path, list):
+        raise ConfigError(f"`path` is {describe(path)}, not a list of refits")
+    last = -1
+    for i, e in enumerate(path):
+        at = f"path[{i}]"
+        cycle = integer(e, "cycle", at)
+        if cycle <= last:
+            raise ConfigError(f"`{at}.cycle` is {cycle}, not after the cycle before it ({last})")
+        integer(e, "rows", at)
+        finite(e, "slope", (n_w,), at=at, why=f"{n_w} slope{'s' * (n_w > 1)} per refit")
+        finite(e, "intercepts", (k,), at=at, why="one per position")
+        last = cycle
+
+
 @register_fitter
 class IRLSOnlineFitter(Fitter):
     """``irls-online``: the source estimator replayed over the labelled drafts in decode-step order,
@@ -329,6 +347,22 @@ class IRLSOnlineFitter(Fitter):
 
     def to_dict(self) -> dict:
         return self.est_.to_dict()
+
+    @classmethod
+    def check_fields(cls, d: dict) -> None:
+        opts = config(d, "options", OnlineOptions)
+        try:
+            o = OnlineOptions(**opts).validate()
+        except ConfigError as exc:
+            raise ConfigError(f"`options`: {exc}") from None
+        if "feature" in d and text(d, "feature") != o.feature:
+            raise ConfigError(f"`feature` {d['feature']!r} and `options.feature` {o.feature!r} disagree")
+        k = finite(d, "intercepts", (None,)).size
+        pp = o.per_position_slope
+        finite(d, "slope", (k,) if pp else (), why=f"`options.per_position_slope` is {str(pp).lower()} and the "
+                                                  f"fit has {k} positions: expected " +
+                                                  (f"a list of {k} numbers" if pp else "one number"))
+        check_path(need(d, "path"), k, k if pp else 1)
 
     @classmethod
     def from_dict(cls, d: dict, path=None) -> IRLSOnlineFitter:

@@ -28,8 +28,10 @@ class OnlineLive:
     def confidence(self, feats: dict, position: np.ndarray) -> np.ndarray:
         import polars as pl
 
+        from svt.features import feature_values
+
         frame = pl.DataFrame({k: v.ravel() for k, v in feats.items()})
-        x = frame.select(self.feature.expr.alias("x"))["x"].to_numpy().astype(np.float64)
+        x = feature_values(self.feature, frame)
         pos = position.ravel().astype(np.int64)
         p = self.est.predict_proba(x, pos)
         self._last = (x, pos, p)

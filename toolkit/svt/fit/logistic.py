@@ -14,6 +14,7 @@ import numpy as np
 from scipy.special import expit
 
 from svt.fit.base import FitData, Fitter, check_positions, feature_values, register_fitter
+from svt.fit.files import finite, flag, integer, names, section, text
 
 
 def design(features: np.ndarray, position: np.ndarray, k: int, *, per_position_slope: bool) -> np.ndarray:
@@ -120,6 +121,24 @@ class LogisticFitter(Fitter):
                 "intercepts": self.intercepts_.tolist(),
                 "options": {"per_position_slope": self.per_position_slope,
                             "newton_iterations": getattr(self, "iterations_", None)}}
+
+    @classmethod
+    def check_fields(cls, d: dict) -> None:
+        feats = names(d, "features") if "features" in d else [text(d, "feature")]
+        if "feature" in d:  # whether it is `features[0]` is checked with the names (`from_dict`)
+            text(d, "feature")
+        opts = section(d, "options", required=False)
+        pp = flag(opts, "per_position_slope", at="options")
+        k = finite(d, "intercepts", (None,)).size
+        m = len(feats)
+        if pp:  # as `fit` shapes it: [features, K], a feature's row alone when there is one
+            shape, want = ((m, k), f"{m} lists of {k} numbers") if m > 1 else ((k,), f"a list of {k} numbers")
+        else:
+            shape, want = ((m,), f"a list of {m} numbers") if m > 1 else ((), "one number")
+        finite(d, "slope", shape, why=f"`options.per_position_slope` is {str(pp).lower()} and the fit has {m} "
+                                      f"feature{'s' * (m > 1)} and {k} positions: expected {want}")
+        if opts.get("newton_iterations") is not None:
+            integer(opts, "newton_iterations", at="options")
 
     @classmethod
     def from_dict(cls, d: dict, path=None) -> LogisticFitter:

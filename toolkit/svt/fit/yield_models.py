@@ -24,6 +24,7 @@ import polars as pl
 from svt.errors import ConfigError, DataError
 from svt.features.cache import YIELD_FEATURES, get_cache_features
 from svt.fit.base import FitData, Fitter, register_fitter
+from svt.fit.files import config, finite, integer, names, text
 
 
 def yield_matrix(frame: pl.DataFrame, names: list[str]) -> np.ndarray:
@@ -50,6 +51,15 @@ class _YieldFitter(Fitter):
 
     def label(self) -> str:
         return self.name
+
+    @classmethod
+    def check_standardisation(cls, d: dict) -> int:
+        """``mean`` and ``std`` (above 0: the features are divided by it), one per feature; the
+        number of features."""
+        n = len(names(d, "features"))
+        finite(d, "mean", (n,), why=f"{n}, one per feature")
+        finite(d, "std", (n,), positive=True, why=f"{n}, one per feature: the features are divided by it")
+        return n
 
     def check(self) -> None:
         get_cache_features(self.features)
@@ -82,12 +92,16 @@ class YieldLinear(_YieldFitter):
                 "coef": self.coef_.tolist(), "intercept": self.intercept_, "options": {"alpha": 1e-3}}
 
     @classmethod
+    def check_fields(cls, d: dict) -> None:
+        n = cls.check_standardisation(d)
+        finite(d, "coef", (n,), why=f"{n}, one per feature")
+        finite(d, "intercept")
+
+    @classmethod
     def from_dict(cls, d: dict, path=None) -> YieldLinear:
         self = cls(d["features"])
         self.mean_, self.std_, self.coef_ = (np.asarray(d[k], dtype=np.float64) for k in ("mean", "std", "coef"))
         self.intercept_ = float(d["intercept"])
-        if not (self.mean_.size == self.std_.size == self.coef_.size == len(self.features)):
-            raise ValueError("coefficients and features differ in length")
         return self
 
 
@@ -119,6 +133,13 @@ class YieldGBM(_YieldFitter):
         side = path.with_suffix(".gbm.pkl")
         side.write_bytes(blob)
         return {"weights": side.name, "weights_sha256": hashlib.sha256(blob).hexdigest()}
+
+    @classmethod
+    def check_fields(cls, d: dict) -> None:
+        """The JSON fields; the pickle is checked against its SHA-256 and the features when read."""
+        names(d, "features")
+        for key in ("weights", "weights_sha256", "sklearn"):
+            text(d, key)
 
     @classmethod
     def from_dict(cls, d: dict, path=None) -> YieldGBM:
@@ -249,6 +270,16 @@ class YieldMLP(_YieldFitter):
         return {"weights": weights.name, "weights_sha256": hashlib.sha256(weights.read_bytes()).hexdigest()}
 
     @classmethod
+    def check_fields(cls, d: dict) -> None:
+        """The JSON fields; the weights (safetensors) are checked against the config when read."""
+        n = cls.check_standardisation(d)
+        cfg = config(d, "config", MLPConfig)
+        if integer(cfg, "n_features", "config", minimum=1) != n:
+            raise ConfigError(f"`config.n_features` is {cfg['n_features']}, but the fit lists {n} features")
+        integer(cfg, "hidden", "config", minimum=1)
+        text(d, "weights")
+
+    @classmethod
     def from_dict(cls, d: dict, path=None) -> YieldMLP:
         from safetensors.torch import load_file
 
@@ -262,8 +293,6 @@ class YieldMLP(_YieldFitter):
         self = cls(d["features"])
         self.config_ = MLPConfig(**d["config"])
         self.mean_, self.std_ = np.asarray(d["mean"], dtype=np.float64), np.asarray(d["std"], dtype=np.float64)
-        if not self.config_.n_features == len(self.features) == self.mean_.size == self.std_.size:
-            raise ValueError("the MLP's input width, its feature list and its standardisation differ in length")
         self.net_ = _mlp(self.config_)
         self.net_.load_state_dict(load_file(str(weights)))
         self.net_.eval()

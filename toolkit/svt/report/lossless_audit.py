@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from svt.features import Feature
+from svt.features import Feature, feature_values
 from svt.metrics.lossless import bias
 
 Q_ONLY = ("workload", "q_max", "q_entropy", "q_margin", "p_max", "accept_prob_expected", "label")
@@ -61,7 +61,7 @@ def audit(drafts: pl.DataFrame, dists: pl.DataFrame, feat: Feature, threshold: f
         pl.lit(0, dtype=pl.Int16).alias("position") if "position" not in long.columns else pl.col("position"),
     )
     long = long.with_columns(pl.Series("position", np.repeat(joined["position"].to_numpy(), width)))
-    values = long.select(feat.expr.alias("v"))["v"].to_numpy().reshape(n, width)
+    values = feature_values(feat, long).reshape(n, width)
     trimmed = values < threshold
     b = bias(p_vec, q_vec, trimmed)
     return {"positions": int(n), "mean_bias": float(b.mean()), "max_bias": float(b.max()),

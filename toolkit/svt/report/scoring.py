@@ -14,7 +14,7 @@ import numpy as np
 import polars as pl
 
 from svt.errors import DataError
-from svt.features import DEFAULT_FEATURES, Feature
+from svt.features import DEFAULT_FEATURES, Feature, feature_values
 from svt.metrics import ordered
 from svt.metrics.ordered import bootstrap_intervals, order_keys, pack_rows, score_tables
 from svt.metrics.tables import length_calibration_from_steps
@@ -130,7 +130,7 @@ def _feature_block(labelled: pl.LazyFrame, feat: Feature, opts: EvaluateOptions,
     if feat.partial:  # a fitted predictor: only the rows it may be scored on
         labelled = labelled.filter(feat.expr.is_not_null())
         cols = _columns([labelled], opts.bootstrap > 0, cache["_cols"]["soft"])
-        scores = labelled.select(feat.expr.cast(pl.Float64).alias("s")).collect()["s"].to_numpy()
+        scores = feature_values(feat, labelled)
     else:
         cols = cache["_cols"]
         scores = cache["_scores"].pop(feat.name, None)
@@ -189,7 +189,7 @@ def _part_scores(parts: list[pl.LazyFrame], feat: Feature, counts: list[int]) ->
     exactly a float32 (q_max and the other logged probabilities), float64 from the first that is not."""
     out, at = None, 0
     for part, m in zip(parts, counts, strict=True):
-        v = part.select(feat.expr.cast(pl.Float64).alias("s")).collect()["s"].to_numpy()
+        v = feature_values(feat, part)
         if v.size != m:
             raise DataError(f"Feature {feat.name!r}: {v.size} values on a part of {m} labelled drafts.")
         exact = np.array_equal(v.astype(np.float32), v)
@@ -247,9 +247,12 @@ def features_table(labelled: pl.LazyFrame | pl.DataFrame, feats: list[Feature], 
     cache["_scores"] = {}
     if not large:  # every complete feature in one polars pass (polars runs them in parallel)
         whole = [f for f in feats if not f.partial]
-        frame = labelled.select([f.expr.cast(pl.Float64).alias(f"_f{i}") for i, f in enumerate(whole)]).collect()
-        cache["_scores"] = {f.name: frame[f"_f{i}"].to_numpy() for i, f in enumerate(whole)}
-        del frame
+        try:
+            frame = labelled.select([f.expr.cast(pl.Float64).alias(f"_f{i}") for i, f in enumerate(whole)]).collect()
+            cache["_scores"] = {f.name: frame[f"_f{i}"].to_numpy() for i, f in enumerate(whole)}
+            del frame
+        except Exception:  # one feature fails on some row: find which, and say so (feature_values raises)
+            cache["_scores"] = {f.name: feature_values(f, labelled) for f in whole}
     # numpy releases the GIL in sorts and array arithmetic: features run on a small thread pool
     # (sharing sorts: a feature monotone in an earlier one reuses its order when it is ready)
     workers = 1 if large else min(4, os.cpu_count() or 1)

@@ -16,6 +16,7 @@ from pathlib import Path
 import polars as pl
 
 from svt.errors import ConfigError
+from svt.fileio import output_lock
 from svt.traces.io import (
     SHARD_RE,
     forget_shards,
@@ -131,17 +132,18 @@ def staged_run(out: Path) -> Iterator[Path]:
         with staged_run(out) as stage:
             ...  # write the run into stage; raise to abandon it
     """
-    stage = staging_path(out)
-    shutil.rmtree(stage, ignore_errors=True)
-    try:
-        yield stage
-        swap_in(stage, out)
-    except BaseException:
+    with output_lock(out):  # one writer: a second is refused before it touches the staging folder
+        stage = staging_path(out)
+        shutil.rmtree(stage, ignore_errors=True)  # a killed writer's leftovers (nobody holds the lock)
         try:
-            remove_partial(stage)
-        except KeyboardInterrupt:  # the same Ctrl-C, left pending by polars
-            remove_partial(stage)
-        raise
+            yield stage
+            swap_in(stage, out)
+        except BaseException:
+            try:
+                remove_partial(stage)
+            except KeyboardInterrupt:  # the same Ctrl-C, left pending by polars
+                remove_partial(stage)
+            raise
 
 
 def swap_table(run_dir: Path, table: str, staged: Path) -> None:
