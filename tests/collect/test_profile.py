@@ -18,3 +18,77 @@ def test_profile_writes_a_loadable_measured_table(tiny_pair, tmp_path):
     for t, ms in table.verify_ms.items():
         assert loaded.verify_ms[t] == round(ms, 4)
     assert all(v > 0 for v in table.verify_ms.values())
+
+
+def test_the_table_says_how_sure_it_is_and_reads_back(tiny_pair, tmp_path):
+    table = profile_pair(tiny_pair.target, tiny_pair.draft, k=2, batches=(1, 2), context=16, repeats=3)
+    m = table.measurement
+    assert m["repeats"] == 3 and m["cores"] >= 1 and m["threads"] >= 1
+    assert set(m["max_spread"]) == {"draft", "verify"} and all(v >= 0 for v in m["max_spread"].values())
+    assert m["reliable"] == (not m["warnings"])
+    loaded = load_costs(write_costs(table, tmp_path / "c.yaml"))
+    assert loaded.measurement == m and loaded.fingerprint() == table.fingerprint()  # the numbers define it
+
+
+def test_a_time_that_falls_as_the_batch_grows_beyond_the_noise_is_flagged():
+    from svt.collect.profile import falls_with_batch
+
+    # the busy machine's table: 24 ms at batch 1, 1.4 ms at batch 4
+    assert falls_with_batch({1: 24.0, 2: 2.0, 4: 1.4}, {}) == ["24 ms at 1 > 2 ms at 2", "24 ms at 1 > 1.4 ms at 4"]
+    assert falls_with_batch({1: 1.0, 4: 0.8}, {}) == []  # within the 25 % slack
+    assert falls_with_batch({1: 1.0, 4: 0.6}, {1: 0.5}) == []  # within that entry's own spread
+    assert falls_with_batch({1: 1.0, 4: 0.6}, {}) != []
+
+
+def test_noise_falls_and_load_each_give_a_warning():
+    from svt.collect.profile import measurement_block
+
+    quiet = {"load_1min": 0.5, "cores": 2, "threads": 2}
+    ok = measurement_block(5, {"draft": {1: 0.1}, "verify": {(1, 1): 0.2}}, {"draft": [], "verify": []}, quiet, quiet)
+    assert ok["warnings"] == [] and ok["reliable"]
+    noisy = measurement_block(5, {"draft": {1: 0.9}, "verify": {}}, {"draft": [], "verify": []}, quiet, quiet)
+    assert "vary by up to 90%" in noisy["warnings"][0] and not noisy["reliable"]
+    busy = measurement_block(5, {"draft": {}, "verify": {}}, {"draft": [], "verify": []}, quiet,
+                             {**quiet, "load_1min": 3.7})
+    assert busy["warnings"] == ["the machine's load (3.7) was above its 2 cores"]
+    falls = measurement_block(5, {"draft": {}, "verify": {}}, {"draft": ["24 ms at 1 > 1.4 ms at 4"], "verify": []},
+                              quiet, quiet)
+    assert "falls as the batch grows" in falls["warnings"][0]
+
+
+def test_threads_follow_the_cores_available_unless_given():
+    import pytest
+    import torch
+
+    from svt.devices import available_cores, set_threads
+    from svt.errors import ModelLoadError
+
+    before = torch.get_num_threads()
+    try:
+        assert set_threads() == available_cores() == torch.get_num_threads()
+        assert set_threads(1) == 1 == torch.get_num_threads()
+        with pytest.raises(ModelLoadError, match="--threads >= 1"):
+            set_threads(0)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_report_replayed_on_an_unreliable_table_says_so(tiny_pair, small_run, tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from svt.cli import app
+
+    k = json.loads((small_run / "run.json").read_text())["k"]
+    table = profile_pair(tiny_pair.target, tiny_pair.draft, k=k, batches=(1, 8), context=16, repeats=1)
+    table.measurement = {**table.measurement, "warnings": ["the machine's load (3.7) was above its 2 cores"],
+                         "reliable": False}
+    costs = write_costs(table, tmp_path / "busy.yaml")
+    r = CliRunner().invoke(app, ["evaluate", str(small_run), "--out", str(tmp_path / "rep"), "--feature", "q_max",
+                                 "--costs", str(costs)])
+    assert r.exit_code == 0, r.output
+    report = json.loads((tmp_path / "rep" / "report.json").read_text())
+    assert report["simulation"]["costs"]["warnings"] == ["the machine's load (3.7) was above its 2 cores"]
+    assert "**The cost table is unreliable** (the machine's load (3.7)" in (tmp_path / "rep" / "report.md").read_text()
+    assert "UNRELIABLE" in r.output

@@ -81,6 +81,10 @@ def collect(
              "model-drafter yields from `draft:` teacher-forced or a `stand_in:`). Default: the "
              "config's `engine` (svt).")] = None,
     feature_module: FeatureModule = None,
+    threads: Annotated[int | None, typer.Option(
+        help="torch's CPU threads (default: the cores available to this process). Processes that "
+             "share a machine, e.g. --shard processes started together, should each pass their share: "
+             "more threads than free cores makes every step wait for the slowest.")] = None,
 ) -> None:
     """Run speculative decoding on a local target/draft pair and log every draft with its label.
 
@@ -93,7 +97,9 @@ def collect(
 
     try:
         from svt.config import ENGINES
+        from svt.devices import set_threads
 
+        set_threads(threads)  # recorded in run.json (environment) and in a cost table's measurement
         if engine is not None and engine not in ENGINES:
             raise ConfigError(f"Unknown --engine {engine!r}: expected {', '.join(ENGINES)}.")
         _load_features(feature_module)  # a live-AV fit may score a feature of the user's
@@ -162,6 +168,9 @@ def _profile_costs(cfg, config: Path, out_dir: Path, batches: str | None, *, ove
                          progress=None if quiet else lambda b: _say(f"profiled batch {b}"))
     write_costs(table, out_dir, {"models": {k: v["path"] for k, v in pair.identity().items()
                                             if isinstance(v, dict) and "path" in v}})
+    for w in table.measurement.get("warnings", []):
+        err.print(f"[yellow]warning:[/] the cost table may not be the machine's: {w}. Its replays will say "
+                  "so; profile again on a quiet machine.")
     _say(f"wrote {out_dir}")
 
 

@@ -20,6 +20,7 @@ from svt.collect.encode import check_positions, encode_all, position_limit
 from svt.collect.engine import LiveAV
 from svt.collect.workloads import WorkloadSet, load_workloads
 from svt.config import CollectConfig, resolve_path, to_dict
+from svt.devices import available_cores
 from svt.errors import ConfigError
 from svt.models.loading import ModelPair, load_pair
 from svt.traces.rundir import prepare_dir, staging_path
@@ -64,7 +65,8 @@ class CollectPlan:
 
     def environment(self) -> dict:
         return {"python": platform.python_version(), "torch": torch.__version__,
-                "transformers": __import__("transformers").__version__, "threads": torch.get_num_threads()}
+                "transformers": __import__("transformers").__version__, "threads": torch.get_num_threads(),
+                "cores_available": available_cores()}
 
 
 def check_resume_inputs(out: Path, old_meta: dict, pair, workload_hashes: dict[str, str]) -> None:

@@ -4,6 +4,13 @@
 of requests; ``verify_ms[tokens]``: one target forward over that many new tokens in a batch (rows x
 tokens per row). Each figure is the median of timed repeats after a discarded warm-up, over a
 KV cache holding ``context`` tokens per row (cropped back after every repeat).
+
+How sure the table is goes with it (``CostTable.measurement``): each entry's spread over its repeats
+((max - min) / median), the machine's load against the cores available before and after, the
+threads, and ``warnings`` when the figures may not be the machine's: a spread above
+``SPREAD_WARN``, a load above the cores, or a draft or verify time that falls as the batch grows
+beyond the noise (a busy machine's signature: the 24 ms at batch 1 against 1.4 ms at batch 4 that
+made a replay show speculation losing 6x).
 """
 
 from __future__ import annotations
@@ -14,8 +21,12 @@ from collections import defaultdict
 import numpy as np
 import torch
 
+from svt.devices import machine_load
 from svt.errors import ConfigError
 from svt.simulate.costs import CostTable
+
+SPREAD_WARN = 0.5  # (max - min) / median over an entry's repeats above this: a noisy measurement
+MONOTONE_SLACK = 0.25  # a time may fall by this share (or its spread, if larger) as the batch grows
 
 
 def _sync(device):
@@ -58,12 +69,54 @@ def parse_batches(text: str | None) -> tuple[int, ...]:
     return tuple(sorted(sizes))
 
 
+def _spread(samples) -> float:
+    a = np.asarray(samples, dtype=np.float64)
+    med = float(np.median(a))
+    return float((a.max() - a.min()) / med) if med > 0 else 0.0
+
+
+def falls_with_batch(times: dict[int, float], spread: dict[int, float]) -> list[str]:
+    """Where a time at a larger batch is below a smaller batch's by more than the noise allows."""
+    out = []
+    batches = sorted(times)
+    for i, b in enumerate(batches):
+        for c in batches[i + 1:]:
+            slack = max(MONOTONE_SLACK, spread.get(b, 0.0), spread.get(c, 0.0))
+            if times[c] < times[b] * (1 - slack):
+                out.append(f"{times[b]:.3g} ms at {b} > {times[c]:.3g} ms at {c}")
+    return out
+
+
+def measurement_block(repeats: int, spreads: dict[str, dict], falls: dict[str, list[str]],
+                      before: dict, after: dict) -> dict:
+    """``CostTable.measurement``: what the figures rest on, and the warnings (see the module)."""
+    warnings = []
+    worst = {what: max(s.values(), default=0.0) for what, s in spreads.items()}
+    for what, w in worst.items():
+        if w > SPREAD_WARN:
+            warnings.append(f"{what} times vary by up to {w:.0%} of their median over {repeats} repeats")
+    for what, found in falls.items():
+        if found:
+            warnings.append(f"{what} time falls as the batch grows ({'; '.join(found[:3])})")
+    busy = max(before["load_1min"], after["load_1min"])
+    if busy > before["cores"]:  # NaN (no load average) compares False
+        warnings.append(f"the machine's load ({busy:.1f}) was above its {before['cores']} cores")
+    return {"repeats": repeats, "threads": before["threads"], "cores": before["cores"],
+            "load_1min_before": before["load_1min"], "load_1min_after": after["load_1min"],
+            "max_spread": {k: round(v, 3) for k, v in worst.items()}, "warnings": warnings,
+            "reliable": not warnings}
+
+
 @torch.inference_mode()
 def profile_pair(target, draft, *, k: int, batches=DEFAULT_BATCHES, context: int = 128,
                  repeats: int = 5, progress=None) -> CostTable:
+    """The pair's cost table (see the module), with how sure it is in ``measurement``."""
     device = next(target.parameters()).device
+    before = machine_load()
     draft_ms: dict[int, dict[int, float]] = {}
     verify: dict[int, list[float]] = defaultdict(list)
+    spread = {"draft": {}, "verify": {}}
+    verify_by_batch: dict[int, dict[int, tuple[float, float]]] = defaultdict(dict)  # m -> batch -> (ms, spread)
     for b in batches:
         cache = _prefill(draft, b, context, device)
         tok = torch.full((b, 1), 11, device=device)
@@ -81,6 +134,7 @@ def profile_pair(target, draft, *, k: int, batches=DEFAULT_BATCHES, context: int
                 runs.append(times)
         med = np.median(np.array(runs), axis=0)
         draft_ms[b] = {j + 1: float(med[j]) for j in range(k)}
+        spread["draft"][b] = _spread(np.array(runs)[:, -1])
         cache = _prefill(target, b, context, device)
         for m in range(1, k + 2):
             ids = torch.full((b, m), 11, device=device)
@@ -94,8 +148,14 @@ def profile_pair(target, draft, *, k: int, batches=DEFAULT_BATCHES, context: int
                     samples.append((time.perf_counter() - t0) * 1e3)
                 _reset(cache, context)
             verify[b * m].append(float(np.median(samples)))
+            spread["verify"][(b, m)] = _spread(samples)
+            verify_by_batch[m][b] = (float(np.median(samples)), spread["verify"][(b, m)])
         if progress is not None:
             progress(b)
+    falls = {"draft": falls_with_batch({b: row[k] for b, row in draft_ms.items()}, spread["draft"]),
+             "verify": [f"{m} tokens a row: {f}" for m, row in verify_by_batch.items()
+                        for f in falls_with_batch({b: v[0] for b, v in row.items()}, {b: v[1] for b, v in row.items()})]}
+    block = measurement_block(repeats, spread, falls, before, machine_load())
     return CostTable("measured", "autoregressive",
                      f"measured on {device} with context {context}, median of {repeats} repeats",
-                     draft_ms, {t: float(np.mean(v)) for t, v in sorted(verify.items())})
+                     draft_ms, {t: float(np.mean(v)) for t, v in sorted(verify.items())}, measurement=block)

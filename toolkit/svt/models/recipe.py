@@ -65,16 +65,16 @@ TARGET_STAGES = (
     ("target-consolidate", PhaseConfig(batch=8, context=128, lr=2e-3, warmup=50, random_share=0.35, copy_share=0.15,
                                        max_tokens=3_000_000, final_lr_share=0.1, stop_on_gate=False, gate_every=100,
                                        seed=1)),
-    ("target-context", PhaseConfig(batch=8, context=512, lr=1e-3, warmup=50, random_share=0.1, copy_share=0.1,
-                                   max_tokens=5_000_000, final_lr_share=0.1, stop_on_gate=False, gate_every=50,
+    ("target-context", PhaseConfig(batch=8, context=512, lr=1e-3, warmup=50, random_share=0.2, copy_share=0.1,
+                                   max_tokens=3_500_000, final_lr_share=0.1, stop_on_gate=False, gate_every=50,
                                    seed=2)),
 )
 DRAFT_LARGE_STAGES = (
     ("draft-large-induction", PhaseConfig(batch=4, context=128, lr=3e-3, warmup=100, random_share=0.25,
-                                          copy_share=0.25, max_tokens=2_400_000, stop_on_gate=False,
+                                          copy_share=0.25, max_tokens=1_800_000, stop_on_gate=False,
                                           confidence_weight=2.0, gate_every=250, seed=3)),
     ("draft-large-context", PhaseConfig(batch=8, context=512, lr=1.5e-3, warmup=50, random_share=0.1, copy_share=0.1,
-                                        max_tokens=1_200_000, final_lr_share=0.1, stop_on_gate=False,
+                                        max_tokens=900_000, final_lr_share=0.1, stop_on_gate=False,
                                         confidence_weight=2.0, gate_every=50, seed=4)),
 )
 

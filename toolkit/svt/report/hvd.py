@@ -166,8 +166,9 @@ def hvd_report(runs: list[Path], fit_paths: list[str], run_ids: list, *, costs_p
         taus = tuple(sorted({*TAUS, *(float(v["tau"]) for v in lives)}))
         points = replay_hvd(reqs, per_pred, k, costs, taus)
         report["hvd_map"], report["two_sided"] = _sweeps(rows, preds, keys, k, costs, seed)
-        report["hvd"] = {"costs": {"path": str(costs_path), "kind": costs.kind,
-                                           "fingerprint": costs.fingerprint()}, "k": k, "requests": len(reqs),
+        report["hvd"] = {"costs": {"path": str(costs_path), "kind": costs.kind, "fingerprint": costs.fingerprint(),
+                                   "warnings": list(costs.measurement.get("warnings", []))},
+                         "k": k, "requests": len(reqs),
                          "coverage": coverage,
                          "batch_size": 1, "collected_batch_size": batch_sizes, "rows": points,
                          "best": best_tau(points),

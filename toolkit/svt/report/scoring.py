@@ -348,7 +348,8 @@ def simulation(drafts: pl.DataFrame, feats: list[Feature], opts: EvaluateOptions
         live["gap"] = live["live_tokens_per_step"] - float(rep["tokens_per_step"])
     return {"live_check": live, "rules": _rule_audit(trace, costs, preds, points, concurrency),
             "costs": {"path": str(opts.costs), "kind": costs.kind, "drafter": costs.drafter,
-                      "description": costs.description.strip(), "fingerprint": costs.fingerprint()},
+                      "description": costs.description.strip(), "fingerprint": costs.fingerprint(),
+                      "warnings": list(costs.measurement.get("warnings", []))},
             "requests": int(trace.request.max()) + 1, "request_steps": int(trace.a.size),
             "k": trace.k, "predictors": [f.name for f in preds], "points": points}
 

@@ -68,3 +68,11 @@ def new_table(*headers: str, title: str | None = None) -> Table:
 
 def add_row(table: Table, *cells) -> None:
     table.add_row(*(Text(str(c)) for c in cells))
+
+
+def cost_warnings(costs: dict) -> list[str]:
+    """The report's line when the cost table says it may not be the machine's (svt collect
+    --profile-costs on a busy or noisy machine): its replays are not to be trusted."""
+    w = costs.get("warnings") or []
+    return [f"**The cost table is unreliable** ({'; '.join(w)}): the replay's speeds may describe a busy machine, "
+            "not this pair. Profile again on a quiet machine (`svt collect CONFIG --profile-costs`).\n"] if w else []

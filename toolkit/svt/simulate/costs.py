@@ -32,6 +32,9 @@ class CostTable:
     draft_ms: dict[int, dict[int, float]] = field(default_factory=dict)  # measured: [batch][k]
     verify_ms: dict[int, float] = field(default_factory=dict)  # measured: [tokens]
     model: dict = field(default_factory=dict)  # roofline constants
+    # how sure a measured table is (svt collect --profile-costs): repeats, spread, machine load,
+    # the cores and threads, and ``warnings`` (non-empty: the figures may not be the machine's)
+    measurement: dict = field(default_factory=dict)
 
     def fingerprint(self) -> str:
         """SHA-256 (16 hex digits) of the numbers that define the table (not its description): two
@@ -152,7 +155,10 @@ def load_costs(path: str | Path) -> CostTable:
             if t < 1:
                 raise ConfigError(f"{path}: `verify_ms` keys (tokens) must be >= 1, but got {t}.")
             _positive(v, f"verify_ms[{t}]", path)
-        return CostTable("measured", drafter, data.get("description", ""), draft, verify)
+        measurement = data.get("measurement") or {}
+        if not isinstance(measurement, dict) or not isinstance(measurement.get("warnings", []), list):
+            raise ConfigError(f"{path}: `measurement` must be a mapping whose `warnings` is a list.")
+        return CostTable("measured", drafter, data.get("description", ""), draft, verify, measurement=measurement)
     model = data.get("model") or {}
     try:  # YAML 1.1 reads 3.35e12 as a string: numbers are converted here, once
         model = {"bandwidth_bytes_per_s": float(model["bandwidth_bytes_per_s"]),
@@ -189,4 +195,6 @@ def write_costs(table: CostTable, path: str | Path, extra: dict | None = None) -
             **(extra or {}),
             "draft_ms": {b: {k: round(v, 4) for k, v in row.items()} for b, row in table.draft_ms.items()},
             "verify_ms": {t: round(v, 4) for t, v in table.verify_ms.items()}}
+    if table.measurement:
+        data["measurement"] = table.measurement
     return write_text_atomic(path, yaml.safe_dump(data, sort_keys=False))

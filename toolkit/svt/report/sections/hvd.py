@@ -7,7 +7,7 @@ from __future__ import annotations
 from svt.metrics.specs import names
 from svt.report.judge import costs_match, judge, keyed, metric_value, missing_row
 from svt.report.sections.base import Judging, ReportContext, Section
-from svt.report.text import add_row, fmt, md_table, new_table
+from svt.report.text import add_row, cost_warnings, fmt, md_table, new_table
 from svt.traces.io import open_run
 
 HVD_PAPER = "Hybrid Verified Decoding: Learning to Allocate Verification in Speculative Decoding"
@@ -59,7 +59,8 @@ def yield_table(report: dict):
 def hvd_table(report: dict):
     hv = report["hvd"]
     t = new_table("group", "policy", "cycles/1000", "speed-up vs greedy", "vs model-only",
-                  title=f"Hybrid Verified Decoding replay ({hv['costs']['kind']} costs, batch 1)")
+                  title=f"Hybrid Verified Decoding replay ({hv['costs']['kind']} costs, batch 1"
+                        f"{', UNRELIABLE' if hv['costs'].get('warnings') else ''})")
     for r in hv["rows"]:
         if "predictor" not in r:
             add_row(t, r["group"], r["policy"], f"{r['cycles_per_1000']:.1f}", f"{r['speedup_vs_greedy']:.3f}",
@@ -111,6 +112,7 @@ def hvd_markdown(report: dict) -> list[str]:
                   "K draft passes and verify(1 + K); cache cycles pay their measured lookup and verify(1 + draft "
                   "length); the oracle switch knows both yields (a bound). Best τ is chosen on these same "
                   "requests (optimistic).\n",
+                  *cost_warnings(sim["costs"]),
                   md_table(["group", "policy", "cycles / 1000 tok", "tokens / cycle", "cache cycles",
                           "speed-up vs greedy", "vs model-only"],
                          [[r["group"], r["policy"], fmt(r["cycles_per_1000"], 1), fmt(r["mean_accepted_length"], 3),

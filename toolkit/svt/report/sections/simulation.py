@@ -7,7 +7,7 @@ from __future__ import annotations
 from svt.report.judge import costs_match, judge, keyed, metric_value, missing_row
 from svt.report.scoring import simulation
 from svt.report.sections.base import Judging, ReportContext, Section
-from svt.report.text import add_row, fmt, md_table, new_table
+from svt.report.text import add_row, cost_warnings, fmt, md_table, new_table
 
 
 class Simulation(Section):
@@ -26,6 +26,7 @@ class Simulation(Section):
         lines += ["## End to end: Adaptive Verification replay\n",
                   f"Costs: `{sim['costs']['path']}` ({sim['costs']['kind']}; {sim['costs']['drafter']} drafter). "
                   f"{sim['costs']['description']}\n",
+                  *cost_warnings(sim["costs"]),
                   f"{sim['requests']} requests, {sim['request_steps']:,} request-steps, K = {sim['k']}. Policies: "
                   "fixed draft lengths, AV at K with each predictor, and an oracle that knows the accepted "
                   "runs (an upper bound on throughput). Interactivity = tokens/s per request; throughput = "
@@ -70,7 +71,8 @@ class Simulation(Section):
         if not sim:
             return []
         t = new_table("policy", "B", "tokens/step", "step ms", "tok/s per request", "tok/s total", "Pareto",
-                      title=f"Adaptive Verification replay ({sim['costs']['kind']} costs)")
+                      title=f"Adaptive Verification replay ({sim['costs']['kind']} costs"
+                            f"{', UNRELIABLE' if sim['costs'].get('warnings') else ''})")
         for p in sim["points"]:
             if p["concurrency"] in concurrency:
                 add_row(t, p["policy"], p["concurrency"], f"{p['tokens_per_step']:.3f}", f"{p['step_ms']:.2f}",
