@@ -528,7 +528,7 @@ MUTANTS = [
       ("tests/features/test_feature_checks.py",)),
     M("profile-falls-unflagged", "reliability 3", "collect/profile.py",
       "            if times[c] < times[b] * (1 - slack):", "            if False:", ("tests/collect/test_profile.py",)),
-    M("profile-load-unchecked", "reliability 3", "collect/profile.py", "    if busy > before[\"cores\"]:",
+    M("profile-load-unchecked", "reliability 3", "collect/profile.py", "    if others > before[\"cores\"] / 2:",
       "    if False:", ("tests/collect/test_profile.py",)),
     M("profile-spread-unchecked", "reliability 3", "collect/profile.py", "        if w > SPREAD_WARN:",
       "        if False:", ("tests/collect/test_profile.py",)),

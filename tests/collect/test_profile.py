@@ -50,7 +50,10 @@ def test_noise_falls_and_load_each_give_a_warning():
     assert "vary by up to 90%" in noisy["warnings"][0] and not noisy["reliable"]
     busy = measurement_block(5, {"draft": {}, "verify": {}}, {"draft": [], "verify": []}, quiet,
                              {**quiet, "load_1min": 3.7})
-    assert busy["warnings"] == ["the machine's load (3.7) was above its 2 cores"]
+    assert busy["warnings"] == ["other processes kept 1.7 of the machine's 2 cores busy"]
+    own = measurement_block(5, {"draft": {}, "verify": {}}, {"draft": [], "verify": []}, quiet,
+                            {**quiet, "load_1min": 2.6})  # its own 2 threads and a little more: quiet
+    assert own["reliable"]
     falls = measurement_block(5, {"draft": {}, "verify": {}}, {"draft": ["24 ms at 1 > 1.4 ms at 4"], "verify": []},
                               quiet, quiet)
     assert "falls as the batch grows" in falls["warnings"][0]

@@ -8,7 +8,8 @@ KV cache holding ``context`` tokens per row (cropped back after every repeat).
 How sure the table is goes with it (``CostTable.measurement``): each entry's spread over its repeats
 ((max - min) / median), the machine's load against the cores available before and after, the
 threads, and ``warnings`` when the figures may not be the machine's: a spread above
-``SPREAD_WARN``, a load above the cores, or a draft or verify time that falls as the batch grows
+``SPREAD_WARN``, other processes' load (the load average at the end less this process's threads)
+above half the cores, or a draft or verify time that falls as the batch grows
 beyond the noise (a busy machine's signature: the 24 ms at batch 1 against 1.4 ms at batch 4 that
 made a replay show speculation losing 6x).
 """
@@ -98,9 +99,10 @@ def measurement_block(repeats: int, spreads: dict[str, dict], falls: dict[str, l
     for what, found in falls.items():
         if found:
             warnings.append(f"{what} time falls as the batch grows ({'; '.join(found[:3])})")
-    busy = max(before["load_1min"], after["load_1min"])
-    if busy > before["cores"]:  # NaN (no load average) compares False
-        warnings.append(f"the machine's load ({busy:.1f}) was above its {before['cores']} cores")
+    # the load average lags and counts this process's own threads: what the others added at the end
+    others = after["load_1min"] - after["threads"]
+    if others > before["cores"] / 2:  # NaN (no load average) compares False
+        warnings.append(f"other processes kept {others:.1f} of the machine's {before['cores']} cores busy")
     return {"repeats": repeats, "threads": before["threads"], "cores": before["cores"],
             "load_1min_before": before["load_1min"], "load_1min_after": after["load_1min"],
             "max_spread": {k: round(v, 3) for k, v in worst.items()}, "warnings": warnings,
