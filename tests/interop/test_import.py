@@ -379,3 +379,44 @@ def test_the_shipped_table_fixture_and_mapping(tmp_path):
     meta = json.loads((tmp_path / "run" / "run.json").read_text())["import"]
     assert "q_max" not in meta["lacks"]["drafts"] and "q_entropy" in meta["lacks"]["drafts"]
     assert any("the features that read q_sampled, q_entropy, q_margin" in c for c in meta["cannot_study"])
+
+
+def test_an_imported_run_without_draft_probabilities_can_be_regression_tested(tmp_path):
+    """Issue 34: `svt compare` of such imports said "an empty or damaged report"; it compares the
+    sections they have (acceptance by position and their replays) and catches a change."""
+    r = CliRunner()
+    for name in ("a", "b"):
+        import_trace("vllm-steps", FIX / "vllm_steps.jsonl", tmp_path / f"run-{name}")
+        res = r.invoke(app, ["evaluate", str(tmp_path / f"run-{name}"), "--out", str(tmp_path / f"rep-{name}")])
+        assert res.exit_code == 0, res.output
+    rep = json.loads((tmp_path / "rep-a" / "report.json").read_text())
+    assert not rep["features"] and rep["acceptance"]
+    same = r.invoke(app, ["compare", str(tmp_path / "rep-a"), str(tmp_path / "rep-b")])
+    assert same.exit_code == 0 and "damaged" not in same.output, same.output
+    result = json.loads((tmp_path / "rep-b" / "regression.json").read_text())
+    assert result["compared"] > 0 and result["verdict"] == "ok"
+
+
+@pytest.mark.parametrize("ms", ["-5", "inf", "1e308"])
+def test_a_table_step_time_that_is_no_time_is_refused(tmp_path, ms):
+    (tmp_path / "t.csv").write_text(f"r,s,d,a,t\n7,0,4,4,2.5\n7,1,4,1,{ms}\n")
+    (tmp_path / "m.yaml").write_text("rows: steps\ncolumns: {request: r, step: s, drafted: d, accepted: a, draft_ms: t}\n")
+    with pytest.raises(ImportFormatError, match=r"request 7 step 1 has draft_ms .*expected a time in milliseconds"):
+        import_trace("table", tmp_path / "t.csv", tmp_path / "run", mapping=tmp_path / "m.yaml")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_table_request_in_two_workloads_is_refused(tmp_path):
+    (tmp_path / "t.csv").write_text("req,it,pos,ok,w\n0,0,0,1,qa\n0,1,0,0,code\n1,0,0,1,qa\n")
+    (tmp_path / "m.yaml").write_text("rows: drafts\ncolumns: {request: req, step: it, position: pos, label: ok}\n"
+                                     "workload: w\n")
+    with pytest.raises(ImportFormatError, match=r"request 0 is in 2 workloads \((code, qa|qa, code)\)"):
+        import_trace("table", tmp_path / "t.csv", tmp_path / "run", mapping=tmp_path / "m.yaml")
+
+
+def test_an_accepted_draft_with_acceptance_probability_0_is_refused(tmp_path):
+    (tmp_path / "t.csv").write_text("req,it,pos,ok,p\n0,0,0,1,0.5\n0,0,1,1,0.0\n")
+    (tmp_path / "m.yaml").write_text("rows: drafts\ncolumns: {request: req, step: it, position: pos, label: ok, "
+                                     "accept_prob: p}\n")
+    with pytest.raises(ImportFormatError, match="position 1 was accepted with an acceptance probability of 0"):
+        import_trace("table", tmp_path / "t.csv", tmp_path / "run", mapping=tmp_path / "m.yaml")

@@ -74,3 +74,14 @@ def test_phase_windows_repeat_a_span_in_the_shares_asked():
 
     share = np.mean([has_repeat(r) for r in x])
     assert 0.5 < share < 0.7  # 60 % asked (a span of 4 or more, written twice)
+
+
+def test_phase_windows_keep_their_spans_under_max_span():
+    stream = np.full(10_000, 1000)  # no stream token is a random token (those are < VOCAB)
+    spans = {}
+    for max_span in (8, None):
+        cfg = PhaseConfig(batch=300, context=128, random_share=1.0, copy_share=0.0, max_span=max_span)
+        x = window_batch(stream, cfg, np.random.default_rng(1), VOCAB).numpy()
+        spans[max_span] = (x < VOCAB).sum(axis=1) / 2  # the span, written twice
+    assert spans[8].min() >= 4 and spans[8].max() == 8
+    assert spans[None].max() > 32  # up to half the window when unbounded

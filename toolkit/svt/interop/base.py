@@ -183,6 +183,33 @@ def check_tables(imported: Imported, where: str) -> None:
     if bad.height:
         r = bad.row(0, named=True)
         raise fail(where, f"request {_name(imported, r['request'])} step {r['step']} has {r['_why']}.")
+    _check_timings_and_probabilities(imported, where)
+
+
+MAX_STEP_MS = 1e7  # ~3 hours for one draft or verify pass: beyond it a time is a unit or parse error
+
+
+def _check_timings_and_probabilities(imported: Imported, where: str) -> None:
+    """Step times that are negative, infinite or absurd (a unit slip, 1e308), and an accepted
+    draft whose recorded acceptance probability is 0 (the test accepts with that probability)."""
+    steps = imported.steps
+    for col in ("draft_ms", "verify_ms"):
+        if col not in steps.columns:
+            continue
+        x = steps.with_row_index("_i").filter(pl.col(col).is_not_null() & (~pl.col(col).is_finite() | (pl.col(col) < 0)
+                                                                         | (pl.col(col) > MAX_STEP_MS)))
+        if x.height:
+            r = x.row(0, named=True)
+            raise fail(where, f"request {_name(imported, r['request'])} step {r['step']} has {col} {r[col]!r}: "
+                              f"expected a time in milliseconds, 0 to {MAX_STEP_MS:.0e}.")
+    d = imported.drafts
+    if "accept_prob" in d.columns:
+        x = d.filter((pl.col("label") == 1) & (pl.col("accept_prob") == 0))
+        if x.height:
+            r = x.row(0, named=True)
+            raise fail(where, f"request {_name(imported, r['request'])} step {r['step']} position {r['position']} "
+                              "was accepted with an acceptance probability of 0: the labels and probabilities "
+                              "disagree.")
 
 
 def _name(imported: Imported, request: int) -> str:

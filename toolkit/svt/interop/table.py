@@ -72,6 +72,12 @@ class Table(Importer):
             out[ours] = cast
         frame = pl.DataFrame(out).with_columns(
             (f[workload].cast(pl.String) if workload else pl.lit(path.stem)).alias("workload"))
+        split = frame.group_by("request").agg(pl.col("workload").n_unique().alias("n"), pl.col("workload").unique())
+        split = split.filter(pl.col("n") > 1).sort("request")
+        if split.height:
+            r = split.row(0, named=True)
+            raise fail(str(path), f"request {r['request']!r} is in {r['n']} workloads ({', '.join(map(str, r['workload']))}): "
+                                  "a request belongs to one workload.")
         frame = frame.with_columns(pl.col("request").rank("dense").cast(pl.Int64).sub(1).alias("_req"))
         ids = frame.select("request", "_req").unique().sort("_req")
         names = ids["request"].to_list()

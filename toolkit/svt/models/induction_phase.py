@@ -50,6 +50,7 @@ class PhaseConfig:
     random_share: float = 0.25  # windows holding a random-token string written twice
     copy_share: float = 0.25  # windows repeating a span of their own text
     min_span: int = 4
+    max_span: int | None = None  # the longest repeated span (None: half the window)
     gate_every: int = 250
     patience: int = 2  # the gate must pass this many measurements in a row
     max_tokens: int = 16_000_000
@@ -71,7 +72,7 @@ def window_batch(stream: np.ndarray, cfg: PhaseConfig, rng: np.random.Generator,
     for b in range(cfg.batch):
         if kind[b] >= cfg.random_share + cfg.copy_share:
             continue
-        span = int(rng.integers(cfg.min_span, n // 2 + 1))
+        span = int(rng.integers(cfg.min_span, min(n // 2, cfg.max_span or n) + 1))
         at = int(rng.integers(0, n - 2 * span + 1))
         gap = int(rng.integers(0, n - 2 * span - at + 1))  # the copy starts anywhere after the span
         src = rng.integers(1, vocab, size=span) if kind[b] < cfg.random_share else x[b, at : at + span].copy()

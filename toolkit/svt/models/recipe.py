@@ -65,8 +65,9 @@ TARGET_STAGES = (
     ("target-consolidate", PhaseConfig(batch=8, context=128, lr=2e-3, warmup=50, random_share=0.35, copy_share=0.15,
                                        max_tokens=3_000_000, final_lr_share=0.1, stop_on_gate=False, gate_every=100,
                                        seed=1)),
-    ("target-context", PhaseConfig(batch=8, context=512, lr=1e-3, warmup=50, random_share=0.2, copy_share=0.1,
-                                   max_tokens=3_500_000, final_lr_share=0.1, stop_on_gate=False, gate_every=50,
+    ("target-context", PhaseConfig(batch=8, context=512, lr=3e-4, warmup=50, random_share=0.3, copy_share=0.1,
+                                   max_span=64, max_tokens=3_000_000, final_lr_share=0.1, stop_on_gate=False,
+                                   gate_every=50,
                                    seed=2)),
 )
 DRAFT_LARGE_STAGES = (

@@ -52,10 +52,14 @@ def load_report(path: str | Path, what: str = "Report") -> dict:
     rep = read_json(path, what)
     if not isinstance(rep, dict) or not isinstance(rep.get("features"), dict) or not isinstance(rep.get("runs"), list):
         raise ConfigError(f"{path}: not an svt evaluation report (no 'features' and 'runs').")
-    # a report of runs without model drafts (reference runs) has no features: its yield and HVD rows compare
-    empty = not rep["features"] and not (rep.get("kind") == "cache-only" and (rep.get("yield") or rep.get("hvd")))
-    if empty or not rep["runs"] or not all(isinstance(r, dict) for r in rep["runs"]):
-        raise ConfigError(f"{path}: an empty or damaged report (no features or no runs); nothing to compare.")
+    # a report of runs without model drafts (reference runs) has no features: its yield and HVD rows
+    # compare; an imported run without draft probabilities has none either: its acceptance, its
+    # groups and its replays compare (the sections it has)
+    other = ("acceptance", "groups_acceptance", "simulation", "yield", "hvd")
+    if not rep["runs"] or not all(isinstance(r, dict) for r in rep["runs"]):
+        raise ConfigError(f"{path}: a damaged report (no runs); nothing to compare.")
+    if not rep["features"] and not any(rep.get(k) for k in other):
+        raise ConfigError(f"{path}: the report holds no features and none of {', '.join(other)}; nothing to compare.")
     rep["_path"] = str(path)
     return rep
 

@@ -6,14 +6,49 @@ from __future__ import annotations
 
 import polars as pl
 
+from svt.metrics.specs import MetricSpec, register_metric
 from svt.metrics.tables import acceptance_by_position, length_calibration
+from svt.report.judge import judge, metric_value, missing_row
 from svt.report.scoring import step_parts, step_tables
-from svt.report.sections.base import ReportContext, Section
+from svt.report.sections.base import Judging, ReportContext, Section
 from svt.report.text import fmt, md_table
+
+# what a trace says without any draft probability (an import of counts): regression-tested too
+register_metric(MetricSpec("acceptance_rate", "acceptance", 1, 0.01, unit=True,
+                           description="share of the labelled drafts accepted"))
+register_metric(MetricSpec("mean_acceptance_length", "acceptance", 1, 0.02, relative=True, fmt=".3f",
+                           description="1 + accepted drafts per step"))
+register_metric(MetricSpec("conditional_rate", "acceptance", 1, 0.02, unit=True,
+                           description="accepted among the drafts the chain reached, at a position"))
+
+
+def _acceptance_rows(base: dict, now: dict, judging: Judging) -> list[dict]:
+    b, n = base.get("acceptance") or {}, now.get("acceptance") or {}
+    items = [("all drafts", "", "acceptance_rate", b.get("rate"), n.get("rate")),
+             ("all drafts", "", "mean_acceptance_length", b.get("mean_acceptance_length"),
+              n.get("mean_acceptance_length"))]
+    now_pos = {int(p["position"]): p for p in n.get("by_position") or []}
+    items += [("by position", f"position {p['position']}", "conditional_rate", p.get("conditional"),
+               now_pos.get(int(p["position"]), {}).get("conditional")) for p in b.get("by_position") or []]
+    rows = []
+    for item, where, m, bv, nv in items:
+        base_v = metric_value(bv, m)
+        if base_v is None:
+            if bv is not None:
+                judging.skipped.append(f"acceptance {where or item} {m}: the baseline's value is not a valid number")
+            continue
+        now_v = metric_value(nv, m)
+        rows.append(missing_row("acceptance", item, where, m, "acceptance", base_v) if now_v is None else
+                    {**judge(m, "acceptance", base_v, now_v, None, judging.tolerances),
+                     "section": "acceptance", "item": item, "where": where})
+    return rows
 
 
 class Acceptance(Section):
     name = "acceptance"
+
+    def compare(self, base: dict, now: dict, judging: Judging) -> list[dict]:
+        return _acceptance_rows(base, now, judging)
 
     def compute(self, ctx: ReportContext, report: dict) -> dict:
         totals = ctx.source.select(pl.col("label").is_not_null().sum().alias("n"),
