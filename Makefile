@@ -43,42 +43,47 @@ $(VLLM_VENV)/.svt-installed: pyproject.toml
 test-vllm: setup-vllm
 	$(VLLM_VENV)/bin/python -m pytest -m vllm tests/vllm_plugin
 
+DEMO_TIMES := reports/demo-times.tsv
+DEMO_T := bash scripts/timed.sh $(DEMO_TIMES)
 demo: setup
-	$(VENV)/bin/svt collect configs/collect/demo.yaml --out runs/demo --overwrite
-	$(VENV)/bin/svt inspect runs/demo
-	$(VENV)/bin/svt fit runs/demo --model irls-online --out reports/demo/fits/irls-online.json --overwrite
-	$(VENV)/bin/svt fit runs/demo --model logistic --out reports/demo/fits/logistic.json --overwrite
-	$(VENV)/bin/svt fit runs/demo --model isotonic --out reports/demo/fits/isotonic.json --overwrite
-	$(VENV)/bin/svt fit runs/demo --model head --out reports/demo/fits/head.json --overwrite
-	$(VENV)/bin/svt collect configs/collect/demo.yaml --profile-costs --out reports/demo/costs-cpu.yaml --quiet --overwrite
-	$(VENV)/bin/svt evaluate runs/demo --out reports/demo --overwrite --by workload --bootstrap 100 \
+	rm -f $(DEMO_TIMES)
+	$(DEMO_T) $(VENV)/bin/svt collect configs/collect/demo.yaml --out runs/demo --overwrite
+	$(DEMO_T) $(VENV)/bin/svt inspect runs/demo
+	$(DEMO_T) $(VENV)/bin/svt fit runs/demo --model irls-online --out reports/demo/fits/irls-online.json --overwrite
+	$(DEMO_T) $(VENV)/bin/svt fit runs/demo --model logistic --out reports/demo/fits/logistic.json --overwrite
+	$(DEMO_T) $(VENV)/bin/svt fit runs/demo --model isotonic --out reports/demo/fits/isotonic.json --overwrite
+	$(DEMO_T) $(VENV)/bin/svt fit runs/demo --model head --out reports/demo/fits/head.json --overwrite
+	$(DEMO_T) $(VENV)/bin/svt collect configs/collect/demo.yaml --profile-costs --out reports/demo/costs-cpu.yaml --quiet --overwrite
+	$(DEMO_T) $(VENV)/bin/svt evaluate runs/demo --out reports/demo --overwrite --by workload --bootstrap 100 \
 	  --fit reports/demo/fits/irls-online.json --fit reports/demo/fits/logistic.json \
 	  --fit reports/demo/fits/isotonic.json --fit reports/demo/fits/head.json \
 	  --costs reports/demo/costs-cpu.yaml
 	# Hybrid Verified Decoding: a greedy run with SuffixDecoding cache drafts, three yield predictors,
 	# the replay under the measured CPU costs and under an H100 roofline model
-	$(VENV)/bin/svt collect configs/collect/hvd.yaml --out runs/hvd --overwrite
-	$(VENV)/bin/svt fit runs/hvd --model yield-mlp --out reports/hvd/fits/yield-mlp.json --overwrite
-	$(VENV)/bin/svt fit runs/hvd --model yield-linear --out reports/hvd/fits/yield-linear.json --overwrite
-	$(VENV)/bin/svt fit runs/hvd --model yield-gbm --out reports/hvd/fits/yield-gbm.json --overwrite
-	$(VENV)/bin/svt evaluate runs/hvd --out reports/hvd --overwrite --feature q_max --by workload \
+	$(DEMO_T) $(VENV)/bin/svt collect configs/collect/hvd.yaml --out runs/hvd --overwrite
+	$(DEMO_T) $(VENV)/bin/svt fit runs/hvd --model yield-mlp --out reports/hvd/fits/yield-mlp.json --overwrite
+	$(DEMO_T) $(VENV)/bin/svt fit runs/hvd --model yield-linear --out reports/hvd/fits/yield-linear.json --overwrite
+	$(DEMO_T) $(VENV)/bin/svt fit runs/hvd --model yield-gbm --out reports/hvd/fits/yield-gbm.json --overwrite
+	$(DEMO_T) $(VENV)/bin/svt evaluate runs/hvd --out reports/hvd --overwrite --feature q_max --by workload \
 	  --fit reports/hvd/fits/yield-mlp.json --fit reports/hvd/fits/yield-linear.json \
 	  --fit reports/hvd/fits/yield-gbm.json --costs reports/demo/costs-cpu.yaml
 	# the same prompts' real text (a reference run: no target forward), so the report shows which
 	# numbers describe the data and which the tiny pair (the realism table links the two)
-	$(VENV)/bin/svt collect configs/collect/hvd-reference.yaml --out runs/hvd-ref --overwrite
-	$(VENV)/bin/svt fit runs/hvd-ref --model yield-mlp --out reports/hvd-ref/fits/yield-mlp.json --overwrite
-	$(VENV)/bin/svt evaluate runs/hvd-ref --out reports/hvd-ref --overwrite --fit reports/hvd-ref/fits/yield-mlp.json \
+	$(DEMO_T) $(VENV)/bin/svt collect configs/collect/hvd-reference.yaml --out runs/hvd-ref --overwrite
+	$(DEMO_T) $(VENV)/bin/svt fit runs/hvd-ref --model yield-mlp --out reports/hvd-ref/fits/yield-mlp.json --overwrite
+	$(DEMO_T) $(VENV)/bin/svt evaluate runs/hvd-ref --out reports/hvd-ref --overwrite --fit reports/hvd-ref/fits/yield-mlp.json \
 	  --costs configs/costs/h100-llama8b-eagle.yaml
-	$(VENV)/bin/svt evaluate runs/hvd --out reports/hvd-h100 --overwrite --feature q_max \
+	$(DEMO_T) $(VENV)/bin/svt evaluate runs/hvd --out reports/hvd-h100 --overwrite --feature q_max \
 	  --fit reports/hvd/fits/yield-mlp.json --fit reports/hvd/fits/yield-linear.json \
 	  --fit reports/hvd/fits/yield-gbm.json --costs configs/costs/h100-llama8b-eagle.yaml \
 	  --reference-run runs/hvd-ref
-	$(VENV)/bin/svt plot all reports/hvd --vmax 60
-	$(VENV)/bin/svt plot all reports/hvd-ref --link reports/hvd-h100 --vmax 60
-	$(VENV)/bin/svt plot all reports/hvd-h100 --link reports/hvd-ref --vmax 60
-	$(VENV)/bin/svt plot all reports/demo --fit reports/demo/fits/irls-online.json \
+	$(DEMO_T) $(VENV)/bin/svt plot all reports/hvd --vmax 60
+	$(DEMO_T) $(VENV)/bin/svt plot all reports/hvd-ref --link reports/hvd-h100 --vmax 60
+	$(DEMO_T) $(VENV)/bin/svt plot all reports/hvd-h100 --link reports/hvd-ref --vmax 60
+	$(DEMO_T) $(VENV)/bin/svt plot all reports/demo --fit reports/demo/fits/irls-online.json \
 	  --link reports/hvd --link reports/hvd-h100 --link reports/hvd-ref
+	@echo "make demo, the time of each step:"; cat $(DEMO_TIMES); \
+	  awk -F'\t' '{s += $$1} END {printf "%7.1f s\tin all\n", s}' $(DEMO_TIMES)
 
 # CI regression report: a small collection, two fits, an evaluation compared with the committed
 # baseline (ci/baseline/report.json). Exit 1 when a metric regressed, 6 when the reports cannot be
