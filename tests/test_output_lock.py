@@ -101,3 +101,14 @@ def test_a_collect_to_an_output_being_written_is_refused_before_it_plans(tmp_pat
         r = runner.invoke(app, ["collect", str(config), "--out", str(out), "--quiet"])
     assert r.exit_code == 2 and "being written by another svt command" in r.output, r.output
     assert not out.exists()
+
+
+def test_a_symlinked_out_is_refused_and_left_as_it_is(tmp_path):
+    real = tmp_path / "real"
+    assert runner.invoke(app, ["import", "vllm-steps", str(FIX / "vllm_steps.jsonl"), "--out", str(real)]).exit_code == 0
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    r = runner.invoke(app, ["import", "vllm-steps", str(FIX / "vllm_steps.jsonl"), "--out", str(link), "--overwrite"])
+    assert r.exit_code == 2 and "is a symbolic link" in r.output, r.output
+    assert link.is_symlink() and (real / "run.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "real"]

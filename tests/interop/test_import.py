@@ -223,7 +223,9 @@ ARCTIC_HEAD = "task_id,request_id,step,num_spec_toks,num_accept_toks,num_out_tok
     ("arctic-sim", "a.csv", ARCTIC_HEAD + "0,0,0,3,1,2,0.01,yes\n", r"use_tree_spec is 'yes', not true or false"),
     ("vllm-steps", "v.jsonl", '{"per_step_drafted": [40000], "per_step_accepted": [1]}\n', r"holds 40000, outside"),
     ("vllm-steps", "v.jsonl", '{"per_step_drafted": [1000000000000000000000000000000], "per_step_accepted": [1]}\n',
-     r"outside \[0, 32767\]"),
+     r"outside \[0, 1024\]"),
+    ("vllm-steps", "v.jsonl", '{"per_step_drafted": [5000, 5000], "per_step_accepted": [1, 1]}\n',
+     r"holds 5000, outside \[0, 1024\]"),  # a few bytes that would make 10,000 draft rows a step
     ("vllm-steps", "v.jsonl", '{"per_step_drafted": [2], "per_step_accepted": [1], "prompt_token_ids": [3000000000]}\n',
      r"`prompt_token_ids` holds 3000000000"),
     ("vllm-steps", "v.jsonl", '{"request_id": "x", "per_step_drafted": [2], "per_step_accepted": [1]}\n'

@@ -168,6 +168,8 @@ def output_lock(out: str | Path) -> Iterator[None]:
     import fcntl
 
     out = Path(out)
+    if out.is_symlink():  # a swap would replace the link by a folder and leave the old target beside it
+        raise ConfigError(f"--out {out} is a symbolic link (to {os.readlink(out)}); pass the folder it points to.")
     host = next((p for p in out.resolve().parents if (p / "run.json").is_file()), None)
     if host is not None:  # a run's folders hold its tables only: anything else breaks it
         raise ConfigError(f"--out {out} is inside the run {host}; write it outside any run directory.")
