@@ -554,6 +554,8 @@ MUTANTS = [
       "    if False:  # a swap", ("tests/test_output_lock.py",)),
     M("vllm-steps-huge-drafts", "reliability 3", "interop/vllm_steps.py", "bound=MAX_DRAFTED)", "bound=COUNT_MAX)",
       ("tests/interop/test_import.py",)),
+    M("arctic-truncated-row-kept", "reliability 3", "interop/arctic_sim.py",
+      "odd = f.filter(flag.is_null() | ~flag.is_in(", "odd = f.filter(~flag.is_in(", ("tests/interop/test_import.py",)),
     M("feature-failure-uncaught-in-scoring", "reliability 3", "report/scoring.py",
       '            cache["_scores"] = {f.name: feature_values(f, labelled) for f in whole}', "            raise",
       ("tests/features/test_feature_checks.py",)),

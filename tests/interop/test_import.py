@@ -221,6 +221,8 @@ ARCTIC_HEAD = "task_id,request_id,step,num_spec_toks,num_accept_toks,num_out_tok
     ("arctic-sim", "a.csv", ARCTIC_HEAD + "0,0,0,3,1,2,-5,False\n", r"`spec_ms` is -5"),
     ("arctic-sim", "a.csv", ARCTIC_HEAD + "0,0,0,3,1,99,0.01,False\n", r"num_out_toks 99 with 1 accepted"),
     ("arctic-sim", "a.csv", ARCTIC_HEAD + "0,0,0,3,1,2,0.01,yes\n", r"use_tree_spec is 'yes', not true or false"),
+    ("arctic-sim", "a.csv", ARCTIC_HEAD + "0,0,0,3,1,2,0.01,False\n0,0,1,3,1,2,0.01\n", r"row 2 \(line 3\): "
+     r"use_tree_spec is empty \(a truncated row\?\)"),
     ("vllm-steps", "v.jsonl", '{"per_step_drafted": [40000], "per_step_accepted": [1]}\n', r"holds 40000, outside"),
     ("vllm-steps", "v.jsonl", '{"per_step_drafted": [1000000000000000000000000000000], "per_step_accepted": [1]}\n',
      r"outside \[0, 1024\]"),

@@ -45,10 +45,11 @@ class ArcticSim(Importer):
             raise fail(row_where(path, bad["_row"][0]), f"`spec_ms` is {bad['spec_ms'][0]!r}, not a time in ms.")
         if "use_tree_spec" in f.columns:
             flag = pl.col("use_tree_spec").cast(pl.String).str.strip_chars().str.to_lowercase()
-            odd = f.filter(~flag.is_in(["true", "false", "1", "0"]))
+            odd = f.filter(flag.is_null() | ~flag.is_in(["true", "false", "1", "0"]))
             if odd.height:
-                raise fail(row_where(path, odd["_row"][0]), f"use_tree_spec is {odd['use_tree_spec'][0]!r}, not true "
-                                                            "or false.")
+                v = odd["use_tree_spec"][0]
+                raise fail(row_where(path, odd["_row"][0]), "use_tree_spec is empty (a truncated row?), not true or false."
+                           if v is None else f"use_tree_spec is {v!r}, not true or false.")
             tree = f.filter(flag.is_in(["true", "1"]))
             if tree.height:
                 raise fail(row_where(path, tree["_row"][0]), "use_tree_spec is true: tree drafts are not chains, so "
