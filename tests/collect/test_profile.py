@@ -47,7 +47,7 @@ def test_noise_falls_and_load_each_give_a_warning():
     ok = measurement_block(5, {"draft": {1: 0.1}, "verify": {(1, 1): 0.2}}, {"draft": [], "verify": []}, quiet, quiet)
     assert ok["warnings"] == [] and ok["reliable"]
     noisy = measurement_block(5, {"draft": {1: 0.9}, "verify": {}}, {"draft": [], "verify": []}, quiet, quiet)
-    assert "vary by up to 90%" in noisy["warnings"][0] and not noisy["reliable"]
+    assert "interquartile range reaches 90%" in noisy["warnings"][0] and not noisy["reliable"]
     busy = measurement_block(5, {"draft": {}, "verify": {}}, {"draft": [], "verify": []}, quiet,
                              {**quiet, "load_1min": 3.7})
     assert busy["warnings"] == ["other processes kept 1.7 of the machine's 2 cores busy"]
@@ -95,3 +95,13 @@ def test_a_report_replayed_on_an_unreliable_table_says_so(tiny_pair, small_run, 
     assert report["simulation"]["costs"]["warnings"] == ["the machine's load (3.7) was above its 2 cores"]
     assert "**The cost table is unreliable** (the machine's load (3.7)" in (tmp_path / "rep" / "report.md").read_text()
     assert "UNRELIABLE" in r.output
+    from svt.plots import PLOTS
+
+    assert "UNRELIABLE" in PLOTS["pareto"](report).axes[0].get_title()  # the figure says so too
+
+
+def test_one_slow_repeat_is_not_noise_but_a_busy_stretch_is():
+    from svt.collect.profile import _spread
+
+    assert _spread([1.0, 1.02, 0.98, 1.01, 2.0]) < 0.05  # a pause in one repeat of five
+    assert _spread([1.0, 1.6, 0.9, 2.2, 1.4]) > 0.3  # the machine busy for part of the run

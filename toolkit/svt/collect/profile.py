@@ -6,7 +6,7 @@ tokens per row). Each figure is the median of timed repeats after a discarded wa
 KV cache holding ``context`` tokens per row (cropped back after every repeat).
 
 How sure the table is goes with it (``CostTable.measurement``): each entry's spread over its repeats
-((max - min) / median), the machine's load against the cores available before and after, the
+(interquartile range / median), the machine's load against the cores available before and after, the
 threads, and ``warnings`` when the figures may not be the machine's: a spread above
 ``SPREAD_WARN``, other processes' load (the load average at the end less this process's threads)
 above half the cores, or a draft or verify time that falls as the batch grows
@@ -26,7 +26,7 @@ from svt.devices import machine_load
 from svt.errors import ConfigError
 from svt.simulate.costs import CostTable
 
-SPREAD_WARN = 0.5  # (max - min) / median over an entry's repeats above this: a noisy measurement
+SPREAD_WARN = 0.3  # interquartile range / median over an entry's repeats above this: a noisy measurement
 MONOTONE_SLACK = 0.25  # a time may fall by this share (or its spread, if larger) as the batch grows
 
 
@@ -71,9 +71,12 @@ def parse_batches(text: str | None) -> tuple[int, ...]:
 
 
 def _spread(samples) -> float:
+    """The interquartile range over the median: one slow repeat (a collector pause) does not move
+    it; a machine busy for part of the profile does."""
     a = np.asarray(samples, dtype=np.float64)
     med = float(np.median(a))
-    return float((a.max() - a.min()) / med) if med > 0 else 0.0
+    q1, q3 = np.percentile(a, [25, 75])
+    return float((q3 - q1) / med) if med > 0 else 0.0
 
 
 def falls_with_batch(times: dict[int, float], spread: dict[int, float]) -> list[str]:
@@ -95,7 +98,7 @@ def measurement_block(repeats: int, spreads: dict[str, dict], falls: dict[str, l
     worst = {what: max(s.values(), default=0.0) for what, s in spreads.items()}
     for what, w in worst.items():
         if w > SPREAD_WARN:
-            warnings.append(f"{what} times vary by up to {w:.0%} of their median over {repeats} repeats")
+            warnings.append(f"{what} times' interquartile range reaches {w:.0%} of their median over {repeats} repeats")
     for what, found in falls.items():
         if found:
             warnings.append(f"{what} time falls as the batch grows ({'; '.join(found[:3])})")

@@ -124,7 +124,8 @@ def pareto(report: dict, ax=None):
                         xytext=(3, 3), textcoords="offset points")
     ax.set(xscale="linear", yscale="log", xlabel="interactivity (tokens/s per request)",
            ylabel="throughput (tokens/s, all requests)",
-           title=f"Throughput vs interactivity, B = 1..64 ({sim['costs']['kind']} costs)")
+           title=f"Throughput vs interactivity, B = 1..64 ({sim['costs']['kind']} costs"
+                 f"{'; UNRELIABLE: measured on a busy or noisy machine' if sim['costs'].get('warnings') else ''})")
     ax.legend(fontsize=6, ncol=2)
     add_caption(fig, report, f"   costs: {Path(sim['costs']['path']).name} ({sim['costs']['kind']})")
     return fig

@@ -50,7 +50,9 @@ def hvd(report: dict, ax=None):
         a.set_ylabel("speed-up vs greedy (simulated, B = 1)")
     axes[-1].legend(fontsize=6, loc="best")
     fig.suptitle(f"Hybrid Verified Decoding replay, K = {sim['k']} ({sim['costs']['kind']} costs: "
-                 f"{Path(sim['costs']['path']).name})", fontsize=9)
+                 f"{Path(sim['costs']['path']).name}"
+                 f"{'; UNRELIABLE: measured on a busy or noisy machine' if sim['costs'].get('warnings') else ''})",
+                 fontsize=9)
     add_caption(fig, report)
     return fig
 

@@ -37,7 +37,8 @@ def measure(models: Path, requests: int, max_new_tokens: int, seed: int = 0) -> 
     lines = []
     for draft in ("draft-small", "draft-large"):
         for temperature in (1.0, 0.0):
-            base = {"target": str(models / "target"), "draft": str(models / draft),
+            # absolute: a relative path in a config is read from the config's folder
+            base = {"target": str((models / "target").resolve()), "draft": str((models / draft).resolve()),
                     "workloads": ["code", "prose", "structured"], "requests": requests,
                     "max_new_tokens": max_new_tokens, "k": 5, "temperature": temperature,
                     "device": "cpu", "seed": seed, "max_prompt_tokens": 384}
