@@ -27,14 +27,15 @@ def test_the_table_says_how_sure_it_is_and_reads_back(tiny_pair, tmp_path):
     assert set(m["max_spread"]) == {"draft", "verify"} and all(v >= 0 for v in m["max_spread"].values())
     assert m["reliable"] == (not m["warnings"])
     loaded = load_costs(write_costs(table, tmp_path / "c.yaml"))
-    assert loaded.measurement == m and loaded.fingerprint() == table.fingerprint()  # the numbers define it
+    assert loaded.measurement == m
 
 
 def test_a_time_that_falls_as_the_batch_grows_beyond_the_noise_is_flagged():
     from svt.collect.profile import falls_with_batch
 
     # the busy machine's table: 24 ms at batch 1, 1.4 ms at batch 4
-    assert falls_with_batch({1: 24.0, 2: 2.0, 4: 1.4}, {}) == ["24 ms at 1 > 2 ms at 2", "24 ms at 1 > 1.4 ms at 4"]
+    assert falls_with_batch({1: 24.0, 2: 2.0, 4: 1.4}, {}) == ["24 ms at 1 > 2 ms at 2", "24 ms at 1 > 1.4 ms at 4",
+                                                               "2 ms at 2 > 1.4 ms at 4"]
     assert falls_with_batch({1: 1.0, 4: 0.8}, {}) == []  # within the 25 % slack
     assert falls_with_batch({1: 1.0, 4: 0.6}, {1: 0.5}) == []  # within that entry's own spread
     assert falls_with_batch({1: 1.0, 4: 0.6}, {}) != []

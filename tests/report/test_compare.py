@@ -40,7 +40,7 @@ def _row(result, metric, where="all positions", item="q_max"):
 def test_identical_reports_are_unchanged():
     r = compare_reports(_report(), _report())
     assert r["verdict"] == "ok" and r["regressed"] == 0
-    assert set(r["counts"]) == {"unchanged"} and r["compared"] == 4 + 4 + 4 + 2
+    assert set(r["counts"]) == {"unchanged"} and r["compared"] == 4 + 4 + 4 + 2 + 1  # + the acceptance rate
 
 
 def test_direction_and_interval():
@@ -407,7 +407,8 @@ def _metric_direction(metric):
             "mae": lambda t, p: float(abs(p - t).mean())}
     if metric in defs:
         return 1 if defs[metric](y, good) > defs[metric](y, bad) else -1
-    return {"throughput": 1, "interactivity": 1, "speedup_vs_greedy": 1}[metric]  # more tokens per second
+    return {"throughput": 1, "interactivity": 1, "speedup_vs_greedy": 1,  # more tokens per second
+            "acceptance_rate": 1, "conditional_rate": 1, "mean_acceptance_length": 1}[metric]  # more accepted
 
 
 @pytest.mark.parametrize("metric", sorted(__import__("svt.report.judge", fromlist=["x"]).compared()))

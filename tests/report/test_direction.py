@@ -46,7 +46,8 @@ def test_bootstrap_gives_intervals_per_position(small_run):
         if block["auc"] is not None:
             lo, hi = block["ci95"]["auc"]
             assert lo <= block["auc"] <= hi, p
-            assert lo < hi
+            # a zero-width interval only where every resample ranks perfectly (a late position's few drafts)
+            assert lo < hi or lo == hi == block["auc"] == 1.0, p
         lo, hi = block["ci95"]["ece"]
         assert lo <= hi
 
