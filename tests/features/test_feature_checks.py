@@ -84,3 +84,21 @@ def test_a_lossless_feature_reading_the_label_is_refused_by_name(small_run, tmp_
     r = runner.invoke(app, ["evaluate", str(small_run), "--out", "rep", "--feature-module", "feats_label",
                             "--feature", "cheat_t"])
     assert r.exit_code == 2 and "reads the column 'label'" in r.output and not (tmp_path / "rep").exists(), r.output
+
+
+def test_evaluate_names_a_feature_that_fails_past_the_first_rows(small_run, tmp_path, monkeypatch):
+    """The early check reads the first 1,000 drafts; one labelled step lies beyond them, and the
+    feature fails there only: the scoring pass must say which feature, not raise polars' error."""
+    from svt.traces import open_run
+
+    drafts = open_run(small_run).scan("drafts").select("request", "step", "label").collect()
+    head = set(drafts.head(1000).select("request", "step").iter_rows())  # what the early check reads
+    late = min(set(drafts.filter(pl.col("label").is_not_null()).select("request", "step").iter_rows()) - head)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "feats_late.py").write_text(
+        "import polars as pl\nfrom svt.features import feature\n\n@feature(lossless=True)\ndef late_t():\n"
+        f"    bad = (pl.col('request') == {late[0]}) & (pl.col('step') == {late[1]})\n"
+        "    return pl.when(~bad).then(pl.col('q_max')).otherwise(pl.lit('x')).cast(pl.Float64)\n")
+    r = runner.invoke(app, ["evaluate", str(small_run), "--out", "rep", "--feature-module", "feats_late",
+                            "--feature", "q_max", "--feature", "late_t"])
+    assert r.exit_code == 2 and "'late_t' cannot be computed" in r.output and "Traceback" not in r.output, r.output
