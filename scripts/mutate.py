@@ -556,6 +556,8 @@ MUTANTS = [
       ("tests/interop/test_import.py",)),
     M("arctic-truncated-row-kept", "reliability 3", "interop/arctic_sim.py",
       "odd = f.filter(flag.is_null() | ~flag.is_in(", "odd = f.filter(~flag.is_in(", ("tests/interop/test_import.py",)),
+    M("export-replaces-report", "reliability 3", "interop/export.py", "    if what is not None:  # --overwrite",
+      "    if False:  # --overwrite", ("tests/interop/test_export.py",)),
     M("feature-failure-uncaught-in-scoring", "reliability 3", "report/scoring.py",
       '            cache["_scores"] = {f.name: feature_values(f, labelled) for f in whole}', "            raise",
       ("tests/features/test_feature_checks.py",)),

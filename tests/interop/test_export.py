@@ -144,6 +144,17 @@ def test_an_export_never_replaces_its_source_or_a_runs_file(small_run, report, t
         export("profile", small_run, tmp_path / "keep.json")
     assert (tmp_path / "keep.json").read_text() == "{}"
     assert export("profile", small_run, tmp_path / "new" / "sub" / "p.json").is_file()  # folders made
+    # --overwrite replaces an earlier export, never a report or a fit file
+    import shutil
+
+    shutil.copy(rep_dir / "report.json", tmp_path / "report.json")
+    (tmp_path / "fit.json").write_text('{"model": "logistic", "training": {"runs": []}, "feature": "q_max"}')
+    for name, what in (("report.json", "an svt evaluation report"), ("fit.json", "an svt fit file")):
+        before = (tmp_path / name).read_text()
+        with pytest.raises(ConfigError, match=f"is {what}"):
+            export("profile", small_run, tmp_path / name, overwrite=True)
+        assert (tmp_path / name).read_text() == before
+    assert export("profile", small_run, tmp_path / "new" / "sub" / "p.json", overwrite=True).is_file()
     with pytest.raises(ConfigError, match="Cannot write"):
         export("profile", small_run, Path("/proc/svt-nope.json"))
 

@@ -224,6 +224,26 @@ def _check_out(source: Path, out: Path, overwrite: bool) -> None:
         raise ConfigError(f"Refusing to write {out} inside the run directory {run}; write exports beside runs.")
     if out.exists() and not overwrite:
         raise ConfigError(f"{out} exists; pass --overwrite to replace it.")
+    what = _svt_document(out) if out.is_file() else None
+    if what is not None:  # --overwrite replaces an earlier export, never a report or a fit
+        raise ConfigError(f"{out} is {what}; an export does not replace it, even with --overwrite.")
+
+
+def _svt_document(path: Path) -> str | None:
+    """What svt file ``path`` holds, if it is an evaluation report or a fit file."""
+    import json
+
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    if "report_schema" in doc or ("features" in doc and "runs" in doc):
+        return "an svt evaluation report"
+    if "model" in doc and "training" in doc:
+        return f"an svt fit file ({doc.get('model')})"
+    return None
 
 
 def export(kind: str, source: str | Path, out: str | Path, *, overwrite: bool = False) -> Path:
