@@ -81,3 +81,11 @@ def test_random_tables_never_crash_and_never_give_bad_times(tmp_path_factory, ju
         assert math.isfinite(v) and v > 0
     d = c.draft(1, 1)
     assert math.isfinite(d) and d > 0
+
+
+@pytest.mark.parametrize("measurement", [5, "busy", {"warnings": "load"}])
+def test_a_damaged_measurement_block_is_one_message(tmp_path, measurement):
+    with pytest.raises(ConfigError, match="`measurement` must be a mapping"):
+        load_costs(_write(tmp_path, {**GOOD, "measurement": measurement}))
+    table = load_costs(_write(tmp_path, {**GOOD, "measurement": {"warnings": ["noisy"], "reliable": False}}))
+    assert table.measurement["warnings"] == ["noisy"]
