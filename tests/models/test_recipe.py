@@ -122,3 +122,12 @@ def test_scaled_stages_keep_their_shapes_and_shrink_budgets():
     assert cfg.max_tokens == 10_000 and cfg.after_jump_tokens == 1_000 and cfg.warmup == 2
     assert scaled_stages(stages, 1.0) is stages
     assert math.isclose(lr_at(0, cfg, 10), cfg.lr / 2)
+
+
+@pytest.mark.parametrize("args", [["--scale", "0"], ["--scale", "2"], ["--threads", "0"], ["--device", "tpu"]])
+def test_bad_recipe_options_are_one_usage_error(args, capsys):
+    from svt.models.recipe import _parse
+
+    with pytest.raises(SystemExit) as exc:
+        _parse(args)
+    assert exc.value.code == 2 and "error:" in capsys.readouterr().err
