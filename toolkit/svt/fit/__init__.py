@@ -43,7 +43,15 @@ from svt.fit.files import check_fit_out, name_fits  # noqa: F401  (re-exported)
 # the registry: one import per fitter family (each module registers its classes)
 from svt.fit import calibrators, head, irls_online, logistic, yield_models  # noqa: E402, F401  isort: skip
 from svt.fit.irls_online import PRESETS, IRLSOnline, OnlineOptions  # noqa: E402  isort: skip
-from svt.traces.identity import model_pair, run_identity, run_record, same_data  # noqa: E402  isort: skip
+from svt.traces.identity import (  # noqa: E402  isort: skip
+    MIN_SIGNATURE_STEPS,
+    import_source,
+    model_pair,
+    request_signatures,
+    run_identity,
+    run_record,
+    same_data,
+)
 from svt.traces.io import open_run, open_runs  # noqa: E402  isort: skip
 
 
@@ -227,6 +235,7 @@ class _Trained:
     rows: int
     stats: dict
     requests: pl.DataFrame | None
+    signatures: list[str] | None = None  # the training requests' acceptance sequences (drafts only)
 
 
 def _check_not_lacking(runs, est: Fitter) -> None:
@@ -260,8 +269,10 @@ def _train_on_drafts(runs, est: Fitter, test_fraction: float, seed: int, where) 
     k = int(drafts["position"].max()) + 1
     train = _labelled(drafts if est.online else drafts.filter(~pl.Series(split_mask(drafts, test_fraction, seed))))
     est.fit(FitData(train, k, [Path(r) for r in runs], seed))
+    if est.online:
+        return _Trained(infos, k, train.height, {"accept_rate": float(train["label"].mean())}, None)
     return _Trained(infos, k, train.height, {"accept_rate": float(train["label"].mean())},
-                    None if est.online else train.select("_run", "request"))
+                    train.select("_run", "request"), sorted(request_signatures(train)["signature"].to_list()))
 
 
 def _train_on_cache_drafts(runs, est: Fitter, test_fraction: float, seed: int, where) -> _Trained:
@@ -297,7 +308,11 @@ def _fit_runs(runs, cls, est, test_fraction: float, seed: int, where) -> Fitter:
                      "train_requests": ids.height,
                      # the training requests themselves: evaluation scores every other request,
                      # whatever rows a later reading of the runs holds
-                     "train_request_ids": [[int(a), int(b)] for a, b in ids.rows()], **t.stats,
+                     "train_request_ids": [[int(a), int(b)] for a, b in ids.rows()],
+                     # and how to know them in a run that does not say where it came from (an
+                     # import of an export of the training run): their acceptance sequences
+                     **({"train_request_signatures": t.signatures} if t.signatures is not None else {}),
+                     **t.stats,
                      "evaluation": "held-out requests" if test_fraction > 0 else
                      "none held out (--test-fraction 0): only runs it was not trained on are scored"}
     if cls.table == "cache_drafts":
@@ -306,18 +321,55 @@ def _fit_runs(runs, cls, est, test_fraction: float, seed: int, where) -> Fitter:
     return est
 
 
-def _seen(fit: Fitter, run_ids: list, paths: list | None) -> list[int | None]:
-    """For each evaluated run, the index of the fit's training run it is (by run id, or by equal
-    data for a re-collection under another id), else None."""
+def _seen(fit: Fitter, run_ids: list, paths: list | None) -> list[tuple[int | None, list[int] | None]]:
+    """For each evaluated run, the index of the fit's training run it is (by run id, by the svt
+    run an import was exported from, or by equal data for a re-collection under another id), else
+    None; and for an import of a training run's export, the source request of each of its requests."""
     trained = (fit.training_ or {}).get("runs", [])
     out = []
     for i, rid in enumerate(run_ids):
         hit = next((j for j, t in enumerate(trained) if rid is not None and t.get("run_id") == rid), None)
-        if hit is None and paths is not None and any(isinstance(t.get("data"), dict) for t in trained):
-            ident = run_identity(open_run(paths[i], deep=False))
-            hit = next((j for j, t in enumerate(trained) if same_data(t.get("data"), ident)[0]), None)
-        out.append(hit)
+        requests = None
+        if hit is None and paths is not None:
+            run = open_run(paths[i], deep=False)
+            src = import_source(run.meta)
+            if src is not None:
+                hit = next((j for j, t in enumerate(trained) if t.get("run_id") == src[0]), None)
+                requests = src[1] if hit is not None else None
+            if hit is None and any(isinstance(t.get("data"), dict) for t in trained):
+                ident = run_identity(run)
+                hit = next((j for j, t in enumerate(trained) if same_data(t.get("data"), ident)[0]), None)
+        out.append((hit, requests))
     return out
+
+
+def _repeated_requests(fit: Fitter, drafts: pl.DataFrame, paths: list | None, notes: list | None) -> np.ndarray:
+    """Rows of runs the fit has not seen by id or data whose request repeats one of its training
+    requests step for step (see ``svt.traces.identity.request_signatures``): such a run is the
+    fit's training data under another id (e.g. an import of a hand-written export), refused when
+    most of its long requests are; a few repeated requests are left out of the scoring."""
+    sigs = (fit.training_ or {}).get("train_request_signatures")
+    if not sigs or fit.table != "drafts":
+        return np.zeros(drafts.height, dtype=bool)
+    found = request_signatures(drafts.select("_run", "request", "step", "label"))
+    found = found.with_columns(pl.col("signature").is_in(list(sigs)).alias("_rep"))
+    per_run = found.group_by("_run").agg(pl.len().alias("n"), pl.col("_rep").sum().alias("m")).sort("_run")
+    for r in per_run.iter_rows(named=True):
+        if r["m"] >= 3 and r["m"] >= 0.5 * r["n"]:
+            where = str(paths[r["_run"]]) if paths is not None else f"run {r['_run'] + 1}"
+            raise DataError(
+                f"{where}: {r['m']} of its {r['n']} requests of {MIN_SIGNATURE_STEPS}+ verified steps repeat the "
+                f"{fit.name} fit's training requests step for step (the same drafts verified and accepted at every "
+                "step): it is the fit's training data under another run id (an import of an export of its training "
+                "run?), and scoring it would score the fit on what it learned from. Evaluate the fit on its training "
+                "run (its held-out requests) or on new data; `svt export` now writes the source's request ids, so "
+                "an import of a fresh export is scored on the held-out requests only.")
+    rep = found.filter("_rep").select(pl.col("_run").cast(pl.Int64), pl.col("request").cast(pl.Int64),
+                                      pl.lit(True).alias("_t"))
+    if rep.height and notes is not None:
+        notes.append(f"{rep.height} request(s) left out: they repeat its training requests step for step")
+    keys = drafts.select(pl.col("_run").cast(pl.Int64), pl.col("request").cast(pl.Int64))
+    return keys.join(rep, on=["_run", "request"], how="left", maintain_order="left")["_t"].fill_null(False).to_numpy()
 
 
 def check_pair(fit: Fitter, paths: list) -> None:
@@ -336,30 +388,56 @@ def check_pair(fit: Fitter, paths: list) -> None:
 
 
 def evaluation_mask(fit: Fitter, drafts: pl.DataFrame, run_ids: list[str | None],
-                    paths: list | None = None) -> np.ndarray:
+                    paths: list | None = None, notes: list[str] | None = None) -> np.ndarray:
     """Rows on which a fit may be scored: all rows for online fits (prequential) and for runs the
     fit was not trained on; the held-out requests of its own training runs otherwise. ``paths``
-    (the runs' directories) let a re-collection of a training run be recognised by its data."""
+    (the runs' directories) let a re-collection of a training run be recognised by its data, and an
+    import of its export by the source ids the export carried; ``notes`` gets a sentence for
+    requests left out because they repeat training requests under another run id."""
     if paths is not None:
         check_pair(fit, paths)
     if fit.online:
         return np.ones(drafts.height, dtype=bool)
     seen = _seen(fit, run_ids, paths)
-    if all(s is None for s in seen):
-        return np.ones(drafts.height, dtype=bool)
+    index = [s for s, _ in seen]
+    if all(s is None for s in index):
+        return ~_repeated_requests(fit, drafts, paths, notes)
     training = fit.training_
-    if seen != list(range(len(training["runs"]))):
+    if index != list(range(len(training["runs"]))):
         raise DataError("Evaluate an offline fit on exactly the runs it was trained on (for its held-out "
                         "split) or on runs it has never seen; "
-                        + ", ".join(f"run {i + 1} is its training run {s + 1}" for i, s in enumerate(seen)
+                        + ", ".join(f"run {i + 1} is its training run {s + 1}" for i, s in enumerate(index)
                                     if s is not None) + ".")
+    keys = drafts.select(pl.col("_run").cast(pl.Int64), pl.col("request").cast(pl.Int64))
+    keys = _source_requests(keys, seen, paths)
     ids = training.get("train_request_ids")
     if ids is not None:  # every request the fit did not train on
         trained_keys = pl.DataFrame(ids, schema={"_run": pl.Int64, "request": pl.Int64}, orient="row")
-        keys = drafts.select(pl.col("_run").cast(pl.Int64), pl.col("request").cast(pl.Int64))
         return ~keys.join(trained_keys.with_columns(pl.lit(True).alias("_t")), on=["_run", "request"], how="left",
                           maintain_order="left")["_t"].fill_null(False).to_numpy()
+    if any(m is not None for _, m in seen):
+        raise DataError("This fit (from an older svt) does not list its training requests, so an import of its "
+                        "training run cannot be split; evaluate it on the training run itself, or fit again.")
     return split_mask(drafts, training["test_fraction"], training["split_seed"])
+
+
+def _source_requests(keys: pl.DataFrame, seen: list, paths: list | None) -> pl.DataFrame:
+    """``keys`` (_run, request) with each import's requests renamed to its source run's (the map
+    its run.json holds); a request the map does not cover is a damaged run.json, not a guess."""
+    maps = [pl.DataFrame({"_run": i, "request": range(len(m)), "_src": m},
+                         schema={"_run": pl.Int64, "request": pl.Int64, "_src": pl.Int64})
+            for i, (_, m) in enumerate(seen) if m is not None]
+    if not maps:
+        return keys
+    mapped = [i for i, (_, m) in enumerate(seen) if m is not None]
+    keys = keys.join(pl.concat(maps), on=["_run", "request"], how="left", maintain_order="left")
+    lost = keys.filter(pl.col("_run").is_in(mapped) & pl.col("_src").is_null())
+    if lost.height:
+        r = lost.row(0, named=True)
+        where = str(paths[r["_run"]]) if paths is not None else f"run {r['_run'] + 1}"
+        raise DataError(f"{where}: request {r['request']} is not in run.json's `import.svt_source.requests` "
+                        f"({len(seen[r['_run']][1])} entries): the run's record of its source is damaged.")
+    return keys.select("_run", pl.coalesce("_src", "request").alias("request"))
 
 
 def live_confidence(fit: Fitter):

@@ -66,6 +66,7 @@ class Imported:
     greedy: bool | None = None  # None: the format does not say
     request_names: list | None = None  # each request's id in the file (for messages), by svt's index
     drafter: str = "model"  # who drafted: a model, or a suffix cache ("cache")
+    svt_source: dict | None = None  # the svt run the file was exported from (see svt.interop.provenance)
 
 
 class Importer:
@@ -149,7 +150,7 @@ def full_tables(imported: Imported) -> Imported:
         frame = frame.with_columns([pl.lit(None, dtype=spec.columns[c]).alias(c) for c in missing])
         out[table] = frame.select([pl.col(c).cast(t) for c, t in spec.columns.items()])
     return Imported(out["drafts"], out["steps"], out["requests"], {t: c for t, c in lacks.items() if c},
-                    imported.source, imported.greedy, imported.request_names, imported.drafter)
+                    imported.source, imported.greedy, imported.request_names, imported.drafter, imported.svt_source)
 
 
 def check_tables(imported: Imported, where: str) -> None:
@@ -225,6 +226,10 @@ def write_imported(imported: Imported, out: Path, *, source_path: Path, fmt: str
 
     t0 = time.time()
     imported = full_tables(imported)
+    src = imported.svt_source
+    if src is not None and len(src["requests"]) != imported.requests.height:  # one source id per request
+        raise DataError(f"{source_path}: {len(src['requests'])} records name their svt source request, but "
+                        f"{imported.requests.height} requests were read.")
     k = int(imported.drafts["position"].max()) + 1 if imported.drafts.height else 0
     workloads = sorted(set(imported.requests["workload"].drop_nulls().to_list()))
     lacks = imported.lacks
@@ -233,7 +238,8 @@ def write_imported(imported: Imported, out: Path, *, source_path: Path, fmt: str
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "status": "running",
         "engine": "import", "k": k,
         "import": {"format": fmt, "source": str(Path(source_path).resolve()), "source_sha256": file_sha256(source_path),
-                   **imported.source, "lacks": lacks, "cannot_study": cannot_study(lacks)},
+                   **imported.source, "lacks": lacks, "cannot_study": cannot_study(lacks),
+                   **({"svt_source": imported.svt_source} if imported.svt_source else {})},
         "sampling": {"greedy": imported.greedy, "features_from": "the imported file"},
         "drafter_kinds": [imported.drafter], "av": None, "workloads": {w: str(source_path) for w in workloads},
         "seed": None, "batches": 1,

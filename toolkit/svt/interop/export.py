@@ -172,6 +172,7 @@ def _run_records(run_dir: Path, kind: str) -> list[dict]:
         raise DataError(f"{run_dir}: collected with live AV (trimmed drafts have no label); `{kind}` records every "
                         "draft's outcome, so export a run collected without AV.")
     reqs = run.scan("requests").sort("request").collect()
+    run_id = run.meta.get("run_id")
     carried = {c for c in ("prompt_ids", "output_ids") if c not in run.lacks("requests")}
     d = run.scan("drafts").sort("request", "step", "position").collect()
     per_step = (d.group_by("request", "step", maintain_order=True)
@@ -186,7 +187,10 @@ def _run_records(run_dir: Path, kind: str) -> list[dict]:
     out = []
     for row in reqs.iter_rows(named=True):
         g = by_req.get(row["request"])
-        rec: dict = {"request_id": row["request"], "workload": row["workload"]}
+        rec: dict = {"request_id": row["request"], "workload": row["workload"],
+                     # provenance (keys other readers ignore): a fit on this run, evaluated on the
+                     # import of this file, scores only its held-out requests
+                     **({"svt_run_id": run_id, "svt_request": row["request"]} if isinstance(run_id, str) else {})}
         if kind == "vllm-steps":
             rec["per_step_drafted"] = [] if g is None else g["drafted"].to_list()
             rec["per_step_accepted"] = [] if g is None else g["accepted"].to_list()

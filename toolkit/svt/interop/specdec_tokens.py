@@ -18,6 +18,7 @@ from pathlib import Path
 import polars as pl
 
 from svt.interop.base import Imported, Importer, fail, requests_frame
+from svt.interop.provenance import SourceIds
 from svt.interop.records import COUNT_MAX, int_list, json_records, label
 
 
@@ -29,7 +30,9 @@ class SpecDecTokens(Importer):
         rows = {"request": [], "step": [], "position": [], "token": [], "accept_prob": [], "label": [],
                 "workload": []}
         requests, seen, counts = [], {}, {"request": [], "step": [], "drafted": [], "accepted": []}
+        origin = SourceIds()
         for where, obj in json_records(path):
+            origin.add(obj, where)
             steps = obj.get("steps")
             if not isinstance(steps, list) or not steps:
                 raise fail(where, f"expected a non-empty list `steps`, but got keys {sorted(obj)}.")
@@ -79,4 +82,5 @@ class SpecDecTokens(Importer):
         reqs, notes = requests_frame(requests)
         return Imported(drafts, steps, reqs,
                         source={"requests": len(requests), **notes, "accept_prob": "the file's p_acc = min(1, p/q)",
-                                "emitted": "accepted + 1 (the target token of each step)"})
+                                "emitted": "accepted + 1 (the target token of each step)"},
+                        svt_source=origin.result())

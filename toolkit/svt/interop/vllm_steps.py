@@ -22,6 +22,7 @@ import numpy as np
 import polars as pl
 
 from svt.interop.base import Imported, Importer, chain_drafts, fail, requests_frame
+from svt.interop.provenance import SourceIds
 from svt.interop.records import COUNT_MAX, int_list, json_records, label
 
 # no speculative decoder verifies more drafts in one step (EAGLE-3 trees: ~60 nodes; suffix drafts: tens):
@@ -36,7 +37,9 @@ class VllmSteps(Importer):
 
     def read(self, path: Path, mapping: dict | None = None) -> Imported:
         req, step, drafted, accepted, requests, seen, names = [], [], [], [], [], {}, []
+        origin = SourceIds()
         for where, obj in json_records(path):
+            origin.add(obj, where)
             counts = _counts(obj, where)
             d = int_list(counts["per_step_drafted"], where, "per_step_drafted", bound=MAX_DRAFTED)
             a = int_list(counts["per_step_accepted"], where, "per_step_accepted", bound=COUNT_MAX)
@@ -74,7 +77,7 @@ class VllmSteps(Importer):
         reqs, notes = requests_frame(requests)
         return Imported(drafts, steps, reqs, source={"requests": len(requests), **notes,
                                                      "emitted": "accepted + 1 (the target token of each step)"},
-                        request_names=names)
+                        request_names=names, svt_source=origin.result())
 
 
 def _counts(obj: dict, where: str) -> dict:

@@ -233,3 +233,51 @@ def experiment(meta: dict) -> dict:
             "shard": f"{shard.get('index')}/{shard.get('count')}" if shard else "whole",
             "synthetic": ({"source_run_id": synthetic.get("source_run_id"),
                            "labelled_target": synthetic.get("labelled_target")} if synthetic else None)}
+
+
+# --- which requests are the same request, when the run ids say nothing --------------------------
+
+# A request's acceptance sequence (per verification step: drafts verified, drafts accepted) over at
+# least this many steps identifies it: two different requests agree on it only by coincidence
+# (with K = 4 each step has up to 9 outcomes), so a run whose long requests repeat a fit's training
+# requests is that fit's training data, re-imported or re-exported, whatever its run id.
+MIN_SIGNATURE_STEPS = 16
+
+
+def request_signatures(drafts: pl.DataFrame | pl.LazyFrame, min_steps: int = MIN_SIGNATURE_STEPS) -> pl.DataFrame:
+    """One row per request with at least ``min_steps`` verified steps: ``_run`` (when the frame has
+    it), ``request`` and ``signature`` (16 hex digits of its acceptance sequence in step order;
+    step numbers and probabilities do not enter, so an import that renumbers steps or drops the
+    draft tokens has the same signature)."""
+    frame = drafts.lazy() if isinstance(drafts, pl.DataFrame) else drafts
+    by = [c for c in ("_run", "request") if c in frame.collect_schema().names()]
+    steps = (frame.filter(pl.col("label").is_not_null())
+             .group_by(*by, "step").agg(pl.len().alias("_v"), (pl.col("label") == 1).sum().alias("_a"))
+             .sort(*by, "step").with_columns(pl.int_range(pl.len()).over(by).alias("_j"),
+                                             pl.len().over(by).alias("_n"))
+             .filter(pl.col("_n") >= min_steps).collect())
+    if steps.height == 0:
+        return pl.DataFrame(schema={**{c: pl.Int64 for c in by}, "signature": pl.String})
+    code = (steps["_v"].cast(pl.UInt64).to_numpy() << np.uint64(20)) | steps["_a"].cast(pl.UInt64).to_numpy()
+    j = steps["_j"].cast(pl.UInt64).to_numpy()
+    h = _mix64(_mix64(code + np.uint64(0x9E3779B97F4A7C15)) ^ _mix64(j ^ np.uint64(0xC2B2AE3D27D4EB4F)))
+    starts = np.flatnonzero(np.r_[True, (steps["_j"].to_numpy()[1:] == 0)])
+    sums = np.add.reduceat(h, starts)  # uint64: wraps modulo 2**64
+    n = steps["_n"].to_numpy()[starts].astype(np.uint64)
+    sig = _mix64(sums ^ _mix64(n))
+    keys = steps[starts.tolist()].select(by)
+    return keys.with_columns(pl.Series("signature", [f"{int(x):016x}" for x in sig], dtype=pl.String))
+
+
+def import_source(meta: dict) -> tuple[str, list[int]] | None:
+    """The svt run an imported run was exported from (``import.svt_source`` in its run.json: the
+    source's run id and, by the import's request index, the source's request id), if the file
+    carried it."""
+    src = (meta.get("import") or {}).get("svt_source") if isinstance(meta.get("import"), dict) else None
+    if not isinstance(src, dict):
+        return None
+    rid, reqs = src.get("run_id"), src.get("requests")
+    if not isinstance(rid, str) or not isinstance(reqs, list) or not all(
+            isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in reqs):
+        return None
+    return rid, reqs
