@@ -220,3 +220,14 @@ def test_recache_checks_the_models_it_is_given(stand_in_run, tmp_path, models_di
         add_cache_to_run(copy, {}, target=models_dir / "draft-small")
     with pytest.raises(ConfigError, match="--draft does not apply"):
         add_cache_to_run(copy, {}, draft=models_dir / "draft-small")
+
+
+@pytest.mark.parametrize("kind", ["vllm-steps", "specdec-tokens"])
+def test_a_reference_run_exported_in_an_import_format_is_refused(stand_in_run, tmp_path, kind):
+    """Issue 34: the specdec-tokens export of a reference run was a 1-byte file with exit 0."""
+    from svt.errors import DataError
+    from svt.interop.export import export
+
+    with pytest.raises(DataError, match="a reference run: its drafts are the cache's"):
+        export(kind, stand_in_run, tmp_path / "out.jsonl")
+    assert not (tmp_path / "out.jsonl").exists()

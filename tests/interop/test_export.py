@@ -169,3 +169,24 @@ def test_a_report_that_is_not_one_is_refused(tmp_path, content):
         with pytest.raises(DataError):
             export(kind, tmp_path / "r.json", tmp_path / out)
         assert not (tmp_path / out).exists()
+
+
+def test_an_export_its_importer_refuses_is_an_error_and_nothing_is_written(small_run, tmp_path, monkeypatch):
+    """The export is imported again before it replaces anything: records that break the format
+    (here a step accepting more than it drafted) are an error, not a file found broken later."""
+    import svt.interop.export as ex
+    from svt.errors import DataError
+
+    real = ex._run_records
+
+    def broken(run_dir, kind):
+        recs = real(run_dir, kind)
+        recs[0]["per_step_accepted"] = [d + 1 for d in recs[0]["per_step_drafted"]]
+        return recs
+
+    monkeypatch.setattr(ex, "_run_records", broken)
+    (tmp_path / "old.jsonl").write_text("earlier export\n")
+    with pytest.raises(DataError, match="would not import again"):
+        ex.export("vllm-steps", small_run, tmp_path / "old.jsonl", overwrite=True)
+    assert (tmp_path / "old.jsonl").read_text() == "earlier export\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["old.jsonl"]

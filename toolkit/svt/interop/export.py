@@ -174,7 +174,11 @@ def _run_records(run_dir: Path, kind: str) -> list[dict]:
     reqs = run.scan("requests").sort("request").collect()
     run_id = run.meta.get("run_id")
     carried = {c for c in ("prompt_ids", "output_ids") if c not in run.lacks("requests")}
-    d = run.scan("drafts").sort("request", "step", "position").collect()
+    d = run.scan("drafts").sort("request", "step", "position").collect() if run.has("drafts") else None
+    if d is None or d.height == 0:
+        what = "a reference run: its drafts are the cache's, in cache_drafts" if run.meta.get("engine") == "reference" \
+            else "no model drafts"
+        raise DataError(f"{run_dir}: `{kind}` carries a model drafter's drafts, and this run has none ({what}).")
     per_step = (d.group_by("request", "step", maintain_order=True)
                 .agg(pl.len().alias("drafted"), (pl.col("label") == 1).sum().alias("accepted"), pl.col("token"),
                      pl.col("accept_prob")))
@@ -209,6 +213,19 @@ def _run_records(run_dir: Path, kind: str) -> list[dict]:
             rec["output_token_ids"] = row["output_ids"]
         out.append(rec)
     return out
+
+
+def _reads_back(kind: str, source: Path, tmp: Path) -> None:
+    """The written file imported as ``svt import`` would (nothing kept): an export that its own
+    importer refuses is an error here, before it replaces anything, not a file found broken later."""
+    from svt.interop import check_tables, get_importer
+    from svt.interop.base import ImportFormatError
+
+    try:
+        check_tables(get_importer(kind).read(tmp), str(tmp))
+    except ImportFormatError as exc:
+        raise DataError(f"{source}: its `{kind}` export would not import again "
+                        f"({str(exc).replace(str(tmp), 'the export')}); nothing written.") from None
 
 
 def _report(path: Path) -> dict:
@@ -275,7 +292,10 @@ def _write(kind: str, source: Path, out: Path, suffix: str) -> Path:
         return write_text_atomic(out, json_text(speculation_profile(source)))
     if kind in ("vllm-steps", "specdec-tokens"):
         lines = [json_text(r, indent=None) for r in _run_records(source, kind)]
-        return write_text_atomic(out, "\n".join(lines) + "\n")
+        with atomic_path(out) as tmp:
+            tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+            _reads_back(kind, source, tmp)
+        return out
     report = _report(source)
     try:
         text = latex_tables(report) if kind == "latex" else None
