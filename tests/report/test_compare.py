@@ -5,6 +5,8 @@ import copy
 import json
 import math
 
+import numpy as np
+import polars as pl
 import pytest
 from typer.testing import CliRunner
 
@@ -553,3 +555,49 @@ def test_different_draws_are_judged_family_wise():
     # tolerance-judged rows (paired reports) are left alone
     tol = [judge("auc", "overall", 0.70, 0.69, None) for _ in range(100)]
     assert family_wise(tol)["scale"] == 1.0 and all(r["verdict"] == "regressed" for r in tol)
+
+
+@pytest.mark.parametrize("rms", [1e-6, 1e-4, 1e-2])
+def test_the_score_sketch_estimates_the_rms_difference_and_its_threshold_is_the_tolerance(rms):
+    """Issue 34: a difference 33x the tolerance could pass as the same data (no test pinned the
+    threshold). The sketch's estimate follows the true RMS per-draft difference within its
+    sampling error (8 projections: a factor well inside 2), and same_data's verdict flips at the
+    tolerance, not at a multiple of it."""
+    from svt.traces.identity import SCORE_TOLERANCE, data_identity, same_data, score_difference
+
+    rng = np.random.default_rng(0)
+    n = 20_000
+    a = pl.DataFrame({"request": np.repeat(np.arange(500), 40), "step": np.tile(np.arange(40) // 4, 500),
+                      "position": np.tile(np.arange(40) % 4, 500), "token": rng.integers(0, 500, n),
+                      "label": rng.integers(0, 2, n).astype(np.int8), "q_max": rng.uniform(0.2, 0.8, n)})
+    noise = rng.standard_normal(n)
+    b = a.with_columns(pl.col("q_max") + pl.Series(noise / np.sqrt(np.mean(noise**2)) * rms))  # RMS exactly `rms`
+    ia, ib = data_identity(a), data_identity(b)
+    est = score_difference(ia, ib)
+    assert rms / 2 < est < 2 * rms
+    for scale, same in ((0.3, True), (3.0, False)):  # the verdict at the tolerance itself
+        ok, _ = same_data(ia, ib, tolerance=rms / scale)
+        assert ok is same, (rms, scale, est)
+    assert same_data(ia, ib)[0] is (est <= SCORE_TOLERANCE)
+
+
+def test_a_scope_tolerance_applies_to_its_scope_and_wins_over_the_global_one():
+    """Issue 34: per-scope tolerances had no test of their own (which scope they reach, which of
+    two given wins)."""
+    base = _report()
+    now = copy.deepcopy(base)
+    now["features"]["q_max"]["per_position"]["1"]["auc"] -= 0.006
+    now["features"]["q_max"]["excluding_first"]["auc"] -= 0.006
+    now["simulation"]["points"][0]["throughput"] *= 0.96
+    both = compare_reports(base, now, parse_tolerances(["auc=0.01", "per_position.auc=0.001"]))
+    assert _row(both, "auc", "position 1")["verdict"] == "regressed"  # the scope's own, not the global 0.01
+    assert _row(both, "auc", "position 1")["tolerance"] == pytest.approx(0.001)
+    assert _row(both, "auc", "excluding first")["verdict"] == "within tolerance"  # the global one
+    assert _row(both, "auc", "excluding first")["tolerance"] == pytest.approx(0.01)
+    only = compare_reports(base, now, parse_tolerances(["excluding_first.auc=0.01"]))
+    assert _row(only, "auc", "excluding first")["verdict"] == "within tolerance"
+    assert _row(only, "auc", "position 1")["basis"] == "default tolerance"  # another scope: untouched
+    sim = lambda r: next(x for x in r["rows"] if x["metric"] == "throughput")  # noqa: E731
+    assert sim(compare_reports(base, now))["verdict"] == "regressed"  # 4 % against the default 2 %
+    relaxed = sim(compare_reports(base, now, parse_tolerances(["simulation.throughput=0.05"])))
+    assert relaxed["verdict"] == "within tolerance" and relaxed["tolerance"] == pytest.approx(0.05 * 1000.0)
