@@ -139,3 +139,72 @@ def test_tau_follows_the_choose_set_when_the_sets_disagree(costs):
     res = policy_results(reqs, preds, 5, costs, [0, 1], [2, 3])
     assert res["tau"] == 0.0  # the cache (predicted 0) is never verified on the choose set
     assert res["hvd"].cache_cycles == res["hvd"].cycles  # ... while the scored requests' drafts all pass τ = 0
+
+
+def _disagreeing(n=400):
+    """Choose set: the cache is predicted to yield 8 but yields nothing; scored set: predicted 8
+    and yields 8. On the choose set every τ below 8 verifies useless cache drafts, so τ must be 8
+    or more there; chosen on the scored set it would be below 8 (the cache pays)."""
+    liar = HVDRequest("w", np.full(n, 8), np.zeros(n, np.int64), np.full(n, 2), np.zeros(n))
+    good = HVDRequest("w", np.full(n, 8), np.full(n, 8), np.full(n, 2), np.zeros(n))
+    return [liar, liar, good, good], [np.full(n, 8.0)] * 4, Split([0, 1], [2, 3], "test")
+
+
+def test_the_map_chooses_tau_on_the_choose_set(costs):
+    """Issue 34: the map's own call of the τ choice (strength_map) had no test; a τ chosen on the
+    scored requests there passed."""
+    reqs, preds, split = _disagreeing()
+    rows = strength_map(reqs, preds, [0, 1, 2, 3], 5, costs, split, seed=1)
+    assert rows and all(r["tau"] >= 8.0 for r in rows), [r["tau"] for r in rows]
+    assert policy_results(reqs, preds, 5, costs, [2, 3], [2, 3])["tau"] < 8.0  # the scored set's own would not be
+
+
+def test_the_two_sided_reports_the_one_sided_tau_chosen_on_the_choose_set(costs):
+    reqs, preds, split = _disagreeing()
+    cols = [{"draft_len": r.draft_len.astype(float), "match_len": np.ones(r.draft_len.size),
+             "score": np.ones(r.draft_len.size)} for r in reqs]
+    out = two_sided(reqs, preds, cols, 5, costs, split)
+    assert out["groups"]["all"]["one_sided_tau"] >= 8.0
+
+
+def _growing():
+    """A cost table whose verify time grows with the tokens verified (10 ms per token): every
+    shipped table is flat at batch 1, where a wrong verify charge changes nothing."""
+    from svt.simulate.costs import CostTable
+
+    return CostTable(kind="measured", draft_ms={1: {1: 1.0, 5: 5.0}}, verify_ms={t: 10.0 * t for t in range(1, 17)})
+
+
+def test_the_two_sided_margin_follows_the_verify_time_of_the_drafts_own_length():
+    """Cache drafts of 8 tokens yielding 2, a model drafter (K = 5) yielding 2: per token the cache
+    costs verify(9) = 90 ms a cycle, the model draft(1, 5) + verify(6) = 65 ms. The model wins, so
+    every margin at or above the rates' ratio ties (model only) and the first such margin is kept.
+    Charging the cache verify(1 + K) instead (60 ms) moves the ratio above 1 and the margin with it."""
+    from svt.simulate.hvd_sweep import MARGINS
+
+    costs, n, k = _growing(), 600, 5
+    reqs = [HVDRequest("w", np.full(n, 8), np.full(n, 2), np.full(n, 2), np.zeros(n)) for _ in range(4)]
+    preds = [np.full(n, 2.0)] * 4
+    cols = [{"draft_len": np.full(n, 8.0), "match_len": np.ones(n), "score": np.ones(n)} for _ in reqs]
+    out = two_sided(reqs, preds, cols, k, costs, Split([0, 1], [2, 3], "test"))
+    g = out["groups"]["all"]
+    cache_rate = 3 / float(costs.verify(9))
+    model_rate = 3 / (costs.draft(1, k) + float(costs.verify(1 + k)))
+    assert g["margin"] == min(m for m in MARGINS if m >= cache_rate / model_rate) == 0.8
+    assert g["two_sided"]["cache_share"] == 0.0
+    assert g["two_sided"]["ms"] == pytest.approx(g["model_only"]["ms"])
+
+
+def test_the_margin_is_chosen_on_the_choose_set():
+    """Choose set: the cache yields nothing (its predicted 4 lies); scored set: it yields 8. The
+    predicted rates' ratio is (4 + 1) / 90 against 3 / 65 = 1.20: margins up to 1.1 verify the
+    cache, from 1.25 on the model. On the choose set the first margin that switches the cache off
+    (1.25) is best; chosen on the scored set it would be 0.5 (the cache pays there)."""
+    costs, n, k = _growing(), 400, 5
+    liar = HVDRequest("w", np.full(n, 8), np.zeros(n, np.int64), np.full(n, 2), np.zeros(n))
+    good = HVDRequest("w", np.full(n, 8), np.full(n, 8), np.full(n, 2), np.zeros(n))
+    reqs = [liar, liar, good, good]
+    preds = [np.full(n, 4.0)] * 4
+    cols = [{"draft_len": np.full(n, 8.0), "match_len": np.ones(n), "score": np.ones(n)} for _ in reqs]
+    g = two_sided(reqs, preds, cols, k, costs, Split([0, 1], [2, 3], "test"))["groups"]["all"]
+    assert g["margin"] == 1.25 and g["two_sided"]["cache_share"] == 0.0
