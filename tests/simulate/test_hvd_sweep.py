@@ -208,3 +208,32 @@ def test_the_margin_is_chosen_on_the_choose_set():
     cols = [{"draft_len": np.full(n, 8.0), "match_len": np.ones(n), "score": np.ones(n)} for _ in reqs]
     g = two_sided(reqs, preds, cols, k, costs, Split([0, 1], [2, 3], "test"))["groups"]["all"]
     assert g["margin"] == 1.25 and g["two_sided"]["cache_share"] == 0.0
+
+
+def test_a_cache_cycle_pays_the_verify_time_of_its_own_draft_length():
+    """Under a table whose verify time grows with the tokens, each cache cycle pays lookup +
+    verify(1 + its draft's length), each model cycle draft(1, K) + verify(1 + K) (a flat table
+    cannot tell these apart)."""
+    from svt.simulate.hvd import oracle_walk
+
+    costs, k = _growing(), 5
+    rng = np.random.default_rng(4)
+    n = 300
+    d = rng.integers(0, 12, n)
+    c = np.minimum(rng.integers(0, 4, n), d)
+    m = rng.integers(0, k + 1, n)
+    req = HVDRequest("w", d, c, m, np.full(n, 0.5))
+    use = rng.random(n) < 0.5
+    got = walk(req, use, k, costs, consult=True)
+    want, t = 0.0, 0
+    while t < n:
+        if use[t]:
+            want += 0.5 + 10.0 * (1 + d[t])
+            t += c[t] + 1
+        else:
+            want += 0.5 + 5.0 + 10.0 * (1 + k)
+            t += m[t] + 1
+    assert got.ms == pytest.approx(want)
+    best = oracle_walk(req, k, costs)  # its walk must follow the optimum it computed with these charges
+    assert best.ms <= min(walk(req, np.zeros(n, bool), k, costs, consult=True).ms,
+                          walk(req, np.ones(n, bool), k, costs, consult=True).ms) + 1e-9
