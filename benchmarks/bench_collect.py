@@ -9,7 +9,13 @@ sampling (temperature 1, K = 5), float32 on CPU, 2 threads:
 - ``hf assisted``: ``generate(assistant_model=draft)`` with a constant 5-token schedule, batch 1
   (transformers refuses batch > 1 for assisted generation);
 - ``svt collect``: the full collector (logging every draft, hidden states and a dists sample, and
-  writing Parquet shards), batch 1 and batch 8.
+  writing Parquet shards), batch 1 and batch 8;
+- ``bare forwards``: the collector's floor, the forward passes alone of the same shapes, replayed
+  from the collected run: per batch the two prefills, then per step a draft forward of 2 tokens,
+  K - 1 of 1 token and a target forward of K + 1 tokens, over the rows still decoding at that
+  step (the engine's cache layout, random token ids; no sampling, verification, logging or
+  writing). ``collector / floor`` is the full collection's wall time over the floor's for the same
+  work: what the collector's own code costs on top of the models.
 
 Figures are output tokens per second of wall time, excluding model loading. Results are printed
 and written to reports/bench/collect.json. Numbers on a shared machine move by ~10%: compare the
@@ -61,6 +67,51 @@ def hf_rate(model, prompts, max_new, assistant=None, k=5, seed=0) -> tuple[float
     return n_tok / (time.perf_counter() - t0), n_tok
 
 
+def bare_forward_seconds(pair, run_dir: Path, k: int, batch_size: int) -> float:
+    """Wall time of the forward passes alone that the collection of ``run_dir`` made (see the
+    module doc): the same batches, prompt widths, rows per step and cache growth."""
+    import polars as pl
+
+    from svt.collect.engine import _Cache
+    from svt.traces import open_run
+
+    run = open_run(run_dir)
+    reqs = run.scan("requests").select("request", "prompt_ids").sort("request").collect()
+    steps = run.scan("steps").select("request", "step").collect()
+    device = next(pair.target.parameters()).device
+    vocab = pair.target.config.vocab_size
+    gen = torch.Generator().manual_seed(0)
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        for start in range(0, reqs.height, batch_size):
+            batch = reqs.slice(start, batch_size)
+            B = batch.height
+            width = max(max(len(p) for p in batch["prompt_ids"]) - 1, 1)
+            rows = (steps.filter(pl.col("request").is_between(start, start + B - 1))
+                    .group_by("step").len().sort("step")["len"].to_list())
+            ids = torch.randint(0, vocab, (B, width), generator=gen).to(device)
+            tc, dc = _Cache(pair.target, B, device), _Cache(pair.draft, B, device)
+            ones = torch.ones((B, width), dtype=torch.long, device=device)
+            tc.forward(ids, ones)
+            dc.forward(ids, ones)
+            nb = B
+            for n in rows:
+                if n < nb:  # finished rows leave both caches, as in the engine
+                    keep = torch.arange(n, device=device)
+                    tc.select(keep)
+                    dc.select(keep)
+                    nb = n
+                tok = torch.randint(0, vocab, (nb, k + 1), generator=gen).to(device)
+                dc.forward(tok[:, :2], torch.ones((nb, 2), dtype=torch.long, device=device))
+                one = torch.ones((nb, 1), dtype=torch.long, device=device)
+                for i in range(k - 1):
+                    dc.forward(tok[:, i : i + 1], one)
+                tc.forward(tok, torch.ones((nb, k + 1), dtype=torch.long, device=device))
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--prompts", type=int, default=16)
@@ -88,10 +139,15 @@ def main(argv=None) -> dict:
             "dtype": args.dtype,
             "max_prompt_tokens": 384, "log": {"hidden": True, "dists_fraction": 0.02}}
 
+    floor: dict[int, list[float]] = {1: [], 8: []}
+
     def svt_rate(bs):
         cfg = load_collect_config(None, {"batch_size": bs}, base=base)
         with tempfile.TemporaryDirectory() as tmp:
             s = collect(cfg, Path(tmp) / "run", progress=False)
+            # the same work's forward passes alone, right after (the floor of this round)
+            bare = bare_forward_seconds(pair, Path(tmp) / "run", 5, bs)
+        floor[bs].append(s.seconds / bare)
         # EOS can end a request early; the rate counts the tokens actually produced
         return s.output_tokens / s.seconds
 
@@ -106,13 +162,17 @@ def main(argv=None) -> dict:
     ref = rates["hf assisted (batch 1)"]
     rows = {k: summary(v) for k, v in rates.items()}
     vs = {k: summary([a / b for a, b in zip(v, ref, strict=True)]) for k, v in rates.items()}
-    table = Table("path", "tokens/s: median (range)", "vs hf assisted (per round)",
+    over = {bs: summary(v) for bs, v in floor.items()}
+    table = Table("path", "tokens/s: median (range)", "vs hf assisted (per round)", "collector / floor",
                   title=f"collector throughput (tiny pair, {args.device} {args.dtype}; {args.repeats} rounds)")
     for name in fns:
-        table.add_row(name, fmt(rows[name], digits=0), fmt(vs[name], "x"))
+        bs = 8 if "batch 8" in name else 1
+        table.add_row(name, fmt(rows[name], digits=0), fmt(vs[name], "x"),
+                      fmt(over[bs], "x") if name.startswith("svt") else "")
     Console(width=200).print(table)  # off a terminal too: no wrapped cells
     result = {"prompts": args.prompts, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
               "tokens_per_s": rows, "ratio_vs_assisted": vs,
+              "collector_over_bare_forwards": {f"batch {bs}": v for bs, v in over.items()},
               "torch": torch.__version__, "threads": torch.get_num_threads(), "device": args.device,
               "dtype": args.dtype}
     args.out.parent.mkdir(parents=True, exist_ok=True)

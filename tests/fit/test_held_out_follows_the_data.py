@@ -154,3 +154,92 @@ def test_a_mixed_or_damaged_source_is_one_error(long_run, tmp_path):
             import_trace("vllm-steps", bad, tmp_path / name)
         assert f"{bad}:{1 if name in ('half', 'bad id') else 2}:" in str(err.value), (name, str(err.value))
         assert not (tmp_path / name).exists(), name
+
+
+def _edit_source(run, out, edit):
+    import shutil
+
+    shutil.copytree(run, out)
+    meta = json.loads((out / "run.json").read_text())
+    edit(meta["import"])
+    (out / "run.json").write_text(json.dumps(meta))
+    return out
+
+
+@pytest.fixture(scope="module")
+def imported(long_run, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("imported")
+    return import_trace("vllm-steps", export("vllm-steps", long_run, tmp / "out.jsonl"), tmp / "imp").run_dir
+
+
+def test_a_source_map_that_does_not_describe_the_data_is_refused(imported, fit, tmp_path):
+    """The probe: a reversed map scored 5 training requests as held out, a constant or shifted one
+    every row, all under "held-out requests"."""
+    for name, edit, match in (
+            ("reversed", lambda s: s["svt_source"].update(requests=s["svt_source"]["requests"][::-1]),
+             "does not describe this data"),
+            ("shifted", lambda s: s["svt_source"].update(requests=[r + 1000 for r in s["svt_source"]["requests"]]),
+             "does not describe this data"),
+            ("twice", lambda s: s["svt_source"].update(requests=[0] * len(s["svt_source"]["requests"])),
+             "names a source request twice"),
+            ("negative", lambda s: s["svt_source"]["requests"].__setitem__(0, -1), "not a list of request ids"),
+            ("text", lambda s: s["svt_source"]["requests"].__setitem__(0, "0"), "not a list of request ids"),
+            ("huge", lambda s: s["svt_source"]["requests"].__setitem__(0, 2**63), "not a list of request ids"),
+            ("longer", lambda s: s["svt_source"]["requests"].append(99_999), "entries for"),
+            ("not an object", lambda s: s.update(svt_source="x"), "not a run id")):
+        run = _edit_source(imported, tmp_path / name, edit)
+        with pytest.raises(DataError, match=match):
+            _scored(run, fit)
+
+
+def test_an_unrelated_import_claiming_the_training_run_is_refused(small_run, long_run, fit, tmp_path):
+    other = write_run(small_run, tmp_path / "other", 4_000, shard_labelled=4_000, steps_per_request=30, seed=12)
+    imp = import_trace("vllm-steps", export("vllm-steps", other, tmp_path / "o.jsonl"), tmp_path / "imp").run_dir
+    source_id = json.loads((long_run / "run.json").read_text())["run_id"]
+    run = _edit_source(imp, tmp_path / "claims", lambda s: s["svt_source"].update(run_id=source_id))
+    with pytest.raises(DataError, match="is mapped to training request .* but does not repeat any training request"):
+        _scored(run, fit)
+
+
+def test_a_request_id_beyond_64_bits_is_refused_on_import(long_run, tmp_path):
+    file = export("vllm-steps", long_run, tmp_path / "out.jsonl")
+    rows = [json.loads(x) for x in file.read_text().splitlines()]
+    rows[3]["svt_request"] = 2**70
+    (tmp_path / "big.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(DataError, match="svt_request"):
+        import_trace("vllm-steps", tmp_path / "big.jsonl", tmp_path / "imp")
+
+
+def test_requests_with_one_outcome_throughout_are_not_signed():
+    """A request rejected at every step (or accepted in full at every step) says nothing of which
+    request it is: two unrelated ones would match (the probe: 14 requests of another run "left
+    out" at 3-5 % acceptance)."""
+    rows = [{"request": r, "step": s, "position": p, "label": 0 if p == 0 else None}
+            for r in range(3) for s in range(30) for p in range(2)]
+    flat = pl.DataFrame(rows, schema_overrides={"label": pl.Int8})
+    assert request_signatures(flat).height == 0
+    varied = flat.with_columns(pl.when((pl.col("step") < 4) & (pl.col("position") == 0) & (pl.col("request") == 1))
+                               .then(1).otherwise(pl.col("label")).alias("label"))
+    assert request_signatures(varied)["request"].to_list() == [1]
+
+
+def test_an_export_that_would_come_back_with_other_labels_is_refused(small_run, tmp_path):
+    """A step whose drafts were never verified (labels all empty) has no place in per-step counts:
+    exported, it came back with a rejection it never had (the probe: 2,180 labelled drafts became
+    2,225)."""
+    import shutil
+
+    from ..conftest import reseal
+
+    run = tmp_path / "run"
+    shutil.copytree(small_run, run)
+    for f in sorted((run / "drafts").glob("*.parquet")):
+        d = pl.read_parquet(f)
+        first = d.select("request", "step").row(0)
+        d.with_columns(pl.when((pl.col("request") == first[0]) & (pl.col("step") == first[1])).then(None)
+                       .otherwise(pl.col("label")).alias("label")).write_parquet(f)
+        break
+    reseal(run)
+    with pytest.raises(DataError, match="would come back with"):
+        export("vllm-steps", run, tmp_path / "out.jsonl")
+    assert not (tmp_path / "out.jsonl").exists()

@@ -332,7 +332,15 @@ def _seen(fit: Fitter, run_ids: list, paths: list | None) -> list[tuple[int | No
         requests = None
         if hit is None and paths is not None:
             run = open_run(paths[i], deep=False)
-            src = import_source(run.meta)
+            try:
+                src = import_source(run.meta)
+            except ValueError as exc:
+                raise DataError(f"{paths[i]}: {exc}: the run's record of its source is damaged "
+                                "(import it again from the export).") from None
+            n = (run.meta.get("counts") or {}).get("requests")
+            if src is not None and isinstance(n, int) and len(src[1]) != n:
+                raise DataError(f"{paths[i]}: `import.svt_source.requests` has {len(src[1])} entries for {n} "
+                                "requests: the run's record of its source is damaged (import it again).")
             if src is not None:
                 hit = next((j for j, t in enumerate(trained) if t.get("run_id") == src[0]), None)
                 requests = src[1] if hit is not None else None
@@ -360,10 +368,11 @@ def _repeated_requests(fit: Fitter, drafts: pl.DataFrame, paths: list | None, no
             raise DataError(
                 f"{where}: {r['m']} of its {r['n']} requests of {MIN_SIGNATURE_STEPS}+ verified steps repeat the "
                 f"{fit.name} fit's training requests step for step (the same drafts verified and accepted at every "
-                "step): it is the fit's training data under another run id (an import of an export of its training "
-                "run?), and scoring it would score the fit on what it learned from. Evaluate the fit on its training "
-                "run (its held-out requests) or on new data; `svt export` now writes the source's request ids, so "
-                "an import of a fresh export is scored on the held-out requests only.")
+                "step): it holds the fit's training data under another run id (a copy or import of its training "
+                "run, or the run an import it was trained on came from), and scoring it would score the fit on what "
+                "it learned from. Evaluate the fit on the run it was trained on (its held-out requests) or on new "
+                "data; an import of `svt export`'s file of the training run itself carries the source's request "
+                "ids and is scored on the held-out requests only.")
     rep = found.filter("_rep").select(pl.col("_run").cast(pl.Int64), pl.col("request").cast(pl.Int64),
                                       pl.lit(True).alias("_t"))
     if rep.height and notes is not None:
@@ -411,6 +420,8 @@ def evaluation_mask(fit: Fitter, drafts: pl.DataFrame, run_ids: list[str | None]
     keys = drafts.select(pl.col("_run").cast(pl.Int64), pl.col("request").cast(pl.Int64))
     keys = _source_requests(keys, seen, paths)
     ids = training.get("train_request_ids")
+    if ids is not None and any(m is not None for _, m in seen):
+        _check_source_map(fit, drafts, keys, ids, seen, paths)
     if ids is not None:  # every request the fit did not train on
         trained_keys = pl.DataFrame(ids, schema={"_run": pl.Int64, "request": pl.Int64}, orient="row")
         return ~keys.join(trained_keys.with_columns(pl.lit(True).alias("_t")), on=["_run", "request"], how="left",
@@ -419,6 +430,39 @@ def evaluation_mask(fit: Fitter, drafts: pl.DataFrame, run_ids: list[str | None]
         raise DataError("This fit (from an older svt) does not list its training requests, so an import of its "
                         "training run cannot be split; evaluate it on the training run itself, or fit again.")
     return split_mask(drafts, training["test_fraction"], training["split_seed"])
+
+
+def _check_source_map(fit: Fitter, drafts: pl.DataFrame, keys: pl.DataFrame, ids: list, seen: list,
+                      paths: list | None) -> None:
+    """An import's source map against its data: every request it maps to a training request must
+    repeat that training request step for step, and none it maps to a held-out one may (a map
+    reversed, shifted, or naming the training run over other data would score training requests
+    as held out, or held-out ones not at all)."""
+    sigs = (fit.training_ or {}).get("train_request_signatures")
+    if sigs is None:
+        return
+    mapped = [i for i, (_, m) in enumerate(seen) if m is not None]
+    frame = drafts.select(pl.col("_run").cast(pl.Int64), pl.col("request").cast(pl.Int64), "step", "label")
+    frame = frame.with_columns(keys["request"].alias("_src")).filter(pl.col("_run").is_in(mapped))
+    found = request_signatures(frame.drop("_src"))
+    if found.height == 0:
+        return
+    src = frame.select("_run", "request", "_src").unique()
+    trained = pl.DataFrame(ids, schema={"_run": pl.Int64, "_src": pl.Int64}, orient="row").with_columns(
+        pl.lit(True).alias("_trained"))
+    found = (found.join(src, on=["_run", "request"], how="left")
+             .join(trained, on=["_run", "_src"], how="left")
+             .with_columns(pl.col("_trained").fill_null(False), pl.col("signature").is_in(list(sigs)).alias("_rep")))
+    bad = found.filter(pl.col("_trained") != pl.col("_rep")).sort("_run", "request")
+    if bad.height:
+        r = bad.row(0, named=True)
+        where = str(paths[r["_run"]]) if paths is not None else f"run {r['_run'] + 1}"
+        how = ("is mapped to training request {src} but does not repeat any training request"
+               if r["_trained"] else "is mapped to held-out request {src} but repeats a training request step for step")
+        raise DataError(f"{where}: request {r['request']} " + how.format(src=r["_src"]) + f" ({bad.height} such of "
+                        f"{found.height} requests): run.json's `import.svt_source` does not describe this data, so "
+                        "which requests the fit trained on is unknown. Import the export again, or evaluate on the "
+                        "training run itself.")
 
 
 def _source_requests(keys: pl.DataFrame, seen: list, paths: list | None) -> pl.DataFrame:

@@ -238,7 +238,7 @@ def feature_values(frame: pl.DataFrame, name: str) -> np.ndarray:
     check_feature(f, frame)
     x = values(f, frame)
     if not np.isfinite(x).all():
-        raise DataError(f"Feature {name!r} gives NaN/inf values; cannot fit on it.")
+        raise DataError(f"Feature {name!r} gives NaN/inf values on these drafts; a fit is neither trained nor scored on them.")
     return x
 
 

@@ -328,7 +328,7 @@ class IRLSOnlineFitter(Fitter):
             raise ConfigError(f"`label_delay` {self.options.label_delay} is not shorter than the run's {span} "
                               "decode steps: no label would reach the estimator while it runs.")
         if not np.isfinite(x).all():
-            raise DataError(f"Feature {self.feature!r} gives NaN/inf values; cannot fit on it.")
+            raise DataError(f"Feature {self.feature!r} gives NaN/inf values on these drafts; a fit is neither trained nor scored on them.")
         self.est_ = IRLSOnline(self.options).fit(x, position, y, decode_step, k=k)
         self.est_.prequential_ = None  # 8 bytes per draft; `predict` replays again
         return self

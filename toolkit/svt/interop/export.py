@@ -222,10 +222,21 @@ def _reads_back(kind: str, source: Path, tmp: Path) -> None:
     from svt.interop.base import ImportFormatError
 
     try:
-        check_tables(get_importer(kind).read(tmp), str(tmp))
+        back = get_importer(kind).read(tmp)
+        check_tables(back, str(tmp))
     except ImportFormatError as exc:
         raise DataError(f"{source}: its `{kind}` export would not import again "
                         f"({str(exc).replace(str(tmp), 'the export')}); nothing written.") from None
+    # and with the same labels: a step whose drafts were never verified has no place in these
+    # formats (drafted and accepted counts), and would come back with a rejection it never had
+    d = open_run(source).scan("drafts").select(pl.col("label").is_not_null().sum().alias("labelled"),
+                                                (pl.col("label") == 1).sum().alias("accepted")).collect().row(0)
+    got = (int(back.drafts["label"].is_not_null().sum()), int((back.drafts["label"] == 1).sum()))
+    if tuple(int(x) for x in d) != got:
+        raise DataError(f"{source}: its `{kind}` export would come back with {got[0]:,} labelled drafts "
+                        f"({got[1]:,} accepted) against the run's {d[0]:,} ({d[1]:,}): the run has drafts the format "
+                        "cannot carry (a step whose drafts were never verified, labels that are not a chain's); "
+                        "nothing written.")
 
 
 def _report(path: Path) -> dict:

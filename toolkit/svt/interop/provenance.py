@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 from svt.interop.base import fail
+from svt.traces.identity import MAX_ID
 
 KEYS = ("svt_run_id", "svt_request")
 
@@ -37,8 +38,8 @@ class SourceIds:
         rid, req = obj["svt_run_id"], obj["svt_request"]
         if not isinstance(rid, str) or not rid:
             raise fail(where, f"`svt_run_id` must be a run id (a string), but got {json.dumps(rid)[:80]}.")
-        if not isinstance(req, int) or isinstance(req, bool) or req < 0:
-            raise fail(where, f"`svt_request` must be a request id (an integer >= 0), but got {json.dumps(req)[:80]}.")
+        if not isinstance(req, int) or isinstance(req, bool) or not 0 <= req <= MAX_ID:
+            raise fail(where, f"`svt_request` must be a request id (an integer from 0 to 2**62), but got {json.dumps(req)[:80]}.")
         if self.without is not None:
             raise fail(where, f"carries `svt_run_id`, but the record at {self.without} does not: a file mixing an svt "
                               "export with other records cannot say which requests a fit trained on.")

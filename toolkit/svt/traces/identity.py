@@ -242,23 +242,30 @@ def experiment(meta: dict) -> dict:
 # (with K = 4 each step has up to 9 outcomes), so a run whose long requests repeat a fit's training
 # requests is that fit's training data, re-imported or re-exported, whatever its run id.
 MIN_SIGNATURE_STEPS = 16
+MIN_VARIED_STEPS = 4
 
 
 def request_signatures(drafts: pl.DataFrame | pl.LazyFrame, min_steps: int = MIN_SIGNATURE_STEPS) -> pl.DataFrame:
-    """One row per request with at least ``min_steps`` verified steps: ``_run`` (when the frame has
-    it), ``request`` and ``signature`` (16 hex digits of its acceptance sequence in step order;
-    step numbers and probabilities do not enter, so an import that renumbers steps or drops the
-    draft tokens has the same signature)."""
+    """One row per request that its acceptance sequence identifies: ``_run`` (when the frame has
+    it), ``request`` and ``signature`` (16 hex digits of the sequence of (drafts verified, drafts
+    accepted) per step, in step order; step numbers and probabilities do not enter, so an import
+    that renumbers steps or drops the draft tokens has the same signature). A request counts when
+    it has at least ``min_steps`` verified steps of which at least ``MIN_VARIED_STEPS`` differ from
+    its most common outcome: a request rejected (or accepted) at every step says nothing of which
+    request it is, and two unrelated ones would match."""
     frame = drafts.lazy() if isinstance(drafts, pl.DataFrame) else drafts
     by = [c for c in ("_run", "request") if c in frame.collect_schema().names()]
     steps = (frame.filter(pl.col("label").is_not_null())
              .group_by(*by, "step").agg(pl.len().alias("_v"), (pl.col("label") == 1).sum().alias("_a"))
+             .with_columns((pl.col("_v").cast(pl.Int64) * 65536 + pl.col("_a").cast(pl.Int64)).alias("_o"))
              .sort(*by, "step").with_columns(pl.int_range(pl.len()).over(by).alias("_j"),
-                                             pl.len().over(by).alias("_n"))
-             .filter(pl.col("_n") >= min_steps).collect())
+                                             pl.len().over(by).alias("_n"),
+                                             pl.len().over(*by, "_o").alias("_same"))
+             .with_columns(pl.col("_same").max().over(by).alias("_mode"))
+             .filter((pl.col("_n") >= min_steps) & (pl.col("_n") - pl.col("_mode") >= MIN_VARIED_STEPS)).collect())
     if steps.height == 0:
         return pl.DataFrame(schema={**{c: pl.Int64 for c in by}, "signature": pl.String})
-    code = (steps["_v"].cast(pl.UInt64).to_numpy() << np.uint64(20)) | steps["_a"].cast(pl.UInt64).to_numpy()
+    code = steps["_o"].cast(pl.UInt64).to_numpy()
     j = steps["_j"].cast(pl.UInt64).to_numpy()
     h = _mix64(_mix64(code + np.uint64(0x9E3779B97F4A7C15)) ^ _mix64(j ^ np.uint64(0xC2B2AE3D27D4EB4F)))
     starts = np.flatnonzero(np.r_[True, (steps["_j"].to_numpy()[1:] == 0)])
@@ -272,12 +279,21 @@ def request_signatures(drafts: pl.DataFrame | pl.LazyFrame, min_steps: int = MIN
 def import_source(meta: dict) -> tuple[str, list[int]] | None:
     """The svt run an imported run was exported from (``import.svt_source`` in its run.json: the
     source's run id and, by the import's request index, the source's request id), if the file
-    carried it."""
-    src = (meta.get("import") or {}).get("svt_source") if isinstance(meta.get("import"), dict) else None
-    if not isinstance(src, dict):
+    carried it. A damaged record (not ids, an id twice) is a ValueError naming what is wrong: it
+    decides which requests a fit was trained on, so it is never ignored."""
+    imp = meta.get("import") if isinstance(meta.get("import"), dict) else {}
+    if "svt_source" not in imp:
         return None
-    rid, reqs = src.get("run_id"), src.get("requests")
-    if not isinstance(rid, str) or not isinstance(reqs, list) or not all(
-            isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in reqs):
-        return None
+    src = imp["svt_source"]
+    rid, reqs = (src.get("run_id"), src.get("requests")) if isinstance(src, dict) else (None, None)
+    if not isinstance(rid, str) or not rid:
+        raise ValueError("`import.svt_source.run_id` is not a run id")
+    if not isinstance(reqs, list) or not all(isinstance(r, int) and not isinstance(r, bool) and 0 <= r <= MAX_ID
+                                             for r in reqs):
+        raise ValueError("`import.svt_source.requests` is not a list of request ids (integers from 0)")
+    if len(set(reqs)) != len(reqs):
+        raise ValueError("`import.svt_source.requests` names a source request twice")
     return rid, reqs
+
+
+MAX_ID = 2**62  # request ids are 64-bit integers in the tables
