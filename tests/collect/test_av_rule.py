@@ -61,7 +61,6 @@ def test_the_worked_case_by_hand():
     assert (a > 0) == (b > 0)
 
 
-@pytest.mark.slow
 def test_engine_rule_is_lossy_and_the_convex_rule_is_not_through_run_batch():
     target, draft = _worked_pair()
     n = 1500  # batch of one request each (the budget is decided per batch)

@@ -84,7 +84,6 @@ def _shifted(joint: np.ndarray, tv: float) -> np.ndarray:
     return flat.reshape(joint.shape)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.7, 0.9)])
 def test_emitted_pairs_follow_the_target_exactly(pair, temperature, top_p):
     joint = _exact_joint(pair[0], temperature, top_p)
@@ -98,7 +97,6 @@ def test_emitted_pairs_follow_the_target_exactly(pair, temperature, top_p):
     assert _chi2(counts, _exact_joint(pair[1], temperature, top_p)) < 1e-12
 
 
-@pytest.mark.slow
 def test_live_av_trimming_stays_lossless(pair):
     """Trimming on a q-only confidence under an affine (convex) cost table that makes the budget
     rule keep 0, 1, 2 or 3 drafts depending on the confidences: the emitted pairs still follow the

@@ -46,6 +46,7 @@ def _table(run, table):
     return open_run(run).scan(table).collect().sort(KEYS[table])
 
 
+@pytest.mark.slow
 def test_two_shard_processes_merge_into_the_unsharded_run(config, tmp_path):
     # one thread per process, in every process: BLAS reductions over another number of threads
     # round differently (features move by ~1e-6; tokens and labels do not), and the check is exact
