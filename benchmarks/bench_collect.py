@@ -9,7 +9,7 @@ sampling (temperature 1, K = 5), float32 on CPU, 2 threads:
 - ``hf assisted``: ``generate(assistant_model=draft)`` with a constant 5-token schedule, batch 1
   (transformers refuses batch > 1 for assisted generation);
 - ``svt collect``: the full collector (logging every draft, hidden states and a dists sample, and
-  writing Parquet shards), batch 1 and batch 8;
+  writing Parquet shards), batch 1, 8 and 16 (the demo's);
 - ``bare forwards``: the collector's floor, the forward passes alone of the same shapes, replayed
   from the collected run: per batch the two prefills, then per step a draft forward of 2 tokens,
   K - 1 of 1 token and a target forward of K + 1 tokens, over the rows still decoding at that
@@ -139,7 +139,7 @@ def main(argv=None) -> dict:
             "dtype": args.dtype,
             "max_prompt_tokens": 384, "log": {"hidden": True, "dists_fraction": 0.02}}
 
-    floor: dict[int, list[float]] = {1: [], 8: []}
+    floor: dict[int, list[float]] = {1: [], 8: [], 16: []}
 
     def svt_rate(bs):
         cfg = load_collect_config(None, {"batch_size": bs}, base=base)
@@ -154,7 +154,8 @@ def main(argv=None) -> dict:
     fns = {"hf generate (batch 1)": lambda: hf_rate(pair.target, prompts, args.max_new_tokens)[0],
            "hf assisted (batch 1)": lambda: hf_rate(pair.target, prompts, args.max_new_tokens, pair.draft)[0],
            "svt collect (batch 1, logging all)": lambda: svt_rate(1),
-           "svt collect (batch 8, logging all)": lambda: svt_rate(8)}
+           "svt collect (batch 8, logging all)": lambda: svt_rate(8),
+           "svt collect (batch 16, logging all)": lambda: svt_rate(16)}
     rates: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(args.repeats):  # side by side: one of each per round
         for name, fn in fns.items():
@@ -166,7 +167,7 @@ def main(argv=None) -> dict:
     table = Table("path", "tokens/s: median (range)", "vs hf assisted (per round)", "collector / floor",
                   title=f"collector throughput (tiny pair, {args.device} {args.dtype}; {args.repeats} rounds)")
     for name in fns:
-        bs = 8 if "batch 8" in name else 1
+        bs = int(name.split("batch ")[1].split(",")[0].rstrip(")"))
         table.add_row(name, fmt(rows[name], digits=0), fmt(vs[name], "x"),
                       fmt(over[bs], "x") if name.startswith("svt") else "")
     Console(width=200).print(table)  # off a terminal too: no wrapped cells
