@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 
 from svt.collect.profile import profile_pair
 from svt.simulate.costs import load_costs, write_costs
@@ -106,3 +107,42 @@ def test_one_slow_repeat_is_not_noise_but_a_busy_stretch_is():
 
     assert _spread([1.0, 1.02, 0.98, 1.01, 2.0]) < 0.05  # a pause in one repeat of five
     assert _spread([1.0, 1.6, 0.9, 2.2, 1.4]) > 0.3  # the machine busy for part of the run
+
+
+def test_a_short_verify_forward_is_timed_over_enough_forwards_to_outlast_the_scheduler(tiny_pair, monkeypatch):
+    """One 2 ms forward is at the mercy of a scheduler tick (a quiet machine's profile flagged
+    itself with a 42 % spread): each verify sample is the mean of as many forwards as last
+    SAMPLE_MS, counted from the warm-up. A clock that advances 0.5 ms per reading makes every
+    forward last 0.5 ms: 16 forwards a sample (the cap; 20 would reach 10 ms), their mean exact."""
+    import svt.collect.profile as prof
+
+    class Clock:
+        now = 0.0
+
+        def perf_counter(self):
+            self.now += 0.0005
+            return self.now
+
+    monkeypatch.setattr(prof, "time", Clock())
+    calls = []
+    real = type(tiny_pair.target).__call__
+
+    class Counted:
+        def __init__(self, model):
+            self.model = model
+
+        def __call__(self, *a, **kw):
+            calls.append(kw.get("input_ids").shape)
+            return real(self.model, *a, **kw)
+
+        def parameters(self):
+            return self.model.parameters()
+
+        def __getattr__(self, name):
+            return getattr(self.model, name)
+
+    table = prof.profile_pair(Counted(tiny_pair.target), tiny_pair.draft, k=1, batches=(1,), context=8, repeats=2)
+    assert prof.SAMPLE_MS / 0.5 > prof.MAX_INNER == 16
+    # the prefill, then for each of the K + 1 = 2 token counts: one warm-up and 2 repeats x 16
+    assert len(calls) == 1 + 2 * (1 + 2 * 16)
+    assert table.verify_ms == pytest.approx({1: 0.5, 2: 0.5}, rel=1e-9)

@@ -16,6 +16,8 @@ made a replay show speculation losing 6x).
 
 from __future__ import annotations
 
+import math
+
 import time
 from collections import defaultdict
 
@@ -54,6 +56,10 @@ def _prefill(model, batch: int, context: int, device):
 
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64)
+# a verify sample is the mean of enough forwards to last this long: a single 2 ms forward is at
+# the mercy of one scheduler tick (IQRs of 40 % on a quiet 2-core machine), ten of them are not
+SAMPLE_MS = 10.0
+MAX_INNER = 16
 
 
 def parse_batches(text: str | None) -> tuple[int, ...]:
@@ -143,15 +149,20 @@ def profile_pair(target, draft, *, k: int, batches=DEFAULT_BATCHES, context: int
         cache = _prefill(target, b, context, device)
         for m in range(1, k + 2):
             ids = torch.full((b, m), 11, device=device)
-            samples = []
+            samples, inner = [], 1
             for rep in range(repeats + 1):
-                _sync(device)
-                t0 = time.perf_counter()
-                target(input_ids=ids, cache=cache, use_cache=True)
-                _sync(device)
+                t = 0.0
+                for _ in range(inner):
+                    _sync(device)
+                    t0 = time.perf_counter()
+                    target(input_ids=ids, cache=cache, use_cache=True)
+                    _sync(device)
+                    t += time.perf_counter() - t0
+                    _reset(cache, context)
                 if rep:
-                    samples.append((time.perf_counter() - t0) * 1e3)
-                _reset(cache, context)
+                    samples.append(t * 1e3 / inner)
+                else:  # from the warm-up: enough forwards per sample that one lasts SAMPLE_MS
+                    inner = min(MAX_INNER, max(1, math.ceil(SAMPLE_MS / max(t * 1e3, 1e-3))))
             verify[b * m].append(float(np.median(samples)))
             spread["verify"][(b, m)] = _spread(samples)
             verify_by_batch[m][b] = (float(np.median(samples)), spread["verify"][(b, m)])
