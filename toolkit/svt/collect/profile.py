@@ -17,7 +17,6 @@ made a replay show speculation losing 6x).
 from __future__ import annotations
 
 import math
-
 import time
 from collections import defaultdict
 
