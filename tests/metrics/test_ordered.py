@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from sklearn.metrics import brier_score_loss, log_loss, roc_auc_score, roc_curve
 
 from svt.metrics import ece, ordered
-from svt.metrics.ordered import order_keys, score_tables
+from svt.metrics.ordered import order_keys, same_ranks, score_tables
 
 
 def _data(n, seed, kind):
@@ -157,19 +157,92 @@ def test_scores_finer_than_float32_everywhere_are_reordered_by_the_float64_score
     _check_scope(t["per_position"][2], y[pos == 2], s[pos == 2])
 
 
-def test_a_reused_order_gives_the_keys_of_a_fresh_sort():
+def _expected_keys(s: np.ndarray) -> np.ndarray:
+    """``dense rank << 32 | row`` in ascending (score, row) order, by lexsort and unique."""
+    rows = np.lexsort((np.arange(s.size), s))
+    rank = np.unique(s, return_inverse=True)[1]
+    return (rank[rows].astype(np.uint64) << np.uint64(32)) | rows.astype(np.uint64)
+
+
+def _same_order(a: np.ndarray, b: np.ndarray) -> bool:
+    """The same rows in the same order with the same ties (rank values may differ: a float32
+    sort's ranks are bit patterns, a rebuilt order's are dense)."""
+    low, high = np.uint64(0xFFFFFFFF), np.uint64(32)
+    return bool(np.array_equal(a & low, b & low)
+                and np.array_equal(np.diff(a >> high) != 0, np.diff(b >> high) != 0))
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_a_reused_order_gives_the_keys_of_a_fresh_sort(in_place):
     """Clipping merges values an earlier order kept apart: the rows of each new tie are put back
     in row order, so the keys (and every float sum over a tie) do not depend on which order was
-    reused."""
+    reused. The scores are finer than float32 (a fresh float32 sort merges them), so the earlier
+    order is reused in both modes."""
     rng = np.random.default_rng(11)
-    q = rng.random(20_000)
-    clipped = np.clip(q, 0.2, 0.8)
-    fresh = order_keys(clipped)
+    q = 0.5 + rng.uniform(-1e-7, 1e-7, 20_000)
+    clipped = np.clip(q, 0.5 - 5e-8, 0.5 + 5e-8)
     orders: list = []
     order_keys(q, orders)
-    reused = order_keys(clipped, orders)
+    first = orders[0]
+    reused = order_keys(clipped, orders, in_place=in_place)
     assert len(orders) == 1  # it was reused
-    assert np.array_equal(fresh, reused)
+    assert (reused is first) == in_place
+    assert _same_order(_expected_keys(clipped), reused)
+
+
+def test_a_strictly_increasing_transform_shares_the_key():
+    """logit(q) ranks exactly as q: the same key object, no sort; a transform that merges two
+    scores (a clip) does not share it."""
+    rng = np.random.default_rng(14)
+    q = rng.random(5000).astype(np.float32).astype(np.float64)
+    orders: list = []
+    key = order_keys(q, orders)
+    assert order_keys(np.log(q / (1 - q)), orders) is key
+    assert same_ranks(key, q ** 3)
+    clipped = np.clip(q, 0.1, 1.0)
+    assert not same_ranks(key, clipped)
+    other = order_keys(clipped, orders)
+    assert other is not key
+    assert _same_order(other, _expected_keys(clipped))
+    assert not same_ranks(key, -q) and not same_ranks(key[::-1].copy(), q)
+
+
+def test_a_fresh_float32_sort_is_reordered_only_where_rounding_merged():
+    """A few float64 scores share a float32 value with another: only their group is re-sorted, and
+    the keys are those of an exact sort."""
+    rng = np.random.default_rng(15)
+    s = rng.random(50_000).astype(np.float32).astype(np.float64)
+    s[:40] = s[100] + rng.uniform(-1e-9, 1e-9, 40)  # forty scores finer than float32, one group
+    s[40:70] = s[200] + rng.uniform(-1e-9, 1e-9, 30)  # and a second group
+    assert _same_order(order_keys(s), _expected_keys(s))
+
+
+def test_a_score_that_is_no_probability_shares_the_ordered_pass():
+    """The second score ranks as the first: its table comes from the first's ordered pass and is
+    the table it gets alone."""
+    rng = np.random.default_rng(16)
+    q = rng.random(4000).astype(np.float32).astype(np.float64)
+    y = (rng.random(q.size) < q).astype(np.int8)
+    pos = rng.integers(0, 4, q.size)
+    soft = {"accept_prob": rng.random(q.size).astype(np.float32)}
+    packed = ordered.pack_rows(y, pos, soft)
+    shared: dict = {}
+    orders: list = []
+    score_tables(q, y, pos, probability=True, soft=soft, key=order_keys(q, orders), packed=packed, shared=shared)
+    z = np.log(q / (1 - q))
+    with_pass = score_tables(z, y, pos, probability=False, soft=soft, key=order_keys(z, orders), packed=packed,
+                             shared=shared)
+    alone = score_tables(z, y, pos, probability=False, soft=soft)
+    assert sum(1 for k in shared if k[0] == "ordered pass") == 1  # one pass, shared
+    # a probability that ranks the same (q**2) needs its own pass: its equal-mass bins hold its values
+    sq = score_tables(q ** 2, y, pos, probability=True, soft=soft, key=order_keys(q ** 2, orders), packed=packed,
+                      shared=shared)
+    sq_alone = score_tables(q ** 2, y, pos, probability=True, soft=soft)
+    for block in (with_pass, alone, sq, sq_alone):
+        block.pop("_key")
+    assert with_pass == alone
+    assert sq["overall"]["ece_mass"] == pytest.approx(sq_alone["overall"]["ece_mass"], abs=1e-12)
+    assert sq["per_position"][1]["ece_mass"] == pytest.approx(sq_alone["per_position"][1]["ece_mass"], abs=1e-12)
 
 
 def test_float32_scores_give_the_float64_table():
@@ -186,16 +259,17 @@ def test_float32_scores_give_the_float64_table():
     assert a["curves"] == b["curves"]
 
 
-def test_a_reused_order_puts_ties_across_chunks_in_row_order(monkeypatch):
+@pytest.mark.parametrize("in_place", [False, True])
+def test_a_reused_order_puts_ties_across_chunks_in_row_order(in_place, monkeypatch):
     monkeypatch.setattr(ordered, "CHUNK", 7)
     rng = np.random.default_rng(13)
-    q = rng.random(3000)
-    clipped = np.clip(q, 0.3, 0.7)
+    q = 0.5 + rng.uniform(-1e-7, 1e-7, 3000)
+    clipped = np.clip(q, 0.5 - 6e-8, 0.5 + 6e-8)
     orders: list = []
     order_keys(q, orders)
-    reused = order_keys(clipped, orders)
+    reused = order_keys(clipped, orders, in_place=in_place)
     assert len(orders) == 1
-    assert np.array_equal(order_keys(clipped), reused)
+    assert _same_order(_expected_keys(clipped), reused)
 
 
 def _tables_close(a, b):

@@ -249,16 +249,49 @@ def features_table(labelled: pl.LazyFrame | pl.DataFrame, feats: list[Feature], 
         whole = [f for f in feats if not f.partial]
         try:
             frame = labelled.select([f.expr.cast(pl.Float64).alias(f"_f{i}") for i, f in enumerate(whole)]).collect()
-            cache["_scores"] = {f.name: frame[f"_f{i}"].to_numpy() for i, f in enumerate(whole)}
+            values = frame.to_numpy(order="fortran")  # one copy; each column a contiguous view
             del frame
+            cache["_scores"] = {f.name: values[:, i] for i, f in enumerate(whole)}
+            del values
         except Exception:  # one feature fails on some row: find which, and say so (feature_values raises)
             cache["_scores"] = {f.name: feature_values(f, labelled) for f in whole}
-    # numpy releases the GIL in sorts and array arithmetic: features run on a small thread pool
-    # (sharing sorts: a feature monotone in an earlier one reuses its order when it is ready)
+    # numpy releases the GIL in sorts and array arithmetic: features run on a small thread pool, a
+    # family per task: the features that look monotone in one another run one after the other, so
+    # each reuses the order (and, when it ranks the same, the ordered pass) of the one before
     workers = 1 if large else min(4, os.cpu_count() or 1)
+    families = [[i] for i in range(len(feats))] if large else _monotone_families(feats, cache["_scores"])
+
+    def run(family: list[int]) -> list[dict]:
+        return [_feature_block(labelled, feats[i], opts, orders, cache) for i in family]
+
+    blocks: dict[int, dict] = {}
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        blocks = list(pool.map(lambda f: _feature_block(labelled, f, opts, orders, cache), feats))
-    return {f.name: b for f, b in zip(feats, blocks, strict=True)}
+        for family, done in zip(families, pool.map(run, families), strict=True):
+            blocks.update(zip(family, done, strict=True))
+    return {f.name: blocks[i] for i, f in enumerate(feats)}
+
+
+def _monotone_families(feats: list[Feature], scores: dict[str, np.ndarray], probe: int = 4096) -> list[list[int]]:
+    """The features in groups, in order: a feature joins the group of the first earlier one along
+    whose order its scores (as scored: negated when ``direction < 0``) do not descend on a fixed
+    sample of rows (likely a monotone transform of it); the rest start groups. A schedule only:
+    `order_keys` checks every row before it reuses an order."""
+    have = [i for i, f in enumerate(feats) if f.name in scores]
+    families: list[list[int]] = [[i] for i, f in enumerate(feats) if f.name not in scores]
+    if not have:
+        return families
+    n = scores[feats[have[0]].name].size
+    rows = np.sort(np.random.default_rng(0).choice(n, size=min(probe, n), replace=False))
+    sample = {i: feats[i].direction * np.asarray(scores[feats[i].name][rows], dtype=np.float64) for i in have}
+    heads: list[list[int]] = []
+    for i in have:
+        for fam in heads:
+            if (np.diff(sample[i][np.lexsort((rows, sample[fam[0]]))]) >= 0).all():
+                fam.append(i)
+                break
+        else:
+            heads.append([i])
+    return heads + families
 
 
 def add_fits(drafts: pl.DataFrame, runs, infos, fits: list[str]) -> tuple[pl.DataFrame, list[Feature]]:
