@@ -121,6 +121,14 @@ def collect(
              f"tokens (no model drafts: a reference run) in {summary.seconds:.1f} s")
         _reading_notes(summary.run_dir)
         return
+    if cfg.tree is not None:
+        from svt.traces.io import read_meta
+
+        tree = read_meta(summary.run_dir)["tree"]
+        _say(f"wrote {summary.run_dir}: {summary.requests} requests, {tree['tree_nodes']:,} tree nodes over "
+             f"{tree['steps']:,} steps ({tree['accepted_per_step']:.2f} accepted per step, "
+             f"{tree['accepted_per_node']:.3f} per node), {summary.output_tokens:,} tokens in {summary.seconds:.1f} s")
+        return
     out.print(
         f"wrote {summary.run_dir}: {summary.requests} requests, {summary.drafts:,} drafts "
         f"({summary.labelled:,} labelled, acceptance {summary.acceptance:.3f}), "

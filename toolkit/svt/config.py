@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any, ClassVar, get_type_hints
 
 import yaml
 
@@ -80,6 +81,58 @@ class HVDConfig:
 
 
 @dataclass
+class TreeConfig:
+    """Draft trees, one request at a time: a static shape (``widths``: the branch width at each
+    depth, Medusa/SpecInfer-style; ``[1] * K`` is the chain) or EAGLE-2's dynamic growth (expand the
+    ``top_m`` best nodes by path probability at each of ``depth`` levels, keep the best ``nodes``).
+    ``proposals``: ``top`` (each node's most likely tokens) or ``sampled`` (i.i.d. draws from the
+    drafter; static trees on sampling runs)."""
+
+    widths: list[int] | None = None
+    top_m: int | None = None
+    depth: int | None = None
+    nodes: int | None = None
+    proposals: str = "top"
+
+    MAX_NODES: ClassVar[int] = 512
+
+    @property
+    def dynamic(self) -> bool:
+        return self.widths is None
+
+    @property
+    def max_depth(self) -> int:
+        return len(self.widths) if self.widths is not None else int(self.depth)
+
+    def size(self) -> int:
+        """The most nodes a tree of this shape holds."""
+        if self.widths is not None:
+            return sum(math.prod(self.widths[:d + 1]) for d in range(len(self.widths)))
+        return int(self.nodes)
+
+    def validate(self, temperature: float) -> None:
+        dyn = (self.top_m, self.depth, self.nodes)
+        _check((self.widths is None) != all(v is None for v in dyn) and
+               (self.widths is not None or all(v is not None for v in dyn)), "tree",
+               "either `widths` (a static tree) or all of `top_m`, `depth` and `nodes` (EAGLE-2 growth)",
+               {k: v for k, v in vars(self).items() if v is not None and k != "proposals"})
+        if self.widths is not None:
+            _check(len(self.widths) >= 1 and all(w >= 1 for w in self.widths), "tree.widths",
+                   "a non-empty list of integers >= 1", self.widths)
+        else:
+            for key, v in zip(("top_m", "depth", "nodes"), dyn, strict=True):
+                _check(v >= 1, f"tree.{key}", "an integer >= 1", v)
+        _check(self.max_depth <= 64, "tree depth", "at most 64", self.max_depth)
+        _check(self.size() <= self.MAX_NODES, "tree", f"a shape of at most {self.MAX_NODES} nodes", self.size())
+        _check(self.proposals in ("top", "sampled"), "tree.proposals", "top or sampled", self.proposals)
+        if self.proposals == "sampled":
+            _check(not self.dynamic, "tree.proposals", "top for EAGLE-2 growth (a node kept for its own "
+                   "probability is no longer an i.i.d. draw)", self.proposals)
+            _check(temperature > 0, "tree.proposals", "top on greedy runs (greedy verification takes the "
+                   "target's argmax; sampled children only repeat the draft's)", self.proposals)
+
+
+@dataclass
 class VLLMOptions:
     """`svt collect --engine vllm`: vLLM's speculative settings (the rest of the config is shared)."""
 
@@ -128,6 +181,7 @@ class StandInConfig:
 
 # collection engines: name -> "module:Class", imported only when that engine runs (svt.collect.engines)
 ENGINES = {"svt": "svt.collect.runner:SvtEngine", "hvd": "svt.collect.hvd_run:HvdEngine",
+           "tree": "svt.collect.tree_run:TreeEngine",
            "vllm": "svt.vllm_plugin.collect:VllmEngine", "reference": "svt.collect.reference_run:ReferenceEngine"}
 
 
@@ -162,6 +216,7 @@ class CollectConfig:
     # SuffixDecoding cache drafts (greedy runs): `true` for the defaults, or a mapping of options
     cache: CacheOptions | None = None
     hvd: HVDConfig | None = None
+    tree: TreeConfig | None = None  # draft trees instead of chains (svt's engine, one request at a time)
     vllm: VLLMOptions = field(default_factory=VLLMOptions)  # used by `svt collect --engine vllm` only
     engine: str = "svt"  # svt | vllm | reference (no target forward: each prompt's reference is the output)
     stand_in: StandInConfig | None = None  # reference runs: a stand-in drafter instead of `draft`
@@ -212,6 +267,16 @@ class CollectConfig:
                    None)
             _check(self.stand_in is None, "stand_in", "unset: a stand-in drafter is for `engine: reference` runs",
                    "set")
+        _check(self.engine != "tree" or self.tree is not None, "tree", "set when `engine: tree` (its shape)", None)
+        if self.tree is not None:
+            self.tree.validate(self.temperature)
+            _check(self.engine in ("svt", "tree"), "engine", "svt when `tree` is set", self.engine)
+            for key, unset in (("av", self.av), ("hvd", self.hvd), ("cache", self.cache)):
+                _check(unset is None, key, "unset when `tree` is set (tree runs verify whole trees)", "set")
+            _check(self.batch_size == 1, "batch_size", "1 when `tree` is set (trees are decoded one request at "
+                   "a time)", self.batch_size)
+            _check(not self.log.hidden and self.log.dists_fraction == 0, "log", "without hidden states or "
+                   "distributions when `tree` is set (tree runs record nodes)", "set")
         if self.hvd is not None:
             _check(self.temperature == 0, "temperature", "0 (greedy) when `hvd` is set", self.temperature)
             _check(self.av is None, "av", "unset when `hvd` is set (one live policy at a time)", "set")

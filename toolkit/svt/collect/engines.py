@@ -9,7 +9,8 @@ one new module and one line here::
     ENGINES["mine"] = "mypackage.engine:MyEngine"
 
 The engine of a config is its ``engine:`` key, except that an ``hvd:`` section on svt's engine
-selects the live-HVD engine (the section names the policy the engine runs).
+selects the live-HVD engine (the section names the policy the engine runs), and a ``tree:`` section
+the tree engine.
 """
 
 from __future__ import annotations
@@ -47,7 +48,9 @@ class Engine:
 
 
 def engine_name(cfg: CollectConfig) -> str:
-    return "hvd" if cfg.engine == "svt" and cfg.hvd is not None else cfg.engine
+    if cfg.engine == "svt" and cfg.hvd is not None:
+        return "hvd"
+    return "tree" if cfg.engine == "svt" and cfg.tree is not None else cfg.engine
 
 
 def get_engine(name: str) -> Engine:

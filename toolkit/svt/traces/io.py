@@ -168,6 +168,13 @@ def check_shard_values(path: Path, spec: TableSchema, lacks: frozenset[str] = fr
         checks.append((~pl.col("label").is_in([0, 1])).sum().alias("label:label"))
         checks.append((pl.col("q_entropy").is_nan() | (pl.col("q_entropy") < 0)).sum().alias("nonneg:q_entropy"))
         checks.append((pl.col("position") < 0).sum().alias("nonneg:position"))
+    if spec.name == "tree_drafts":
+        for col in ("label", "match"):
+            checks.append((~pl.col(col).is_in([0, 1])).sum().alias(f"label:{col}"))
+        for col in ("depth", "rank", "node"):
+            checks.append((pl.col(col) < 0).sum().alias(f"nonneg:{col}"))
+        checks.append((pl.col("parent") >= pl.col("node")).sum().alias("tree:parent"))
+        checks.append((pl.col("q_entropy").is_nan() | (pl.col("q_entropy") < 0)).sum().alias("nonneg:q_entropy"))
     if spec.name == "cache_drafts":
         checks.append((pl.col("draft_len") != pl.col("draft_ids").list.len()).sum().alias("len:draft_len"))
         checks.append(((pl.col("oracle_accepted") < 0) | (pl.col("oracle_accepted") > pl.col("draft_len")))
@@ -188,6 +195,7 @@ def check_shard_values(path: Path, spec: TableSchema, lacks: frozenset[str] = fr
             "nonneg": "NaN, infinite or negative",
             "len": "a value other than the length of `draft_ids`",
             "yield": "a value outside [0, draft_len]",
+            "tree": "a parent that is not an earlier node of its tree",
             "lack": "values, but run.json says the run's source lacks this column",
         }[kind]
         raise SchemaError(f"{path}: column `{col}` has {n} bad value(s): {what}.")

@@ -144,8 +144,33 @@ REFERENCES = TableSchema(
     required=False,
 )
 
+TREE_DRAFTS = TableSchema(
+    "tree_drafts",
+    {
+        "workload": pl.String(),
+        "request": pl.Int64(),
+        "step": pl.Int32(),
+        "node": pl.Int16(),  # topological order within the step's tree
+        "parent": pl.Int16(),  # -1: a child of the root (the context)
+        "depth": pl.Int16(),  # 0-based: the chain's position
+        "token": pl.Int32(),
+        "rank": pl.Int16(),  # sibling rank: the order verification tries siblings in
+        "q_max": pl.Float32(),  # of the drafter's distribution the node was proposed from (at its parent)
+        "q_token": pl.Float32(),  # that distribution's probability of the node's token
+        "q_entropy": pl.Float32(),
+        "path_prob": pl.Float32(),  # product of q_token from the root down to the node
+        "p_token": pl.Float32(),  # the target's probability of the token at the node's parent
+        "accept_prob": pl.Float32(),  # the probability verification accepted it with (null: not tried)
+        "label": pl.Int8(),  # 1 on the accepted path, 0 verified and rejected, null not reached
+        "match": pl.Int8(),  # greedy runs: 1 if the token is the target's argmax at its parent (every node)
+    },
+    nullable=frozenset({"accept_prob", "label", "match"}),
+    probabilities=frozenset({"q_max", "q_token", "path_prob", "p_token", "accept_prob"}),
+    required=False,
+)
+
 TABLES: dict[str, TableSchema] = {t.name: t for t in (DRAFTS, STEPS, REQUESTS, HIDDEN, DISTS, CACHE_DRAFTS,
-                                                      REFERENCES)}
+                                                      REFERENCES, TREE_DRAFTS)}
 FINISH_REASONS = ("stop", "length")
 
 

@@ -1,0 +1,64 @@
+"""Tree decoding on the built-in pair: the tree attention mask gives every node the distribution a
+fresh forward over its path gives, and greedy tree decoding emits the target's own greedy tokens."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from svt.collect.sampling import process_probs
+from svt.collect.tree_decode import DraftScorer, TreeModel, TreeShape, decode_tree, score_tree
+from svt.trees.draws import Draws
+
+PROMPT = [5, 17, 301, 44, 9, 1200, 77, 18]
+
+
+def fresh(model, ids: list[int]) -> np.ndarray:
+    """softmax of the last logits of one uncached forward over ``ids``."""
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([ids])).logits[0, -1:]
+    return process_probs(logits, 1.0, 1.0).double().numpy()[0]
+
+
+@pytest.mark.parametrize("shape", [TreeShape(widths=(3, 2, 2)), TreeShape(top_m=3, depth=4, nodes=10),
+                                   TreeShape(widths=(3, 2), proposals="sampled")])
+def test_tree_mask_matches_fresh_forwards(tiny_pair, shape):
+    target, draft = tiny_pair.target, tiny_pair.draft
+    tlm, dlm = TreeModel(target), TreeModel(draft)
+    ctx, pending = PROMPT[:-3], PROMPT[-3:]  # a cached context and three pending tokens
+    tlm.feed_chain(ctx)
+    dlm.feed_chain(ctx)
+    scorer = DraftScorer(dlm, 1.0, 1.0)
+    scorer.start(pending)
+    tree = shape.grow(scorer, Draws(3))
+    scorer.finish()
+    assert dlm.length == len(PROMPT)  # cropped back to the context
+    assert tree.size > 3 and tree.depth.max() >= 1
+    for node, q in tree.dists.items():
+        np.testing.assert_allclose(q, fresh(draft, PROMPT + list(tree.path(node))), atol=2e-5)
+    p = score_tree(tlm, pending, tree, 1.0, 1.0)
+    assert tlm.length == len(PROMPT)
+    np.testing.assert_allclose(p[0], fresh(target, PROMPT), atol=2e-5)
+    for i in range(tree.size):
+        np.testing.assert_allclose(p[1 + i], fresh(target, PROMPT + list(tree.path(i))), atol=2e-5)
+
+
+@pytest.mark.parametrize("shape", [TreeShape(widths=(2, 2, 1)), TreeShape(top_m=2, depth=3, nodes=6)])
+def test_greedy_tree_decoding_emits_the_targets_greedy_tokens(tiny_pair, shape):
+    target, draft = tiny_pair.target, tiny_pair.draft
+    log = decode_tree(target, draft, PROMPT, shape, temperature=0.0, top_p=1.0, max_new_tokens=40,
+                      eos_id=None, seed=0, request=0)
+    ids = list(PROMPT)
+    with torch.inference_mode():
+        for _ in range(40):
+            ids.append(int(target(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
+    assert log.output == ids[len(PROMPT):]
+    steps = log.steps
+    assert sum(steps["emitted"]) == 40
+    assert all(a + 1 >= e for a, e in zip(steps["accepted"], steps["emitted"], strict=True))
+    labels = np.array(log.nodes["label"])
+    # every step's accepted nodes are its path: as many 1-labels as accepted tokens
+    per_step = np.bincount(np.array(log.nodes["step"])[labels == 1], minlength=len(steps["step"]))
+    assert per_step.tolist() == steps["accepted"]
+    assert max(steps["accepted"]) >= 1  # the pair agrees somewhere: the tree is doing work

@@ -1,0 +1,211 @@
+"""Decoding one request with draft trees on a local pair: the drafter grows a tree level by level,
+the target scores every node in one forward pass with a tree attention mask, and
+:mod:`svt.trees.verify` labels the nodes and picks the tokens the step emits.
+
+Caches (batch 1): each model keeps a ``DynamicCache`` of the committed context except its *pending*
+tail (the tokens emitted last step, fed at the start of the next). A tree level is appended to the
+draft's cache as extra slots, each attending to the context and its own ancestors through a 4D
+additive mask, at position ``len(context) - 1 + len(path)``; the target gets the pending tokens and
+the whole tree in one forward the same way. After the step both caches are cropped back to the
+context: the accepted path is fed again next step with the new pending token (a few tokens of
+recompute per step, exact by construction; the tests compare every distribution with a fresh
+forward on the path).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from svt.collect.sampling import process_probs
+from svt.trees import DraftTree, grow_dynamic, grow_static, verify_greedy, verify_sampling
+from svt.trees.draws import Draws
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """A static tree (``widths`` per depth) or EAGLE-2 growth (``top_m``, ``depth``, ``nodes``)."""
+
+    widths: tuple[int, ...] | None = None
+    top_m: int = 0
+    depth: int = 0
+    nodes: int = 0
+    proposals: str = "top"
+
+    @property
+    def max_depth(self) -> int:
+        return len(self.widths) if self.widths is not None else self.depth
+
+    def grow(self, q_fn, draws: Draws) -> DraftTree:
+        if self.widths is not None:
+            return grow_static(self.widths, q_fn, self.proposals, draws)
+        return grow_dynamic(q_fn, self.top_m, self.depth, self.nodes)
+
+
+@dataclass
+class TreeLog:
+    """One request's nodes and steps as column lists, and its output."""
+
+    nodes: dict[str, list] = field(default_factory=dict)
+    steps: dict[str, list] = field(default_factory=dict)
+    output: list[int] = field(default_factory=list)
+    finish: str = "length"
+
+    def add(self, table: dict, **cols) -> None:
+        for k, v in cols.items():
+            table.setdefault(k, []).extend(np.atleast_1d(v).tolist())
+
+
+class TreeModel:
+    """A causal LM with a batch-1 cache that takes chains and trees of new slots."""
+
+    def __init__(self, model):
+        from transformers import DynamicCache
+
+        self.model = model
+        self.cache = DynamicCache(config=model.config)
+        self.dtype = next(model.parameters()).dtype
+        self.device = next(model.parameters()).device
+
+    @property
+    def length(self) -> int:
+        return int(self.cache.get_seq_length())
+
+    def forward(self, ids: list[int], pos: list[int], allow: np.ndarray) -> torch.Tensor:
+        """Append ``ids`` at positions ``pos``; ``allow[i, j]``: new slot ``i`` attends to slot ``j``
+        of the cache after the append. Returns the logits ``[len(ids), V]`` (float32)."""
+        n = self.length
+        if allow.shape != (len(ids), n + len(ids)):
+            raise AssertionError(f"mask {allow.shape} for {len(ids)} new slots after {n}")
+        mask = torch.full(allow.shape, torch.finfo(self.dtype).min, dtype=self.dtype, device=self.device)
+        mask[torch.as_tensor(allow, device=self.device)] = 0.0
+        with torch.inference_mode():
+            out = self.model(input_ids=torch.tensor([ids], device=self.device),
+                             attention_mask=mask[None, None],
+                             position_ids=torch.tensor([pos], device=self.device),
+                             cache=self.cache, use_cache=True)
+        return out.logits[0].float()
+
+    def feed_chain(self, ids: list[int]) -> torch.Tensor:
+        """Append a chain (ordinary causal attention); the logits of its slots."""
+        n, t = self.length, len(ids)
+        allow = np.tril(np.ones((t, n + t), dtype=bool), k=n)
+        return self.forward(ids, list(range(n, n + t)), allow)
+
+    def crop(self, length: int) -> None:
+        extra = self.length - length
+        if extra < 0:
+            raise AssertionError(f"cannot crop a cache of {self.length} slots to {length}")
+        if extra:
+            self.cache.crop(-extra)
+
+
+class DraftScorer:
+    """``q_fn`` for tree growth: the draft's distribution below each token path, one forward per
+    level; ``()`` is the root, scored by feeding the pending tokens."""
+
+    def __init__(self, lm: TreeModel, temperature: float, top_p: float):
+        self.lm, self.temperature, self.top_p = lm, temperature, top_p
+        self.q: dict[tuple[int, ...], np.ndarray] = {}
+        self.slot: dict[tuple[int, ...], int] = {}
+        self.context = 0
+
+    def start(self, pending: list[int]) -> None:
+        logits = self.lm.feed_chain(pending)
+        self.context = self.lm.length
+        self.q = {(): self._probs(logits[-1:])[0]}
+        self.slot = {}
+
+    def _probs(self, logits: torch.Tensor) -> np.ndarray:
+        return process_probs(logits, self.temperature, self.top_p).double().cpu().numpy()
+
+    def __call__(self, paths: list[tuple[int, ...]]) -> np.ndarray:
+        new = list(dict.fromkeys(p for p in paths if p not in self.q))
+        if new:
+            n, c = self.lm.length, self.context
+            allow = np.zeros((len(new), n + len(new)), dtype=bool)
+            allow[:, :c] = True
+            for i, path in enumerate(new):
+                for j in range(1, len(path)):
+                    allow[i, self.slot[path[:j]]] = True
+                allow[i, n + i] = True
+            logits = self.lm.forward([p[-1] for p in new], [c - 1 + len(p) for p in new], allow)
+            for i, (path, q) in enumerate(zip(new, self._probs(logits), strict=True)):
+                self.q[path], self.slot[path] = q, n + i
+        return np.stack([self.q[p] for p in paths])
+
+    def finish(self) -> None:
+        self.lm.crop(self.context)
+
+
+def score_tree(lm: TreeModel, pending: list[int], tree: DraftTree, temperature: float, top_p: float) -> np.ndarray:
+    """The target's distributions below the root and every node, ``[1 + N, V]``, in one forward of
+    the pending tokens and the tree; the cache is left holding the context (pending included)."""
+    n, t, size = lm.length, len(pending), tree.size
+    c = n + t  # the context once the pending tokens are in
+    allow = np.zeros((t + size, c + size), dtype=bool)
+    allow[:t, :c] = np.tril(np.ones((t, c), dtype=bool), k=n)
+    allow[t:, :c] = True
+    for i in range(size):
+        a = i
+        while a >= 0:
+            allow[t + i, c + a] = True
+            a = int(tree.parent[a])
+    pos = list(range(n, c)) + [c + int(d) for d in tree.depth]
+    logits = lm.forward(list(pending) + tree.token.tolist(), pos, allow)
+    lm.crop(c)
+    rows = torch.cat([logits[t - 1:t], logits[t:]])
+    return process_probs(rows, temperature, top_p).double().cpu().numpy()
+
+
+def decode_tree(target, draft, prompt: list[int], shape: TreeShape, *, temperature: float, top_p: float,
+                max_new_tokens: int, eos_id: int | None, seed: int, request: int) -> TreeLog:
+    """Speculative decoding of one request with a draft tree per step."""
+    tlm, dlm = TreeModel(target), TreeModel(draft)
+    scorer = DraftScorer(dlm, temperature, top_p)
+    draws = Draws(seed)
+    log = TreeLog()
+    greedy = temperature == 0
+    # the prompt less its last token goes in as context; the last token is the first pending one
+    if len(prompt) > 1:
+        tlm.feed_chain(list(prompt[:-1]))
+        dlm.feed_chain(list(prompt[:-1]))
+    pending = [int(prompt[-1])]
+    step = 0
+    while len(log.output) < max_new_tokens:
+        t0 = time.perf_counter()
+        scorer.start(pending)
+        tree = shape.grow(scorer, draws)
+        scorer.finish()
+        t1 = time.perf_counter()
+        p = score_tree(tlm, pending, tree, temperature, top_p)
+        out = verify_greedy(tree, p) if greedy else verify_sampling(tree, p, draws)
+        t2 = time.perf_counter()
+        emitted = out.tokens(tree)
+        room = max_new_tokens - len(log.output)
+        if eos_id is not None and eos_id in emitted[:room]:
+            emitted, log.finish = emitted[:emitted.index(eos_id) + 1], "stop"
+        emitted = emitted[:room]
+        _log_step(log, tree, out, p, request, step, emitted, (t1 - t0) * 1e3, (t2 - t1) * 1e3)
+        log.output.extend(emitted)
+        if log.finish == "stop":
+            break
+        pending, step = emitted, step + 1
+    return log
+
+
+def _log_step(log: TreeLog, tree: DraftTree, out, p: np.ndarray, request: int, step: int, emitted: list[int],
+              draft_ms: float, verify_ms: float) -> None:
+    n = tree.size
+    stats = tree.node_stats()
+    p_token = p[1 + tree.parent, tree.token]  # the target's probability of each node's token at its parent
+    log.add(log.nodes, request=[request] * n, step=[step] * n, node=np.arange(n), parent=tree.parent,
+            depth=tree.depth, token=tree.token, rank=tree.rank, q_max=stats["q_max"], q_token=stats["q_token"],
+            q_entropy=stats["q_entropy"], path_prob=tree.path_prob, p_token=p_token,
+            accept_prob=out.accept_prob, label=out.label,
+            match=out.match.astype(np.int8) if out.match is not None else np.full(n, -1, dtype=np.int8))
+    log.add(log.steps, request=request, step=step, drafted=n, accepted=len(out.path), emitted=len(emitted),
+            draft_ms=draft_ms, verify_ms=verify_ms, depth=int(tree.depth.max(initial=-1)) + 1)
