@@ -116,6 +116,11 @@ def collect(
                               progress=not quiet, shard=parse_shard(shard))
     except SvtError as exc:
         raise _fail(exc) from None
+    _collect_summary(cfg, summary)
+
+
+def _collect_summary(cfg, summary) -> None:
+    """What `svt collect` prints of the run it wrote."""
     if cfg.engine == "reference":
         _say(f"wrote {summary.run_dir}: {summary.requests} requests, {summary.output_tokens:,} reference "
              f"tokens (no model drafts: a reference run) in {summary.seconds:.1f} s")

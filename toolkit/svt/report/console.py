@@ -18,6 +18,10 @@ from svt.report.text import add_row, new_table
 def evaluate_tables(report: dict) -> list:
     """What `svt evaluate` prints: each section's tables and legend lines, in order."""
     items: list = []
+    if report.get("kind") == "trees":
+        from svt.report.trees_text import tree_console
+
+        return tree_console(report)
     if report.get("kind") == "cache-only":
         items.append(Text(report["note"]))
     for section in SECTIONS:

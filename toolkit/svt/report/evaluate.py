@@ -55,6 +55,12 @@ def _context(runs: list[Path], opts: EvaluateOptions) -> ReportContext | dict:
     check_reference_run(opts.reference_run)  # before any work
     opened = open_for_evaluation(runs)
     metas = [open_run(r, deep=False, tables=["requests"]).meta for r in runs]
+    if any(m.get("tree") for m in metas):
+        from svt.report.trees import tree_report
+
+        if not all(m.get("tree") for m in metas):
+            raise DataError("A tree run cannot be evaluated beside chain runs: evaluate it alone.")
+        return tree_report(runs, opts, opened.infos, metas)
     if all((m.get("counts") or {}).get("drafts") == 0 and "cache" in (m.get("drafter_kinds") or []) for m in metas):
         return cache_only_report(runs, opts, opened.infos, metas)
     if any(m.get("engine") == "reference" for m in metas):

@@ -15,6 +15,10 @@ def to_markdown(report: dict) -> str:
     """report.md: a header, then each section's part in order."""
     if report.get("kind") == "cache-only":
         return _cache_only_markdown(report)
+    if report.get("kind") == "trees":
+        from svt.report.trees_text import tree_markdown
+
+        return tree_markdown(report)
     runs = ", ".join(f"`{r['run']}`" for r in report["runs"])
     sampling = report["runs"][0].get("sampling") or {}
     lines = ["# svt evaluation report\n",

@@ -1,0 +1,96 @@
+"""`svt evaluate` on tree runs: acceptance by depth adds up, the calibration metrics agree with
+scikit-learn, the replay of the logged shape reproduces what the run realised, and the end-to-end
+rows follow the cost table."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+from sklearn.metrics import roc_auc_score
+
+from svt.collect import collect
+from svt.config import load_collect_config
+from svt.errors import DataError
+from svt.report import EvaluateOptions, evaluate
+from svt.report.trees_text import tree_markdown
+from svt.simulate.costs import load_costs
+from svt.traces.io import open_run
+from tests.conftest import ROOT
+
+COSTS = ROOT / "configs" / "costs" / "h100-llama8b-eagle.yaml"
+
+
+def _collect(models_dir, out, **over):
+    base = {"target": str(models_dir / "target"), "draft": str(models_dir / "draft-large"),
+            "workloads": [str(ROOT / "data" / "workloads" / f"{w}.jsonl") for w in ("code", "structured")],
+            "requests": 6, "batch_size": 1, "max_new_tokens": 32, "device": "cpu", "max_prompt_tokens": 128,
+            "temperature": 0.0, "tree": {"widths": [3, 2, 1]}}
+    base.update(over)
+    collect(load_collect_config(None, base=base), out, progress=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def greedy_trees(tmp_path_factory, models_dir):
+    return _collect(models_dir, tmp_path_factory.mktemp("trees") / "greedy")
+
+
+def test_tree_report_adds_up_and_agrees_with_sklearn(greedy_trees):
+    report = evaluate([greedy_trees], EvaluateOptions(costs=str(COSTS)))
+    assert report["kind"] == "trees"
+    t = report["trees"]
+    run = open_run(greedy_trees)
+    nodes = run.scan("tree_drafts").collect()
+    steps = run.scan("steps").collect()
+    assert sum(r["nodes"] for r in t["by_depth"]) == nodes.height
+    assert sum(r["accepted"] for r in t["by_depth"]) == steps["accepted"].cast(pl.Int64).sum()
+    tried = nodes.filter(pl.col("label").is_not_null())
+    row = next(c for c in t["calibration"] if c["predictor"] == "q_token" and c["label"] == "accepted | tried")
+    assert row["n"] == tried.height
+    assert row["auc"] == pytest.approx(roc_auc_score(tried["label"], tried["q_token"]), abs=1e-12)
+    match = next(c for c in t["calibration"] if c["predictor"] == "q_token" and c["label"].startswith("match"))
+    assert match["auc"] == pytest.approx(roc_auc_score(nodes["match"], nodes["q_token"]), abs=1e-12)
+    # the logged shape replayed is the run itself
+    rows = {(r["policy"], r["budget"]): r for r in t["replay"]}
+    realised = steps["accepted"].cast(pl.Float64).mean()
+    assert rows[("static", "widths=3,2,1")]["accepted_per_step"] == pytest.approx(realised)
+    assert rows[("static", "widths=3,2,1")]["nodes_per_step"] == pytest.approx(3 + 6 + 6)
+    full = max((r for r in t["replay"] if r["policy"] == "path-prob"), key=lambda r: r["nodes_per_step"])
+    assert full["accepted_per_step"] == pytest.approx(realised)
+    # the oracle bounds every policy of the same budget; the chain K=1 is the rank-0 child alone
+    for r in t["replay"]:
+        if r["policy"] in ("path-prob", "predictor"):
+            assert rows[("oracle", r["budget"])]["accepted_per_step"] >= r["accepted_per_step"] - 1e-12
+    assert rows[("chain", "K=1")]["nodes_per_step"] == 1.0
+    assert rows[("chain", "K=1")]["accepted_per_step"] == pytest.approx(
+        nodes.filter((pl.col("depth") == 0) & (pl.col("rank") == 0))["match"].cast(pl.Float64).mean())
+    # end to end: each row's time is the cost table's
+    costs = load_costs(COSTS)
+    e2e = t["end_to_end"]
+    assert len(e2e) == len(t["replay"]) * 7
+    for r in e2e[:20]:
+        shape = rows[(r["policy"], r["budget"])]
+        b = r["concurrency"]
+        assert r["verify_ms"] == pytest.approx(float(costs.verify(np.array([b * (1 + shape["nodes_per_step"])]))[0]))
+        assert r["throughput"] == pytest.approx(r["interactivity"] * b)
+        assert r["interactivity"] == pytest.approx(shape["tokens_per_step"] * 1e3 / (r["draft_ms"] + r["verify_ms"]))
+    assert any(r["pareto"] for r in e2e) and not any(r["pareto"] for r in e2e if r["policy"] == "oracle")
+    md = tree_markdown(report)
+    for heading in ("Acceptance by depth", "Calibration", "Expected accepted length", "Tree policies", "End to end"):
+        assert heading in md
+
+
+def test_sampling_tree_report_has_no_replay(tmp_path, models_dir):
+    run = _collect(models_dir, tmp_path / "sampled", requests=2, max_new_tokens=16, temperature=1.0,
+                   tree={"widths": [2, 2], "proposals": "sampled"})
+    report = evaluate([run], EvaluateOptions(costs=str(COSTS)))
+    assert report["trees"]["replay"] is None and report["trees"]["end_to_end"] is None
+    assert "temperature: 0" in tree_markdown(report)
+
+
+def test_tree_runs_are_evaluated_alone(greedy_trees, small_run, tmp_path):
+    with pytest.raises(DataError, match="beside chain runs"):
+        evaluate([greedy_trees, small_run], EvaluateOptions())
+    with pytest.raises(DataError, match="--fit"):
+        evaluate([greedy_trees], EvaluateOptions(fits=[str(tmp_path / "x.json")]))

@@ -1,0 +1,221 @@
+"""`svt evaluate` on a tree run: acceptance by depth, the calibration of node and path predictors,
+the predicted expected accepted length against the realised one and, on greedy runs, the replay of
+tree policies (chain, static, EAGLE-2 by path probability, a fitted predictor, the oracle) as
+subtrees of the logged trees, with a cost table across concurrency.
+
+Labels: ``label`` (1 accepted, 0 verified and rejected, null never reached) is censored: a node is
+tried only under an accepted parent. ``on path`` (label == 1, unreached counted 0) is what a path
+probability predicts. On greedy runs ``match`` (the token is the target's argmax at the parent) is
+known for every node: the uncensored conditional label a growth predictor needs.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from svt import __version__
+from svt.errors import DataError
+from svt.metrics import calibration_bins, ece, log_loss, roc_auc
+from svt.traces.io import open_run
+from svt.trees import replay as rp
+from svt.trees.predictor import cross_fitted_match
+
+CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
+
+
+def _scores(y: np.ndarray, p: np.ndarray, n_bins: int) -> dict:
+    both = 0 < y.sum() < y.size
+    return {"n": int(y.size), "rate": float(y.mean()) if y.size else None,
+            "mean_pred": float(p.mean()) if y.size else None,
+            "auc": roc_auc(y, p) if both else None,
+            "log_loss": log_loss(y, p) if y.size else None,
+            "ece": ece(y, p, n_bins=n_bins) if y.size else None}
+
+
+def by_depth(nodes: pl.DataFrame) -> list[dict]:
+    rows = nodes.group_by("depth").agg(
+        pl.len().alias("nodes"), pl.col("label").is_not_null().sum().alias("verified"),
+        (pl.col("label") == 1).sum().alias("accepted"), pl.col("match").mean().alias("match_rate"),
+        pl.col("q_token").mean().alias("mean_q_token"), pl.col("path_prob").mean().alias("mean_path_prob"),
+    ).sort("depth").with_columns((pl.col("accepted") / pl.col("verified")).alias("conditional"))
+    return rows.to_dicts()
+
+
+def calibration(nodes: pl.DataFrame, n_bins: int, greedy: bool, predicted: np.ndarray | None) -> list[dict]:
+    """Each predictor against the label it predicts, over all depths and per depth."""
+    on_path = (nodes["label"] == 1).fill_null(False).to_numpy().astype(np.int64)
+    tried = nodes["label"].is_not_null().to_numpy()
+    label = nodes["label"].fill_null(0).to_numpy().astype(np.int64)
+    depth = nodes["depth"].to_numpy()
+    cases = [("q_token", "accepted | tried", nodes["q_token"].to_numpy(), label, tried),
+             ("path_prob", "on the accepted path", nodes["path_prob"].to_numpy(), on_path, np.ones_like(tried))]
+    if greedy:
+        match = nodes["match"].to_numpy().astype(np.int64)
+        cases.append(("q_token", "match (every node)", nodes["q_token"].to_numpy(), match, np.ones_like(tried)))
+        if predicted is not None:
+            cases.append(("predictor (cross-fitted)", "match (every node)", predicted, match, np.ones_like(tried)))
+            cases.append(("predictor path product", "on the accepted path", predicted_path(nodes, predicted),
+                          on_path, np.ones_like(tried)))
+    out = []
+    for name, target, p, y, keep in cases:
+        keep = keep.astype(bool)
+        row = {"predictor": name, "label": target, **_scores(y[keep], np.clip(p[keep], 0, 1), n_bins),
+               "by_depth": [{"depth": int(d), **_scores(y[keep & (depth == d)], np.clip(p[keep & (depth == d)], 0, 1),
+                                                        n_bins)}
+                            for d in np.unique(depth[keep])]}
+        bins = calibration_bins(y[keep], np.clip(p[keep], 0, 1), n_bins=n_bins)
+        row["bins"] = {k: [None if not np.isfinite(v) else float(v) for v in bins[k]]
+                       for k in ("weight", "mean_pred", "rate")}
+        out.append(row)
+    return out
+
+
+def logged(nodes: pl.DataFrame) -> rp.LoggedTrees:
+    step_id = nodes.select(pl.struct("request", "step").rank("dense") - 1).to_series().to_numpy()
+    col = {c: nodes[c].to_numpy() for c in ("node", "parent", "depth", "rank")}
+    match = nodes["match"].fill_null(0).to_numpy()
+    return rp.LoggedTrees(step_id.astype(np.int64), col["node"].astype(np.int64), col["parent"].astype(np.int64),
+                          col["depth"].astype(np.int64), col["rank"].astype(np.int64), match.astype(bool))
+
+
+def predicted_path(nodes: pl.DataFrame, predicted: np.ndarray) -> np.ndarray:
+    return logged(nodes).path_product(predicted)
+
+
+def expected_length(nodes: pl.DataFrame, steps: pl.DataFrame, n_bins: int) -> dict:
+    """The drafter's predicted expected accepted length of each tree (the sum of its path
+    probabilities) against the accepted length it realised."""
+    pred = nodes.group_by("request", "step").agg(pl.col("path_prob").cast(pl.Float64).sum().alias("predicted"))
+    both = steps.join(pred, on=["request", "step"]).select("predicted", pl.col("accepted").cast(pl.Float64))
+    p, a = both["predicted"].to_numpy(), both["accepted"].to_numpy()
+    edges = np.unique(np.quantile(p, np.linspace(0, 1, n_bins + 1)))
+    idx = np.clip(np.searchsorted(edges, p, side="right") - 1, 0, max(edges.size - 2, 0))
+    bins = [{"n": int((idx == b).sum()), "predicted": float(p[idx == b].mean()), "realised": float(a[idx == b].mean())}
+            for b in range(max(edges.size - 1, 1)) if (idx == b).any()]
+    return {"steps": int(p.size), "mean_predicted": float(p.mean()), "mean_realised": float(a.mean()),
+            "ratio": float(p.mean() / a.mean()) if a.mean() > 0 else None,
+            "correlation": float(np.corrcoef(p, a)[0, 1]) if p.size > 2 and p.std() > 0 and a.std() > 0 else None,
+            "bins": bins}
+
+
+def _static_shapes(depth: int, width: int) -> list[list[int]]:
+    shapes = [[2] + [1] * (depth - 1), [2, 2] + [1] * (depth - 2), [3, 2, 2] + [1] * (depth - 3),
+              [width] * 2 + [1] * (depth - 2), [width] * depth]
+    out = []
+    for s in shapes:
+        s = [w for w in s[:depth] if w > 0]
+        if s and s not in out and max(s) <= width:
+            out.append(s)
+    return out
+
+
+def replay_policies(nodes: pl.DataFrame, predicted: np.ndarray | None, widths: list[int] | None = None) -> list[dict]:
+    """Every policy and budget replayed on the logged greedy trees: accepted tokens per step, nodes
+    verified per step and per depth (for costs), accepted per verified node. ``widths``: the logged
+    static shape, replayed too (it is the run itself)."""
+    trees = logged(nodes)
+    depth = int(trees.depth.max()) + 1
+    width = int(trees.rank.max()) + 1
+    max_nodes = int(np.bincount(trees.step).max())
+    budgets = sorted({n for n in (1, 2, 4, 8, 16, 32, 64, 128, 256) if n < max_nodes} | {max_nodes})
+    policies: list[tuple[str, str, np.ndarray]] = []
+    for k in range(1, depth + 1):
+        policies.append(("chain", f"K={k}", rp.chain(trees, k)))
+    shapes = _static_shapes(depth, width)
+    if widths and list(widths) not in shapes:
+        shapes.append(list(widths))
+    for s in shapes:
+        policies.append(("static", "widths=" + ",".join(map(str, s)), rp.static(trees, s)))
+    path = nodes["path_prob"].to_numpy().astype(np.float64)
+    for n in budgets:
+        policies.append(("path-prob", f"n={n}", trees.top_n(path, n)))
+    if predicted is not None:
+        score = trees.path_product(predicted)
+        for n in budgets:
+            policies.append(("predictor", f"n={n}", trees.top_n(score, n)))
+    for n in budgets:
+        policies.append(("oracle", f"n={n}", rp.oracle(trees, n)))
+    rows = []
+    for kind, budget, mask in policies:
+        acc, size = trees.outcome(mask)
+        per_depth = np.bincount(trees.depth[mask], minlength=depth) / max(trees.n_steps, 1)
+        rows.append({"policy": kind, "budget": budget, "accepted_per_step": float(acc.mean()),
+                     "tokens_per_step": float(1 + acc.mean()), "nodes_per_step": float(size.mean()),
+                     "accepted_per_node": float(acc.sum() / max(size.sum(), 1)),
+                     "nodes_by_depth": [float(x) for x in per_depth]})
+    return rows
+
+
+def step_ms(costs, batch: int, nodes_by_depth: list[float]) -> tuple[float, float]:
+    """Draft and verify milliseconds of one step at ``batch`` for a tree of this mean shape: one
+    drafter pass per level (the pending token, then each level's nodes, ``batch`` rows) and one
+    target pass over the pending token and every node."""
+    levels = [1.0] + [m for m in nodes_by_depth if m > 0][:-1]
+    draft = sum(costs.draft(max(1, round(batch * m)), 1) for m in levels) if any(nodes_by_depth) else 0.0
+    verify = float(costs.verify(np.array([batch * (1.0 + sum(nodes_by_depth))]))[0])
+    return draft, verify
+
+
+def end_to_end(rows: list[dict], costs) -> list[dict]:
+    """Throughput and interactivity of every policy across concurrency, and the Pareto frontier."""
+    out = []
+    for r in rows:
+        for b in CONCURRENCY:
+            d, v = step_ms(costs, b, r["nodes_by_depth"])
+            per_request = r["tokens_per_step"] / ((d + v) / 1e3)
+            out.append({"policy": r["policy"], "budget": r["budget"], "concurrency": b, "draft_ms": d,
+                        "verify_ms": v, "interactivity": per_request, "throughput": per_request * b})
+    real = [o for o in out if o["policy"] != "oracle"]  # the oracle is a bound, not a policy to choose
+    for r in out:
+        r["pareto"] = r["policy"] != "oracle" and not any(
+            o["throughput"] >= r["throughput"] and o["interactivity"] >= r["interactivity"]
+            and (o["throughput"] > r["throughput"] or o["interactivity"] > r["interactivity"]) for o in real)
+    return out
+
+
+def tree_report(runs: list, opts, infos: list[dict], metas: list[dict]) -> dict:
+    """The report of one tree run (see the module docstring)."""
+    from svt.report.schema import REPORT_SCHEMA
+
+    if len(runs) != 1:
+        raise DataError("A tree run is evaluated alone: pass one tree run (chain runs have their own report).")
+    if opts.fits or opts.by or opts.live or opts.reference_run:
+        raise DataError("--fit, --by, --live and --reference-run apply to chain runs; a tree run's report fits its "
+                        "own node predictor (cross-fitted over requests).")
+    run = open_run(runs[0], deep=False)
+    if not run.has("tree_drafts"):
+        raise DataError(f"{runs[0]}: run.json describes a tree run, but it has no tree_drafts table.")
+    nodes = run.scan("tree_drafts").collect().sort("request", "step", "node")
+    steps = run.scan("steps").collect()
+    if nodes.is_empty():
+        raise DataError(f"{runs[0]}: no tree nodes to evaluate.")
+    greedy = bool((metas[0].get("sampling") or {}).get("greedy"))
+    predicted = None
+    if greedy:
+        predicted = cross_fitted_match({c: nodes[c].to_numpy() for c in
+                                        ("q_token", "q_max", "q_entropy", "path_prob", "depth", "rank", "match")},
+                                       nodes["request"].to_numpy(), seed=opts.seed)
+    report = {
+        "report_schema": REPORT_SCHEMA, "svt_version": __version__,
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "runs": infos, "kind": "trees",
+        "settings": {"n_bins": opts.n_bins, "seed": opts.seed, "costs": opts.costs},
+        "trees": {"run": str(runs[0]), "shape": metas[0].get("tree"), "greedy": greedy,
+                  "by_depth": by_depth(nodes), "calibration": calibration(nodes, opts.n_bins, greedy, predicted),
+                  "expected_length": expected_length(nodes, steps, opts.n_bins),
+                  "replay": None, "end_to_end": None, "costs": None},
+    }
+    if greedy:
+        rows = replay_policies(nodes, predicted, (metas[0].get("tree") or {}).get("widths"))
+        report["trees"]["replay"] = rows
+        if opts.costs:
+            from svt.simulate.costs import load_costs
+
+            table = load_costs(Path(opts.costs))
+            report["trees"]["costs"] = {"path": opts.costs, "kind": table.kind, "fingerprint": table.fingerprint()}
+            report["trees"]["end_to_end"] = end_to_end(rows, table)
+    return report
