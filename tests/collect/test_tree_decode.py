@@ -62,3 +62,19 @@ def test_greedy_tree_decoding_emits_the_targets_greedy_tokens(tiny_pair, shape):
     per_step = np.bincount(np.array(log.nodes["step"])[labels == 1], minlength=len(steps["step"]))
     assert per_step.tolist() == steps["accepted"]
     assert max(steps["accepted"]) >= 1  # the pair agrees somewhere: the tree is doing work
+
+
+def test_decoding_stops_at_the_end_of_sequence_token(tiny_pair):
+    """An eos token inside a step's accepted tokens ends the request there, nothing after it."""
+    target, draft = tiny_pair.target, tiny_pair.draft
+    shape = TreeShape(widths=(2, 2, 1))
+    free = decode_tree(target, draft, PROMPT, shape, temperature=0.0, top_p=1.0, max_new_tokens=30,
+                       eos_id=None, seed=0, request=0)
+    # an eos that lands inside an accepted run, not at a step's first token
+    starts = np.cumsum([0] + free.steps["emitted"][:-1])
+    at = next(i for i in range(1, 30) if i not in starts and free.output[i] not in free.output[:i])
+    stopped = decode_tree(target, draft, PROMPT, shape, temperature=0.0, top_p=1.0, max_new_tokens=30,
+                          eos_id=free.output[at], seed=0, request=0)
+    assert stopped.finish == "stop" and free.finish == "length"
+    assert stopped.output == free.output[:at + 1]
+    assert sum(stopped.steps["emitted"]) == at + 1

@@ -73,7 +73,7 @@ def test_tree_run_validator_catches_a_damaged_parent(tree_run, tmp_path):
     shutil.copytree(out, bad)
     shard = sorted((bad / "tree_drafts").glob("*.parquet"))[0]
     frame = pl.read_parquet(shard)
-    frame.with_columns(pl.when(pl.col("node") == 1).then(pl.lit(5, pl.Int16)).otherwise(pl.col("parent"))
+    frame.with_columns(pl.when(pl.col("node") == 1).then(pl.col("node")).otherwise(pl.col("parent"))
                        .alias("parent")).write_parquet(shard)
     reseal(bad)
     with pytest.raises(SchemaError, match="parent"):

@@ -49,6 +49,11 @@ def test_tree_report_adds_up_and_agrees_with_sklearn(greedy_trees):
     row = next(c for c in t["calibration"] if c["predictor"] == "q_token" and c["label"] == "accepted | tried")
     assert row["n"] == tried.height
     assert row["auc"] == pytest.approx(roc_auc_score(tried["label"], tried["q_token"]), abs=1e-12)
+    path = next(c for c in t["calibration"] if c["predictor"] == "path_prob")
+    on_path = (nodes["label"] == 1).fill_null(False)
+    assert path["label"] == "on the accepted path" and path["n"] == nodes.height
+    assert path["rate"] == pytest.approx(on_path.mean())
+    assert path["auc"] == pytest.approx(roc_auc_score(on_path, nodes["path_prob"]), abs=1e-12)
     match = next(c for c in t["calibration"] if c["predictor"] == "q_token" and c["label"].startswith("match"))
     assert match["auc"] == pytest.approx(roc_auc_score(nodes["match"], nodes["q_token"]), abs=1e-12)
     # the logged shape replayed is the run itself
@@ -69,7 +74,7 @@ def test_tree_report_adds_up_and_agrees_with_sklearn(greedy_trees):
     costs = load_costs(COSTS)
     e2e = t["end_to_end"]
     assert len(e2e) == len(t["replay"]) * 7
-    for r in e2e[:20]:
+    for r in e2e:
         shape = rows[(r["policy"], r["budget"])]
         b = r["concurrency"]
         assert r["verify_ms"] == pytest.approx(float(costs.verify(np.array([b * (1 + shape["nodes_per_step"])]))[0]))
