@@ -80,6 +80,10 @@ def test_tree_report_adds_up_and_agrees_with_sklearn(greedy_trees):
         assert r["verify_ms"] == pytest.approx(float(costs.verify(np.array([b * (1 + shape["nodes_per_step"])]))[0]))
         assert r["throughput"] == pytest.approx(r["interactivity"] * b)
         assert r["interactivity"] == pytest.approx(shape["tokens_per_step"] * 1e3 / (r["draft_ms"] + r["verify_ms"]))
+    for r in (r for r in e2e if (r["policy"], r["budget"]) == ("chain", "K=1")):
+        assert r["draft_ms"] == pytest.approx(costs.draft(r["concurrency"], 1))  # one pass: the pending token
+    k2 = [r for r in e2e if (r["policy"], r["budget"]) == ("chain", "K=2") and r["concurrency"] == 1][0]
+    assert k2["draft_ms"] > costs.draft(1, 1)  # and one more where the rank-0 child was expanded
     assert any(r["pareto"] for r in e2e) and not any(r["pareto"] for r in e2e if r["policy"] == "oracle")
     md = tree_markdown(report)
     for heading in ("Acceptance by depth", "Calibration", "Expected accepted length", "Tree policies", "End to end"):
@@ -99,3 +103,25 @@ def test_tree_runs_are_evaluated_alone(greedy_trees, small_run, tmp_path):
         evaluate([greedy_trees, small_run], EvaluateOptions())
     with pytest.raises(DataError, match="--fit"):
         evaluate([greedy_trees], EvaluateOptions(fits=[str(tmp_path / "x.json")]))
+
+
+def test_tree_figures_draw_the_stored_rows(greedy_trees, small_run, tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from svt.plots import get_plot, plot_all
+    from svt.report import write_report
+
+    report = evaluate([greedy_trees], EvaluateOptions())
+    write_report(report, tmp_path / "rep")
+    written = plot_all(tmp_path / "rep")
+    assert sorted(p.name for p in written) == ["tree-budget.png", "tree-calibration.png"]
+    fig = get_plot("tree-budget")(report)
+    lines = {ln.get_label(): ln for ln in fig.axes[0].get_lines()}
+    chain = sorted((r for r in report["trees"]["replay"] if r["policy"] == "chain"), key=lambda r: r["nodes_per_step"])
+    np.testing.assert_allclose(lines["chain"].get_ydata(), [r["accepted_per_step"] for r in chain])
+    with pytest.raises(DataError, match="tree run"):
+        get_plot("roc")(report)
+    chain_report = evaluate([small_run], EvaluateOptions())
+    with pytest.raises(DataError, match="tree run's report"):
+        get_plot("tree-budget")(chain_report)

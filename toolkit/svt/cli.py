@@ -178,7 +178,8 @@ def _profile_costs(cfg, config: Path, out_dir: Path, batches: str | None, *, ove
     pair = load_pair(resolve_path(cfg.target, config), resolve_path(cfg.draft, config),
                      device=cfg.device, dtype=cfg.dtype)
     table = profile_pair(pair.target, pair.draft, k=cfg.k, batches=parse_batches(batches),
-                         progress=None if quiet else lambda b: _say(f"profiled batch {b}"))
+                         progress=None if quiet else lambda b: _say(f"profiled batch {b}"),
+                         verify_tokens=None if cfg.tree is None else cfg.tree.size() + 1)
     write_costs(table, out_dir, {"models": {k: v["path"] for k, v in pair.identity().items()
                                             if isinstance(v, dict) and "path" in v}})
     for w in table.measurement.get("warnings", []):

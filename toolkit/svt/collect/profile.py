@@ -119,8 +119,10 @@ def measurement_block(repeats: int, spreads: dict[str, dict], falls: dict[str, l
 
 @torch.inference_mode()
 def profile_pair(target, draft, *, k: int, batches=DEFAULT_BATCHES, context: int = 128,
-                 repeats: int = 5, progress=None) -> CostTable:
-    """The pair's cost table (see the module), with how sure it is in ``measurement``."""
+                 repeats: int = 5, progress=None, verify_tokens: int | None = None) -> CostTable:
+    """The pair's cost table (see the module), with how sure it is in ``measurement``. Verification
+    is timed for 1 to ``verify_tokens`` tokens a row (default ``k + 1``; a tree config passes its
+    size + 1: a tree of n nodes is verified in one forward over n + 1 tokens a row)."""
     device = next(target.parameters()).device
     before = machine_load()
     draft_ms: dict[int, dict[int, float]] = {}
@@ -146,7 +148,7 @@ def profile_pair(target, draft, *, k: int, batches=DEFAULT_BATCHES, context: int
         draft_ms[b] = {j + 1: float(med[j]) for j in range(k)}
         spread["draft"][b] = _spread(np.array(runs)[:, -1])
         cache = _prefill(target, b, context, device)
-        for m in range(1, k + 2):
+        for m in range(1, (verify_tokens or k + 1) + 1):
             ids = torch.full((b, m), 11, device=device)
             samples, inner = [], 1
             for rep in range(repeats + 1):

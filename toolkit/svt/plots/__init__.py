@@ -17,6 +17,7 @@ from svt.errors import ConfigError, DataError
 from svt.fileio import read_json
 from svt.plots.hvd import hvd, hvd_map, yield_pr
 from svt.plots.style import COLORS, add_caption, figure_axes
+from svt.plots.trees import tree_budget, tree_calibration
 from svt.report.text import shown
 
 
@@ -184,7 +185,8 @@ def features(report: dict, ax=None):
 
 PLOTS = {"reliability": reliability, "roc": roc, "per-position": per_position, "pareto": pareto,
          "coefficients": coefficients, "features": features, "hvd": hvd, "yield-pr": yield_pr,
-         "hvd-map": hvd_map}
+         "hvd-map": hvd_map, "tree-budget": tree_budget, "tree-calibration": tree_calibration}
+TREE_PLOTS = ("tree-budget", "tree-calibration")
 
 
 def get_plot(name: str):
@@ -200,12 +202,16 @@ def get_plot(name: str):
 
         wants_fit = name == "coefficients"
         is_fit = isinstance(data, Fitter)
-        is_report = isinstance(data, dict) and "features" in data and "runs" in data
+        is_report = isinstance(data, dict) and ("features" in data or data.get("kind") == "trees") and "runs" in data
         if wants_fit and not is_fit:
             raise DataError("`coefficients` draws a fit file from `svt fit` (an irls-online fit).")
         if is_report and data.get("kind") == "cache-only" and name not in ("hvd", "yield-pr", "hvd-map"):
             raise DataError(f"`{name}` draws acceptance features; this report is of runs without model drafts "
                             "(cache drafts only). Its figures: hvd, yield-pr, hvd-map.")
+        if is_report and (data.get("kind") == "trees") != (name in TREE_PLOTS):
+            raise DataError(f"`{name}` draws " + ("a tree run's report; this one is of chain runs."
+                                                  if name in TREE_PLOTS else "chain drafts; this report is of a "
+                                                  "tree run. Its figures: " + ", ".join(TREE_PLOTS) + "."))
         if not wants_fit and not is_report:
             raise DataError(f"`{name}` draws a report from `svt evaluate` (its directory or report.json), "
                             "not " + ("a fit file." if is_fit else "this file."))
@@ -250,6 +256,8 @@ def plot_all(report_dir: str | Path, fits: list[str | Path] = (), vmax: float | 
     kinds = ("features", "roc", "reliability", "per-position", "pareto", "hvd", "yield-pr", "hvd-map")
     if report.get("kind") == "cache-only":  # no acceptance features: only the cache figures
         kinds = ("hvd", "yield-pr", "hvd-map")
+    if report.get("kind") == "trees":
+        kinds = TREE_PLOTS
     for kind in kinds:
         try:
             fig = PLOTS[kind](report, vmax=vmax) if kind == "hvd-map" else PLOTS[kind](report)

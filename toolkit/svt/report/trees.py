@@ -143,19 +143,24 @@ def replay_policies(nodes: pl.DataFrame, predicted: np.ndarray | None, widths: l
     for kind, budget, mask in policies:
         acc, size = trees.outcome(mask)
         per_depth = np.bincount(trees.depth[mask], minlength=depth) / max(trees.n_steps, 1)
+        parents = np.zeros(mask.size, dtype=bool)
+        parents[trees.gparent[mask & (trees.gparent >= 0)]] = True  # nodes the drafter expanded
+        expanded = np.bincount(trees.depth[parents], minlength=depth) / max(trees.n_steps, 1)
         rows.append({"policy": kind, "budget": budget, "accepted_per_step": float(acc.mean()),
                      "tokens_per_step": float(1 + acc.mean()), "nodes_per_step": float(size.mean()),
                      "accepted_per_node": float(acc.sum() / max(size.sum(), 1)),
-                     "nodes_by_depth": [float(x) for x in per_depth]})
+                     "nodes_by_depth": [float(x) for x in per_depth],
+                     "expanded_by_depth": [float(x) for x in expanded]})
     return rows
 
 
-def step_ms(costs, batch: int, nodes_by_depth: list[float]) -> tuple[float, float]:
-    """Draft and verify milliseconds of one step at ``batch`` for a tree of this mean shape: one
-    drafter pass per level (the pending token, then each level's nodes, ``batch`` rows) and one
-    target pass over the pending token and every node."""
-    levels = [1.0] + [m for m in nodes_by_depth if m > 0][:-1]
-    draft = sum(costs.draft(max(1, round(batch * m)), 1) for m in levels) if any(nodes_by_depth) else 0.0
+def step_ms(costs, batch: int, nodes_by_depth: list[float], expanded_by_depth: list[float]) -> tuple[float, float]:
+    """Draft and verify milliseconds of one step at ``batch`` for a tree of this mean shape: drafter
+    passes for the pending token and then for each level's expanded nodes (those with children in
+    the tree), read as one-token passes over ``batch`` x that many rows, and one target pass over
+    every row's pending token and nodes."""
+    levels = ([1.0] + [m for m in expanded_by_depth if m > 0]) if any(nodes_by_depth) else []
+    draft = sum(costs.draft(max(1, round(batch * m)), 1) for m in levels)
     verify = float(costs.verify(np.array([batch * (1.0 + sum(nodes_by_depth))]))[0])
     return draft, verify
 
@@ -165,7 +170,7 @@ def end_to_end(rows: list[dict], costs) -> list[dict]:
     out = []
     for r in rows:
         for b in CONCURRENCY:
-            d, v = step_ms(costs, b, r["nodes_by_depth"])
+            d, v = step_ms(costs, b, r["nodes_by_depth"], r["expanded_by_depth"])
             per_request = r["tokens_per_step"] / ((d + v) / 1e3)
             out.append({"policy": r["policy"], "budget": r["budget"], "concurrency": b, "draft_ms": d,
                         "verify_ms": v, "interactivity": per_request, "throughput": per_request * b})

@@ -83,9 +83,9 @@ def tree_markdown(report: dict) -> str:
               "exact offline.\n", md_table(REPLAY_HEAD, _replay_rows(t)) + "\n"]
     if t["end_to_end"]:
         lines += ["## End to end across concurrency\n",
-                  f"Cost table `{t['costs']['path']}` ({t['costs']['kind']}): one drafter pass per tree level over "
-                  "the level's nodes of every row, one target pass over every row's pending token and tree, at each "
-                  "policy's mean tree shape. The best of each policy per concurrency by tokens/s; `Pareto`: on the "
+                  f"Cost table `{t['costs']['path']}` ({t['costs']['kind']}): a drafter pass for the pending token and "
+                  "one per level over the nodes it expands (read as one-token passes of batch x nodes rows), one "
+                  "target pass over every row's pending token and tree, at each policy's mean tree shape. The best of each policy per concurrency by tokens/s; `Pareto`: on the "
                   "throughput-interactivity frontier of all non-oracle rows (report.json has every row).\n",
                   md_table(E2E_HEAD, _e2e_rows(t)) + "\n"]
     return "\n".join(lines) + "\n"
