@@ -90,14 +90,40 @@ def test_arctic_simulator_tasks_become_workloads(tmp_path):
     assert meta["tasks"]["1"]["max_spec_factor"] == 2.0
 
 
-def test_arctic_tree_speculation_is_refused_naming_the_row(tmp_path):
-    bad = tmp_path / "tree.csv"
+def test_arctic_mixed_tree_and_chain_rows_are_refused_naming_the_row(tmp_path):
+    bad = tmp_path / "mixed.csv"
     lines = (FIX / "arctic_sim.csv").read_text().splitlines()
     lines[3] = lines[3].replace("False", "True", 1)
     bad.write_text("\n".join(lines) + "\n")
-    with pytest.raises(ImportFormatError, match=r"row 3 \(line 4\): use_tree_spec is true"):
+    with pytest.raises(ImportFormatError, match=r"row 3 \(line 4\): use_tree_spec is True here but False"):
         import_trace("arctic-sim", bad, tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+def test_arctic_tree_speculation_imports_as_a_tree_run(tmp_path):
+    """The simulator's own output with use_tree_spec (scripts/make_arctic_tree_fixture.py): steps keep
+    the tree sizes and accepted lengths, run.json says it is a tree run without per-node rows, and
+    its report's totals are the file's."""
+    import polars as pl
+
+    from svt.report import EvaluateOptions, evaluate
+
+    src = pl.read_csv(FIX / "arctic_sim_tree.csv")
+    assert src["use_tree_spec"].all() and (src["num_spec_toks"] > 1).any()
+    out = tmp_path / "tree"
+    s = import_trace("arctic-sim", FIX / "arctic_sim_tree.csv", out)
+    assert (s.steps, s.drafts) == (src.height, 0)
+    run = open_run(out)
+    steps = run.scan("steps").collect()
+    assert steps["drafted"].cast(pl.Int64).sum() == src["num_spec_toks"].sum()
+    assert steps["accepted"].cast(pl.Int64).sum() == src["num_accept_toks"].sum()
+    tree = run.meta["tree"]
+    assert tree["per_node"] is False and tree["tree_nodes"] == src["num_spec_toks"].sum()
+    report = evaluate([out], EvaluateOptions())
+    top = report["trees"]["by_workload"][0]
+    assert top["workload"] == "all"
+    assert top["accepted_per_node"] == pytest.approx(src["num_accept_toks"].sum() / src["num_spec_toks"].sum())
+    assert report["trees"]["replay"] is None and report["trees"]["by_depth"] == []
 
 
 def test_table_import_round_trips_a_collected_run(small_run, tmp_path):

@@ -260,6 +260,13 @@ def import_(
         summary = import_trace(fmt, path, out_dir, mapping=mapping, overwrite=overwrite)
     except SvtError as exc:
         raise _fail(exc) from None
+    from svt.traces.io import read_meta
+
+    tree = read_meta(out_dir).get("tree")
+    if tree:
+        _say(f"wrote {out_dir}: {summary.requests:,} requests, {summary.steps:,} tree steps, {tree['tree_nodes']:,} "
+             f"nodes ({tree['accepted_per_step']:.3f} accepted per step; counts per step, no per-node rows)")
+        return
     _say(f"wrote {out_dir}: {summary.requests:,} requests, {summary.steps:,} steps, {summary.drafts:,} drafts "
          f"({summary.labelled:,} labelled, acceptance {summary.acceptance:.3f})")
 

@@ -7,7 +7,9 @@ request and step: ``task_id`` (one configuration of its sweep), ``request_id``, 
 cache lookup), ``match_len``, ``score``, and the configuration (``max_depth``, ``max_spec_factor``,
 ``min_token_prob``, ``use_tree_spec``, ...). Each task becomes a workload (``task 0``, ...), so
 ``svt evaluate --by workload`` compares the configurations. Tree speculation (``use_tree_spec``)
-drafts trees, not chains: those rows are refused. There is no target model, so no verify time.
+drafts trees, not chains: a file of tree rows becomes a tree run whose steps hold the tree's size and
+accepted path length (the simulator writes no per-node rows, so no ``tree_drafts``); a file mixing
+tree and chain rows is refused. There is no target model, so no verify time.
 """
 
 from __future__ import annotations
@@ -50,10 +52,15 @@ class ArcticSim(Importer):
                 v = odd["use_tree_spec"][0]
                 raise fail(row_where(path, odd["_row"][0]), "use_tree_spec is empty (a truncated row?), not true or false."
                            if v is None else f"use_tree_spec is {v!r}, not true or false.")
-            tree = f.filter(flag.is_in(["true", "1"]))
-            if tree.height:
-                raise fail(row_where(path, tree["_row"][0]), "use_tree_spec is true: tree drafts are not chains, so "
-                                                            "their positions have no acceptance labels; import chain runs.")
+            is_tree = f.select(flag.is_in(["true", "1"])).to_series()
+            if is_tree.any() and not is_tree.all():
+                row = f.filter(is_tree != is_tree[0])["_row"][0]
+                raise fail(row_where(path, row), f"use_tree_spec is {not is_tree[0]} here but {is_tree[0]} in the first "
+                                                 "row: tree and chain speculation make different runs; split the file by "
+                                                 "use_tree_spec and import each.")
+            tree = bool(is_tree.all())
+        else:
+            tree = False
         over = f.filter(pl.col("num_accept_toks") > pl.col("num_spec_toks"))
         if over.height:
             raise fail(row_where(path, over["_row"][0]), "more tokens accepted than drafted.")
@@ -71,10 +78,14 @@ class ArcticSim(Importer):
             raise fail(row_where(path, dup["_row"][0]), f"task {dup['task_id'][0]} request {dup['request_id'][0]} has "
                                                         f"step {dup['step'][0]} more than once.")
         f = f.with_columns(pl.format("task {}", pl.col("task_id")).alias("workload"))
-        drafts = chain_drafts(f["request"].to_numpy(), f["step"].to_numpy(), f["num_spec_toks"].to_numpy(),
-                              f["num_accept_toks"].to_numpy(), str(path)).join(
-            f.select(pl.col("request").cast(pl.Int64), "workload").unique("request"), on="request", how="left",
-            maintain_order="left")
+        if tree:  # no per-node rows: the steps carry the tree's size and the accepted path's length
+            drafts = pl.DataFrame(schema={"request": pl.Int64, "step": pl.Int32, "position": pl.Int16,
+                                          "label": pl.Int8, "workload": pl.String})
+        else:
+            drafts = chain_drafts(f["request"].to_numpy(), f["step"].to_numpy(), f["num_spec_toks"].to_numpy(),
+                                  f["num_accept_toks"].to_numpy(), str(path)).join(
+                f.select(pl.col("request").cast(pl.Int64), "workload").unique("request"), on="request", how="left",
+                maintain_order="left")
         steps = f.select(pl.col("request").cast(pl.Int64), "step", pl.col("num_spec_toks").alias("drafted"),
                          pl.col("num_accept_toks").alias("accepted"), pl.col("num_out_toks").alias("emitted"),
                          pl.col("spec_ms").alias("draft_ms"))
@@ -88,4 +99,8 @@ class ArcticSim(Importer):
                         source={"drafter": "SuffixDecoding cache (arctic-inference simulator)", "tasks": tasks,
                                 "requests": keys.height},
                         request_names=[f"task {t} request {r}" for t, r in keys.select("task_id", "request_id").rows()],
-                        drafter="cache")
+                        drafter="cache",
+                        tree={"shape": "SuffixDecoding (arctic-inference use_tree_spec)", "proposals": "suffix tree",
+                              "verify": "the simulator's: the path the response follows", "per_node": False,
+                              "note": "counts per step only: steps.drafted is the tree's size, steps.accepted the "
+                                      "accepted path's length; no tree_drafts"} if tree else None)

@@ -67,6 +67,7 @@ class Imported:
     request_names: list | None = None  # each request's id in the file (for messages), by svt's index
     drafter: str = "model"  # who drafted: a model, or a suffix cache ("cache")
     svt_source: dict | None = None  # the svt run the file was exported from (see svt.interop.provenance)
+    tree: dict | None = None  # tree speculation: run.json's ``tree`` (the steps hold tree sizes)
 
 
 class Importer:
@@ -150,7 +151,8 @@ def full_tables(imported: Imported) -> Imported:
         frame = frame.with_columns([pl.lit(None, dtype=spec.columns[c]).alias(c) for c in missing])
         out[table] = frame.select([pl.col(c).cast(t) for c, t in spec.columns.items()])
     return Imported(out["drafts"], out["steps"], out["requests"], {t: c for t, c in lacks.items() if c},
-                    imported.source, imported.greedy, imported.request_names, imported.drafter, imported.svt_source)
+                    imported.source, imported.greedy, imported.request_names, imported.drafter, imported.svt_source,
+                    imported.tree)
 
 
 def check_tables(imported: Imported, where: str) -> None:
@@ -158,9 +160,12 @@ def check_tables(imported: Imported, where: str) -> None:
     are not 0, 1, ... within a step, and labels that are not a chain's (accepted ones, then at most
     one rejection, then never verified)."""
     d = imported.drafts
-    if d.height == 0:
+    if imported.tree is not None and d.height == 0:  # tree speculation: counts per step, no draft rows
+        if imported.steps["drafted"].sum() == 0:
+            raise fail(where, "no tree drafted a node: nothing to study.")
+    elif d.height == 0:
         raise fail(where, "no drafts (every step drafted nothing): nothing to study.")
-    if d["label"].null_count() == d.height:
+    if d.height and d["label"].null_count() == d.height:
         raise fail(where, "no draft was verified (every label empty): nothing to study.")
     step = ["request", "step"]
     twice = imported.steps.filter(pl.struct(step).is_duplicated()).sort(step)
@@ -250,6 +255,12 @@ def write_imported(imported: Imported, out: Path, *, source_path: Path, fmt: str
         commit_batch(run_dir, meta, 0, {"drafts": imported.drafts, "steps": imported.steps,
                                         "requests": imported.requests})
         summary = finish_run(run_dir, meta, time.time() - t0, resumed=0)
+        if imported.tree is not None:
+            st = imported.steps.select(pl.len(), pl.col("drafted").cast(pl.Int64).sum(),
+                                       pl.col("accepted").cast(pl.Int64).sum()).row(0)
+            meta["tree"] = {**imported.tree, "steps": st[0], "tree_nodes": st[1], "accepted": st[2],
+                            "accepted_per_step": st[2] / max(st[0], 1), "accepted_per_node": st[2] / max(st[1], 1)}
+            write_meta(run_dir, meta)
         open_run(run_dir)  # read back as every later stage will (deep): a failure leaves --out as it was
     summary.run_dir = out
     return summary

@@ -182,20 +182,49 @@ def end_to_end(rows: list[dict], costs) -> list[dict]:
     return out
 
 
-def tree_report(runs: list, opts, infos: list[dict], metas: list[dict]) -> dict:
-    """The report of one tree run (see the module docstring)."""
+def by_workload(steps: pl.DataFrame, workload_of: dict[int, str]) -> list[dict]:
+    """Per workload (and all): steps, nodes and accepted tokens per step, accepted per node."""
+    s = steps.with_columns(pl.col("request").replace_strict(workload_of, default="?").alias("workload"))
+    agg = [pl.len().alias("steps"), pl.col("drafted").cast(pl.Float64).mean().alias("nodes_per_step"),
+           pl.col("accepted").cast(pl.Float64).mean().alias("accepted_per_step"),
+           (pl.col("accepted").cast(pl.Float64).sum() / pl.col("drafted").cast(pl.Float64).sum())
+           .alias("accepted_per_node")]
+    rows = [{"workload": "all", **s.select(agg).row(0, named=True)}]
+    return rows + s.group_by("workload").agg(agg).sort("workload").to_dicts()
+
+
+def _report(runs, opts, infos, metas, steps: pl.DataFrame, parts: dict) -> dict:
     from svt.report.schema import REPORT_SCHEMA
 
+    run = open_run(runs[0], deep=False, tables=["requests"])
+    workload_of = dict(run.scan("requests").select("request", "workload").collect().iter_rows())
+    return {
+        "report_schema": REPORT_SCHEMA, "svt_version": __version__,
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "runs": infos, "kind": "trees",
+        "settings": {"n_bins": opts.n_bins, "seed": opts.seed, "costs": opts.costs},
+        "trees": {"run": str(runs[0]), "shape": metas[0].get("tree"),
+                  "greedy": bool((metas[0].get("sampling") or {}).get("greedy")),
+                  "by_workload": by_workload(steps, workload_of), **parts,
+                  "replay": None, "end_to_end": None, "costs": None},
+    }
+
+
+def tree_report(runs: list, opts, infos: list[dict], metas: list[dict]) -> dict:
+    """The report of one tree run (see the module docstring)."""
     if len(runs) != 1:
         raise DataError("A tree run is evaluated alone: pass one tree run (chain runs have their own report).")
     if opts.fits or opts.by or opts.live or opts.reference_run:
         raise DataError("--fit, --by, --live and --reference-run apply to chain runs; a tree run's report fits its "
                         "own node predictor (cross-fitted over requests).")
     run = open_run(runs[0], deep=False)
-    if not run.has("tree_drafts"):
-        raise DataError(f"{runs[0]}: run.json describes a tree run, but it has no tree_drafts table.")
-    nodes = run.scan("tree_drafts").collect().sort("request", "step", "node")
     steps = run.scan("steps").collect()
+    per_node = (metas[0].get("tree") or {}).get("per_node", True)
+    if not run.has("tree_drafts") and per_node:
+        raise DataError(f"{runs[0]}: run.json describes a tree run, but it has no tree_drafts table.")
+    if not per_node:  # an imported tree run: counts per step
+        return _report(runs, opts, infos, metas, steps, {"by_depth": [], "calibration": [], "expected_length": None})
+    nodes = run.scan("tree_drafts").collect().sort("request", "step", "node")
     if nodes.is_empty():
         raise DataError(f"{runs[0]}: no tree nodes to evaluate.")
     greedy = bool((metas[0].get("sampling") or {}).get("greedy"))
@@ -204,16 +233,9 @@ def tree_report(runs: list, opts, infos: list[dict], metas: list[dict]) -> dict:
         predicted = cross_fitted_match({c: nodes[c].to_numpy() for c in
                                         ("q_token", "q_max", "q_entropy", "path_prob", "depth", "rank", "match")},
                                        nodes["request"].to_numpy(), seed=opts.seed)
-    report = {
-        "report_schema": REPORT_SCHEMA, "svt_version": __version__,
-        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "runs": infos, "kind": "trees",
-        "settings": {"n_bins": opts.n_bins, "seed": opts.seed, "costs": opts.costs},
-        "trees": {"run": str(runs[0]), "shape": metas[0].get("tree"), "greedy": greedy,
-                  "by_depth": by_depth(nodes), "calibration": calibration(nodes, opts.n_bins, greedy, predicted),
-                  "expected_length": expected_length(nodes, steps, opts.n_bins),
-                  "replay": None, "end_to_end": None, "costs": None},
-    }
+    report = _report(runs, opts, infos, metas, steps, {
+        "by_depth": by_depth(nodes), "calibration": calibration(nodes, opts.n_bins, greedy, predicted),
+        "expected_length": expected_length(nodes, steps, opts.n_bins)})
     if greedy:
         rows = replay_policies(nodes, predicted, (metas[0].get("tree") or {}).get("widths"))
         report["trees"]["replay"] = rows

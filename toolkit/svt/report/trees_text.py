@@ -9,6 +9,12 @@ DEPTH_HEAD = ["depth", "nodes", "verified", "accepted", "accepted | tried", "mat
 CAL_HEAD = ["predictor", "label", "n", "rate", "mean prediction", "AUC", "log-loss", "ECE"]
 REPLAY_HEAD = ["policy", "budget", "nodes / step", "accepted / step", "accepted / verified node"]
 E2E_HEAD = ["policy", "budget", "concurrency", "tok/s per request", "tok/s", "Pareto"]
+WORKLOAD_HEAD = ["workload", "steps", "nodes / step", "accepted / step", "accepted / node"]
+
+
+def _workload_rows(t: dict) -> list[list[str]]:
+    return [[r["workload"], fmt(r["steps"]), fmt(r["nodes_per_step"], 2), fmt(r["accepted_per_step"], 3),
+             fmt(r["accepted_per_node"], 3)] for r in t["by_workload"]]
 
 
 def _depth_rows(t: dict) -> list[list[str]]:
@@ -49,14 +55,20 @@ def tree_markdown(report: dict) -> str:
     shape = t["shape"] or {}
     el = t["expected_length"]
     lines = ["# svt evaluation report: draft trees\n",
-             f"Run: `{t['run']}`, {shape.get('shape')} trees (up to {shape.get('nodes')} nodes, depth "
-             f"{shape.get('depth')}, {shape.get('proposals')} proposals), "
-             f"{'greedy' if t['greedy'] else 'sampling'} verification: {shape.get('verify')}. "
-             f"svt {report['svt_version']}, {report['created']}.\n",
+             f"Run: `{t['run']}`, {shape.get('shape')} trees"
+             + (f" (up to {shape['nodes']} nodes, depth {shape['depth']}, {shape['proposals']} proposals)"
+                if shape.get("nodes") else "")
+             + f"; verification: {shape.get('verify')}. svt {report['svt_version']}, {report['created']}.\n",
              f"{shape.get('steps', 0):,} steps, {shape.get('tree_nodes', 0):,} nodes; "
              f"{fmt(shape.get('accepted_per_step'), 3)} accepted per step, "
              f"{fmt(shape.get('accepted_per_node'), 4)} per node.\n",
-             "## Acceptance by depth\n",
+             "## By workload\n",
+             md_table(WORKLOAD_HEAD, _workload_rows(t)) + "\n"]
+    if not t["by_depth"]:
+        lines.append("No per-node rows (an imported tree run: the source gives counts per step), so no depth "
+                     "table, calibration or policy replay.\n")
+        return "\n".join(lines) + "\n"
+    lines += ["## Acceptance by depth\n",
              "`accepted | tried`: among the nodes verification tried (their parent accepted); `match rate` "
              "(greedy runs): the share of all nodes whose token is the target's argmax at their parent.\n",
              md_table(DEPTH_HEAD, _depth_rows(t)) + "\n",
@@ -94,7 +106,8 @@ def tree_markdown(report: dict) -> str:
 def tree_console(report: dict) -> list:
     t = report["trees"]
     items = []
-    for title, head, rows in (("acceptance by depth", DEPTH_HEAD, _depth_rows(t)),
+    for title, head, rows in (("trees by workload", WORKLOAD_HEAD, _workload_rows(t)),
+                              ("acceptance by depth", DEPTH_HEAD, _depth_rows(t)),
                               ("calibration of node and path predictors", CAL_HEAD, _cal_rows(t)),
                               ("tree policies (greedy replay)", REPLAY_HEAD, _replay_rows(t)),
                               ("end to end: the best of each policy per concurrency", E2E_HEAD, _e2e_rows(t))):
