@@ -46,7 +46,7 @@ def test_tree_report_adds_up_and_agrees_with_sklearn(greedy_trees):
     assert sum(r["nodes"] for r in t["by_depth"]) == nodes.height
     assert sum(r["accepted"] for r in t["by_depth"]) == steps["accepted"].cast(pl.Int64).sum()
     tried = nodes.filter(pl.col("label").is_not_null())
-    row = next(c for c in t["calibration"] if c["predictor"] == "q_token" and c["label"] == "accepted | tried")
+    row = next(c for c in t["calibration"] if c["predictor"] == "q_token" and c["label"] == "accepted given tried")
     assert row["n"] == tried.height
     assert row["auc"] == pytest.approx(roc_auc_score(tried["label"], tried["q_token"]), abs=1e-12)
     path = next(c for c in t["calibration"] if c["predictor"] == "path_prob")
@@ -86,6 +86,9 @@ def test_tree_report_adds_up_and_agrees_with_sklearn(greedy_trees):
     assert k2["draft_ms"] > costs.draft(1, 1)  # and one more where the rank-0 child was expanded
     assert any(r["pareto"] for r in e2e) and not any(r["pareto"] for r in e2e if r["policy"] == "oracle")
     md = tree_markdown(report)
+    for block in md.split("\n\n"):  # every markdown table keeps its header's column count
+        rows = [ln for ln in block.splitlines() if ln.startswith("|")]
+        assert len({ln.count("|") for ln in rows}) <= 1, block
     for heading in ("Acceptance by depth", "Calibration", "Expected accepted length", "Tree policies", "End to end"):
         assert heading in md
 

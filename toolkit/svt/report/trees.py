@@ -51,7 +51,7 @@ def calibration(nodes: pl.DataFrame, n_bins: int, greedy: bool, predicted: np.nd
     tried = nodes["label"].is_not_null().to_numpy()
     label = nodes["label"].fill_null(0).to_numpy().astype(np.int64)
     depth = nodes["depth"].to_numpy()
-    cases = [("q_token", "accepted | tried", nodes["q_token"].to_numpy(), label, tried),
+    cases = [("q_token", "accepted given tried", nodes["q_token"].to_numpy(), label, tried),
              ("path_prob", "on the accepted path", nodes["path_prob"].to_numpy(), on_path, np.ones_like(tried))]
     if greedy:
         match = nodes["match"].to_numpy().astype(np.int64)
@@ -104,7 +104,7 @@ def expected_length(nodes: pl.DataFrame, steps: pl.DataFrame, n_bins: int) -> di
 
 def _static_shapes(depth: int, width: int) -> list[list[int]]:
     shapes = [[2] + [1] * (depth - 1), [2, 2] + [1] * (depth - 2), [3, 2, 2] + [1] * (depth - 3),
-              [width] * 2 + [1] * (depth - 2), [width] * depth]
+              [width] * 2 + [1] * (depth - 2)]
     out = []
     for s in shapes:
         s = [w for w in s[:depth] if w > 0]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from svt.report.text import add_row, fmt, md_table, new_table
 
-DEPTH_HEAD = ["depth", "nodes", "verified", "accepted", "accepted | tried", "match rate", "mean q_token",
+DEPTH_HEAD = ["depth", "nodes", "verified", "accepted", "accepted given tried", "match rate", "mean q_token",
               "mean path prob"]
 CAL_HEAD = ["predictor", "label", "n", "rate", "mean prediction", "AUC", "log-loss", "ECE"]
 REPLAY_HEAD = ["policy", "budget", "nodes / step", "accepted / step", "accepted / verified node"]
@@ -69,7 +69,7 @@ def tree_markdown(report: dict) -> str:
                      "table, calibration or policy replay.\n")
         return "\n".join(lines) + "\n"
     lines += ["## Acceptance by depth\n",
-             "`accepted | tried`: among the nodes verification tried (their parent accepted); `match rate` "
+             "`accepted given tried`: among the nodes verification tried (their parent accepted); `match rate` "
              "(greedy runs): the share of all nodes whose token is the target's argmax at their parent.\n",
              md_table(DEPTH_HEAD, _depth_rows(t)) + "\n",
              "## Calibration of node and path predictors\n",
@@ -82,7 +82,10 @@ def tree_markdown(report: dict) -> str:
              f"The drafter's predicted expected accepted length of a tree (the sum of its path probabilities) "
              f"against the realised one, over {el['steps']:,} steps: predicted {fmt(el['mean_predicted'], 3)}, "
              f"realised {fmt(el['mean_realised'], 3)} (ratio {fmt(el['ratio'], 3)}, correlation "
-             f"{fmt(el['correlation'], 3)}).\n",
+             f"{fmt(el['correlation'], 3)})."
+             + (" With sampled proposals siblings repeat tokens and the sum counts each copy, so it over-predicts; "
+                "it is the expected accepted length only for distinct siblings (top proposals)."
+                if shape.get("proposals") == "sampled" else "") + "\n",
              md_table(["predicted (bin mean)", "realised", "steps"],
                       [[fmt(b["predicted"], 3), fmt(b["realised"], 3), fmt(b["n"])] for b in el["bins"]]) + "\n"]
     if t["replay"] is None:
