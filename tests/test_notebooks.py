@@ -12,7 +12,8 @@ NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
 # what each notebook must show (in its text outputs) and how many figures at least
 SHOWS = {"01_collect.ipynb": ("acceptance", 0), "02_features_and_metrics.ipynb": ("−entropy", 3),
          "03_online_estimator.ipynb": ("per-position slope", 4), "04_end_to_end.ipynb": ("replayed_tokens_per_step", 1),
-         "05_hvd.ipynb": ("oracle-switch", 2), "06_interop.ipynb": ("not computed", 0)}
+         "05_hvd.ipynb": ("oracle-switch", 2), "06_interop.ipynb": ("not computed", 0),
+         "07_trees.ipynb": ("predictor (cross-fitted)", 2)}
 
 
 def test_every_notebook_is_known():
