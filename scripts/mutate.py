@@ -131,6 +131,13 @@ MUTANTS = [
       ("tests/collect/test_tree_decode.py",)),
     M("tree-cache-not-cropped", "draft trees", "collect/tree_decode.py",
       "    lm.crop(c)\n    rows", "    rows", ("tests/collect/test_tree_decode.py",)),
+    M("tree-target-root-row-shifted", "draft trees", "collect/tree_decode.py",
+      "rows = torch.cat([logits[t - 1:t], logits[t:]])", "rows = torch.cat([logits[t:t + 1], logits[t:]])",
+      ("tests/collect/test_tree_decode.py",)),
+    M("tree-engine-verifies-against-draft", "draft trees", "collect/tree_decode.py",
+      "out = verify_greedy(tree, p) if greedy else verify_sampling(tree, p, draws)",
+      "out = verify_greedy(tree, p) if greedy else verify_sampling(tree, np.vstack([tree.dists[-1], "
+      "p[1:]]), draws)", ("tests/collect/test_tree_decode.py",)),
     M("tree-eos-not-stopped", "draft trees", "collect/tree_decode.py",
       "emitted, log.finish = emitted[:emitted.index(eos_id) + 1], \"stop\"",
       "log.finish = \"stop\"", ("tests/collect/test_tree_decode.py",)),
