@@ -137,3 +137,15 @@ def test_tree_resume_after_interrupt_equals_uninterrupted(models_dir, tmp_path, 
         keep = [c for c in a.columns if not c.endswith("_ms")]
         assert a.select(keep).equals(b.select(keep)), table
     assert open_run(tmp_path / "part").meta["tree"]["tree_nodes"] == open_run(tmp_path / "full").meta["tree"]["tree_nodes"]
+
+
+def test_inspect_prints_a_tree_runs_nodes_by_depth(tree_run):
+    from typer.testing import CliRunner
+
+    from svt.cli import app
+
+    _, out = tree_run
+    r = CliRunner().invoke(app, ["inspect", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "a tree run" in r.output and "tree nodes by depth" in r.output
+    assert "no model drafts" not in r.output

@@ -304,7 +304,7 @@ def inspect(
 
     Example: [bold]svt inspect runs/demo[/]
     """
-    from svt.report.summary import acceptance_by_position, run_summary
+    from svt.report.summary import acceptance_by_position, run_summary, run_tree
     from svt.report.text import add_row, new_table
 
     try:
@@ -314,6 +314,17 @@ def inspect(
             out.print(f"[bold]{escape(str(path))}[/]  " + escape("  ".join(f"{k}={v}" for k, v in summary.items())))
             if imported:
                 _say(imported)
+            tree = run_tree(path)
+            if tree is not None:
+                _say(tree["line"])
+                if tree["by_depth"] is not None:
+                    table = new_table("depth", "nodes", "verified", "accepted", "accepted given tried",
+                                      title="tree nodes by depth")
+                    for row in tree["by_depth"]:
+                        add_row(table, str(row["depth"]), f"{row['nodes']:,}", f"{row['verified']:,}",
+                                f"{row['accepted']:,}", f"{row['conditional']:.3f}")
+                    out.print(table)
+                continue
             if not summary.get("drafts"):
                 _say("no model drafts (a reference or cache-only run): no acceptance by position; its cache "
                      "drafts are read by `svt fit --model yield-mlp` and `svt evaluate`")

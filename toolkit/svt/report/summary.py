@@ -52,3 +52,20 @@ def _imported(imp: dict) -> str:
     cannot = "; ".join(imp.get("cannot_study") or [])
     return (f"imported ({imp.get('format')}) from {imp.get('source')}; lacks {lacks or 'nothing'}"
             + (f". Cannot study: {cannot}." if cannot else "."))
+
+
+def run_tree(path: str | Path) -> dict | None:
+    """A tree run's headline (None for chain runs): its shape and totals, and its nodes by depth
+    (None for an imported tree run, which has counts per step only)."""
+    run = open_run(path, deep=False)
+    tree = run.meta.get("tree")
+    if not tree:
+        return None
+    line = (f"a tree run ({tree.get('shape')}): {tree.get('tree_nodes', 0):,} nodes over {tree.get('steps', 0):,} "
+            f"steps, {tree.get('accepted_per_step', 0):.3f} accepted per step, {tree.get('accepted_per_node', 0):.4f} "
+            "per node")
+    if not run.has("tree_drafts"):
+        return {"line": line + " (counts per step, no per-node rows)", "by_depth": None}
+    from svt.report.trees import by_depth
+
+    return {"line": line, "by_depth": by_depth(run.scan("tree_drafts").collect())}
