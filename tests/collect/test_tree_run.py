@@ -65,19 +65,37 @@ def test_tree_run_labels_steps_and_outputs_agree(tree_run):
     assert run.meta["tree"]["accepted_per_step"] > 0.3  # the pair agrees often enough for trees to pay
 
 
-def test_tree_run_validator_catches_a_damaged_parent(tree_run, tmp_path):
+def _damage(out, tmp_path, change) -> None:
     import shutil
 
-    _, out = tree_run
     bad = tmp_path / "bad"
     shutil.copytree(out, bad)
     shard = sorted((bad / "tree_drafts").glob("*.parquet"))[0]
-    frame = pl.read_parquet(shard)
-    frame.with_columns(pl.when(pl.col("node") == 1).then(pl.col("node")).otherwise(pl.col("parent"))
-                       .alias("parent")).write_parquet(shard)
+    change(pl.read_parquet(shard)).write_parquet(shard)
     reseal(bad)
-    with pytest.raises(SchemaError, match="parent"):
-        open_run(bad)
+    return bad
+
+
+def _first_step_rows(frame: pl.DataFrame) -> pl.Expr:
+    first = frame.sort("request", "step").row(0, named=True)
+    return (pl.col("request") == first["request"]) & (pl.col("step") == first["step"])
+
+
+@pytest.mark.parametrize("damage,words", [
+    (lambda f: f.with_columns(pl.when(pl.col("node") == 1).then(pl.col("node")).otherwise(pl.col("parent"))
+                              .alias("parent")), "parent"),
+    (lambda f: f.filter(~(_first_step_rows(f) & (pl.col("node") == 1))), "numbered 0, 1"),
+    (lambda f: pl.concat([f, f.head(1)]), "numbered 0, 1"),
+    (lambda f: f.with_columns(pl.when(pl.col("parent") >= 0).then(pl.col("depth") + 1).otherwise(pl.col("depth"))
+                              .alias("depth")), "depth other than"),
+    (lambda f: f.with_columns(pl.when(_first_step_rows(f) & (pl.col("depth") == 0)).then(pl.lit(1, pl.Int8))
+                              .otherwise(pl.col("label")).alias("label")), "one accepted path"),
+    (lambda f: f.with_columns(pl.col("label").fill_null(0)), "one accepted path"),
+])
+def test_tree_run_validator_catches_damaged_trees(tree_run, tmp_path, damage, words):
+    _, out = tree_run
+    with pytest.raises(SchemaError, match=words):
+        open_run(_damage(out, tmp_path, damage))
 
 
 @pytest.mark.parametrize("over,words", [
@@ -85,6 +103,8 @@ def test_tree_run_validator_catches_a_damaged_parent(tree_run, tmp_path):
     ({"tree": {"top_m": 2, "depth": 2}}, "either `widths`"),
     ({"tree": {"widths": [2, 0]}}, "tree.widths"),
     ({"tree": {"widths": [8, 8, 8, 8]}}, "at most 512 nodes"),
+    ({"tree": {"top_m": 100, "depth": 2, "nodes": 10}}, "tree.top_m"),
+    ({"tree": {"top_m": 2, "depth": 3, "nodes": 500}}, "at most the 10 nodes"),
     ({"tree": {"top_m": 2, "depth": 3, "nodes": 4, "proposals": "sampled"}}, "EAGLE-2"),
     ({"temperature": 0.0, "tree": {"widths": [2], "proposals": "sampled"}}, "greedy"),
     ({"batch_size": 4}, "batch_size"),

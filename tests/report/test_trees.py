@@ -96,9 +96,53 @@ def test_tree_report_adds_up_and_agrees_with_sklearn(greedy_trees):
 def test_sampling_tree_report_has_no_replay(tmp_path, models_dir):
     run = _collect(models_dir, tmp_path / "sampled", requests=2, max_new_tokens=16, temperature=1.0,
                    tree={"widths": [2, 2], "proposals": "sampled"})
-    report = evaluate([run], EvaluateOptions(costs=str(COSTS)))
+    report = evaluate([run], EvaluateOptions())
     assert report["trees"]["replay"] is None and report["trees"]["end_to_end"] is None
     assert "temperature: 0" in tree_markdown(report)
+    with pytest.raises(DataError, match="sampling run"):  # a cost table it cannot use is refused, not dropped
+        evaluate([run], EvaluateOptions(costs=str(COSTS)))
+    with pytest.raises(DataError, match="--bootstrap"):
+        evaluate([run], EvaluateOptions(bootstrap=5))
+
+
+def test_one_request_has_no_cross_fitted_predictor(tmp_path, models_dir):
+    run = _collect(models_dir, tmp_path / "one", requests=1, max_new_tokens=12)
+    t = evaluate([run], EvaluateOptions())["trees"]
+    assert "at least 2 requests" in t["predictor_note"]
+    assert not any(c["predictor"].startswith("predictor") for c in t["calibration"])
+    assert not any(r["policy"] == "predictor" for r in t["replay"])
+
+
+def test_a_cost_table_that_does_not_cover_the_replay_is_flagged(greedy_trees, tmp_path):
+    import yaml
+
+    table = yaml.safe_load(COSTS.parent.joinpath("h100-llama8b-eagle.yaml").read_text())
+    small = {"kind": "measured", "drafter": "autoregressive", "description": "cut",
+             "draft_ms": {1: {1: 1.0, 2: 2.0}, 2: {1: 1.5, 2: 3.0}}, "verify_ms": {1: 2.0, 2: 2.5}}
+    assert table["kind"] == "roofline"
+    (tmp_path / "small.yaml").write_text(yaml.safe_dump(small))
+    t = evaluate([greedy_trees], EvaluateOptions(costs=str(tmp_path / "small.yaml")))["trees"]
+    assert any("verify_ms up to 2 tokens" in w for w in t["costs"]["beyond_table"])
+    assert "does not cover" in tree_markdown({"trees": t, "svt_version": "x", "created": "y",
+                                              "settings": {"n_bins": 10}})
+    full = evaluate([greedy_trees], EvaluateOptions(costs=str(COSTS)))["trees"]
+    assert full["costs"]["beyond_table"] == []  # a roofline model covers any size
+
+
+def test_nodes_and_steps_must_agree(greedy_trees, tmp_path):
+    import shutil
+
+    from tests.conftest import reseal
+
+    bad = tmp_path / "bad"
+    shutil.copytree(greedy_trees, bad)
+    shard = sorted((bad / "steps").glob("*.parquet"))[0]
+    frame = pl.read_parquet(shard)
+    frame.with_columns(pl.when(pl.col("step") == 0).then(pl.col("drafted") + 1).otherwise(pl.col("drafted"))
+                       .alias("drafted")).write_parquet(shard)
+    reseal(bad)
+    with pytest.raises(DataError, match="do not agree"):
+        evaluate([bad], EvaluateOptions())
 
 
 def test_tree_runs_are_evaluated_alone(greedy_trees, small_run, tmp_path):

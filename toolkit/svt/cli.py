@@ -665,6 +665,9 @@ def plot(
             link_figures(input_path, written, related=link or [])
             for p in written:
                 _say(f"wrote {p}")
+            if not written:
+                _say(f"{input_path}: the report has nothing to draw (e.g. an imported tree run with counts per "
+                     "step only): no figures written")
             return
         fn = plots.get_plot(kind)
         if out_path is None:

@@ -122,6 +122,11 @@ class TreeConfig:
         else:
             for key, v in zip(("top_m", "depth", "nodes"), dyn, strict=True):
                 _check(v >= 1, f"tree.{key}", "an integer >= 1", v)
+            # each level scores top_m x top_m candidates before the rerank
+            _check(self.top_m <= 64, "tree.top_m", "at most 64", self.top_m)
+            grown = self.top_m + self.top_m ** 2 * (self.depth - 1)
+            _check(self.nodes <= grown, "tree.nodes", f"at most the {grown} nodes top_m {self.top_m} and depth "
+                   f"{self.depth} grow", self.nodes)
         _check(self.max_depth <= 64, "tree depth", "at most 64", self.max_depth)
         _check(self.size() <= self.MAX_NODES, "tree", f"a shape of at most {self.MAX_NODES} nodes", self.size())
         _check(self.proposals in ("top", "sampled"), "tree.proposals", "top or sampled", self.proposals)

@@ -61,9 +61,11 @@ def run_tree(path: str | Path) -> dict | None:
     tree = run.meta.get("tree")
     if not tree:
         return None
-    line = (f"a tree run ({tree.get('shape')}): {tree.get('tree_nodes', 0):,} nodes over {tree.get('steps', 0):,} "
-            f"steps, {tree.get('accepted_per_step', 0):.3f} accepted per step, {tree.get('accepted_per_node', 0):.4f} "
-            "per node")
+    st = run.scan("steps").select(pl.len(), pl.col("drafted").cast(pl.Int64).sum(),
+                                  pl.col("accepted").cast(pl.Int64).sum()).collect().row(0)
+    steps, nodes, acc = st[0], st[1] or 0, st[2] or 0  # from the tables: an interrupted run has no totals yet
+    line = (f"a tree run ({tree.get('shape')}): {nodes:,} nodes over {steps:,} steps, "
+            f"{acc / max(steps, 1):.3f} accepted per step, {acc / max(nodes, 1):.4f} per node")
     if not run.has("tree_drafts"):
         return {"line": line + " (counts per step, no per-node rows)", "by_depth": None}
     from svt.report.trees import by_depth

@@ -165,6 +165,20 @@ def step_ms(costs, batch: int, nodes_by_depth: list[float], expanded_by_depth: l
     return draft, verify
 
 
+def beyond_table(costs, rows: list[dict]) -> list[str]:
+    """Where the replay reads a measured table beyond what it measured (extrapolated linearly)."""
+    if costs.kind != "measured":
+        return []
+    need_verify = max(CONCURRENCY) * (1 + max(r["nodes_per_step"] for r in rows))
+    need_rows = max(CONCURRENCY) * max((max(r["expanded_by_depth"], default=0) for r in rows), default=0)
+    out = []
+    if need_verify > max(costs.verify_ms):
+        out.append(f"verify_ms up to {max(costs.verify_ms)} tokens, the replay needs {need_verify:.0f}")
+    if need_rows > max(costs.draft_ms):
+        out.append(f"draft_ms up to batch {max(costs.draft_ms)}, the replay needs {need_rows:.0f} rows a level")
+    return out
+
+
 def end_to_end(rows: list[dict], costs) -> list[dict]:
     """Throughput and interactivity of every policy across concurrency, and the Pareto frontier."""
     out = []
@@ -214,12 +228,17 @@ def tree_report(runs: list, opts, infos: list[dict], metas: list[dict]) -> dict:
     """The report of one tree run (see the module docstring)."""
     if len(runs) != 1:
         raise DataError("A tree run is evaluated alone: pass one tree run (chain runs have their own report).")
-    if opts.fits or opts.by or opts.live or opts.reference_run:
-        raise DataError("--fit, --by, --live and --reference-run apply to chain runs; a tree run's report fits its "
-                        "own node predictor (cross-fitted over requests).")
+    if opts.fits or opts.by or opts.live or opts.reference_run or opts.bootstrap or opts.replay_bootstrap:
+        raise DataError("--fit, --by, --live, --reference-run, --bootstrap and --replay-bootstrap apply to chain "
+                        "runs; a tree run's report fits its own node predictor (cross-fitted over requests).")
+    greedy = bool((metas[0].get("sampling") or {}).get("greedy"))
+    per_node = (metas[0].get("tree") or {}).get("per_node", True)
+    if opts.costs and not (greedy and per_node):
+        raise DataError("--costs replays tree policies, which needs a greedy tree run with per-node rows (every "
+                        "node's `match`); this run is " + ("an import with counts per step only." if not per_node
+                                                           else "a sampling run.") + " Evaluate it without --costs.")
     run = open_run(runs[0], deep=False)
     steps = run.scan("steps").collect()
-    per_node = (metas[0].get("tree") or {}).get("per_node", True)
     if not run.has("tree_drafts") and per_node:
         raise DataError(f"{runs[0]}: run.json describes a tree run, but it has no tree_drafts table.")
     if not per_node:  # an imported tree run: counts per step
@@ -227,15 +246,23 @@ def tree_report(runs: list, opts, infos: list[dict], metas: list[dict]) -> dict:
     nodes = run.scan("tree_drafts").collect().sort("request", "step", "node")
     if nodes.is_empty():
         raise DataError(f"{runs[0]}: no tree nodes to evaluate.")
-    greedy = bool((metas[0].get("sampling") or {}).get("greedy"))
-    predicted = None
-    if greedy:
+    counts = nodes.group_by("request", "step").len().join(steps, on=["request", "step"], how="full", coalesce=True)
+    off = counts.filter(pl.col("len").fill_null(0) != pl.col("drafted").cast(pl.Int64).fill_null(-1))
+    if off.height:
+        r = off.row(0, named=True)
+        raise DataError(f"{runs[0]}: request {r['request']} step {r['step']} has {r['len'] or 0} tree nodes, but its "
+                        f"steps row records {r['drafted']}: the tables do not agree.")
+    predicted, note = None, None
+    if greedy and nodes["request"].n_unique() < 2:
+        note = "not fitted: cross-fitting needs nodes from at least 2 requests"
+    elif greedy:
         predicted = cross_fitted_match({c: nodes[c].to_numpy() for c in
                                         ("q_token", "q_max", "q_entropy", "path_prob", "depth", "rank", "match")},
                                        nodes["request"].to_numpy(), seed=opts.seed)
     report = _report(runs, opts, infos, metas, steps, {
         "by_depth": by_depth(nodes), "calibration": calibration(nodes, opts.n_bins, greedy, predicted),
         "expected_length": expected_length(nodes, steps, opts.n_bins)})
+    report["trees"]["predictor_note"] = note
     if greedy:
         rows = replay_policies(nodes, predicted, (metas[0].get("tree") or {}).get("widths"))
         report["trees"]["replay"] = rows
@@ -243,6 +270,7 @@ def tree_report(runs: list, opts, infos: list[dict], metas: list[dict]) -> dict:
             from svt.simulate.costs import load_costs
 
             table = load_costs(Path(opts.costs))
-            report["trees"]["costs"] = {"path": opts.costs, "kind": table.kind, "fingerprint": table.fingerprint()}
+            report["trees"]["costs"] = {"path": opts.costs, "kind": table.kind, "fingerprint": table.fingerprint(),
+                                        "beyond_table": beyond_table(table, rows)}
             report["trees"]["end_to_end"] = end_to_end(rows, table)
     return report

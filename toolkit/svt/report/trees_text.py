@@ -77,7 +77,9 @@ def tree_markdown(report: dict) -> str:
              "unreached nodes counted 0 (what a path probability predicts). The cross-fitted predictor is a "
              "logistic regression of `match` on the node's q, entropy, path probability, depth and rank, "
              "fitted on half the requests and scored on the other half.\n",
-             md_table(CAL_HEAD, _cal_rows(t)) + "\n",
+             md_table(CAL_HEAD, _cal_rows(t)) + "\n"
+             + (f"\nThe node predictor was {t['predictor_note']}, so it has no rows and no replay policy.\n"
+                if t.get("predictor_note") else ""),
              "## Expected accepted length\n",
              f"The drafter's predicted expected accepted length of a tree (the sum of its path probabilities) "
              f"against the realised one, over {el['steps']:,} steps: predicted {fmt(el['mean_predicted'], 3)}, "
@@ -103,6 +105,11 @@ def tree_markdown(report: dict) -> str:
                   "target pass over every row's pending token and tree, at each policy's mean tree shape. The best of each policy per concurrency by tokens/s; `Pareto`: on the "
                   "throughput-interactivity frontier of all non-oracle rows (report.json has every row).\n",
                   md_table(E2E_HEAD, _e2e_rows(t)) + "\n"]
+        beyond = (t["costs"] or {}).get("beyond_table") or []
+        if beyond:
+            lines.append("**The cost table does not cover this replay**: " + "; ".join(beyond) + ". Those costs are "
+                         "extrapolated linearly; profile with `svt collect TREE_CONFIG --profile-costs` (it times "
+                         "verification up to the tree's size) and larger `--profile-batches`.\n")
     return "\n".join(lines) + "\n"
 
 

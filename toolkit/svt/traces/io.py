@@ -184,6 +184,8 @@ def check_shard_values(path: Path, spec: TableSchema, lacks: frozenset[str] = fr
         for col in ("score", "lookup_ms", "hist_yield_mean", "hist_yield_max"):
             checks.append((~pl.col(col).is_finite() | (pl.col(col) < 0)).sum().alias(f"nonneg:{col}"))
     row = lf.select(checks).collect().row(0, named=True)
+    if spec.name == "tree_drafts" and not any(row.values()):
+        row = tree_structure(lf)
     for key, n in row.items():
         if not n:
             continue
@@ -196,9 +198,31 @@ def check_shard_values(path: Path, spec: TableSchema, lacks: frozenset[str] = fr
             "len": "a value other than the length of `draft_ids`",
             "yield": "a value outside [0, draft_len]",
             "tree": "a parent that is not an earlier node of its tree",
+            "nodes": "nodes not numbered 0, 1, ... within their step (a row missing or repeated)",
+            "depth": "a depth other than its parent's + 1",
+            "path": "labels that are not one accepted path (two accepted siblings, or a label below a node "
+                    "that was not accepted)",
             "lack": "values, but run.json says the run's source lacks this column",
         }[kind]
         raise SchemaError(f"{path}: column `{col}` has {n} bad value(s): {what}.")
+
+
+def tree_structure(lf: pl.LazyFrame) -> dict[str, int]:
+    """Counts of the tree_drafts rows that break the tree's structure, by check: nodes numbered 0, 1,
+    ... in each step, depth = the parent's + 1, and the labels one path from the root (a node is
+    tried only under an accepted parent, and at most one child of a node is accepted)."""
+    step = ["request", "step"]
+    f = lf.select(*step, "node", "parent", "depth", "label").collect()
+    par = f.select(*step, pl.col("node").alias("parent"), pl.col("depth").alias("_pd"),
+                   pl.col("label").alias("_pl"))
+    j = f.join(par, on=[*step, "parent"], how="left")
+    kid = j.filter(pl.col("parent") >= 0)
+    accepted_siblings = f.filter(pl.col("label") == 1).group_by(*step, "parent").len().filter(pl.col("len") > 1)
+    return {"nodes:node": f.select((pl.col("node") != pl.int_range(pl.len()).over(step, order_by="node")).sum()).item(),
+            "depth:depth": kid.select((pl.col("_pd").is_null() | (pl.col("depth") != pl.col("_pd") + 1)).sum()).item()
+            + f.select(((pl.col("parent") < 0) & (pl.col("depth") != 0)).sum()).item(),
+            "path:label": kid.select((pl.col("label").is_not_null() & (pl.col("_pl") != 1).fill_null(True)).sum()).item()
+            + accepted_siblings.height}
 
 
 @dataclass
