@@ -15,7 +15,7 @@ from svt.collect.cache_run import dist_version
 from svt.collect.engines import CollectOptions, Engine
 from svt.collect.hvd_live import HVDLog, decode_hvd, yield_scorer
 from svt.collect.plan import CollectPlan
-from svt.collect.runner import reference_frame, run_plan
+from svt.collect.runner import request_shards, run_plan
 from svt.config import CacheOptions, CollectConfig, resolve_path
 from svt.errors import ConfigError
 from svt.features.char_classes import char_class_table
@@ -73,14 +73,7 @@ def _request_frames(plan: CollectPlan, r: int, log: HVDLog) -> dict[str, pl.Data
     else:  # every cycle verified a cache draft: an empty drafts shard of the right schema
         drafts = pl.DataFrame(schema=TABLES["drafts"].columns)
     frames = {"drafts": drafts, "steps": steps, "cache_drafts": rows}
-    ref_frame = reference_frame([r], plan.refs)
-    if ref_frame is not None:
-        frames["references"] = ref_frame
-    frames["requests"] = pl.DataFrame(
-        {"request": [r], "workload": [workload], "prompt_ids": [plan.ids[r]], "output_ids": [log.output],
-         "finish_reason": [log.finish]},
-        schema_overrides={"prompt_ids": pl.List(pl.Int32), "output_ids": pl.List(pl.Int32)})
-    return frames
+    return {**frames, **request_shards(plan, r, log.output, log.finish)}
 
 
 def _record_cycles(out: Path) -> None:

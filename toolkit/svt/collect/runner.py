@@ -74,6 +74,20 @@ def reference_frame(requests: list[int], refs: dict[int, list[int]]) -> pl.DataF
                         schema={"request": pl.Int64, "reference_ids": pl.List(pl.Int32)})
 
 
+def request_shards(plan: CollectPlan, r: int, output: list[int], finish: str) -> dict[str, pl.DataFrame]:
+    """The ``references`` (if its prompt carries one) and ``requests`` shards of a run decoded one
+    request at a time (the hvd and tree engines), the requests shard last."""
+    frames = {}
+    ref_frame = reference_frame([r], plan.refs)
+    if ref_frame is not None:
+        frames["references"] = ref_frame
+    frames["requests"] = pl.DataFrame(
+        {"request": [r], "workload": [plan.workload_of[r]], "prompt_ids": [plan.ids[r]], "output_ids": [output],
+         "finish_reason": [finish]},
+        schema_overrides={"prompt_ids": pl.List(pl.Int32), "output_ids": pl.List(pl.Int32)})
+    return frames
+
+
 def _frames(log: BatchLog, workload_of: dict[int, str], batch_requests, prompts) -> dict[str, pl.DataFrame]:
     cat = {k: np.concatenate(v) for k, v in log.drafts.items()}
     label = cat.pop("label")

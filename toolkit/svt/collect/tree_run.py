@@ -12,7 +12,7 @@ import polars as pl
 
 from svt.collect.engines import CollectOptions, Engine
 from svt.collect.plan import CollectPlan, batch_seed
-from svt.collect.runner import reference_frame, run_plan
+from svt.collect.runner import request_shards, run_plan
 from svt.collect.tree_decode import TreeLog, TreeShape, decode_tree
 from svt.config import CollectConfig, TreeConfig
 from svt.errors import SchemaError
@@ -76,14 +76,7 @@ def _request_frames(plan: CollectPlan, r: int, log: TreeLog) -> dict[str, pl.Dat
     steps = pl.DataFrame(log.steps).with_columns(pl.lit(1).alias("batch_size"), pl.col("drafted").alias("kept"),
                                                  pl.lit(True).alias("explored"))
     frames = {"drafts": pl.DataFrame(schema=TABLES["drafts"].columns), "steps": steps, "tree_drafts": nodes}
-    ref_frame = reference_frame([r], plan.refs)
-    if ref_frame is not None:
-        frames["references"] = ref_frame
-    frames["requests"] = pl.DataFrame(
-        {"request": [r], "workload": [workload], "prompt_ids": [plan.ids[r]], "output_ids": [log.output],
-         "finish_reason": [log.finish]},
-        schema_overrides={"prompt_ids": pl.List(pl.Int32), "output_ids": pl.List(pl.Int32)})
-    return frames
+    return {**frames, **request_shards(plan, r, log.output, log.finish)}
 
 
 def collect_trees(plan: CollectPlan) -> RunSummary:
