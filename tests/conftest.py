@@ -49,7 +49,7 @@ def greedy_run(tmp_path_factory, models_dir):
     base = {"target": str(models_dir / "target"), "draft": str(models_dir / "draft-large"),
             "workloads": [str(ROOT / "data" / "workloads" / f"{w}.jsonl") for w in ("code", "structured")],
             "requests": 12, "batch_size": 4, "max_new_tokens": 48, "k": 4, "device": "cpu",
-            "temperature": 0, "max_prompt_tokens": 256, "cache": True}
+            "temperature": 0, "max_prompt_tokens": 256, "cache": {"tree": True}}
     out = tmp_path_factory.mktemp("runs") / "greedy"
     collect(load_collect_config(None, base=base), out, progress=False)
     return out

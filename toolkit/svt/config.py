@@ -27,8 +27,11 @@ class CacheOptions:
     min_token_prob: float = 0.1  # stop the draft where the tree's estimated probability falls below
     max_cached_requests: int = -1  # responses kept in the global tree (-1: all; FIFO eviction)
     history: int = 8  # positions the history features look back over
+    tree: bool = False  # also log arctic-inference's tree drafts (use_tree_spec) in `cache_trees`
 
     def validate(self) -> CacheOptions:
+        if not isinstance(self.tree, bool):
+            raise ConfigError(f"Expected `cache.tree` to be true or false, but got {self.tree!r}.")
         # arctic-inference takes C ints; a tree deeper than any context, or a draft longer, is a typo
         checks = ((1 <= self.max_tree_depth <= MAX_LEN, "cache.max_tree_depth", f"an integer from 1 to {MAX_LEN:,}"),
                   (1 <= self.max_draft_len <= MAX_LEN, "cache.max_draft_len", f"an integer from 1 to {MAX_LEN:,}"),
@@ -291,6 +294,8 @@ class CollectConfig:
                    "states)", self.log.hidden)
             _check(self.log.dists_fraction == 0, "log.dists_fraction", "0 when `hvd` is set (live HVD records no "
                    "distributions)", self.log.dists_fraction)
+            _check(self.cache is None or not self.cache.tree, "cache.tree", "false when `hvd` is set (live HVD "
+                   "verifies chain cache drafts; `svt evaluate --costs` replays HVD on tree cache drafts)", True)
         return self
 
 

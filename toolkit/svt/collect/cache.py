@@ -17,6 +17,7 @@ drafts would have had at t; see ``teacher_forced_accepted``).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -59,19 +60,86 @@ class CacheDrafter:
         self.done.stop_request(req)
         self.finished.append(req)
 
-    def propose(self, req, context: np.ndarray):
-        """(draft ids, per-token probabilities, score, match_len, from_global, lookup ms)."""
+    def _speculate(self, req, context: np.ndarray, tree: bool):
         o = self.o
         ctx = np.ascontiguousarray(context[-o.max_tree_depth:], dtype=np.int32)
         t0 = time.perf_counter()
         kw = dict(max_spec_tokens=o.max_draft_len, max_spec_factor=o.max_spec_factor,
-                  max_spec_offset=o.max_spec_offset, min_token_prob=o.min_token_prob, use_tree_spec=False)
+                  max_spec_offset=o.max_spec_offset, min_token_prob=o.min_token_prob, use_tree_spec=tree)
         a = self.own.speculate(req, ctx, **kw)
         b = self.done.speculate(self.PROBE, ctx, **kw)
         ms = (time.perf_counter() - t0) * 1e3
         d, glob = (a, False) if a.score >= b.score else (b, True)
+        return d, glob and bool(d.token_ids), ms
+
+    def propose(self, req, context: np.ndarray):
+        """(draft ids, per-token probabilities, score, match_len, from_global, lookup ms)."""
+        d, glob, ms = self._speculate(req, context, tree=False)
         return (np.asarray(d.token_ids, dtype=np.int64), np.asarray(d.probs, dtype=np.float64), float(d.score),
-                int(d.match_len) if d.token_ids else 0, glob and bool(d.token_ids), ms)
+                int(d.match_len) if d.token_ids else 0, glob, ms)
+
+    def propose_tree(self, req, context: np.ndarray) -> CacheTree:
+        """SuffixDecoding's tree draft (arctic-inference's ``use_tree_spec``) from the same state."""
+        d, glob, ms = self._speculate(req, context, tree=True)
+        return CacheTree(np.asarray(d.token_ids, dtype=np.int64), np.asarray(d.parents, dtype=np.int64),
+                         np.asarray(d.probs, dtype=np.float64), float(d.score),
+                         int(d.match_len) if d.token_ids else 0, glob, ms)
+
+
+@dataclass
+class CacheTree:
+    """A suffix-tree draft: nodes in arctic-inference's order (``parent[i]`` indexes an earlier node,
+    -1 the context) with the tree's estimated probability of reaching each node."""
+
+    token: np.ndarray
+    parent: np.ndarray
+    prob: np.ndarray
+    score: float  # arctic-inference: the sum of ``prob``
+    match_len: int
+    from_global: bool
+    lookup_ms: float
+
+    def depths(self) -> np.ndarray:
+        depth = np.zeros(self.token.size, dtype=np.int64)
+        for i, p in enumerate(self.parent):
+            if not -1 <= p < i:
+                raise ValueError(f"suffix tree node {i}: parent {int(p)} is not an earlier node")
+            depth[i] = 0 if p < 0 else depth[p] + 1
+        return depth
+
+
+def oracle_tree_labels(parent: np.ndarray, token: np.ndarray, continuation: np.ndarray) -> np.ndarray:
+    """Greedy verification of a tree against the target's real continuation, per node: 1 on the
+    accepted path, 0 tried and rejected (its parent accepted, its token not the next one), -1 not
+    reached (under a node not accepted, or deeper than the response goes). Among siblings the first
+    matching node is accepted, as arctic-inference's simulator walks them. The accepted length is
+    ``(labels == 1).sum()``.
+
+    >>> oracle_tree_labels(np.array([-1, -1, 0, 1]), np.array([5, 6, 7, 8]), np.array([6, 8, 9])).tolist()
+    [0, 1, -1, 1]
+    """
+    n = token.size
+    labels = np.full(n, -1, dtype=np.int64)
+    taken: set[int] = set()  # parents (-1: the root) whose accepted child is found
+    for i in range(n):
+        p = int(parent[i])
+        if p >= 0 and labels[p] != 1:
+            continue
+        depth = 0 if p < 0 else _depth(parent, i)
+        if depth >= continuation.size or p in taken:
+            labels[i] = -1 if depth >= continuation.size else 0
+            continue
+        labels[i] = int(token[i] == continuation[depth])
+        if labels[i]:
+            taken.add(p)
+    return labels
+
+
+def _depth(parent: np.ndarray, i: int) -> int:
+    d = 0
+    while parent[i] >= 0:
+        i, d = int(parent[i]), d + 1
+    return d
 
 
 ROW_COLUMNS = ("draft_len", "match_len", "score", "prob_mean", "prob_min", "from_global", "context_len",

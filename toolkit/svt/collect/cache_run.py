@@ -20,7 +20,9 @@ import polars as pl
 from svt.collect.cache import (
     ROW_COLUMNS,
     CacheDrafter,
+    CacheTree,
     RequestFeatures,
+    oracle_tree_labels,
     teacher_forced_accepted,
 )
 from svt.config import CacheOptions
@@ -37,6 +39,7 @@ from svt.traces.io import (
     write_shard,
 )
 from svt.traces.rundir import swap_table
+from svt.traces.schema import get_table
 
 
 def _positions_to_steps(steps: pl.DataFrame, n_out: int) -> np.ndarray:
@@ -50,9 +53,11 @@ def _positions_to_steps(steps: pl.DataFrame, n_out: int) -> np.ndarray:
 
 
 def cache_rows_for_batch(drafter: CacheDrafter, options: CacheOptions, classes: np.ndarray,
-                         reqs: pl.DataFrame, steps: pl.DataFrame) -> list[dict]:
+                         reqs: pl.DataFrame, steps: pl.DataFrame, trees: list[dict] | None = None) -> list[dict]:
     """Rows of one batch's requests (``reqs``: request, workload, prompt_ids, output_ids), feeding
-    ``drafter`` in server order; the batch's responses are in the global tree afterwards."""
+    ``drafter`` in server order; the batch's responses are in the global tree afterwards. With
+    ``trees`` (a list), the tree draft proposed at each position from the same state is appended
+    to it, one row per node (``cache_trees``)."""
     info = []
     for r in reqs.iter_rows(named=True):
         prompt = np.asarray(r["prompt_ids"], dtype=np.int64)
@@ -84,10 +89,24 @@ def cache_rows_for_batch(drafter: CacheDrafter, options: CacheOptions, classes: 
                            draft_ids=draft.tolist(), lookup_ms=ms,
                            oracle_accepted=common_prefix(draft, output[t:]))
                 rows.append(row)
+                if trees is not None:
+                    trees.extend(tree_rows(drafter.propose_tree(r["request"], context), output[t:],
+                                           r["request"], r["workload"], int(t)))
                 drafter.extend(r["request"], output[t : t + 1])
     for i in pending:
         drafter.finish(info[i][0]["request"], info[i][2])
     return rows
+
+
+def tree_rows(tree: CacheTree, continuation: np.ndarray, request: int, workload: str, decode_pos: int) -> list[dict]:
+    """The ``cache_trees`` rows of one tree draft, labelled against the target's continuation."""
+    depth = tree.depths()
+    labels = oracle_tree_labels(tree.parent, tree.token, continuation)
+    return [{"request": request, "workload": workload, "decode_pos": decode_pos, "node": i,
+             "parent": int(tree.parent[i]), "depth": int(depth[i]), "token": int(tree.token[i]),
+             "prob": float(tree.prob[i]), "label": None if labels[i] < 0 else int(labels[i]),
+             "score": tree.score, "match_len": tree.match_len, "from_global": tree.from_global,
+             "lookup_ms": tree.lookup_ms} for i in range(tree.token.size)]
 
 
 def reference_steps(requests: pl.DataFrame) -> pl.DataFrame:
@@ -142,12 +161,16 @@ def build_cache_drafts(run_dir: str | Path, options: CacheOptions, draft_model, 
     tmp = run_dir / ".cache_drafts.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     batches = requests.with_columns((pl.col("request") // bs).alias("_b")).partition_by("_b", maintain_order=True)
-    n_rows, lookup = 0, []
+    n_rows, n_nodes, lookup = 0, 0, []
     for part in batches:
         b = int(part["_b"][0])
         part = part.drop("_b")
+        trees: list[dict] | None = [] if options.tree else None
         rows = cache_rows_for_batch(drafter, options, classes, part,
-                                    steps.filter(pl.col("request").is_in(part["request"].implode())))
+                                    steps.filter(pl.col("request").is_in(part["request"].implode())), trees)
+        if trees:
+            write_shard(tmp, "cache_trees", b, pl.DataFrame(trees, schema=get_table("cache_trees").columns))
+            n_nodes += len(trees)
         model = model_yields(part)
         by_req = dict(zip(part["request"].to_list(), model, strict=True))
         for row in rows:
@@ -163,7 +186,13 @@ def build_cache_drafts(run_dir: str | Path, options: CacheOptions, draft_model, 
     staged = tmp / "cache_drafts"
     if not staged.is_dir():
         raise DataError(f"{run_dir}: no decode positions to propose cache drafts at.")
+    if options.tree and not (tmp / "cache_trees").is_dir():  # no position had a tree: an empty table
+        write_shard(tmp, "cache_trees", 0, pl.DataFrame(schema=get_table("cache_trees").columns))
     swap_table(run_dir, "cache_drafts", staged)
+    if options.tree:
+        swap_table(run_dir, "cache_trees", tmp / "cache_trees")
+    else:  # a redo without trees: the old trees belong to the old drafts
+        shutil.rmtree(run_dir / "cache_trees", ignore_errors=True)
     shutil.rmtree(tmp, ignore_errors=True)
     ms = np.concatenate(lookup)
     entry = {"options": options.to_dict(), "arctic_inference": getattr(arctic_inference, "__version__", None)
@@ -172,7 +201,11 @@ def build_cache_drafts(run_dir: str | Path, options: CacheOptions, draft_model, 
              "global_tree": "a response enters when its request finishes (after its last engine step)" if not reference
              else "a response enters after its last token: a batch's requests advance one token per step",
              "columns": list(ROW_COLUMNS)}
-    _record_cache(run_dir, entry, n_rows)
+    if options.tree:
+        entry["trees"] = {"nodes": n_nodes, "source": "arctic-inference speculate(use_tree_spec=True) from the "
+                          "same cache state as each position's chain draft; labels: greedy verification "
+                          "against the run's output"}
+    _record_cache(run_dir, entry, n_rows, n_nodes if options.tree else None)
     return entry
 
 
@@ -200,17 +233,23 @@ def _check_cacheable(run_dir: Path, meta: dict) -> None:
         raise DataError(f"{run_dir}: run.json has no valid `k`.")
 
 
-def _record_cache(run_dir: Path, entry: dict, n_rows: int) -> None:
-    """run.json: the cache entry, the new shards, the drafter kinds and the count."""
+def _record_cache(run_dir: Path, entry: dict, n_rows: int, n_nodes: int | None = None) -> None:
+    """run.json: the cache entry, the new shards, the drafter kinds and the counts."""
     meta = read_meta(run_dir)
     forget_shards(meta, "cache_drafts")
+    forget_shards(meta, "cache_trees")
     if "shards" in meta:
         record_shards(meta, "cache_drafts", list_shards(run_dir, "cache_drafts"))
+        if n_nodes is not None:
+            record_shards(meta, "cache_trees", list_shards(run_dir, "cache_trees"))
     meta["cache"] = entry
     kinds = meta.get("drafter_kinds") or ["model"]
     meta["drafter_kinds"] = [*kinds, "cache"] if "cache" not in kinds else kinds
     counts = meta.get("counts") or {}
     counts["cache_drafts"] = n_rows
+    counts.pop("cache_trees", None)
+    if n_nodes is not None:
+        counts["cache_trees"] = n_nodes
     meta["counts"] = counts
     write_meta(run_dir, meta)
 

@@ -84,3 +84,55 @@ def check_cache_drafts(path, run, frame: pl.DataFrame) -> None:
         if y != common_prefix(np.asarray(ids), np.asarray(out[t:])) or m > min(k, len(out) - t):
             raise DataError(f"{path}: request {r} position {t}: its oracle or model yield ({y}, {m}) does not "
                             "match its draft and the request's output.")
+
+
+def load_cache_trees(runs: list[str | Path], rows: pl.DataFrame) -> pl.DataFrame:
+    """The ``cache_trees`` nodes of the runs (with ``_run`` and ``beyond``: deeper than the response
+    goes), cross-checked with the runs' cache drafts (``rows``, from
+    :func:`load_cache_drafts_for_fit` with ``with_empty``) and outputs: every tree at a position the
+    cache_drafts table has, one score, match length, source and lookup per tree, its score the sum
+    of its probabilities, and its labels greedy verification against the output."""
+    import numpy as np
+
+    from svt.collect.cache import oracle_tree_labels
+
+    frames = []
+    for i, (path, run) in enumerate(zip(runs, open_runs(runs), strict=True)):
+        if not run.has("cache_trees"):
+            raise DataError(f"{path}: no `cache_trees` table; add it with `svt cache RUN --set tree=true` "
+                            "(or collect with `cache: {tree: true}`).")
+        nodes = run.scan("cache_trees").collect().with_columns(pl.lit(i).alias("_run"))
+        outputs = dict(run.scan("requests").select("request", "output_ids").collect().iter_rows())
+        pos = rows.filter(pl.col("_run") == i).select("request", "decode_pos")
+        stray = nodes.select("request", "decode_pos").unique().join(pos, on=["request", "decode_pos"], how="anti")
+        if stray.height:
+            r = stray.row(0, named=True)
+            raise DataError(f"{path}: cache_trees has a tree at request {r['request']} position {r['decode_pos']}, "
+                            "where the cache_drafts table has no row.")
+        per = nodes.group_by("request", "decode_pos").agg(
+            *(pl.col(c).n_unique().alias(c) for c in ("score", "match_len", "from_global", "lookup_ms")),
+            pl.col("prob").sum().alias("_sum"), pl.col("score").first().alias("_score"))
+        bad = per.filter((pl.max_horizontal("score", "match_len", "from_global", "lookup_ms") > 1)
+                         | ((pl.col("_sum") - pl.col("_score")).abs() > 1e-3 * pl.col("_score").abs().clip(1.0)))
+        if bad.height:
+            r = bad.row(0, named=True)
+            raise DataError(f"{path}: the cache tree at request {r['request']} position {r['decode_pos']} has "
+                            "per-tree columns that vary across its nodes, or a score other than the sum of its "
+                            "node probabilities.")
+        beyond = []
+        for (r, t), tree in nodes.sort("node").group_by("request", "decode_pos", maintain_order=True):
+            cont = np.asarray(outputs[r][t:], dtype=np.int64)
+            want = oracle_tree_labels(tree["parent"].to_numpy(), tree["token"].to_numpy(), cont)
+            got = tree["label"].fill_null(-1).to_numpy()
+            if not np.array_equal(want, got):
+                raise DataError(f"{path}: the cache tree at request {r} position {t}: its labels "
+                                f"{got.tolist()} are not greedy verification against the output "
+                                f"({want.tolist()}).")
+            beyond.append(tree.select("request", "decode_pos", "node").with_columns(
+                pl.Series("beyond", tree["depth"].to_numpy() >= cont.size)))
+        if beyond:
+            nodes = nodes.join(pl.concat(beyond), on=["request", "decode_pos", "node"], how="left")
+        else:
+            nodes = nodes.with_columns(pl.lit(False).alias("beyond"))
+        frames.append(nodes)
+    return pl.concat(frames).sort("_run", "request", "decode_pos", "node")

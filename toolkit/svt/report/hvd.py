@@ -12,6 +12,7 @@ import polars as pl
 from svt.errors import DataError
 from svt.features.cache import YIELD_RULES
 from svt.metrics.yields import high_yield_prf, pr_curve, yield_errors
+from svt.traces.io import open_run
 
 
 def cache_opportunity(rows: pl.DataFrame, high_yield: int) -> dict:
@@ -108,11 +109,34 @@ def _sweeps(rows: pl.DataFrame, preds: dict[str, np.ndarray], keys: set, k: int,
 
 
 def hvd_report(runs: list[Path], fit_paths: list[str], run_ids: list, *, costs_path: str | None,
-               high_yield: int = 6, seed: int = 0) -> dict:
-    """report.json's ``cache``, ``yield`` and ``hvd`` entries for the runs and yield fits."""
+               high_yield: int = 6, seed: int = 0, n_bins: int = 10) -> dict:
+    """report.json's ``cache``, ``yield`` and ``hvd`` entries for the runs and yield fits (and
+    ``cache_tree`` / ``hvd_tree`` when every run's cache drafts carry trees)."""
+    report = _hvd_report(runs, fit_paths, run_ids, costs_path=costs_path, high_yield=high_yield, seed=seed)
+    has = [open_run(r, deep=False, tables=["requests", "cache_trees"]).has("cache_trees") for r in runs]
+    if any(has):
+        if not all(has):
+            raise DataError("Some of these runs have cache trees and some do not: evaluate the tree runs "
+                            "together, or redo the others with `svt cache RUN --set tree=true`.")
+        from svt.fit.yield_data import load_cache_drafts_for_fit
+        from svt.report.cache_trees import cache_tree_report
+        from svt.simulate.costs import load_costs
+
+        rows, _ = load_cache_drafts_for_fit(runs, with_empty=True)
+        k = open_run(runs[0], deep=False, tables=["requests"]).meta["k"]
+        costs = load_costs(costs_path) if costs_path else None
+        report.update(cache_tree_report(runs, rows, k, costs, n_bins))
+        if costs is not None:
+            report["hvd_tree"]["costs"] = {"path": str(costs_path), "kind": costs.kind,
+                                           "fingerprint": costs.fingerprint(),
+                                           "warnings": list(costs.measurement.get("warnings", []))}
+    return report
+
+
+def _hvd_report(runs: list[Path], fit_paths: list[str], run_ids: list, *, costs_path: str | None,
+                high_yield: int = 6, seed: int = 0) -> dict:
     from svt.fit import Fitter
     from svt.fit.yield_data import load_cache_drafts_for_fit
-    from svt.traces.io import open_run
 
     rows, _ = load_cache_drafts_for_fit(runs, with_empty=True)
     metas = [open_run(r, deep=False, tables=["requests"]).meta for r in runs]

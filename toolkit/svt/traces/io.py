@@ -168,6 +168,13 @@ def check_shard_values(path: Path, spec: TableSchema, lacks: frozenset[str] = fr
         checks.append((~pl.col("label").is_in([0, 1])).sum().alias("label:label"))
         checks.append((pl.col("q_entropy").is_nan() | (pl.col("q_entropy") < 0)).sum().alias("nonneg:q_entropy"))
         checks.append((pl.col("position") < 0).sum().alias("nonneg:position"))
+    if spec.name == "cache_trees":
+        checks.append((~pl.col("label").is_in([0, 1])).sum().alias("label:label"))
+        for col in ("depth", "node", "decode_pos", "match_len"):
+            checks.append((pl.col(col) < 0).sum().alias(f"nonneg:{col}"))
+        checks.append((pl.col("parent") >= pl.col("node")).sum().alias("tree:parent"))
+        for col in ("score", "lookup_ms"):
+            checks.append((~pl.col(col).is_finite() | (pl.col(col) < 0)).sum().alias(f"nonneg:{col}"))
     if spec.name == "tree_drafts":
         for col in ("label", "match"):
             checks.append((~pl.col(col).is_in([0, 1])).sum().alias(f"label:{col}"))
@@ -184,8 +191,8 @@ def check_shard_values(path: Path, spec: TableSchema, lacks: frozenset[str] = fr
         for col in ("score", "lookup_ms", "hist_yield_mean", "hist_yield_max"):
             checks.append((~pl.col(col).is_finite() | (pl.col(col) < 0)).sum().alias(f"nonneg:{col}"))
     row = lf.select(checks).collect().row(0, named=True)
-    if spec.name == "tree_drafts" and not any(row.values()):
-        row = tree_structure(lf)
+    if spec.name in ("tree_drafts", "cache_trees") and not any(row.values()):
+        row = tree_structure(lf, ("request", "step") if spec.name == "tree_drafts" else ("request", "decode_pos"))
     for key, n in row.items():
         if not n:
             continue
@@ -198,7 +205,7 @@ def check_shard_values(path: Path, spec: TableSchema, lacks: frozenset[str] = fr
             "len": "a value other than the length of `draft_ids`",
             "yield": "a value outside [0, draft_len]",
             "tree": "a parent that is not an earlier node of its tree",
-            "nodes": "nodes not numbered 0, 1, ... within their step (a row missing or repeated)",
+            "nodes": "nodes not numbered 0, 1, ... within their tree (a row missing or repeated)",
             "depth": "a depth other than its parent's + 1",
             "path": "labels that are not one accepted path (two accepted siblings, or a label below a node "
                     "that was not accepted)",
@@ -207,11 +214,12 @@ def check_shard_values(path: Path, spec: TableSchema, lacks: frozenset[str] = fr
         raise SchemaError(f"{path}: column `{col}` has {n} bad value(s): {what}.")
 
 
-def tree_structure(lf: pl.LazyFrame) -> dict[str, int]:
-    """Counts of the tree_drafts rows that break the tree's structure, by check: nodes numbered 0, 1,
-    ... in each step, depth = the parent's + 1, and the labels one path from the root (a node is
-    tried only under an accepted parent, and at most one child of a node is accepted)."""
-    step = ["request", "step"]
+def tree_structure(lf: pl.LazyFrame, key: tuple[str, ...] = ("request", "step")) -> dict[str, int]:
+    """Counts of the tree rows (``tree_drafts``, or ``cache_trees`` keyed by decode position) that
+    break the tree's structure, by check: nodes numbered 0, 1, ... in each tree, depth = the
+    parent's + 1, and the labels one path from the root (a node is tried only under an accepted
+    parent, and at most one child of a node is accepted)."""
+    step = list(key)
     f = lf.select(*step, "node", "parent", "depth", "label").collect()
     par = f.select(*step, pl.col("node").alias("parent"), pl.col("depth").alias("_pd"),
                    pl.col("label").alias("_pl"))

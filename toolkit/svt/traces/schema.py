@@ -169,8 +169,30 @@ TREE_DRAFTS = TableSchema(
     required=False,
 )
 
+CACHE_TREES = TableSchema(
+    "cache_trees",
+    {
+        "request": pl.Int64(),
+        "workload": pl.String(),
+        "decode_pos": pl.Int32(),  # the cache_drafts row the tree was proposed at
+        "node": pl.Int16(),  # arctic-inference's order within the tree (every parent first)
+        "parent": pl.Int16(),  # -1: a child of the context
+        "depth": pl.Int16(),
+        "token": pl.Int32(),
+        "prob": pl.Float32(),  # the suffix tree's estimated probability of reaching the node
+        "label": pl.Int8(),  # greedy verification against the output: 1 accepted, 0 rejected, null not reached
+        "score": pl.Float32(),  # per tree: the sum of prob
+        "match_len": pl.Int16(),  # per tree
+        "from_global": pl.Boolean(),  # per tree
+        "lookup_ms": pl.Float32(),  # per tree: the tree lookup's time
+    },
+    nullable=frozenset({"label"}),
+    probabilities=frozenset({"prob"}),
+    required=False,
+)
+
 TABLES: dict[str, TableSchema] = {t.name: t for t in (DRAFTS, STEPS, REQUESTS, HIDDEN, DISTS, CACHE_DRAFTS,
-                                                      REFERENCES, TREE_DRAFTS)}
+                                                      REFERENCES, TREE_DRAFTS, CACHE_TREES)}
 FINISH_REASONS = ("stop", "length")
 
 

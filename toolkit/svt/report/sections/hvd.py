@@ -25,13 +25,16 @@ class Hvd(Section):
         from svt.report.reference import document_checks
 
         out = hvd_report(list(ctx.runs), ctx.yield_fits, [i["run_id"] for i in ctx.infos],
-                         costs_path=ctx.opts.costs, high_yield=ctx.opts.high_yield, seed=ctx.opts.seed)
+                         costs_path=ctx.opts.costs, high_yield=ctx.opts.high_yield, seed=ctx.opts.seed,
+                         n_bins=ctx.opts.n_bins)
         out["document_checks"] = document_checks({**report, **out})
         out["settings"] = {**report["settings"], "high_yield": ctx.opts.high_yield}
         return out
 
     def markdown(self, report: dict) -> list[str]:
-        return hvd_markdown(report) + map_markdown(report)
+        from svt.report.cache_trees import cache_tree_markdown
+
+        return hvd_markdown(report) + cache_tree_markdown(report) + map_markdown(report)
 
 
     def console(self, report: dict) -> list:
