@@ -611,7 +611,8 @@ def cache(
     set_: Annotated[list[str] | None, typer.Option(
         "--set", help="SuffixDecoding option, e.g. --set max_draft_len=24 --set min_token_prob=0.05 "
                       "(keys: max_tree_depth, max_draft_len, max_spec_factor, max_spec_offset, "
-                      "min_token_prob, max_cached_requests, history).")] = None,
+                      "min_token_prob, max_cached_requests, history; tree=true also logs SuffixDecoding's "
+                      "tree drafts in `cache_trees`).")] = None,
     device: Annotated[str, typer.Option(help="Device for the draft model's teacher-forced pass.")] = "auto",
     target: Annotated[Path | None, typer.Option(help="The target's directory, if it moved since collection "
                                                       "(its weights must hash as run.json records).")] = None,
@@ -633,6 +634,8 @@ def cache(
         raise _fail(exc) from None
     _say(f"wrote {run / 'cache_drafts'}: {entry['rows']:,} positions (arctic-inference "
               f"{entry['arctic_inference']}, median lookup {entry['lookup_ms_median'] * 1e3:.1f} µs)")
+    if "trees" in entry:
+        _say(f"wrote {run / 'cache_trees'}: {entry['trees']['nodes']:,} tree nodes")
 
 
 @app.command()

@@ -172,7 +172,7 @@ def check_shard_values(path: Path, spec: TableSchema, lacks: frozenset[str] = fr
         checks.append((~pl.col("label").is_in([0, 1])).sum().alias("label:label"))
         for col in ("depth", "node", "decode_pos", "match_len"):
             checks.append((pl.col(col) < 0).sum().alias(f"nonneg:{col}"))
-        checks.append((pl.col("parent") >= pl.col("node")).sum().alias("tree:parent"))
+        checks.append((pl.col("node") <= pl.col("parent")).sum().alias("tree:parent"))
         for col in ("score", "lookup_ms"):
             checks.append((~pl.col(col).is_finite() | (pl.col(col) < 0)).sum().alias(f"nonneg:{col}"))
     if spec.name == "tree_drafts":

@@ -43,6 +43,8 @@ class Hvd(Section):
             items.append(yield_table(report))
         if report.get("hvd"):
             items.append(hvd_table(report))
+        if report.get("hvd_tree"):
+            items.append(hvd_tree_table(report))
         return items
 
     def compare(self, base: dict, now: dict, judging: Judging) -> list[dict]:
@@ -71,6 +73,22 @@ def hvd_table(report: dict):
     for b in hv["best"]:
         add_row(t, b["group"], f"hvd {b['predictor']} best τ={b['tau']:g}", f"{b['cycles_per_1000']:.1f}",
                 f"{b['speedup_vs_greedy']:.3f}", f"{b['speedup_vs_model']:.3f}")
+    return t
+
+
+def hvd_tree_table(report: dict):
+    hv = report["hvd_tree"]
+    t = new_table("policy", "cycles/1000", "tokens/cycle", "speed-up vs greedy",
+                  title=f"HVD with tree cache drafts, all requests ({hv['costs']['kind']} costs, batch 1"
+                        f"{', UNRELIABLE' if hv['costs'].get('warnings') else ''})")
+    for r in hv["rows"]:
+        if r["group"] == "all":
+            add_row(t, r["policy"], f"{r['cycles_per_1000']:.1f}", f"{r['mean_accepted_length']:.3f}",
+                    f"{r['speedup_vs_greedy']:.3f}")
+    for b in hv["best"]:
+        if b["group"] == "all":
+            add_row(t, f"hvd {b['predictor']} best τ={b['tau']:g}", f"{b['cycles_per_1000']:.1f}", "",
+                    f"{b['speedup_vs_greedy']:.3f}")
     return t
 
 
