@@ -9,12 +9,13 @@ import numpy as np
 import polars as pl
 import pytest
 
-from svt.collect.cache import CacheDrafter, oracle_tree_labels
+from svt.collect.cache import CacheDrafter
 from svt.collect.cache_run import cache_rows_for_batch
 from svt.config import CacheOptions
 from svt.errors import ConfigError, DataError, SchemaError
 from svt.features.char_classes import char_class_table
 from svt.traces.io import open_run
+from svt.trees.verify import oracle_tree_labels
 
 from ..conftest import reseal
 

@@ -148,8 +148,8 @@ def test_nodes_and_steps_must_agree(greedy_trees, tmp_path):
 def test_tree_runs_are_evaluated_alone(greedy_trees, small_run, tmp_path):
     with pytest.raises(DataError, match="beside chain runs"):
         evaluate([greedy_trees, small_run], EvaluateOptions())
-    with pytest.raises(DataError, match="--fit"):
-        evaluate([greedy_trees], EvaluateOptions(fits=[str(tmp_path / "x.json")]))
+    with pytest.raises(DataError, match="--by"):
+        evaluate([greedy_trees], EvaluateOptions(by="workload"))
 
 
 def test_tree_figures_draw_the_stored_rows(greedy_trees, small_run, tmp_path):

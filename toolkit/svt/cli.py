@@ -498,7 +498,8 @@ def compare(
 def fit(
     runs: Annotated[list[Path], typer.Argument(help="One or more run directories to fit on.")],
     model: Annotated[str, typer.Option(help="irls-online, logistic, sts, platt, isotonic, head; yield "
-                                            "predictors on cache drafts: yield-mlp, yield-linear, yield-gbm.")],
+                                            "predictors on cache drafts: yield-mlp, yield-linear, yield-gbm; node predictor on "
+                                            "tree runs: tree-logistic.")],
     out_path: Annotated[Path, typer.Option("--out", "-o", help="Fit file (JSON); a directory with --by.")],
     feature: Annotated[str | None, typer.Option(help="The feature (default: logit_qmax for irls-online "
                                                       "and logistic, q_max for the calibrators).")] = None,
@@ -598,6 +599,9 @@ def _fit_line(fit, out_path: Path) -> str:
     if fit.table == "drafts":
         on = ", ".join(getattr(fit, "features", None) or [fit.feature])
         data = f"{training['rows']:,} labelled drafts"
+    elif fit.table == "tree_drafts":
+        on = f"{len(fit.features)} node features"
+        data = f"{training['rows']:,} tree nodes, node rate {training['node_rate']:.3f}"
     else:
         on = f"{len(fit.features)} cache features"
         data = f"{training['rows']:,} cache drafts, mean yield {training['mean_yield']:.3f}"

@@ -108,38 +108,6 @@ class CacheTree:
         return depth
 
 
-def oracle_tree_labels(parent: np.ndarray, token: np.ndarray, continuation: np.ndarray) -> np.ndarray:
-    """Greedy verification of a tree against the target's real continuation, per node: 1 on the
-    accepted path, 0 tried and rejected (its parent accepted, its token not the next one), -1 not
-    reached (under a node not accepted, or deeper than the response goes). Among siblings the first
-    matching node is accepted, as arctic-inference's simulator walks them. The accepted length is
-    ``(labels == 1).sum()``.
-
-    >>> oracle_tree_labels(np.array([-1, -1, 0, 1]), np.array([5, 6, 7, 8]), np.array([6, 8, 9])).tolist()
-    [0, 1, -1, 1]
-    """
-    n = token.size
-    labels = np.full(n, -1, dtype=np.int64)
-    taken: set[int] = set()  # parents (-1: the root) whose accepted child is found
-    for i in range(n):
-        p = int(parent[i])
-        if p >= 0 and labels[p] != 1:
-            continue
-        depth = 0 if p < 0 else _depth(parent, i)
-        if depth >= continuation.size or p in taken:
-            labels[i] = -1 if depth >= continuation.size else 0
-            continue
-        labels[i] = int(token[i] == continuation[depth])
-        if labels[i]:
-            taken.add(p)
-    return labels
-
-
-def _depth(parent: np.ndarray, i: int) -> int:
-    d = 0
-    while parent[i] >= 0:
-        i, d = int(parent[i]), d + 1
-    return d
 
 
 ROW_COLUMNS = ("draft_len", "match_len", "score", "prob_mean", "prob_min", "from_global", "context_len",

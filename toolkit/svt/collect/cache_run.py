@@ -22,7 +22,6 @@ from svt.collect.cache import (
     CacheDrafter,
     CacheTree,
     RequestFeatures,
-    oracle_tree_labels,
     teacher_forced_accepted,
 )
 from svt.config import CacheOptions
@@ -40,6 +39,7 @@ from svt.traces.io import (
 )
 from svt.traces.rundir import swap_table
 from svt.traces.schema import get_table
+from svt.trees.verify import oracle_tree_labels
 
 
 def _positions_to_steps(steps: pl.DataFrame, n_out: int) -> np.ndarray:

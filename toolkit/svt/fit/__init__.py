@@ -41,7 +41,7 @@ from svt.fit.base import (
 from svt.fit.files import check_fit_out, name_fits  # noqa: F401  (re-exported)
 
 # the registry: one import per fitter family (each module registers its classes)
-from svt.fit import calibrators, head, irls_online, logistic, yield_models  # noqa: E402, F401  isort: skip
+from svt.fit import calibrators, head, irls_online, logistic, tree_logistic, yield_models  # noqa: E402, F401  isort: skip
 from svt.fit.irls_online import PRESETS, IRLSOnline, OnlineOptions  # noqa: E402  isort: skip
 from svt.traces.identity import (  # noqa: E402  isort: skip
     MIN_SIGNATURE_STEPS,
@@ -289,8 +289,50 @@ def _train_on_cache_drafts(runs, est: Fitter, test_fraction: float, seed: int, w
                     train.select("_run", "request"))
 
 
+def load_tree_nodes_for_fit(runs, where=None) -> tuple[pl.DataFrame, list[dict], bool]:
+    """The ``tree_drafts`` nodes of tree runs with per-node rows (with ``_run``), sorted by run,
+    request, step and node; and whether the runs are greedy (all of them, or none)."""
+    frames, infos, greedy = [], [], set()
+    for i, (path, run) in enumerate(zip(runs, open_runs(runs), strict=True)):
+        tree = run.meta.get("tree")
+        if not isinstance(tree, dict) or not run.has("tree_drafts"):
+            raise DataError(f"{path}: not a tree run with a tree_drafts table; a node predictor trains on tree "
+                            "runs (a `tree:` collect config).")
+        if not tree.get("per_node", True):
+            raise DataError(f"{path}: an imported tree run with counts per step only: no nodes to fit on.")
+        run.require_complete()
+        greedy.add(bool((run.meta.get("sampling") or {}).get("greedy")))
+        frames.append(run.scan("tree_drafts").with_columns(pl.lit(i).alias("_run")))
+        infos.append(run_record(path, run))
+    if len(greedy) > 1:
+        raise DataError("These tree runs mix greedy and sampling verification, whose node labels differ "
+                        "(match against accepted given tried): fit them separately.")
+    lf = pl.concat(frames)
+    if where is not None:
+        lf = lf.filter(where)
+    nodes = lf.sort("_run", "request", "step", "node").collect()
+    if nodes.is_empty():
+        raise DataError("No tree nodes to fit on" + (" after the filter." if where is not None else "."))
+    return nodes, infos, greedy.pop()
+
+
+def _train_on_tree_drafts(runs, est: Fitter, test_fraction: float, seed: int, where) -> _Trained:
+    """The tree_drafts table (node predictors): the nodes of the requests outside the split."""
+    nodes, infos, greedy = load_tree_nodes_for_fit(runs, where)
+    train = nodes.filter(~pl.Series(split_mask(nodes, test_fraction, seed))).with_columns(
+        pl.lit(greedy).alias("_greedy"))
+    if train.height == 0:
+        raise DataError("No tree nodes in the training requests.")
+    k = int(nodes["depth"].max()) + 1
+    est.fit(FitData(train, k, [Path(r) for r in runs], seed))
+    target = train["match"] if greedy else train["label"].drop_nulls()
+    return _Trained(infos, k, train.height, {"node_rate": float(target.mean()), "greedy": greedy},
+                    train.select("_run", "request"))
+
+
 # one data source per table a fitter trains on (``Fitter.table``)
-TRAINING_DATA = {"drafts": _train_on_drafts, "cache_drafts": _train_on_cache_drafts}
+TRAINING_DATA = {"drafts": _train_on_drafts, "cache_drafts": _train_on_cache_drafts,
+                 "tree_drafts": _train_on_tree_drafts}
 
 
 def _fit_runs(runs, cls, est, test_fraction: float, seed: int, where) -> Fitter:
@@ -515,7 +557,10 @@ def split_fits(paths: list[str]) -> tuple[list[str], list[str]]:
     """Acceptance fits (scored on drafts) and yield fits (scored on cache drafts)."""
     acc, yld = [], []
     for p in paths:
-        (yld if Fitter.load(p).target == "yield" else acc).append(p)
+        fit = Fitter.load(p)
+        if fit.table == "tree_drafts":
+            raise DataError(f"{p} is a node predictor for draft trees: evaluate it on a tree run.")
+        (yld if fit.target == "yield" else acc).append(p)
     return acc, yld
 
 

@@ -94,7 +94,7 @@ def load_cache_trees(runs: list[str | Path], rows: pl.DataFrame) -> pl.DataFrame
     of its probabilities, and its labels greedy verification against the output."""
     import numpy as np
 
-    from svt.collect.cache import oracle_tree_labels
+    from svt.trees.verify import oracle_tree_labels
 
     frames = []
     for i, (path, run) in enumerate(zip(runs, open_runs(runs), strict=True)):

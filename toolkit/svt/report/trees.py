@@ -45,8 +45,10 @@ def by_depth(nodes: pl.DataFrame) -> list[dict]:
     return rows.to_dicts()
 
 
-def calibration(nodes: pl.DataFrame, n_bins: int, greedy: bool, predicted: np.ndarray | None) -> list[dict]:
-    """Each predictor against the label it predicts, over all depths and per depth."""
+def calibration(nodes: pl.DataFrame, n_bins: int, greedy: bool, predicted: np.ndarray | None,
+                fitted: dict[str, np.ndarray] | None = None, labels: dict[str, str] | None = None) -> list[dict]:
+    """Each predictor against the label it predicts, over all depths and per depth (``fitted``:
+    saved node fits by name, each against the label it was trained on, ``labels[name]``)."""
     on_path = (nodes["label"] == 1).fill_null(False).to_numpy().astype(np.int64)
     tried = nodes["label"].is_not_null().to_numpy()
     label = nodes["label"].fill_null(0).to_numpy().astype(np.int64)
@@ -60,6 +62,15 @@ def calibration(nodes: pl.DataFrame, n_bins: int, greedy: bool, predicted: np.nd
             cases.append(("predictor (cross-fitted)", "match (every node)", predicted, match, np.ones_like(tried)))
             cases.append(("predictor path product", "on the accepted path", predicted_path(nodes, predicted),
                           on_path, np.ones_like(tried)))
+    for name, p in (fitted or {}).items():
+        if labels[name] == "match (every node)":
+            cases.append((f"fit {name}", labels[name], p, nodes["match"].fill_null(0).to_numpy().astype(np.int64),
+                          np.ones_like(tried)))
+        else:
+            cases.append((f"fit {name}", labels[name], p, label, tried))
+        if greedy:
+            cases.append((f"fit {name} path product", "on the accepted path", predicted_path(nodes, p), on_path,
+                          np.ones_like(tried)))
     out = []
     for name, target, p, y, keep in cases:
         keep = keep.astype(bool)
@@ -113,10 +124,12 @@ def _static_shapes(depth: int, width: int) -> list[list[int]]:
     return out
 
 
-def replay_policies(nodes: pl.DataFrame, predicted: np.ndarray | None, widths: list[int] | None = None) -> list[dict]:
+def replay_policies(nodes: pl.DataFrame, predicted: np.ndarray | None, widths: list[int] | None = None,
+                    fitted: dict[str, np.ndarray] | None = None) -> list[dict]:
     """Every policy and budget replayed on the logged greedy trees: accepted tokens per step, nodes
     verified per step and per depth (for costs), accepted per verified node. ``widths``: the logged
-    static shape, replayed too (it is the run itself)."""
+    static shape, replayed too (it is the run itself); ``fitted``: saved node fits by name, each
+    growing trees by its path product (policy ``fit NAME``)."""
     trees = logged(nodes)
     depth = int(trees.depth.max()) + 1
     width = int(trees.rank.max()) + 1
@@ -137,6 +150,10 @@ def replay_policies(nodes: pl.DataFrame, predicted: np.ndarray | None, widths: l
         score = trees.path_product(predicted)
         for n in budgets:
             policies.append(("predictor", f"n={n}", trees.top_n(score, n)))
+    for name, p in (fitted or {}).items():
+        score = trees.path_product(p)
+        for n in budgets:
+            policies.append((f"fit {name}", f"n={n}", trees.top_n(score, n)))
     for n in budgets:
         policies.append(("oracle", f"n={n}", rp.oracle(trees, n)))
     rows = []
@@ -224,13 +241,48 @@ def _report(runs, opts, infos, metas, steps: pl.DataFrame, parts: dict) -> dict:
     }
 
 
+def _tree_fits(paths: list[str]) -> dict:
+    """The saved node fits given with --fit, by table name; a fit of another kind is refused."""
+    from svt.fit import Fitter, name_fits
+
+    fits = [Fitter.load(p) for p in paths or []]
+    other = [p for p, f in zip(paths or [], fits, strict=True) if f.table != "tree_drafts"]
+    if other:
+        raise DataError(f"{other[0]} is not a node predictor (`svt fit TREE_RUN --model tree-logistic`): chain and "
+                        "yield fits are scored on chain runs.")
+    return dict(zip(name_fits(list(paths or []), [f.name for f in fits]), fits, strict=True))
+
+
+def _held_out(fits: dict, nodes: pl.DataFrame, steps: pl.DataFrame, runs: list, infos: list[dict]):
+    """The nodes and steps of the requests every fit may be scored on, and a sentence saying so."""
+    from svt.fit import evaluation_mask
+
+    frame = nodes.with_columns(pl.lit(0).alias("_run"))
+    keep = np.ones(nodes.height, dtype=bool)
+    for fit in fits.values():
+        if fit.label_ == "match (every node)" and nodes["match"].null_count():
+            raise DataError(f"{fit.file_} predicts greedy `match`, which this sampling run does not have; fit a node "
+                            "predictor on a sampling tree run to score it here.")
+        keep &= evaluation_mask(fit, frame, [infos[0]["run_id"]], [Path(r) for r in runs])
+    held = nodes.filter(pl.Series(keep))["request"].unique()
+    total = nodes["request"].n_unique()
+    if held.len() < 2:
+        raise DataError(f"The node fits hold out {held.len()} of this run's {total} requests: too few to score them "
+                        "on (fit with a larger --test-fraction, or evaluate a run they were not trained on).")
+    note = (f"all {total} requests (the fits never saw this run)" if held.len() == total else
+            f"the {held.len()} requests every node fit held out (of {total}; the others trained a fit)")
+    return (nodes.filter(pl.col("request").is_in(held.implode())), steps.filter(pl.col("request").is_in(held.implode())),
+            note)
+
+
 def tree_report(runs: list, opts, infos: list[dict], metas: list[dict]) -> dict:
     """The report of one tree run (see the module docstring)."""
     if len(runs) != 1:
         raise DataError("A tree run is evaluated alone: pass one tree run (chain runs have their own report).")
-    if opts.fits or opts.by or opts.live or opts.reference_run or opts.bootstrap or opts.replay_bootstrap:
-        raise DataError("--fit, --by, --live, --reference-run, --bootstrap and --replay-bootstrap apply to chain "
+    if opts.by or opts.live or opts.reference_run or opts.bootstrap or opts.replay_bootstrap:
+        raise DataError("--by, --live, --reference-run, --bootstrap and --replay-bootstrap apply to chain "
                         "runs; a tree run's report fits its own node predictor (cross-fitted over requests).")
+    fits = _tree_fits(opts.fits)
     greedy = bool((metas[0].get("sampling") or {}).get("greedy"))
     per_node = (metas[0].get("tree") or {}).get("per_node", True)
     if opts.costs and not (greedy and per_node):
@@ -252,6 +304,9 @@ def tree_report(runs: list, opts, infos: list[dict], metas: list[dict]) -> dict:
         r = off.row(0, named=True)
         raise DataError(f"{runs[0]}: request {r['request']} step {r['step']} has {r['len'] or 0} tree nodes, but its "
                         f"steps row records {r['drafted']}: the tables do not agree.")
+    scored = None
+    if fits:  # every figure on the requests each fit held out, so the fits' rows compare with the rest
+        nodes, steps, scored = _held_out(fits, nodes, steps, runs, infos)
     predicted, note = None, None
     if greedy and nodes["request"].n_unique() < 2:
         note = "not fitted: cross-fitting needs nodes from at least 2 requests"
@@ -259,12 +314,17 @@ def tree_report(runs: list, opts, infos: list[dict], metas: list[dict]) -> dict:
         predicted = cross_fitted_match({c: nodes[c].to_numpy() for c in
                                         ("q_token", "q_max", "q_entropy", "path_prob", "depth", "rank", "match")},
                                        nodes["request"].to_numpy(), seed=opts.seed)
+    fitted = {name: fit.predict(nodes) for name, fit in fits.items()}
     report = _report(runs, opts, infos, metas, steps, {
-        "by_depth": by_depth(nodes), "calibration": calibration(nodes, opts.n_bins, greedy, predicted),
+        "by_depth": by_depth(nodes),
+        "calibration": calibration(nodes, opts.n_bins, greedy, predicted, fitted,
+                                   {name: fit.label_ for name, fit in fits.items()}),
         "expected_length": expected_length(nodes, steps, opts.n_bins)})
     report["trees"]["predictor_note"] = note
+    report["trees"]["fits"] = {name: {"path": str(fit.file_), "label": fit.label_} for name, fit in fits.items()}
+    report["trees"]["coverage"] = scored
     if greedy:
-        rows = replay_policies(nodes, predicted, (metas[0].get("tree") or {}).get("widths"))
+        rows = replay_policies(nodes, predicted, (metas[0].get("tree") or {}).get("widths"), fitted)
         report["trees"]["replay"] = rows
         if opts.costs:
             from svt.simulate.costs import load_costs

@@ -38,7 +38,7 @@ def best_per_concurrency(t: dict) -> list[dict]:
     rows = t["end_to_end"] or []
     for b in sorted({r["concurrency"] for r in rows}):
         at = [r for r in rows if r["concurrency"] == b]
-        for kind in ("chain", "static", "path-prob", "predictor", "oracle"):
+        for kind in dict.fromkeys(r["policy"] for r in rows):
             cands = [r for r in at if r["policy"] == kind]
             if cands:
                 out.append(max(cands, key=lambda r: r["throughput"]))
@@ -62,6 +62,9 @@ def tree_markdown(report: dict) -> str:
              f"{shape.get('steps', 0):,} steps, {shape.get('tree_nodes', 0):,} nodes; "
              f"{fmt(shape.get('accepted_per_step'), 3)} accepted per step, "
              f"{fmt(shape.get('accepted_per_node'), 4)} per node.\n",
+             *([f"**Covers {t['coverage']}**: with node fits given (`--fit`), every table below is computed on "
+                "the requests they may be scored on; policy `fit NAME` grows trees by a fit's path product.\n"]
+               if t.get("coverage") else []),
              "## By workload\n",
              md_table(WORKLOAD_HEAD, _workload_rows(t)) + "\n"]
     if not t["by_depth"]:
