@@ -226,3 +226,10 @@ def test_redo_without_trees_drops_them(greedy_run, tmp_path):
     assert not after.has("cache_trees") and "cache_trees" not in after.meta["counts"]
     assert "trees" not in after.meta["cache"]
     load_cache_drafts_for_fit([run])
+    from svt.fit import fit_runs
+    from svt.report import EvaluateOptions, evaluate
+
+    tree_fit = tmp_path / "t.json"
+    fit_runs([greedy_run], "tree-yield-linear").save(tree_fit)
+    with pytest.raises(DataError, match="does not have"):
+        evaluate([run], EvaluateOptions(fits=[str(tree_fit)]))

@@ -172,3 +172,23 @@ def test_tree_figures_draw_the_stored_rows(greedy_trees, small_run, tmp_path):
     chain_report = evaluate([small_run], EvaluateOptions())
     with pytest.raises(DataError, match="tree run's report"):
         get_plot("tree-budget")(chain_report)
+
+
+def test_the_feature_zoo_reads_tree_nodes(greedy_trees):
+    report = evaluate([greedy_trees], EvaluateOptions())
+    zoo = report["trees"]["features"]
+    nodes = open_run(greedy_trees).scan("tree_drafts").collect()
+    rows = {(r["feature"], r["label"]): r for r in zoo["rows"]}
+    q = rows[("q_sampled", "match (every node)")]
+    assert q["n"] == nodes.height
+    assert q["auc"] == pytest.approx(roc_auc_score(nodes["match"], nodes["q_token"]), abs=1e-12)
+    rank = rows[("rank", "match (every node)")]  # a lower rank is tried first: direction -1
+    assert rank["auc"] == pytest.approx(roc_auc_score(nodes["match"], -nodes["rank"].cast(pl.Float64)), abs=1e-12)
+    tried = nodes.filter(pl.col("label").is_not_null())
+    ent = rows[("entropy", "accepted given tried")]
+    assert ent["auc"] == pytest.approx(roc_auc_score(tried["label"], -tried["q_entropy"]), abs=1e-12)
+    d1 = next(d for d in ent["by_depth"] if d["depth"] == 1)
+    t1 = tried.filter(pl.col("depth") == 1)
+    assert d1["n"] == t1.height
+    assert "margin" in zoo["skipped"] and "q_margin" in zoo["skipped"]["margin"]
+    assert "feature zoo on tree nodes" in tree_markdown(report)

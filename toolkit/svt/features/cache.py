@@ -56,5 +56,9 @@ for _w in ("draft", "ctx"):
         _col(f"{_w}_{_c}", f"share of {_c} characters in the {'draft' if _w == 'draft' else 'matched context'}")
 
 YIELD_FEATURES = tuple(CACHE_FEATURES)
+# of the position's tree cache draft (``cache_trees``): only tree yield fitters read them
+_col("tree_size", "nodes in the tree cache draft")
+_col("tree_score", "the tree's score: sum of its nodes' estimated probabilities")
+TREE_FEATURES = ("tree_size", "tree_score")
 # raw statistics scored as yield rules beside the fitted predictors (in tokens, like a yield)
 YIELD_RULES = ("match_len", "score")

@@ -41,7 +41,7 @@ from svt.fit.base import (
 from svt.fit.files import check_fit_out, name_fits  # noqa: F401  (re-exported)
 
 # the registry: one import per fitter family (each module registers its classes)
-from svt.fit import calibrators, head, irls_online, logistic, tree_logistic, yield_models  # noqa: E402, F401  isort: skip
+from svt.fit import calibrators, head, irls_online, logistic, tree_logistic, tree_yield, yield_models  # noqa: E402, F401  isort: skip
 from svt.fit.irls_online import PRESETS, IRLSOnline, OnlineOptions  # noqa: E402  isort: skip
 from svt.traces.identity import (  # noqa: E402  isort: skip
     MIN_SIGNATURE_STEPS,
@@ -330,9 +330,26 @@ def _train_on_tree_drafts(runs, est: Fitter, test_fraction: float, seed: int, wh
                     train.select("_run", "request"))
 
 
+def _train_on_cache_trees(runs, est: Fitter, test_fraction: float, seed: int, where) -> _Trained:
+    """The cache_trees table (tree yield fitters): the positions with a tree of the requests
+    outside the split, with the cache features and the tree's size, score and yield."""
+    from svt.fit.yield_data import load_cache_drafts_for_fit, load_cache_trees, tree_positions
+
+    rows, infos = load_cache_drafts_for_fit(runs, where, with_empty=True)
+    pos = tree_positions(rows, load_cache_trees(runs, rows)).filter(pl.col("tree_size") > 0)
+    if pos.height == 0:
+        raise DataError("No tree cache drafts to fit on: the cache proposed no tree.")
+    train = pos.filter(~pl.Series(split_mask(pos, test_fraction, seed)))
+    if train.height == 0:
+        raise DataError("No tree cache drafts in the training requests.")
+    est.fit(FitData(train, int(pos["tree_size"].max()), [Path(r) for r in runs], seed))
+    return _Trained(infos, int(pos["tree_size"].max()), train.height,
+                    {"mean_yield": float(train["tree_yield"].mean())}, train.select("_run", "request"))
+
+
 # one data source per table a fitter trains on (``Fitter.table``)
 TRAINING_DATA = {"drafts": _train_on_drafts, "cache_drafts": _train_on_cache_drafts,
-                 "tree_drafts": _train_on_tree_drafts}
+                 "tree_drafts": _train_on_tree_drafts, "cache_trees": _train_on_cache_trees}
 
 
 def _fit_runs(runs, cls, est, test_fraction: float, seed: int, where) -> Fitter:
@@ -357,7 +374,7 @@ def _fit_runs(runs, cls, est, test_fraction: float, seed: int, where) -> Fitter:
                      **t.stats,
                      "evaluation": "held-out requests" if test_fraction > 0 else
                      "none held out (--test-fraction 0): only runs it was not trained on are scored"}
-    if cls.table == "cache_drafts":
+    if cls.table in ("cache_drafts", "cache_trees"):
         est.training_["cache_options"] = [open_run(r, deep=False, tables=["requests"]).meta.get("cache", {})
                                           .get("options") for r in runs]
     return est

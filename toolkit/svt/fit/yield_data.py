@@ -136,3 +136,16 @@ def load_cache_trees(runs: list[str | Path], rows: pl.DataFrame) -> pl.DataFrame
             nodes = nodes.with_columns(pl.lit(False).alias("beyond"))
         frames.append(nodes)
     return pl.concat(frames).sort("_run", "request", "decode_pos", "node")
+
+
+def tree_positions(rows: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
+    """``rows`` (every cache_drafts position, with ``_run``) with each position's tree: size, yield
+    (accepted nodes), score and lookup time (0, 0, 0 and the chain's lookup where no tree)."""
+    trees = nodes.group_by("_run", "request", "decode_pos").agg(
+        pl.len().alias("tree_size"), (pl.col("label") == 1).sum().alias("tree_yield"),
+        pl.col("score").first().alias("tree_score"), pl.col("lookup_ms").first().alias("tree_lookup_ms"),
+        pl.col("from_global").first().alias("tree_from_global"))
+    out = rows.join(trees, on=["_run", "request", "decode_pos"], how="left")
+    return out.with_columns(pl.col("tree_size").fill_null(0), pl.col("tree_yield").fill_null(0),
+                            pl.col("tree_score").fill_null(0.0),
+                            pl.col("tree_lookup_ms").fill_null(pl.col("lookup_ms")))

@@ -22,7 +22,7 @@ import numpy as np
 import polars as pl
 
 from svt.errors import ConfigError, DataError
-from svt.features.cache import YIELD_FEATURES, get_cache_features
+from svt.features.cache import TREE_FEATURES, YIELD_FEATURES, get_cache_features
 from svt.fit.base import FitData, Fitter, register_fitter
 from svt.fit.files import config, finite, integer, names, text
 
@@ -35,17 +35,17 @@ def yield_matrix(frame: pl.DataFrame, names: list[str]) -> np.ndarray:
     return X
 
 
-def _clip(pred: np.ndarray, frame: pl.DataFrame) -> np.ndarray:
-    return np.clip(pred, 0.0, frame["draft_len"].to_numpy().astype(np.float64))
-
-
 class _YieldFitter(Fitter):
     table = "cache_drafts"
     target = "yield"
     lossless = True  # greedy verification is exact whichever draft is verified
+    label_column = "oracle_accepted"  # the yield it learns
+    size_column = "draft_len"  # the predictions are clipped to [0, this]
+    default_features = YIELD_FEATURES
 
     def __init__(self, features: list[str] | None = None, seed: int = 0):
-        self.features = list(features or YIELD_FEATURES)
+        self.features = list(features or self.default_features)
+        self._check_tree_features()
         self.feature = "cache features"
         self.seed = seed
 
@@ -63,12 +63,20 @@ class _YieldFitter(Fitter):
 
     def check(self) -> None:
         get_cache_features(self.features)
+        self._check_tree_features()
+
+    def _check_tree_features(self) -> None:
+        tree = sorted(set(self.features) & set(TREE_FEATURES))
+        if tree and self.table != "cache_trees":
+            raise ConfigError(f"{', '.join(tree)} describe tree cache drafts; a chain yield fitter cannot use them "
+                              f"(fit a tree-{self.name} on a run with cache trees).")
 
     def _xy(self, data: FitData) -> tuple[np.ndarray, np.ndarray]:
-        return yield_matrix(data.frame, self.features), data.frame["oracle_accepted"].to_numpy().astype(np.float64)
+        return yield_matrix(data.frame, self.features), data.frame[self.label_column].to_numpy().astype(np.float64)
 
     def predict(self, frame, ctx=None) -> np.ndarray:
-        return _clip(self._raw(yield_matrix(frame, self.features)), frame)
+        raw = self._raw(yield_matrix(frame, self.features))
+        return np.clip(raw, 0.0, frame[self.size_column].to_numpy().astype(np.float64))
 
 
 @register_fitter

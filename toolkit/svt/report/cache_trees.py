@@ -16,22 +16,10 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from svt.errors import DataError
 from svt.metrics import calibration_bins, ece, log_loss, roc_auc
 
 DEPTH_CAP = 8  # calibration rows by depth; deeper nodes are pooled into the last row
-
-
-def per_position(rows: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
-    """``rows`` (every cache_drafts position, with ``_run``) with each position's tree: size, yield
-    (accepted nodes), score and lookup time (0, 0, 0 and the chain's lookup where no tree)."""
-    trees = nodes.group_by("_run", "request", "decode_pos").agg(
-        pl.len().alias("tree_size"), (pl.col("label") == 1).sum().alias("tree_yield"),
-        pl.col("score").first().alias("tree_score"), pl.col("lookup_ms").first().alias("tree_lookup_ms"),
-        pl.col("from_global").first().alias("tree_from_global"))
-    out = rows.join(trees, on=["_run", "request", "decode_pos"], how="left")
-    return out.with_columns(pl.col("tree_size").fill_null(0), pl.col("tree_yield").fill_null(0),
-                            pl.col("tree_score").fill_null(0.0),
-                            pl.col("tree_lookup_ms").fill_null(pl.col("lookup_ms")))
 
 
 def opportunity(pos: pl.DataFrame) -> dict:
@@ -88,13 +76,16 @@ def calibration(nodes: pl.DataFrame, n_bins: int) -> dict:
             "bins": bins}
 
 
-def hvd_tree(pos: pl.DataFrame, k: int, costs) -> dict:
+def hvd_tree(pos: pl.DataFrame, k: int, costs, fitted: dict[str, np.ndarray] | None = None) -> dict:
     """HVD replay with chain cache drafts and with tree cache drafts (verify cost: all of a tree's
     nodes), each switched by its own raw score (the sum of the cache's probabilities, an expected
-    yield) across τ."""
+    yield) across τ, and tree drafts also by each tree yield fit (``fitted``: predictions on ``pos``)."""
     from svt.simulate.hvd import TAUS, HVDRequest, best_tau, replay_hvd
 
     chain, tree, pc, pt = [], [], [], []
+    fitted = fitted or {}
+    per_fit: dict[str, list[np.ndarray]] = {n: [] for n in fitted}
+    pos = pos.with_columns(**{f"_fit_{i}": pl.Series(v) for i, v in enumerate(fitted.values())})
     for _, part in pos.sort("_run", "request", "decode_pos").group_by("_run", "request", maintain_order=True):
         w, m = str(part["workload"][0]), part["model_accepted"].to_numpy()
         chain.append(HVDRequest(w, part["draft_len"].to_numpy(), part["oracle_accepted"].to_numpy(), m,
@@ -103,8 +94,10 @@ def hvd_tree(pos: pl.DataFrame, k: int, costs) -> dict:
                                part["tree_lookup_ms"].to_numpy().astype(np.float64)))
         pc.append(part["score"].to_numpy().astype(np.float64))
         pt.append(part["tree_score"].to_numpy().astype(np.float64))
+        for i, n in enumerate(fitted):
+            per_fit[n].append(part[f"_fit_{i}"].to_numpy().astype(np.float64))
     rows_c = replay_hvd(chain, {"chain score": pc}, k, costs, TAUS)
-    rows_t = replay_hvd(tree, {"tree score": pt}, k, costs, TAUS)
+    rows_t = replay_hvd(tree, {"tree score": pt, **per_fit}, k, costs, TAUS)
     names = {("chain", "greedy"): "greedy", ("chain", "model-only"): "model-only",
              ("chain", "cache-only"): "cache-only chain", ("tree", "cache-only"): "cache-only tree",
              ("chain", "oracle-switch"): "oracle-switch chain", ("tree", "oracle-switch"): "oracle-switch tree"}
@@ -120,17 +113,43 @@ def hvd_tree(pos: pl.DataFrame, k: int, costs) -> dict:
             "requests themselves (optimistic)"}
 
 
-def cache_tree_report(runs: list[Path], rows: pl.DataFrame, k: int, costs, n_bins: int) -> dict:
-    """report.json's ``cache_tree`` (and ``hvd_tree`` with costs) for runs whose cache drafts carry trees."""
-    from svt.fit.yield_data import load_cache_trees
+def cache_tree_report(runs: list[Path], rows: pl.DataFrame, k: int, costs, n_bins: int,
+                      fit_paths: list[str] | None = None, run_ids: list | None = None, high_yield: int = 6) -> dict:
+    """report.json's ``cache_tree`` (and ``hvd_tree`` with costs) for runs whose cache drafts carry
+    trees. ``fit_paths``: tree yield fits, scored (and, with costs, switching HVD on trees) on the
+    requests every one of them held out; the replay then covers those requests only."""
+    from svt.fit import Fitter, evaluation_mask, name_fits
+    from svt.fit.yield_data import load_cache_trees, tree_positions
+    from svt.report.hvd import yield_block
 
     nodes = load_cache_trees(runs, rows)
-    pos = per_position(rows, nodes)
+    pos = tree_positions(rows, nodes)
     out = {"cache_tree": {"nodes": nodes.height, "trees": int((pos["tree_size"] > 0).sum()),
-                          "opportunity": opportunity(pos), "calibration": calibration(nodes, n_bins)},
+                          "opportunity": opportunity(pos), "calibration": calibration(nodes, n_bins), "yield": None},
            "hvd_tree": None}
+    fit_paths = list(fit_paths or [])
+    fits = [Fitter.load(p) for p in fit_paths]
+    names = name_fits(fit_paths, [f.name for f in fits])
+    keep = np.ones(pos.height, dtype=bool)
+    for fit in fits:
+        keep &= evaluation_mask(fit, pos, list(run_ids or [None] * len(runs)), [Path(r) for r in runs])
+    scored = pos.filter(pl.Series(keep))
+    total = pos.select("_run", "request").unique().height
+    n_req = scored.select("_run", "request").unique().height
+    if fits and n_req < 2:
+        raise DataError(f"The tree yield fits hold out {n_req} of the {total} requests: too few to score them on.")
+    coverage = (f"all {total} requests" if n_req == total else
+                f"the {n_req} requests every tree yield fit held out (of {total}; the others trained a fit)")
+    preds = {"tree score": scored["tree_score"].to_numpy().astype(np.float64)}
+    preds.update({n: f.predict(scored) for n, f in zip(names, fits, strict=True)})
+    drafted = scored["tree_size"].to_numpy() > 0
+    y = scored["tree_yield"].to_numpy()[drafted]
+    out["cache_tree"]["yield"] = {"coverage": coverage, "high_yield": high_yield, "predictors": {
+        n: {"kind": "rule" if n == "tree score" else "fit", **yield_block(y, p[drafted], high_yield, curve=False)}
+        for n, p in preds.items()}}
     if costs is not None:
-        out["hvd_tree"] = hvd_tree(pos, k, costs)
+        out["hvd_tree"] = hvd_tree(scored, k, costs, {n: p for n, p in preds.items() if n != "tree score"})
+        out["hvd_tree"]["coverage"] = coverage
     return out
 
 
@@ -167,11 +186,23 @@ def cache_tree_markdown(report: dict) -> list[str]:
                        [[f">= {r['depth']}" if r["pooled"] else str(r["depth"]), fmt(r["n"]), fmt(r["rate"], 3),
                          fmt(r["mean_pred"], 3), fmt(r["auc"], 3), fmt(r["log_loss"], 3), fmt(r["ece"], 4)]
                         for r in cal["by_depth"]]), ""]
+    yl = ct.get("yield")
+    if yl:
+        lines += ["### Tree yield predictors\n",
+                  f"**Covers {yl['coverage']}.** The accepted length of the tree draft at positions with a tree, "
+                  "predicted by the tree's raw score and by tree yield fits (`svt fit RUN --model "
+                  f"tree-yield-mlp`); high yield = accepted length >= {yl['high_yield']}.\n",
+                  md_table(["predictor", "kind", "MSE", "MAE", "precision", "recall", "F1", "AP", "trees"],
+                           [[n, b["kind"], fmt(b["mse"], 3), fmt(b["mae"], 3), fmt(b["precision"], 3),
+                             fmt(b["recall"], 3), fmt(b["f1"], 3), fmt(b["average_precision"], 3), fmt(b["n"])]
+                            for n, b in yl["predictors"].items()]), ""]
     hv = report.get("hvd_tree")
     if hv:
         lines += ["### End to end: HVD with tree cache drafts\n",
+                  f"**Covers {hv.get('coverage', 'all requests')}.** "
                   f"Costs: `{hv['costs']['path']}` ({hv['costs']['kind']}). {hv['requests']} requests, K = {hv['k']}; "
-                  f"{hv['note']}. Each source switched by its own score across τ.\n",
+                  f"{hv['note']}. Each source switched by its own score across τ (tree drafts also by each tree "
+                  "yield fit).\n",
                   *cost_warnings(hv["costs"]),
                   md_table(["group", "policy", "cycles / 1000 tok", "tokens / cycle", "cache cycles",
                             "speed-up vs greedy", "vs model-only"],

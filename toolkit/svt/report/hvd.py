@@ -112,8 +112,15 @@ def hvd_report(runs: list[Path], fit_paths: list[str], run_ids: list, *, costs_p
                high_yield: int = 6, seed: int = 0, n_bins: int = 10) -> dict:
     """report.json's ``cache``, ``yield`` and ``hvd`` entries for the runs and yield fits (and
     ``cache_tree`` / ``hvd_tree`` when every run's cache drafts carry trees)."""
-    report = _hvd_report(runs, fit_paths, run_ids, costs_path=costs_path, high_yield=high_yield, seed=seed)
+    from svt.fit import Fitter
+
+    tree_fits = [p for p in fit_paths if Fitter.load(p).table == "cache_trees"]
+    report = _hvd_report(runs, [p for p in fit_paths if p not in tree_fits], run_ids, costs_path=costs_path,
+                         high_yield=high_yield, seed=seed)
     has = [open_run(r, deep=False, tables=["requests", "cache_trees"]).has("cache_trees") for r in runs]
+    if tree_fits and not all(has):
+        raise DataError(f"{tree_fits[0]} predicts the yield of tree cache drafts, which "
+                        f"{runs[has.index(False)]} does not have (add them with `svt cache RUN --set tree=true`).")
     if any(has):
         if not all(has):
             raise DataError("Some of these runs have cache trees and some do not: evaluate the tree runs "
@@ -125,7 +132,7 @@ def hvd_report(runs: list[Path], fit_paths: list[str], run_ids: list, *, costs_p
         rows, _ = load_cache_drafts_for_fit(runs, with_empty=True)
         k = open_run(runs[0], deep=False, tables=["requests"]).meta["k"]
         costs = load_costs(costs_path) if costs_path else None
-        report.update(cache_tree_report(runs, rows, k, costs, n_bins))
+        report.update(cache_tree_report(runs, rows, k, costs, n_bins, tree_fits, run_ids, high_yield))
         if costs is not None:
             report["hvd_tree"]["costs"] = {"path": str(costs_path), "kind": costs.kind,
                                            "fingerprint": costs.fingerprint(),

@@ -85,6 +85,53 @@ def calibration(nodes: pl.DataFrame, n_bins: int, greedy: bool, predicted: np.nd
     return out
 
 
+# the drafts-table names of a node's columns, so the feature zoo's expressions read tree nodes
+NODE_AS_DRAFT = {"q_max": "q_max", "q_token": "q_sampled", "q_entropy": "q_entropy", "depth": "position"}
+NODE_ONLY = (("path_prob", "the drafter's path probability", 1, True),
+             ("rank", "sibling rank (0: tried first)", -1, False))
+
+
+def node_feature_table(nodes: pl.DataFrame, greedy: bool, n_bins: int) -> dict:
+    """The feature zoo on tree nodes: every registered feature whose columns a node has (q_token
+    read as the drafted token's q, depth as the position), plus path probability and sibling rank,
+    scored by AUC (direction applied) against ``match`` on greedy runs (every node) and against
+    acceptance of the tried nodes, overall and per depth; log-loss and ECE for probabilities."""
+    from svt.features import FEATURES
+
+    view = nodes.select(*(pl.col(a).alias(b) for a, b in NODE_AS_DRAFT.items()), "path_prob", "rank")
+    tried = nodes["label"].is_not_null().to_numpy()
+    targets = [("accepted given tried", nodes["label"].fill_null(0).to_numpy().astype(np.int64), tried)]
+    if greedy:
+        targets.insert(0, ("match (every node)", nodes["match"].to_numpy().astype(np.int64),
+                           np.ones(nodes.height, dtype=bool)))
+    feats = [(f.name, f.description, f.expr, f.direction, f.probability, f.lossless) for f in FEATURES.values()]
+    feats += [(n, d, pl.col(n), s, prob, True) for n, d, s, prob in NODE_ONLY]
+    depth = nodes["depth"].to_numpy()
+    rows, skipped = [], {}
+    for name, desc, expr, sign, prob, lossless in feats:
+        need = sorted(set(expr.meta.root_names()) - set(view.columns))
+        if need:
+            skipped[name] = f"reads {', '.join(need)}, which tree nodes do not log"
+            continue
+        x = view.select(expr.cast(pl.Float64)).to_series().to_numpy()
+        if not np.isfinite(x).all():
+            skipped[name] = "not finite on some nodes"
+            continue
+        for target, y, keep in targets:
+            def score(m, x=x, y=y, sign=sign, prob=prob):
+                both = 0 < y[m].sum() < m.sum()
+                out = {"n": int(m.sum()), "auc": roc_auc(y[m], sign * x[m]) if both else None}
+                if prob:
+                    p = np.clip(x[m], 0, 1)
+                    out.update(log_loss=log_loss(y[m], p) if m.any() else None,
+                               ece=ece(y[m], p, n_bins=n_bins) if m.any() else None)
+                return out
+            rows.append({"feature": name, "description": desc, "label": target, "lossless": lossless,
+                         "probability": prob, **score(keep),
+                         "by_depth": [{"depth": int(d), **score(keep & (depth == d))} for d in np.unique(depth[keep])]})
+    return {"rows": rows, "skipped": skipped, "columns": {b: a for a, b in NODE_AS_DRAFT.items()}}
+
+
 def logged(nodes: pl.DataFrame) -> rp.LoggedTrees:
     step_id = nodes.select(pl.struct("request", "step").rank("dense") - 1).to_series().to_numpy()
     col = {c: nodes[c].to_numpy() for c in ("node", "parent", "depth", "rank")}
@@ -294,7 +341,8 @@ def tree_report(runs: list, opts, infos: list[dict], metas: list[dict]) -> dict:
     if not run.has("tree_drafts") and per_node:
         raise DataError(f"{runs[0]}: run.json describes a tree run, but it has no tree_drafts table.")
     if not per_node:  # an imported tree run: counts per step
-        return _report(runs, opts, infos, metas, steps, {"by_depth": [], "calibration": [], "expected_length": None})
+        return _report(runs, opts, infos, metas, steps, {"by_depth": [], "calibration": [], "expected_length": None,
+                                                         "features": None})
     nodes = run.scan("tree_drafts").collect().sort("request", "step", "node")
     if nodes.is_empty():
         raise DataError(f"{runs[0]}: no tree nodes to evaluate.")
@@ -319,7 +367,8 @@ def tree_report(runs: list, opts, infos: list[dict], metas: list[dict]) -> dict:
         "by_depth": by_depth(nodes),
         "calibration": calibration(nodes, opts.n_bins, greedy, predicted, fitted,
                                    {name: fit.label_ for name, fit in fits.items()}),
-        "expected_length": expected_length(nodes, steps, opts.n_bins)})
+        "expected_length": expected_length(nodes, steps, opts.n_bins),
+        "features": node_feature_table(nodes, greedy, opts.n_bins)})
     report["trees"]["predictor_note"] = note
     report["trees"]["fits"] = {name: {"path": str(fit.file_), "label": fit.label_} for name, fit in fits.items()}
     report["trees"]["coverage"] = scored

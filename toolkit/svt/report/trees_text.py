@@ -32,6 +32,27 @@ def _replay_rows(t: dict) -> list[list[str]]:
              fmt(r["accepted_per_node"], 3)] for r in t["replay"] or []]
 
 
+def _feature_lines(t: dict) -> list[str]:
+    zoo = t.get("features")
+    if not zoo or not zoo["rows"]:
+        return []
+    depths = sorted({d["depth"] for r in zoo["rows"] for d in r["by_depth"]})[:6]
+    head = ["feature", "label", "lossless", "n", "AUC", *(f"AUC depth {d}" for d in depths), "ECE"]
+    body = []
+    for r in zoo["rows"]:
+        at = {d["depth"]: d for d in r["by_depth"]}
+        body.append([r["feature"], r["label"], "yes" if r["lossless"] else "no", fmt(r["n"]), fmt(r["auc"]),
+                     *(fmt((at.get(d) or {}).get("auc")) for d in depths), fmt(r.get("ece"))])
+    skipped = "; ".join(f"`{k}` {v}" for k, v in zoo["skipped"].items())
+    return ["## The feature zoo on tree nodes\n",
+            "Every registered feature a node has the columns for (a node's `q_token` read as the drafted token's "
+            "q, its depth as the position), plus path probability and sibling rank, by AUC (each feature's "
+            "direction applied) against `match` (greedy runs, every node) and against acceptance of the nodes "
+            "verification tried; ECE for features that are probabilities."
+            + (f" Not computed: {skipped}." if skipped else "") + "\n",
+            md_table(head, body) + "\n"]
+
+
 def best_per_concurrency(t: dict) -> list[dict]:
     """The fastest policy at each concurrency (by tokens/s), the best chain and the oracle's bound."""
     out = []
@@ -83,6 +104,7 @@ def tree_markdown(report: dict) -> str:
              md_table(CAL_HEAD, _cal_rows(t)) + "\n"
              + (f"\nThe node predictor was {t['predictor_note']}, so it has no rows and no replay policy.\n"
                 if t.get("predictor_note") else ""),
+             *_feature_lines(t),
              "## Expected accepted length\n",
              f"The drafter's predicted expected accepted length of a tree (the sum of its path probabilities) "
              f"against the realised one, over {el['steps']:,} steps: predicted {fmt(el['mean_predicted'], 3)}, "
