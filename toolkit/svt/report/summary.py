@@ -42,6 +42,7 @@ def run_summary(path: str | Path, *, deep: bool = True) -> dict:
         "temperature": sampling.get("temperature"),
         "top_p": sampling.get("top_p"),
         "k": run.meta.get("k"),
+        **{t: run.scan(t).select(pl.len()).collect().item() for t in ("cache_drafts", "cache_trees") if run.has(t)},
         **({"imported": _imported(run.meta["import"])} if isinstance(run.meta.get("import"), dict) else {}),
     }
 
