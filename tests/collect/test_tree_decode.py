@@ -8,7 +8,15 @@ import pytest
 import torch
 
 from svt.collect.sampling import process_probs
-from svt.collect.tree_decode import DraftScorer, TreeModel, TreeShape, decode_tree, score_tree
+from svt.collect.tree_decode import (
+    DraftScorer,
+    TreeModel,
+    TreeShape,
+    decode_tree,
+    score_tree,
+    score_tree_paths,
+    tree_attention,
+)
 from svt.trees.draws import Draws
 
 PROMPT = [5, 17, 301, 44, 9, 1200, 77, 18]
@@ -21,15 +29,18 @@ def fresh(model, ids: list[int]) -> np.ndarray:
     return process_probs(logits, 1.0, 1.0).double().numpy()[0]
 
 
+@pytest.mark.parametrize("attention", ["mask", "paths"])
 @pytest.mark.parametrize("shape", [TreeShape(widths=(3, 2, 2)), TreeShape(top_m=3, depth=4, nodes=10),
                                    TreeShape(widths=(3, 2), proposals="sampled")])
-def test_tree_mask_matches_fresh_forwards(tiny_pair, shape):
+def test_tree_mask_matches_fresh_forwards(tiny_pair, shape, attention):
+    """Either way of scoring a tree (one masked forward, or one chain per leaf path) gives every
+    node the distribution of a fresh forward on its path."""
     target, draft = tiny_pair.target, tiny_pair.draft
     tlm, dlm = TreeModel(target), TreeModel(draft)
     ctx, pending = PROMPT[:-3], PROMPT[-3:]  # a cached context and three pending tokens
     tlm.feed_chain(ctx)
     dlm.feed_chain(ctx)
-    scorer = DraftScorer(dlm, 1.0, 1.0)
+    scorer = DraftScorer(dlm, 1.0, 1.0, attention)
     scorer.start(pending)
     tree = shape.grow(scorer, Draws(3))
     scorer.finish()
@@ -37,7 +48,7 @@ def test_tree_mask_matches_fresh_forwards(tiny_pair, shape):
     assert tree.size > 3 and tree.depth.max() >= 1
     for node, q in tree.dists.items():
         np.testing.assert_allclose(q, fresh(draft, PROMPT + list(tree.path(node))), atol=2e-5)
-    p = score_tree(tlm, pending, tree, 1.0, 1.0)
+    p = (score_tree if attention == "mask" else score_tree_paths)(tlm, pending, tree, 1.0, 1.0)
     assert tlm.length == len(PROMPT)
     np.testing.assert_allclose(p[0], fresh(target, PROMPT), atol=2e-5)
     for i in range(tree.size):
@@ -62,6 +73,19 @@ def test_greedy_tree_decoding_emits_the_targets_greedy_tokens(tiny_pair, shape):
     per_step = np.bincount(np.array(log.nodes["step"])[labels == 1], minlength=len(steps["step"]))
     assert per_step.tolist() == steps["accepted"]
     assert max(steps["accepted"]) >= 1  # the pair agrees somewhere: the tree is doing work
+
+
+def test_per_path_scoring_decodes_as_the_tree_mask_does(tiny_pair):
+    kw = dict(temperature=0.0, top_p=1.0, max_new_tokens=24, eos_id=None, seed=0, request=0)
+    shape = TreeShape(top_m=2, depth=3, nodes=6)
+    a = decode_tree(tiny_pair.target, tiny_pair.draft, PROMPT, shape, **kw)
+    b = decode_tree(tiny_pair.target, tiny_pair.draft, PROMPT, shape, attention=("paths", "paths"), **kw)
+    assert a.output == b.output and a.steps["accepted"] == b.steps["accepted"]
+    for col in ("token", "parent", "label", "match"):
+        assert a.nodes[col] == b.nodes[col], col
+    np.testing.assert_allclose(a.nodes["path_prob"], b.nodes["path_prob"], atol=1e-5)
+    assert tree_attention(tiny_pair.target) == "mask"  # the tiny pair (sdpa/eager) takes the mask
+    assert tree_attention(tiny_pair.target, "paths") == "paths"
 
 
 def test_decoding_stops_at_the_end_of_sequence_token(tiny_pair):

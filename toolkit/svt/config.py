@@ -96,6 +96,10 @@ class TreeConfig:
     depth: int | None = None
     nodes: int | None = None
     proposals: str = "top"
+    # how the models score a tree: ``mask`` (one forward with a 4D tree attention mask), ``paths``
+    # (one chain forward per root-to-leaf path, for models that cannot take such a mask), or
+    # ``auto`` (paths for attention implementations that cannot, e.g. flash attention; else mask)
+    attention: str = "auto"
 
     MAX_NODES: ClassVar[int] = 512
 
@@ -133,6 +137,7 @@ class TreeConfig:
         _check(self.max_depth <= 64, "tree depth", "at most 64", self.max_depth)
         _check(self.size() <= self.MAX_NODES, "tree", f"a shape of at most {self.MAX_NODES} nodes", self.size())
         _check(self.proposals in ("top", "sampled"), "tree.proposals", "top or sampled", self.proposals)
+        _check(self.attention in ("auto", "mask", "paths"), "tree.attention", "auto, mask or paths", self.attention)
         if self.proposals == "sampled":
             _check(not self.dynamic, "tree.proposals", "top for EAGLE-2 growth (a node kept for its own "
                    "probability is no longer an i.i.d. draw)", self.proposals)

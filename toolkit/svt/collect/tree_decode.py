@@ -103,12 +103,25 @@ class TreeModel:
             self.cache.crop(-extra)
 
 
+# attention implementations that take no custom 4D mask (transformers' names)
+NO_TREE_MASK = ("flash_attention_2", "flash_attention_3", "flex_attention")
+
+
+def tree_attention(model, wanted: str = "auto") -> str:
+    """``mask`` or ``paths`` for ``model`` (see ``TreeConfig.attention``)."""
+    if wanted != "auto":
+        return wanted
+    impl = str(getattr(model.config, "_attn_implementation", "") or "")
+    return "paths" if any(impl.startswith(n) for n in NO_TREE_MASK) or "flash" in impl else "mask"
+
+
 class DraftScorer:
     """``q_fn`` for tree growth: the draft's distribution below each token path, one forward per
-    level; ``()`` is the root, scored by feeding the pending tokens."""
+    level (``paths``: one chain forward per new path); ``()`` is the root, scored by feeding the
+    pending tokens."""
 
-    def __init__(self, lm: TreeModel, temperature: float, top_p: float):
-        self.lm, self.temperature, self.top_p = lm, temperature, top_p
+    def __init__(self, lm: TreeModel, temperature: float, top_p: float, attention: str = "mask"):
+        self.lm, self.temperature, self.top_p, self.attention = lm, temperature, top_p, attention
         self.q: dict[tuple[int, ...], np.ndarray] = {}
         self.slot: dict[tuple[int, ...], int] = {}
         self.context = 0
@@ -124,7 +137,12 @@ class DraftScorer:
 
     def __call__(self, paths: list[tuple[int, ...]]) -> np.ndarray:
         new = list(dict.fromkeys(p for p in paths if p not in self.q))
-        if new:
+        if new and self.attention == "paths":
+            for path in new:  # the path as an ordinary chain after the context, then cropped off
+                logits = self.lm.feed_chain(list(path))
+                self.q[path] = self._probs(logits[-1:])[0]
+                self.lm.crop(self.context)
+        elif new:
             n, c = self.lm.length, self.context
             allow = np.zeros((len(new), n + len(new)), dtype=bool)
             allow[:, :c] = True
@@ -161,11 +179,38 @@ def score_tree(lm: TreeModel, pending: list[int], tree: DraftTree, temperature: 
     return process_probs(rows, temperature, top_p).double().cpu().numpy()
 
 
+def score_tree_paths(lm: TreeModel, pending: list[int], tree: DraftTree, temperature: float,
+                     top_p: float) -> np.ndarray:
+    """:func:`score_tree` for a model that takes no tree mask: the pending tokens as a chain, then
+    each root-to-leaf path as a chain after them (cropped off again); a node's distribution comes
+    from the first path through it. The cache is left holding the context (pending included)."""
+    root = lm.feed_chain(list(pending))[-1:]
+    c = lm.length
+    rows: list[torch.Tensor | None] = [None] * tree.size
+    has_child = np.zeros(tree.size, dtype=bool)
+    has_child[tree.parent[tree.parent >= 0]] = True
+    for leaf in np.flatnonzero(~has_child):
+        chain = [int(leaf)]
+        while tree.parent[chain[-1]] >= 0:
+            chain.append(int(tree.parent[chain[-1]]))
+        chain.reverse()
+        logits = lm.feed_chain([int(tree.token[i]) for i in chain])
+        lm.crop(c)
+        for j, i in enumerate(chain):
+            if rows[i] is None:
+                rows[i] = logits[j:j + 1]
+    stacked = torch.cat([root, *rows]) if tree.size else root
+    return process_probs(stacked, temperature, top_p).double().cpu().numpy()
+
+
 def decode_tree(target, draft, prompt: list[int], shape: TreeShape, *, temperature: float, top_p: float,
-                max_new_tokens: int, eos_id: int | None, seed: int, request: int) -> TreeLog:
-    """Speculative decoding of one request with a draft tree per step."""
+                max_new_tokens: int, eos_id: int | None, seed: int, request: int,
+                attention: tuple[str, str] = ("mask", "mask")) -> TreeLog:
+    """Speculative decoding of one request with a draft tree per step; ``attention``: how the
+    target and the draft score trees (``mask`` or ``paths``)."""
     tlm, dlm = TreeModel(target), TreeModel(draft)
-    scorer = DraftScorer(dlm, temperature, top_p)
+    scorer = DraftScorer(dlm, temperature, top_p, attention[1])
+    score = score_tree if attention[0] == "mask" else score_tree_paths
     draws = Draws(seed)
     log = TreeLog()
     greedy = temperature == 0
@@ -181,7 +226,7 @@ def decode_tree(target, draft, prompt: list[int], shape: TreeShape, *, temperatu
         tree = shape.grow(scorer, draws)
         scorer.finish()
         t1 = time.perf_counter()
-        p = score_tree(tlm, pending, tree, temperature, top_p)
+        p = score(tlm, pending, tree, temperature, top_p)
         out = verify_greedy(tree, p) if greedy else verify_sampling(tree, p, draws)
         t2 = time.perf_counter()
         emitted = out.tokens(tree)

@@ -13,13 +13,15 @@ import polars as pl
 from svt.collect.engines import CollectOptions, Engine
 from svt.collect.plan import CollectPlan, batch_seed
 from svt.collect.runner import request_shards, run_plan
-from svt.collect.tree_decode import TreeLog, TreeShape, decode_tree
+from svt.collect.tree_decode import TreeLog, TreeShape, decode_tree, tree_attention
 from svt.config import CollectConfig, TreeConfig
 from svt.errors import SchemaError
 from svt.traces.io import open_run, read_meta, write_meta
 from svt.traces.rundir import RunSummary, commit_batch, completed_batches, finish_run
 from svt.traces.schema import TABLES
 
+ATTENTION = {"mask": "one forward per tree with a 4D tree attention mask",
+             "paths": "one chain forward per root-to-leaf path (the model takes no tree mask; same distributions)"}
 VERIFY = {"greedy": "greedy: the deepest path whose every token is the target's argmax",
           "sampling": "multi-candidate speculative sampling (SpecInfer): siblings in rank order against "
                       "the residual; lossless"}
@@ -54,7 +56,8 @@ def _tree_meta(plan: CollectPlan) -> dict:
         "tree": {"shape": "static" if tree.widths is not None else "dynamic (EAGLE-2)",
                  "widths": tree.widths, "top_m": tree.top_m, "depth": tree.max_depth, "nodes": tree.size(),
                  "proposals": tree.proposals, "verify": VERIFY["greedy" if greedy else "sampling"],
-                 "attention": "one forward per tree with a 4D tree attention mask",
+                 "attention": {role: ATTENTION[tree_attention(getattr(plan.pair, role), tree.attention)]
+                               for role in ("target", "draft")},
                  "note": "one request at a time; steps.drafted is the tree's size, steps.accepted the accepted "
                          "path's length"},
         "workloads": plan.workloads.files, "workload_sha256": plan.workloads.hashes,
@@ -83,6 +86,7 @@ def collect_trees(plan: CollectPlan) -> RunSummary:
     """The tree engine's body: every request not yet complete, decoded and committed in order."""
     cfg, pair, out = plan.cfg, plan.pair, plan.out
     shape = tree_shape(cfg.tree)
+    attention = tuple(tree_attention(m, cfg.tree.attention) for m in (pair.target, pair.draft))
     done = completed_batches(out, plan.old_meta)
     meta = _tree_meta(plan)
     write_meta(out, meta)
@@ -92,7 +96,7 @@ def collect_trees(plan: CollectPlan) -> RunSummary:
             continue
         log = decode_tree(pair.target, pair.draft, list(plan.ids[r]), shape, temperature=cfg.temperature,
                           top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens, eos_id=pair.tokenizer.eos_token_id,
-                          seed=batch_seed(cfg.seed, r), request=r)
+                          seed=batch_seed(cfg.seed, r), request=r, attention=attention)
         commit_batch(out, meta, r, _request_frames(plan, r, log))
     summary = finish_run(out, meta, time.time() - t_start, resumed=len(done))
     _record_trees(out)

@@ -57,3 +57,11 @@ def pr_curve(y_true: np.ndarray, y_pred: np.ndarray, *, threshold: float = 6, po
     prec, rec, thr = precision_recall_curve(t, y_pred)
     keep = np.unique(np.linspace(0, prec.size - 1, min(points, prec.size)).astype(int))
     return {"precision": prec[keep].tolist(), "recall": rec[keep].tolist()}
+
+
+def yield_block(y: np.ndarray, p: np.ndarray, high_yield: int, curve: bool = True) -> dict:
+    """Errors, precision / recall of high-yield predictions and (``curve``) the precision-recall curve."""
+    block = {**yield_errors(y, p), **high_yield_prf(y, p, threshold=high_yield)}
+    if curve:
+        block["pr_curve"] = pr_curve(y, p, threshold=high_yield)
+    return block

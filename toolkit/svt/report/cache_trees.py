@@ -18,6 +18,7 @@ import polars as pl
 
 from svt.errors import DataError
 from svt.metrics import calibration_bins, ece, log_loss, roc_auc
+from svt.metrics.yields import yield_block
 
 DEPTH_CAP = 8  # calibration rows by depth; deeper nodes are pooled into the last row
 
@@ -120,7 +121,6 @@ def cache_tree_report(runs: list[Path], rows: pl.DataFrame, k: int, costs, n_bin
     requests every one of them held out; the replay then covers those requests only."""
     from svt.fit import Fitter, evaluation_mask, name_fits
     from svt.fit.yield_data import load_cache_trees, tree_positions
-    from svt.report.hvd import yield_block
 
     nodes = load_cache_trees(runs, rows)
     pos = tree_positions(rows, nodes)

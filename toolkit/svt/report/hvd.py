@@ -11,7 +11,7 @@ import polars as pl
 
 from svt.errors import DataError
 from svt.features.cache import YIELD_RULES
-from svt.metrics.yields import high_yield_prf, pr_curve, yield_errors
+from svt.metrics.yields import yield_block
 from svt.traces.io import open_run
 
 
@@ -60,13 +60,6 @@ def _scores(fit_dicts: list[dict], fit_paths: list[str], rows: pl.DataFrame, dra
     if not keys:
         raise DataError("No request is held out by every yield fit: nothing to score them on.")
     return preds, keys
-
-
-def yield_block(y: np.ndarray, p: np.ndarray, high_yield: int, curve: bool = True) -> dict:
-    block = {**yield_errors(y, p), **high_yield_prf(y, p, threshold=high_yield)}
-    if curve:
-        block["pr_curve"] = pr_curve(y, p, threshold=high_yield)
-    return block
 
 
 def _sweeps(rows: pl.DataFrame, preds: dict[str, np.ndarray], keys: set, k: int, costs, seed: int):
