@@ -87,37 +87,99 @@ def _names(part) -> list[str]:
     return part.collect_schema().names() if isinstance(part, pl.LazyFrame) else part.columns
 
 
-def data_identity(parts) -> dict:
+def data_identity(parts, *, compiled: bool = True) -> dict:
     """The data identity of a drafts table (frames, lazy or not, read one at a time):
     ``sha256`` (every fingerprinted column, exactly), ``structure_sha256``, ``rows`` and
-    ``score_sketch`` (see the module docstring)."""
-    exact, structure = _OrderFreeHash(), _OrderFreeHash()
-    sketch: dict[str, np.ndarray] = {}
-    all_cols = s_cols = p_cols = None
+    ``score_sketch`` (see the module docstring). ``compiled``: hash through the compiled loop
+    (`svt.traces.identity_kernel`); ``False`` runs the numpy definition (the reference: the same
+    hashes, sketches equal up to float rounding)."""
+    acc = Identity()
     for part in _frames(parts):
-        if all_cols is None:
-            names = _names(part)
-            s_cols = [c for c in STRUCTURE_COLUMNS if c in names]
-            p_cols = [c for c in SCORE_COLUMNS if c in names]
-            all_cols = s_cols + p_cols
-            sketch = {c: np.zeros(N_PROJECTIONS) for c in p_cols}
-        frame = part.select(all_cols)
+        acc.add(part, compiled=compiled)
+    return acc.result()
+
+
+class Identity:
+    """The data identity accumulated frame by frame (frames of one table, in any order)."""
+
+    def __init__(self):
+        self.exact, self.structure = _OrderFreeHash(), _OrderFreeHash()
+        self.sketch: dict[str, np.ndarray] = {}
+        self.s_cols = self.p_cols = None
+
+    @property
+    def columns(self) -> list[str]:
+        return (self.s_cols or []) + (self.p_cols or [])
+
+    def columns_of(self, names: list[str]) -> list[str]:
+        """The columns hashed, from a frame's column names (fixed by the first frame)."""
+        if self.s_cols is None:
+            self.s_cols = [c for c in STRUCTURE_COLUMNS if c in names]
+            self.p_cols = [c for c in SCORE_COLUMNS if c in names]
+            self.sketch = {c: np.zeros(N_PROJECTIONS) for c in self.p_cols}
+        return self.columns
+
+    def add(self, part, *, compiled: bool = True) -> None:
+        frame = part.select(self.columns_of(_names(part)))
         frame = frame.collect() if isinstance(frame, pl.LazyFrame) else frame
         for a in range(0, frame.height, _CHUNK):
             chunk = frame.slice(a, _CHUNK)
-            hs = _row_hashes(chunk, s_cols)
-            structure.add(hs)
-            exact.add(_row_hashes(chunk, p_cols, hs, len(s_cols)))  # the same as hashing every column
-            if p_cols:  # one ±1 matrix [rows, 8] from the structure hash, times the columns [rows, 3]
-                bits = _mix64(hs ^ np.uint64(0x5DEECE66D))[:, None] >> np.arange(N_PROJECTIONS, dtype=np.uint64)
-                signs = (bits & np.uint64(1)).astype(np.float64) * 2.0 - 1.0
-                x = chunk.select(pl.col(c).cast(pl.Float64).fill_null(0.0).fill_nan(0.0) for c in p_cols).to_numpy()
-                proj = signs.T @ x
-                for i, c in enumerate(p_cols):
-                    sketch[c] += proj[:, i]
-    all_cols = all_cols or []
-    return {"sha256": exact.hexdigest(all_cols), "structure_sha256": structure.hexdigest(s_cols or []),
-            "rows": exact.rows, "score_sketch": {c: [float(v) for v in s] for c, s in sketch.items()}}
+            (self._add_compiled if compiled else self._add_numpy)(chunk)
+
+    def _add_numpy(self, chunk: pl.DataFrame) -> None:
+        s_cols, p_cols = self.s_cols, self.p_cols
+        hs = _row_hashes(chunk, s_cols)
+        self.structure.add(hs)
+        self.exact.add(_row_hashes(chunk, p_cols, hs, len(s_cols)))  # the same as hashing every column
+        if p_cols:  # one ±1 matrix [rows, 8] from the structure hash, times the columns [rows, 3]
+            bits = _mix64(hs ^ np.uint64(0x5DEECE66D))[:, None] >> np.arange(N_PROJECTIONS, dtype=np.uint64)
+            signs = (bits & np.uint64(1)).astype(np.float64) * 2.0 - 1.0
+            proj = signs.T @ _scores(chunk, p_cols).T
+            for i, c in enumerate(p_cols):
+                self.sketch[c] += proj[:, i]
+
+    def _add_compiled(self, chunk: pl.DataFrame) -> None:
+        from svt.traces.identity_kernel import identity_chunk
+
+        s_cols, p_cols = self.s_cols, self.p_cols
+        sbits = np.empty((len(s_cols), chunk.height), dtype=np.uint64)
+        pbits = np.empty((len(p_cols), chunk.height), dtype=np.uint64)
+        for i, c in enumerate(s_cols):
+            _bits(chunk[c], sbits[i])
+        for i, c in enumerate(p_cols):
+            _bits(chunk[c], pbits[i])
+        consts = np.array([((i + 1) * 0x9E3779B97F4A7C15) & _MASK for i in range(len(s_cols) + len(p_cols))],
+                          dtype=np.uint64)
+        acc = np.zeros(4, dtype=np.uint64)
+        sketch = np.zeros((len(p_cols), N_PROJECTIONS))
+        identity_chunk(sbits, pbits, consts, _scores(chunk, p_cols), N_PROJECTIONS, acc, sketch)
+        for h, (a, b) in ((self.structure, acc[:2]), (self.exact, acc[2:])):
+            h.acc[0] = (h.acc[0] + int(a)) & _MASK
+            h.acc[1] = (h.acc[1] + int(b)) & _MASK
+            h.rows += chunk.height
+        for i, c in enumerate(p_cols):
+            self.sketch[c] += sketch[i]
+
+    def result(self) -> dict:
+        return {"sha256": self.exact.hexdigest(self.columns),
+                "structure_sha256": self.structure.hexdigest(self.s_cols or []),
+                "rows": self.exact.rows, "score_sketch": {c: [float(v) for v in s] for c, s in self.sketch.items()}}
+
+
+def _bits(col: pl.Series, out: np.ndarray) -> None:
+    """A column's raw bit patterns as uint64 into ``out`` (a null: a value no column has)."""
+    v = col.fill_null(0).to_numpy()
+    out[:] = v.view(f"u{v.dtype.itemsize}")
+    if col.null_count():
+        out[col.is_null().to_numpy()] = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+def _scores(chunk: pl.DataFrame, p_cols: list[str]) -> np.ndarray:
+    """The score columns as float64 [columns, rows] (null and NaN as 0)."""
+    if not p_cols:
+        return np.zeros((0, chunk.height))
+    return np.ascontiguousarray(chunk.select(pl.col(c).cast(pl.Float64).fill_null(0.0).fill_nan(0.0)
+                                             for c in p_cols).to_numpy().T)
 
 
 def data_fingerprint(parts) -> str:
