@@ -106,3 +106,33 @@ def test_streamed_report_of_a_censored_run_keeps_labels_with_their_rows(small_ru
     mem = evaluate([run], EvaluateOptions(in_memory=True))
     assert json.dumps(_strip(streamed), sort_keys=True) == json.dumps(_strip(mem), sort_keys=True)
     assert streamed["acceptance"]["labelled"] < open_run(run).meta["counts"]["labelled"]
+
+
+def test_step_tables_in_file_order_match_the_sorted_reference(small_run):
+    """Per-step sums summed in file order (one compiled loop) are the sorted reference's, and a frame
+    whose steps are not contiguous runs of ascending positions falls back to the sort."""
+    import polars as pl
+
+    from svt.features import get_feature
+    from svt.report.scoring import _steps_in_order, open_for_evaluation, step_parts, step_tables
+
+    feats = [get_feature(n) for n in ("q_max", "q_sampled")]
+    parts = step_parts(open_for_evaluation([small_run]), None)
+    ref = step_tables(parts, feats, 10, sort=True)
+    whole = pl.concat(parts).collect()
+    assert _steps_in_order(whole.lazy(), feats) is not None  # the collector's order: the compiled path
+    for frame in (whole, whole.reverse(), whole.sample(fraction=1.0, shuffle=True, seed=0)):
+        got = step_tables([frame.lazy()], feats, 10)
+        assert got[0] == pytest.approx(ref[0], rel=1e-12)
+        for f in feats:
+            a, b = got[1][f.name], ref[1][f.name]
+            assert a["steps"] == b["steps"] and a["k"] == b["k"]
+            assert a["length_ece"] == pytest.approx(b["length_ece"], rel=1e-9)
+            assert [x["count"] for x in a["bins"]] == [x["count"] for x in b["bins"]]
+            for x, y in zip(a["bins"], b["bins"], strict=True):
+                assert x["mean_predicted"] == pytest.approx(y["mean_predicted"], rel=1e-9)
+                assert x["mean_realised"] == pytest.approx(y["mean_realised"], rel=1e-12)
+    assert _steps_in_order(whole.reverse().lazy(), feats) is None  # positions descend within a step
+    assert whole.head(2)["step"].n_unique() == 1  # the first step has two drafts or more
+    split = pl.concat([whole.slice(1), whole.head(1)])  # its first draft moved to the end: a step in two runs
+    assert _steps_in_order(split.lazy(), feats) is None

@@ -432,22 +432,65 @@ def step_parts(opened: Opened, frame: pl.DataFrame | None) -> list[pl.LazyFrame]
     return parts
 
 
-def step_tables(parts: list[pl.LazyFrame], feats: list[Feature], n_bins: int) -> tuple[float, dict]:
+def step_tables(parts: list[pl.LazyFrame], feats: list[Feature], n_bins: int, *,
+                sort: bool = False) -> tuple[float, dict]:
     """Mean acceptance length and each complete probability feature's expected-length calibration,
-    from per-step sums computed frame by frame."""
-    keys = ["run", "request", "step"]
+    from per-step sums computed frame by frame. A frame whose steps are already contiguous with
+    ascending positions (the collector's and the synthetic writer's order, checked) is summed in
+    file order by one compiled loop; any other frame (or ``sort``, the reference) is sorted first."""
     cols: dict[str, list[np.ndarray]] = {"a": [], "k": [], **{f.name: [] for f in feats}}
     for part in parts:
-        per_step = (part.sort([*keys, "position"]).group_by(keys, maintain_order=True)
-                    .agg((pl.col("label") == 1).sum().alias("_a"), pl.len().alias("_k"),
-                         *[f.expr.cast(pl.Float64).cum_prod().sum().alias(f"_p{i}") for i, f in enumerate(feats)])
-                    .collect())
-        cols["a"].append(per_step["_a"].to_numpy())
-        cols["k"].append(per_step["_k"].to_numpy())
-        for i, f in enumerate(feats):
-            cols[f.name].append(per_step[f"_p{i}"].to_numpy())
+        got = None if sort else _steps_in_order(part, feats)
+        if got is None:
+            got = _steps_sorted(part, feats)
+        for name, v in got.items():
+            cols[name].append(v)
     steps = sum(a.size for a in cols["a"])
     accepted = sum(float(a.sum()) for a in cols["a"])
     k = max((int(a.max()) for a in cols["k"] if a.size), default=0)
     calib = {f.name: length_calibration_from_steps(cols[f.name], cols["a"], k, n_bins) for f in feats}
     return (1 + accepted / steps if steps else float("nan")), calib
+
+
+def _steps_sorted(part: pl.LazyFrame, feats: list[Feature]) -> dict[str, np.ndarray]:
+    keys = ["run", "request", "step"]
+    per_step = (part.sort([*keys, "position"]).group_by(keys, maintain_order=True)
+                .agg((pl.col("label") == 1).sum().alias("_a"), pl.len().alias("_k"),
+                     *[f.expr.cast(pl.Float64).cum_prod().sum().alias(f"_p{i}") for i, f in enumerate(feats)])
+                .collect())
+    return {"a": per_step["_a"].to_numpy(), "k": per_step["_k"].to_numpy(),
+            **{f.name: per_step[f"_p{i}"].to_numpy() for i, f in enumerate(feats)}}
+
+
+def _steps_in_order(part: pl.LazyFrame, feats: list[Feature]) -> dict[str, np.ndarray] | None:
+    """Per-step sums of a frame read in file order, or None when its steps are not contiguous runs of
+    ascending positions, or a score is null somewhere (the sorted path handles both)."""
+    from svt.metrics.steps_kernel import step_sums
+
+    run = pl.col("_run") if "_run" in part.collect_schema().names() else pl.col("run").rank("dense")
+    frame = part.select(run.cast(pl.Int64).alias("_r"), "request", "step", "position",
+                        (pl.col("label") == 1).fill_null(False).cast(pl.UInt8).alias("_acc"),
+                        *[f.expr.cast(pl.Float64).alias(f"_p{i}") for i, f in enumerate(feats)]).collect()
+    n = frame.height
+    if n == 0:
+        return None
+    if any(frame[f"_p{i}"].null_count() for i in range(len(feats))):
+        return None
+    r, req, st, pos = (frame[c].to_numpy() for c in ("_r", "request", "step", "position"))
+    first = np.empty(n, dtype=bool)
+    first[0] = True
+    np.not_equal(req[1:], req[:-1], out=first[1:])
+    first[1:] |= st[1:] != st[:-1]
+    first[1:] |= r[1:] != r[:-1]
+    if (pos[1:][~first[1:]] <= pos[:-1][~first[1:]]).any():
+        return None  # positions not ascending within a step
+    n_steps = int(first.sum())
+    heads = pl.DataFrame({"r": r[first], "q": req[first], "s": st[first]})
+    if heads.select(pl.struct("r", "q", "s").n_unique()).item() != n_steps:
+        return None  # a step split into several runs of rows
+    out_a, out_k = np.zeros(n_steps, np.int64), np.zeros(n_steps, np.int64)
+    out_p = np.zeros((len(feats), n_steps))
+    p = np.ascontiguousarray(frame.select([f"_p{i}" for i in range(len(feats))]).to_numpy().T) if feats \
+        else np.zeros((0, n))
+    step_sums(first, frame["_acc"].to_numpy(), p, out_a, out_k, out_p)
+    return {"a": out_a, "k": out_k, **{f.name: out_p[i] for i, f in enumerate(feats)}}
