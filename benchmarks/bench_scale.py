@@ -46,6 +46,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--labelled", type=float, default=1e8)
     ap.add_argument("--run", type=Path, default=None, help="the synthetic run (made when missing)")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--only", choices=["evaluate", "fit"], default=None, help="measure one command only")
     ap.add_argument("--out", type=Path, default=ROOT / "reports" / "bench" / "scale.json")
     args = ap.parse_args(argv)
     n = int(args.labelled)
@@ -71,6 +72,8 @@ def main(argv=None) -> dict:
     res: dict = {"labelled_drafts": labelled, "drafts": drafts, "shards": len(meta["shards"]["drafts"]),
                  "repeats": args.repeats, "made_run_seconds": made}
     for name, cmd in cmds.items():
+        if args.only and name != args.only:
+            continue
         times, peaks = [], []
         for _ in range(args.repeats):
             s, gb = measure(cmd)

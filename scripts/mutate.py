@@ -273,7 +273,7 @@ MUTANTS = [
       "h = _mix(h ^ _mix(sbits[i, r] + consts[i]))", "h = _mix(h ^ _mix(sbits[i, r] + consts[0]))",
       ("tests/traces/test_identity.py",)),
     M("identity-kernel-sign", "identity", "traces/identity_kernel.py",
-      "sign = 1.0 if (g >> np.uint64(j)) & _ONE else -1.0", "sign = 1.0 if (g >> np.uint64(j)) & _ONE else 0.0",
+      "sign = float((g >> np.uint64(j)) & _ONE) * 2.0 - 1.0", "sign = float((g >> np.uint64(j)) & _ONE) * 2.0",
       ("tests/traces/test_identity.py",)),
     M("steps-kernel-no-reset", "acceptance", "metrics/steps_kernel.py",
       "            for f in range(n_scores):\n                prod[f] = 1.0\n", "            pass\n",

@@ -37,11 +37,11 @@ def test_radix_sort_cases(make):
     assert (np.diff(s.astype(np.float32)[rows]) >= 0).all()  # ascending float32 ranks
 
 
-def test_order_keys_on_float64_scores_beyond_large_use_numpy(monkeypatch):
+def test_order_keys_beyond_large_use_numpy_in_place(monkeypatch):
     from svt.metrics import ordered
 
     s = np.random.default_rng(1).random(10_000)
-    monkeypatch.setattr(ordered, "LARGE", 1000)  # float64 beyond LARGE: the in-place path
+    monkeypatch.setattr(ordered, "LARGE", 1000)  # beyond LARGE: the in-place path
     a = order_keys(s)
     monkeypatch.setattr(ordered, "LARGE", 1 << 25)
     np.testing.assert_array_equal(a, order_keys(s))

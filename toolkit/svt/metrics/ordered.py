@@ -17,7 +17,7 @@ bit pattern made monotone. When the scores are not float32 values, rounding may 
 scores; the merged groups are re-sorted by the float64 score and the keys rebuilt from dense
 ranks, so ties are always exact ties of the float64 score. The keys are sorted by a stable radix
 sort of their ranks (rows are made ascending, so ties come out in row order), or beyond `LARGE`
-rows of float64 scores by numpy's in-place sort; either is several times faster than ``argsort``,
+rows by numpy's in-place sort; either is several times faster than ``argsort``,
 and the row rides in the key, so no permutation array is held. A score with the same ranks as an
 earlier one (a strictly increasing transform) shares its key, and a score that is not a
 probability shares the earlier score's whole ordered pass (`score_tables`' ``shared``). Each row's
@@ -64,10 +64,9 @@ def _float32_keys(s: np.ndarray, out: np.ndarray) -> bool:
 def _sort_keys(key: np.ndarray, s: np.ndarray) -> np.ndarray:
     """Sort keys ``rank << 32 | row`` made with rows ascending (:func:`_float32_keys`): a stable
     radix sort of the ranks (`svt.metrics.radix_kernel`; 4.5M keys: about 6x numpy's sort here),
-    which needs a second array of the keys. Beyond :data:`LARGE` rows that array is affordable
-    only when the scores are float32 (4 bytes per row fewer than float64 scores); otherwise numpy's
+    which needs a second array of the keys. Beyond :data:`LARGE` rows (memory before speed) numpy's
     in-place sort (x86-simd-sort), which needs no second copy."""
-    if key.size <= LARGE or s.dtype == np.float32:
+    if key.size <= LARGE:
         from svt.metrics.radix_kernel import radix_sort_high
 
         return radix_sort_high(key)

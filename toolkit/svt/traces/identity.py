@@ -26,8 +26,10 @@ of bootstrap intervals.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import polars as pl
@@ -150,9 +152,15 @@ class Identity:
             _bits(chunk[c], pbits[i])
         consts = np.array([((i + 1) * 0x9E3779B97F4A7C15) & _MASK for i in range(len(s_cols) + len(p_cols))],
                           dtype=np.uint64)
-        acc = np.zeros(4, dtype=np.uint64)
-        sketch = np.zeros((len(p_cols), N_PROJECTIONS))
-        identity_chunk(sbits, pbits, consts, _scores(chunk, p_cols), N_PROJECTIONS, acc, sketch)
+        x = _scores(chunk, p_cols)
+        halves = [slice(0, chunk.height // 2), slice(chunk.height // 2, chunk.height)]
+        accs = [np.zeros(4, dtype=np.uint64) for _ in halves]
+        sketches = [np.zeros((len(p_cols), N_PROJECTIONS)) for _ in halves]
+        # the loop releases the GIL: two threads, one half each (the sums are order-free)
+        list(_pool().map(lambda i: identity_chunk(sbits[:, halves[i]], pbits[:, halves[i]], consts, x[:, halves[i]],
+                                                  N_PROJECTIONS, accs[i], sketches[i]), range(2)))
+        acc = [sum(int(a[j]) for a in accs) & _MASK for j in range(4)]
+        sketch = sketches[0] + sketches[1]
         for h, (a, b) in ((self.structure, acc[:2]), (self.exact, acc[2:])):
             h.acc[0] = (h.acc[0] + int(a)) & _MASK
             h.acc[1] = (h.acc[1] + int(b)) & _MASK
@@ -164,6 +172,11 @@ class Identity:
         return {"sha256": self.exact.hexdigest(self.columns),
                 "structure_sha256": self.structure.hexdigest(self.s_cols or []),
                 "rows": self.exact.rows, "score_sketch": {c: [float(v) for v in s] for c, s in self.sketch.items()}}
+
+
+@functools.cache
+def _pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=2, thread_name_prefix="svt-identity")
 
 
 def _bits(col: pl.Series, out: np.ndarray) -> None:

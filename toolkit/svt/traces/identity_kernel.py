@@ -43,7 +43,7 @@ def identity_chunk(sbits, pbits, consts, x, n_proj, acc, sketch):
         if npc:
             g = _mix(h ^ _SIGNS)
             for j in range(n_proj):
-                sign = 1.0 if (g >> np.uint64(j)) & _ONE else -1.0
+                sign = float((g >> np.uint64(j)) & _ONE) * 2.0 - 1.0  # no branch: the loop vectorises
                 for c in range(npc):
                     sketch[c, j] += sign * x[c, r]
         e = h
