@@ -136,3 +136,20 @@ def test_step_tables_in_file_order_match_the_sorted_reference(small_run):
     assert whole.head(2)["step"].n_unique() == 1  # the first step has two drafts or more
     split = pl.concat([whole.slice(1), whole.head(1)])  # its first draft moved to the end: a step in two runs
     assert _steps_in_order(split.lazy(), feats) is None
+
+
+def test_part_scores_are_float32_exactly_when_every_value_is(small_run):
+    """A logged float32 probability is held as float32 (half the memory; every feature expression
+    casts to Float64, so the values decide), a value that is no float32 keeps float64, unrounded."""
+    import polars as pl
+
+    from svt.features import get_feature
+    from svt.report.scoring import _part_scores, open_for_evaluation
+
+    parts = [p.filter(pl.col("label").is_not_null()) for p in open_for_evaluation([small_run]).parts[0]]
+    counts = [p.select(pl.len()).collect().item() for p in parts]
+    q = _part_scores(parts, get_feature("q_max"), counts)
+    lq = _part_scores(parts, get_feature("logit_qmax"), counts)
+    assert q.dtype == np.float32 and lq.dtype == np.float64
+    whole = pl.concat(parts).collect()
+    np.testing.assert_array_equal(lq, whole.select(get_feature("logit_qmax").expr.cast(pl.Float64)).to_series().to_numpy())

@@ -61,7 +61,7 @@ def _float32_keys(s: np.ndarray, out: np.ndarray) -> bool:
     return exact
 
 
-def _sort_keys(key: np.ndarray, s: np.ndarray) -> np.ndarray:
+def _sort_keys(key: np.ndarray) -> np.ndarray:
     """Sort keys ``rank << 32 | row`` made with rows ascending (:func:`_float32_keys`): a stable
     radix sort of the ranks (`svt.metrics.radix_kernel`; 4.5M keys: about 6x numpy's sort here),
     which needs a second array of the keys. Beyond :data:`LARGE` rows (memory before speed) numpy's
@@ -220,7 +220,7 @@ def _float32_order(s: np.ndarray) -> tuple[np.ndarray, bool]:
     the merged groups still need ordering by ``s``)."""
     key = np.empty(s.size, dtype=np.uint64)
     exact = _float32_keys(s, key)
-    key = _sort_keys(key, s)
+    key = _sort_keys(key)
     return key, not exact and _merged(key, s)
 
 

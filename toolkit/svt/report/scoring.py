@@ -186,19 +186,14 @@ def _add_raw_auc(block: dict) -> None:
 
 def _part_scores(parts: list[pl.LazyFrame], feat: Feature, counts: list[int]) -> np.ndarray:
     """A feature's values over the parts, filled part by part: float32 while every value so far is
-    exactly a float32 (q_max and the other logged probabilities), float64 from the first that is not.
-    A feature whose expression gives float64 values is held in float64 from the start (no float32
-    array beside its float64 copy at the switch)."""
+    exactly a float32 (q_max and the other logged probabilities), float64 from the first that is not
+    (every feature expression casts to Float64, so the values decide, not the dtype)."""
     out, at = None, 0
-    try:
-        wide = parts[0].select(feat.expr).collect_schema().dtypes()[0] in (pl.Float64, pl.Int64, pl.UInt64)
-    except Exception:  # feature_values below names the error
-        wide = False
     for part, m in zip(parts, counts, strict=True):
         v = feature_values(feat, part)
         if v.size != m:
             raise DataError(f"Feature {feat.name!r}: {v.size} values on a part of {m} labelled drafts.")
-        exact = not wide and np.array_equal(v.astype(np.float32), v)
+        exact = np.array_equal(v.astype(np.float32), v)
         if out is None:
             out = np.empty(sum(counts), dtype=np.float32 if exact else np.float64)
         elif out.dtype == np.float32 and not exact:
