@@ -1,7 +1,7 @@
 """The batched speculative-sampling engine: one target and one draft KV cache for a batch of rows.
 
 Cache layout (measured exact against unbatched forwards; tested against fresh forwards): each model keeps one
-``DynamicCache`` for the batch; every forward appends the same number of slots to every row;
+``DynamicCache`` for the batch (whose layers grow in place: ``svt.collect.kv_cache``); every forward appends the same number of slots to every row;
 slots a row does not keep (rejected drafts, padding) stay as *holes* masked out forever by a
 cumulative 2D attention mask; ``position_ids`` are each row's count of live tokens, so RoPE positions
 stay contiguous per row.
@@ -79,13 +79,13 @@ class BatchLog:
 
 
 class _Cache:
-    """A model, its DynamicCache and the running 2D mask / live counts for a batch."""
+    """A model, its growing DynamicCache and the running 2D mask / live counts for a batch."""
 
     def __init__(self, model, batch: int, device):
-        from transformers import DynamicCache
+        from svt.collect.kv_cache import growing_cache
 
         self.model = model
-        self.cache = DynamicCache(config=model.config)
+        self.cache = growing_cache(model.config)
         self.mask = torch.zeros((batch, 0), dtype=torch.long, device=device)
         self.live = torch.zeros(batch, dtype=torch.long, device=device)
 

@@ -38,9 +38,9 @@ class _Model:
     """A causal LM with a batch-1 KV cache holding ``length`` tokens of the sequence."""
 
     def __init__(self, model):
-        from transformers import DynamicCache
+        from svt.collect.kv_cache import growing_cache
 
-        self.model, self.cache, self.length = model, DynamicCache(config=model.config), 0
+        self.model, self.cache, self.length = model, growing_cache(model.config), 0
         self.device = next(model.parameters()).device
 
     def feed(self, tokens: list[int]) -> torch.Tensor:

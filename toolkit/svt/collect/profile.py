@@ -45,9 +45,9 @@ def _reset(cache, context: int) -> None:
 
 @torch.inference_mode()
 def _prefill(model, batch: int, context: int, device):
-    from transformers import DynamicCache
+    from svt.collect.kv_cache import growing_cache
 
-    cache = DynamicCache(config=model.config)
+    cache = growing_cache(model.config)  # as the collector's: appends write in place
     ids = torch.randint(10, model.config.vocab_size, (batch, context), device=device,
                         generator=torch.Generator(device=device).manual_seed(0))
     model(input_ids=ids, cache=cache, use_cache=True)

@@ -63,10 +63,10 @@ class TreeModel:
     """A causal LM with a batch-1 cache that takes chains and trees of new slots."""
 
     def __init__(self, model):
-        from transformers import DynamicCache
+        from svt.collect.kv_cache import growing_cache
 
         self.model = model
-        self.cache = DynamicCache(config=model.config)
+        self.cache = growing_cache(model.config)
         self.dtype = next(model.parameters()).dtype
         self.device = next(model.parameters()).device
 

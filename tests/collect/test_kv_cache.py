@@ -1,0 +1,127 @@
+"""The in-place growing KV cache against transformers' own ``DynamicLayer`` / ``DynamicCache``."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config
+from transformers.cache_utils import DynamicCache, DynamicLayer
+
+from svt.collect.kv_cache import GrowingLayer, growing_cache
+
+# one op: ("update", slots) | ("select", seed) | ("crop", slots) | ("reset", 0)
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("update"), st.integers(1, 40)),
+        st.tuples(st.just("select"), st.integers(0, 10**6)),
+        st.tuples(st.just("crop"), st.integers(0, 30)),
+        st.tuples(st.just("reset"), st.just(0)),
+    ),
+    min_size=1,
+    max_size=25,
+)
+
+
+class _SmallRoom(GrowingLayer):
+    initial_room = 3  # so a few updates make the buffer double several times
+
+
+def _same(a: DynamicLayer, b: GrowingLayer) -> None:
+    assert a.get_seq_length() == b.get_seq_length()
+    if a.get_seq_length():
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=OPS, batch=st.integers(1, 4), seed=st.integers(0, 1000))
+def test_layer_matches_dynamic_layer_op_for_op(ops, batch, seed):
+    """Every update, row selection, crop and reset leaves the same keys and values as
+    transformers' concatenating layer (small room, so the buffer doubles several times)."""
+    gen = torch.Generator().manual_seed(seed)
+    ref, grow = DynamicLayer(), _SmallRoom()
+    rows = batch
+    for op, arg in ops:
+        if op == "update":
+            k = torch.randn((rows, 2, arg, 3), generator=gen)
+            v = torch.randn((rows, 2, arg, 3), generator=gen)
+            out_ref, out_grow = ref.update(k, v), grow.update(k, v)
+            assert torch.equal(out_ref[0], out_grow[0]) and torch.equal(out_ref[1], out_grow[1])
+        elif op == "select" and ref.get_seq_length():
+            keep = torch.randperm(rows, generator=torch.Generator().manual_seed(arg))[: max(1, rows - 1)]
+            keep = keep.sort().values
+            ref.batch_select_indices(keep)
+            grow.batch_select_indices(keep)
+            rows = keep.numel()
+        elif op == "crop" and ref.get_seq_length():
+            drop = min(arg, ref.get_seq_length())
+            ref.crop(-drop)
+            grow.crop(-drop)
+        elif op == "reset":
+            ref.reset()
+            grow.reset()
+            rows = batch
+        _same(ref, grow)
+
+
+def _tiny_llama() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    return LlamaForCausalLM(cfg).eval()
+
+
+@torch.inference_mode()
+def test_model_logits_equal_dynamic_cache_through_steps_and_row_drops():
+    """A model fed through a growing cache (prefill, appends of several widths past the first
+    doubling, finished rows leaving, a crop) gives the same logits, bit for bit, as through
+    transformers' DynamicCache."""
+    model = _tiny_llama()
+    gen = torch.Generator().manual_seed(1)
+    caches = [DynamicCache(config=model.config), growing_cache(model.config)]
+    assert all(type(layer) is GrowingLayer for layer in caches[1].layers)
+    B, width = 3, 20
+    mask = torch.ones((B, width), dtype=torch.long)
+    ids = torch.randint(0, 64, (B, width), generator=gen)
+    feeds = [(ids, mask)]
+    for t in range(40):  # 40 steps of 6 slots: past the initial room, so the buffer grows
+        feeds.append((torch.randint(0, 64, (B, 6), generator=gen), torch.ones((B, 6), dtype=torch.long)))
+    full_mask = None
+    rows = torch.arange(B)
+    for i, (x, m) in enumerate(feeds):
+        if i == 25:  # the middle row finishes
+            rows = torch.tensor([0, 2])
+            for c in caches:
+                c.batch_select_indices(rows)
+            full_mask = full_mask.index_select(0, rows)
+        x, m = x.index_select(0, rows), m.index_select(0, rows)
+        full_mask = m if full_mask is None else torch.cat([full_mask, m], 1)
+        pos = (full_mask.cumsum(1) - 1)[:, -x.shape[1]:]
+        outs = [model(input_ids=x, attention_mask=full_mask, position_ids=pos, cache=c, use_cache=True).logits
+                for c in caches]
+        assert torch.equal(outs[0], outs[1]), f"feed {i}"
+    for c in caches:
+        c.crop(-6)
+    assert caches[0].get_seq_length() == caches[1].get_seq_length() == width + 39 * 6
+
+
+def test_sliding_window_layers_keep_transformers_class():
+    cfg = Qwen2Config(num_hidden_layers=3, use_sliding_window=True, sliding_window=4, max_window_layers=1,
+                      hidden_size=32, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64,
+                      vocab_size=100)
+    kinds = [type(layer).__name__ for layer in growing_cache(cfg).layers]
+    assert kinds == ["GrowingLayer", "DynamicSlidingWindowLayer", "DynamicSlidingWindowLayer"]
+
+
+def test_buffer_doubles_so_appends_copy_linearly():
+    """One slot at a time, 2,000 times: the buffer is reallocated O(log n) times, not per append."""
+    layer = _SmallRoom()
+    allocations = 0
+    last = None
+    for _ in range(2000):
+        layer.update(torch.zeros((1, 1, 1, 2)), torch.zeros((1, 1, 1, 2)))
+        if layer._kbuf is not last:
+            allocations += 1
+            last = layer._kbuf
+    assert layer.get_seq_length() == 2000
+    assert allocations <= 11, allocations  # 4, 8, ..., 2**11 slots
