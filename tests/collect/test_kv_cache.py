@@ -84,7 +84,7 @@ def test_model_logits_equal_dynamic_cache_through_steps_and_row_drops():
     mask = torch.ones((B, width), dtype=torch.long)
     ids = torch.randint(0, 64, (B, width), generator=gen)
     feeds = [(ids, mask)]
-    for t in range(40):  # 40 steps of 6 slots: past the initial room, so the buffer grows
+    for _ in range(40):  # 40 steps of 6 slots: past the initial room, so the buffer grows
         feeds.append((torch.randint(0, 64, (B, 6), generator=gen), torch.ones((B, 6), dtype=torch.long)))
     full_mask = None
     rows = torch.arange(B)
