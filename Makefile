@@ -54,10 +54,7 @@ demo: setup
 	rm -f $(DEMO_TIMES)
 	$(DEMO_T) $(VENV)/bin/svt collect configs/collect/demo.yaml --out runs/demo --overwrite
 	$(DEMO_T) $(VENV)/bin/svt inspect runs/demo
-	$(DEMO_T) $(VENV)/bin/svt fit runs/demo --model irls-online --out reports/demo/fits/irls-online.json --overwrite
-	$(DEMO_T) $(VENV)/bin/svt fit runs/demo --model logistic --out reports/demo/fits/logistic.json --overwrite
-	$(DEMO_T) $(VENV)/bin/svt fit runs/demo --model isotonic --out reports/demo/fits/isotonic.json --overwrite
-	$(DEMO_T) $(VENV)/bin/svt fit runs/demo --model head --out reports/demo/fits/head.json --overwrite
+	$(DEMO_T) $(VENV)/bin/svt fit runs/demo --model irls-online,logistic,isotonic,head --out reports/demo/fits --overwrite
 	$(DEMO_T) $(VENV)/bin/svt collect configs/collect/demo.yaml --profile-costs --out reports/demo/costs-cpu.yaml --quiet --overwrite
 	$(DEMO_T) $(VENV)/bin/svt evaluate runs/demo --out reports/demo --overwrite --by workload --bootstrap 100 \
 	  --fit reports/demo/fits/irls-online.json --fit reports/demo/fits/logistic.json \
@@ -66,9 +63,7 @@ demo: setup
 	# Hybrid Verified Decoding: a greedy run with SuffixDecoding cache drafts, three yield predictors,
 	# the replay under the measured CPU costs and under an H100 roofline model
 	$(DEMO_T) $(VENV)/bin/svt collect configs/collect/hvd.yaml --out runs/hvd --overwrite
-	$(DEMO_T) $(VENV)/bin/svt fit runs/hvd --model yield-mlp --out reports/hvd/fits/yield-mlp.json --overwrite
-	$(DEMO_T) $(VENV)/bin/svt fit runs/hvd --model yield-linear --out reports/hvd/fits/yield-linear.json --overwrite
-	$(DEMO_T) $(VENV)/bin/svt fit runs/hvd --model yield-gbm --out reports/hvd/fits/yield-gbm.json --overwrite
+	$(DEMO_T) $(VENV)/bin/svt fit runs/hvd --model yield-mlp,yield-linear,yield-gbm --out reports/hvd/fits --overwrite
 	$(DEMO_T) $(VENV)/bin/svt evaluate runs/hvd --out reports/hvd --overwrite --feature q_max --by workload \
 	  --fit reports/hvd/fits/yield-mlp.json --fit reports/hvd/fits/yield-linear.json \
 	  --fit reports/hvd/fits/yield-gbm.json --costs reports/demo/costs-cpu.yaml

@@ -499,8 +499,10 @@ def fit(
     runs: Annotated[list[Path], typer.Argument(help="One or more run directories to fit on.")],
     model: Annotated[str, typer.Option(help="irls-online, logistic, sts, platt, isotonic, head; yield "
                                             "predictors on cache drafts: yield-mlp, yield-linear, yield-gbm; node predictor on "
-                                            "tree runs: tree-logistic.")],
-    out_path: Annotated[Path, typer.Option("--out", "-o", help="Fit file (JSON); a directory with --by.")],
+                                            "tree runs: tree-logistic. Several separated by commas fit in one "
+                                            "process, each to <out>/<model>.json.")],
+    out_path: Annotated[Path, typer.Option("--out", "-o", help="Fit file (JSON); a directory with --by or "
+                                                             "several models.")],
     feature: Annotated[str | None, typer.Option(help="The feature (default: logit_qmax for irls-online "
                                                       "and logistic, q_max for the calibrators).")] = None,
     features: Annotated[list[str] | None, typer.Option(
@@ -528,26 +530,34 @@ def fit(
     """Fit an acceptance predictor on labelled drafts and save it as a file.
 
     Example: [bold]svt fit runs/demo --model irls-online --out fits/online.json[/]
+    Several: [bold]svt fit runs/demo --model irls-online,logistic,isotonic --out fits/[/]
     Yield:   [bold]svt fit runs/greedy --model yield-mlp --out fits/yield-mlp.json[/]
     """
-    from svt.fit import check_fit_out, fit_runs
+    from svt.fit import fit_outs, fit_runs, prepare_fit
     from svt.fit.studies import fit_by_group
 
     try:
         _load_features(feature_module)
-        if by is None:
-            check_fit_out(out_path, overwrite)  # before the fitting, which can take minutes
-        online = _online_options(model, preset=preset, feature=feature, cycle_steps=cycle_steps, damping=damping,
-                                 ridge=ridge, label_delay=label_delay, per_position_slope=per_position_slope)
+        models = [m.strip() for m in model.split(",")]
+        # where each fit goes, checked before any fitting (which can take minutes)
+        outs = fit_outs(models, out_path, overwrite) if by is None else None
+        if by is not None and len(models) > 1:
+            raise ConfigError("--by fits one model per group; give one --model with it.")
+        onlines = {m: _online_options(m, preset=preset, feature=feature, cycle_steps=cycle_steps, damping=damping,
+                                      ridge=ridge, label_delay=label_delay, per_position_slope=per_position_slope)
+                   for m in models}
         # None: not given; a fitter refuses an option it does not take
         kwargs = dict(feature=feature, features=features, per_position_slope=per_position_slope or None,
-                      online=online, test_fraction=test_fraction, seed=seed, mlp_hidden=mlp_hidden, device=device)
+                      test_fraction=test_fraction, seed=seed, mlp_hidden=mlp_hidden, device=device)
+        for m in models:  # every model's options, before the first fit runs
+            prepare_fit(m, online=onlines[m], **kwargs)
         if by is None:
-            fitted = fit_runs(runs, model, **kwargs)
-            fitted.save(out_path, overwrite)
-            _say(_fit_line(fitted, out_path))
+            for m, path in outs.items():  # each file is written as soon as its fit is done
+                fitted = fit_runs(runs, m, online=onlines[m], **kwargs)
+                fitted.save(path, overwrite)
+                _say(_fit_line(fitted, path))
             return
-        summary = fit_by_group(runs, model, by, out_path, **kwargs)
+        summary = fit_by_group(runs, models[0], by, out_path, online=onlines[models[0]], **kwargs)
     except SvtError as exc:
         raise _fail(exc) from None
     from svt.report.text import add_row, new_table

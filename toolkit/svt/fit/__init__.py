@@ -38,7 +38,7 @@ from svt.fit.base import (
     get_fitter,
     register_fitter,
 )
-from svt.fit.files import check_fit_out, name_fits  # noqa: F401  (re-exported)
+from svt.fit.files import check_fit_out, fit_outs, name_fits  # noqa: F401  (re-exported)
 
 # the registry: one import per fitter family (each module registers its classes)
 from svt.fit import calibrators, head, irls_online, logistic, tree_logistic, tree_yield, yield_models  # noqa: E402, F401  isort: skip
@@ -199,6 +199,21 @@ def check_options(*, seed: int = 0, test_fraction: float = 0.3, **options) -> No
         raise ConfigError(f"--features names {', '.join(twice)} more than once.")
 
 
+def prepare_fit(model: str, *, test_fraction: float | None = None, seed: int | None = None, **options):
+    """The fitter class, an unfitted estimator from ``options``, the split fraction and seed:
+    everything :func:`fit_runs` checks before reading data (an unknown model, an option the fitter
+    does not take, a bad value), so several fits can be checked before the first one runs."""
+    cls = get_fitter(model)
+    if cls.online:  # scored prequentially on every labelled draft: no held-out split to set
+        given = [flag for flag, v in (("--test-fraction", test_fraction), ("--seed", seed)) if v is not None]
+        if given:
+            raise cls.refuse(given)
+    test_fraction = 0.3 if test_fraction is None else test_fraction
+    seed = 0 if seed is None else seed
+    check_options(seed=seed, test_fraction=test_fraction, **options)
+    return cls, cls.from_options(seed=seed, **options), test_fraction, seed
+
+
 def fit_runs(runs: list[str | Path], model: str, *, test_fraction: float | None = None, seed: int | None = None,
              where: pl.Expr | None = None, **options) -> Fitter:
     """Fit ``model`` on the runs and return the fitted fitter (see the module doc).
@@ -208,15 +223,7 @@ def fit_runs(runs: list[str | Path], model: str, *, test_fraction: float | None 
     labelled draft (scored prequentially); offline fitters train on the requests outside a seeded
     request-level split of ``test_fraction`` and are scored on the others.
     """
-    cls = get_fitter(model)
-    if cls.online:  # scored prequentially on every labelled draft: no held-out split to set
-        given = [flag for flag, v in (("--test-fraction", test_fraction), ("--seed", seed)) if v is not None]
-        if given:
-            raise cls.refuse(given)
-    test_fraction = 0.3 if test_fraction is None else test_fraction
-    seed = 0 if seed is None else seed
-    check_options(seed=seed, test_fraction=test_fraction, **options)
-    est = cls.from_options(seed=seed, **options)
+    cls, est, test_fraction, seed = prepare_fit(model, test_fraction=test_fraction, seed=seed, **options)
     try:
         return _fit_runs(runs, cls, est, test_fraction, seed, where)
     except np.linalg.LinAlgError as exc:

@@ -64,6 +64,25 @@ def check_fit_out(path: str | Path, overwrite: bool = True) -> Path:
     return path
 
 
+def fit_outs(models: list[str], out: str | Path, overwrite: bool = True) -> dict[str, Path]:
+    """Where each of ``models`` is written: ``out`` itself for one model, ``out/<model>.json`` for
+    several (``out`` a directory, made if missing); every path is checked (``check_fit_out``)
+    before any fitting, and a model named twice is refused."""
+    out = Path(out)
+    if not models or any(not m for m in models):
+        raise ConfigError("--model: expected one model name or several separated by commas, e.g. "
+                          "irls-online,logistic.")
+    twice = sorted({m for m in models if models.count(m) > 1})
+    if twice:
+        raise ConfigError(f"--model names {', '.join(twice)} more than once.")
+    if len(models) == 1:
+        return {models[0]: check_fit_out(out, overwrite)}
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{out} is a file; with several models --out takes a directory (each fit is written "
+                          "to <out>/<model>.json).")
+    return {m: check_fit_out(out / f"{m}.json", overwrite) for m in models}
+
+
 def _int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
