@@ -240,11 +240,32 @@ def _oracle(groups, trace, costs):
     return per_step
 
 
-def replay(trace: StepTrace, costs: CostTable, *, concurrency=CONCURRENCY, engine_rule: bool = False) -> list[dict]:
+def replay(trace: StepTrace, costs: CostTable, *, concurrency=CONCURRENCY, engine_rule: bool = False,
+           compiled: bool = True) -> list[dict]:
     """Every policy at every concurrency: tokens per step, step time, interactivity (tokens/s per
     request), throughput (tokens/s); ``pareto`` marks the points no other policy's point dominates
     (the oracle, an upper bound, is left out of that comparison: its ``pareto`` is None). AV uses the
-    lossless (convex) budget rule; ``engine_rule`` adds ``AV <name> [engine rule]`` beside it."""
+    lossless (convex) budget rule; ``engine_rule`` adds ``AV <name> [engine rule]`` beside it.
+
+    ``compiled`` (the default) makes every step's choices in compiled loops
+    (:mod:`svt.simulate.replay_kernel`), the same numbers bit for bit as the per-step numpy
+    definitions above (``compiled=False``, the reference). The kernels compute in float64: a trace
+    with other confidences (``build_trace`` makes float64 ones) takes the reference."""
+    if compiled and trace.request.size and all(c.dtype == np.float64 for c in trace.confidence.values()):
+        from svt.simulate.replay_compiled import replay_points
+
+        points = [p for B in concurrency for p in replay_points(trace, costs, B, engine_rule)]
+    else:
+        points = _replay_reference(trace, costs, concurrency, engine_rule)
+    # the frontier of what can be deployed: the oracle is a bound, not a policy
+    mark_pareto([p for p in points if p["policy"] != "oracle"])
+    for p in points:
+        if p["policy"] == "oracle":
+            p["pareto"] = None
+    return points
+
+
+def _replay_reference(trace: StepTrace, costs: CostTable, concurrency, engine_rule: bool) -> list[dict]:
     points = []
     for B in concurrency:
         groups = _groups(trace, B)
@@ -257,11 +278,6 @@ def replay(trace: StepTrace, costs: CostTable, *, concurrency=CONCURRENCY, engin
         policies["oracle"] = _oracle(groups, trace, costs)
         for name, per_step in policies.items():
             points.append({"policy": name, "concurrency": B, **_accumulate(groups, trace, per_step)})
-    # the frontier of what can be deployed: the oracle is a bound, not a policy
-    mark_pareto([p for p in points if p["policy"] != "oracle"])
-    for p in points:
-        if p["policy"] == "oracle":
-            p["pareto"] = None
     return points
 
 

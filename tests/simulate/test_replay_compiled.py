@@ -1,0 +1,71 @@
+"""The compiled AV replay against the per-step numpy reference: the same points, bit for bit."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from svt.simulate import StepTrace, replay
+from svt.simulate.av import resample_requests
+from svt.simulate.costs import CostTable, load_costs
+
+COSTS = Path(__file__).resolve().parents[2] / "configs" / "costs"
+
+
+def bumpy_costs(drafter: str = "autoregressive") -> CostTable:
+    """A measured table whose verify curve has plateaus and steps (non-convex, so the engine rule
+    and the convex rule differ) and whose draft rows are sparse in batch size (interpolated)."""
+    draft = {b: {k: 0.3 * k * (1 + 0.05 * b) for k in range(1, 7)} for b in (1, 3, 8, 64)}
+    verify = {1: 2.0, 4: 2.1, 8: 2.1, 12: 3.5, 20: 3.6, 40: 6.0, 64: 6.1, 200: 14.0}
+    return CostTable("measured", drafter, "bumpy", draft, verify)
+
+
+def random_trace(rng: np.random.Generator, n_req: int, K: int, ties: bool) -> StepTrace:
+    req, step, a = [], [], []
+    for r in range(n_req):
+        ns = int(rng.integers(1, 25))  # requests of different lengths: batches thin out
+        req += [r] * ns
+        step += list(range(ns))
+        a += list(rng.integers(0, K + 1, ns))
+    S = len(req)
+    conf = {"p": rng.uniform(0.0, 1.0, (S, K)),
+            # few distinct values: ties between rows and positions exercise the sort's tie rule
+            "q": np.round(rng.uniform(0.0, 1.0, (S, K)), 1) if ties else rng.beta(5, 1, (S, K))}
+    conf["q"][rng.uniform(size=S) < 0.1] = 0.0  # some steps with nothing worth verifying
+    order = rng.permutation(S)  # trace rows need not come in request order
+    return StepTrace(np.array(req)[order], np.array(step)[order], np.array(a)[order], K,
+                     {k: v[order] for k, v in conf.items()})
+
+
+def _assert_same(trace, costs, concurrency=(1, 2, 3, 8, 64)):
+    ref = replay(trace, costs, concurrency=concurrency, engine_rule=True, compiled=False)
+    new = replay(trace, costs, concurrency=concurrency, engine_rule=True)
+    assert [(p["policy"], p["concurrency"]) for p in new] == [(p["policy"], p["concurrency"]) for p in ref]
+    for p, q in zip(ref, new, strict=True):
+        assert p == q, (p, q)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10**6), n_req=st.integers(1, 30), K=st.integers(1, 6), ties=st.booleans(),
+       table=st.sampled_from(["bumpy", "bumpy-parallel", "h100"]))
+def test_compiled_replay_equals_the_reference(seed, n_req, K, ties, table):
+    costs = {"bumpy": bumpy_costs(), "bumpy-parallel": bumpy_costs("parallel"),
+             "h100": load_costs(COSTS / "h100-llama8b-eagle.yaml")}[table]
+    _assert_same(random_trace(np.random.default_rng(seed), n_req, K, ties), costs)
+
+
+def test_compiled_replay_equals_the_reference_on_a_bootstrap_draw():
+    """Resampled traces repeat requests under new numbers: the replay intervals' input."""
+    rng = np.random.default_rng(3)
+    trace = random_trace(rng, 40, 5, ties=True)
+    _assert_same(resample_requests(trace, rng), bumpy_costs(), concurrency=(1, 4, 16))
+
+
+@pytest.mark.parametrize("B", [1, 5])
+def test_the_oracle_still_bounds_every_policy(B):
+    trace = random_trace(np.random.default_rng(11), 20, 5, ties=False)
+    pts = replay(trace, bumpy_costs(), concurrency=(B,), engine_rule=True)
+    oracle = next(p for p in pts if p["policy"] == "oracle")
+    assert all(p["throughput"] <= oracle["throughput"] * (1 + 1e-12) for p in pts)
