@@ -27,6 +27,23 @@ def test_roofline_by_hand():
     assert par.draft(4, 0) == 0.0
 
 
+@pytest.mark.parametrize("kind", ["measured", "roofline"])
+def test_one_count_at_a_time_equals_the_vectorised_costs(kind):
+    """The replays ask verify() one whole count at a time (memoised): the same numbers as the
+    vectorised call, for Python and numpy integers; fractional counts are interpolated, not memoised."""
+    c = (CostTable("measured", "autoregressive", draft_ms={1: {1: 1.0}}, verify_ms={1: 5.0, 4: 4.0, 8: 9.0})
+         if kind == "measured" else CostTable("roofline", "autoregressive", model=ROOF))
+    t = np.arange(0, 3000, 7)
+    vec = c.verify(t)
+    for _ in range(2):  # the second pass reads the memo
+        assert [float(c.verify(int(x))) for x in t] == vec.tolist()
+        assert [float(c.verify(np.int64(x))) for x in t] == vec.tolist()
+    lo, mid, hi = float(c.verify(5)), float(c.verify(5.5)), float(c.verify(6))
+    assert mid == float(c.verify(np.array([5.5]))[0])
+    if kind == "measured":
+        assert lo < mid < hi
+
+
 def test_measured_tables_read_as_non_decreasing_and_scaled_beyond_the_largest_batch():
     c = CostTable("measured", "autoregressive", draft_ms={1: {1: 1.0, 2: 2.0}, 8: {1: 2.0, 2: 4.0}},
                   verify_ms={1: 5.0, 4: 4.0, 8: 9.0})

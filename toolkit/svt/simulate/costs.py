@@ -56,13 +56,22 @@ class CostTable:
 
     def verify(self, tokens) -> np.ndarray:
         """Milliseconds to verify ``tokens`` tokens in one target forward (vectorised)."""
-        t = np.asarray(tokens, dtype=np.float64)
+        if isinstance(tokens, (int, np.integer)):  # the replays walk cycle by cycle: one count at a time
+            cache = self.__dict__.setdefault("_verify_cache", {})
+            t = int(tokens)
+            if t not in cache:
+                cache[t] = self._verify(np.asarray(t, dtype=np.float64))
+            return cache[t]
+        return self._verify(np.asarray(tokens, dtype=np.float64))
+
+    def _verify(self, t: np.ndarray) -> np.ndarray:
         if self.kind == "roofline":
             return self._roofline("target", t)
-        xs = np.array(sorted(self.verify_ms))
-        # timing noise can make a measured table dip; more tokens never take less time
-        ys = np.maximum.accumulate(np.array([self.verify_ms[x] for x in xs]))
-        return _interp(t, xs, ys)
+        if "_verify_xy" not in self.__dict__:
+            xs = np.array(sorted(self.verify_ms))
+            # timing noise can make a measured table dip; more tokens never take less time
+            self._verify_xy = (xs, np.maximum.accumulate(np.array([self.verify_ms[x] for x in xs])))
+        return _interp(t, *self._verify_xy)
 
     def draft(self, batch: int, k: int) -> float:
         """Milliseconds for the drafter to propose ``k`` tokens for ``batch`` requests.
