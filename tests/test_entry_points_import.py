@@ -35,3 +35,22 @@ def _svt_imports():
 def test_imported_name_exists(where, module, name):
     mod = importlib.import_module(module)
     assert hasattr(mod, name) or importlib.util.find_spec(f"{module}.{name}") is not None, (where, module, name)
+
+
+def test_fitting_evaluating_and_plotting_do_not_import_torch():
+    """torch takes ~2 s to import on 2 cores: `svt fit/evaluate/plot` reach it only for a head or
+    a yield MLP (the fitter registry imports every fitter; their torch sides are read on first use)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, svt.cli, svt.fit, svt.report.evaluate, svt.plots, svt.simulate; "
+            "from svt.fit.head import HeadFitter; print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stderr
+
+
+def test_the_head_names_still_import_from_their_old_module():
+    from svt.fit.head import ConfidenceHead, HeadConfig, predict_head, train_head  # noqa: F401
+
+    with pytest.raises(ImportError):
+        from svt.fit.head import no_such_name  # noqa: F401

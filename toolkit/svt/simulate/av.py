@@ -19,69 +19,15 @@ later states (the trace's steps are fixed); a live-AV collection measures that g
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from svt.simulate.costs import CostTable
+from svt.simulate.steps import StepTrace, convex_minorant, step_groups, verify_curve  # noqa: F401  (re-exported)
 
 CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
 
 
-@dataclass
-class StepTrace:
-    """Request-steps of a trace: ``request`` and ``step`` ``[S]``, accepted run ``a`` ``[S]``,
-    number of drafts ``k`` (K), and predictors' confidences ``{name: [S, K]}``."""
-
-    request: np.ndarray
-    step: np.ndarray
-    a: np.ndarray
-    k: int
-    confidence: dict[str, np.ndarray]
-
-
-def _groups(trace: StepTrace, B: int) -> list[np.ndarray]:
-    """Row indices of each engine step at concurrency B, in time order."""
-    _, req_rank = np.unique(trace.request, return_inverse=True)
-    chunk = req_rank // B
-    order = np.lexsort((trace.request, trace.step, chunk))
-    key = chunk[order] * (trace.step.max() + 1) + trace.step[order]
-    cuts = np.flatnonzero(np.r_[True, key[1:] != key[:-1], True])
-    return [order[a:b] for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
-
-
 RULES = ("convex", "engine")
-
-
-def convex_minorant(y: np.ndarray) -> np.ndarray:
-    """The greatest convex minorant of ``y`` sampled at 0, 1, 2, ... (its lower convex hull,
-    evaluated at the same points).
-
-    >>> convex_minorant(np.array([1.0, 2.0, 2.4])).round(3).tolist()
-    [1.0, 1.7, 2.4]
-    """
-    x = np.arange(y.size, dtype=np.float64)
-    hull: list[int] = []
-    for i in range(y.size):  # Andrew's monotone chain, lower hull
-        while len(hull) >= 2:
-            a, b = hull[-2], hull[-1]
-            if (y[b] - y[a]) * (x[i] - x[a]) >= (y[i] - y[a]) * (x[b] - x[a]):
-                hull.pop()
-            else:
-                break
-        hull.append(i)
-    return np.interp(x, x[hull], y[hull])
-
-
-def _verify_curve(costs: CostTable, n: int, width: int, convex: bool) -> np.ndarray:
-    """verify(n .. n + width) as measured or its convex minorant over that range (cached per table:
-    the replay asks for the same few ranges thousands of times)."""
-    cache = costs.__dict__.setdefault("_curves", {})
-    key = (n, width, convex)
-    if key not in cache:
-        v = np.asarray(costs.verify(n + np.arange(width + 1)), dtype=np.float64)
-        cache[key] = convex_minorant(v) if convex else v
-    return cache[key]
 
 
 def av_keep(conf: np.ndarray, costs: CostTable, rule: str = "convex", k_max: int | None = None) -> np.ndarray:
@@ -104,7 +50,7 @@ def av_keep(conf: np.ndarray, costs: CostTable, rule: str = "convex", k_max: int
     flat = surv.ravel()
     order = np.lexsort((np.tile(np.arange(K), n), -flat))  # by survival, then position: prefixes
     expected = n + np.concatenate([[0.0], np.cumsum(flat[order])])
-    verify = _verify_curve(costs, n, n * K_all, rule == "convex")
+    verify = verify_curve(costs, n, n * K_all, rule == "convex")
     cost = costs.draft(n, K_all) + verify[: n * K + 1]
     b = int(np.argmax(expected / cost))
     kept = np.zeros(n * K, dtype=bool)
@@ -164,7 +110,7 @@ def draft_lengths(conf: np.ndarray, costs: CostTable, next_conf: np.ndarray,
     confidences so far, so the lossless verification budget stays causal on top of it."""
     n, K = conf.shape
     surv = np.cumprod(conf, axis=1)
-    verify = _verify_curve(costs, n, n * K, True)
+    verify = verify_curve(costs, n, n * K, True)
     rate = n / float(verify[0])  # tokens per ms of plain decoding at this batch size
     per_token = float(verify[1] - verify[0])  # marginal verify cost of one more token (convex)
     share = np.full(K, float(n)) if sharing is None else np.maximum(1.0, sharing)
@@ -268,7 +214,7 @@ def replay(trace: StepTrace, costs: CostTable, *, concurrency=CONCURRENCY, engin
 def _replay_reference(trace: StepTrace, costs: CostTable, concurrency, engine_rule: bool) -> list[dict]:
     points = []
     for B in concurrency:
-        groups = _groups(trace, B)
+        groups = step_groups(trace, B)
         policies = {f"fixed K={k}": _fixed(k, trace, costs) for k in range(trace.k + 1)}
         policies.update({f"AV {name}": _av(name, trace, costs) for name in trace.confidence})
         if engine_rule:
@@ -336,8 +282,8 @@ def mark_pareto(points: list[dict]) -> None:
 def non_convexity(costs: CostTable, n: int, k: int) -> float:
     """How far the verify-cost curve over a step's token range [n, n (k + 1)] lies above its
     greatest convex minorant: the largest gap, relative to the cost there (0 for a convex curve)."""
-    v = _verify_curve(costs, n, n * k, False)
-    return float(np.max((v - _verify_curve(costs, n, n * k, True)) / v))
+    v = verify_curve(costs, n, n * k, False)
+    return float(np.max((v - verify_curve(costs, n, n * k, True)) / v))
 
 
 def flip_rate(trace: StepTrace, name: str, costs: CostTable, B: int, *, rule: str = "engine",
@@ -347,7 +293,7 @@ def flip_rate(trace: StepTrace, name: str, costs: CostTable, B: int, *, rule: st
     the request's own continuation, i.e. on the drafted token. Measured on up to ``max_steps``
     engine steps at concurrency B."""
     conf = trace.confidence[name]
-    groups = _groups(trace, B)
+    groups = step_groups(trace, B)
     rng = np.random.default_rng(seed)
     picks = rng.choice(len(groups), size=min(max_steps, len(groups)), replace=False) if groups else []
     decisions = flips = 0

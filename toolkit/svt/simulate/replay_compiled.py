@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from svt.simulate import replay_kernel as rk
-from svt.simulate.av import StepTrace, _groups, _verify_curve
 from svt.simulate.costs import CostTable
+from svt.simulate.steps import StepTrace, step_groups, verify_curve
 
 ORACLE_ITERS = 50  # as av.oracle_choices
 
@@ -30,7 +30,7 @@ class _Layout:
 
 
 def _layout(trace: StepTrace, B: int) -> _Layout:
-    groups = _groups(trace, B)
+    groups = step_groups(trace, B)
     n = np.array([g.size for g in groups], dtype=np.int64)
     rows = np.concatenate(groups)
     starts = np.concatenate([[0], np.cumsum(n)]).astype(np.int64)
@@ -50,7 +50,7 @@ def _curves(costs: CostTable, n_max: int, K: int, convex: bool) -> tuple[np.ndar
     parts = [np.zeros(0)]
     for n in range(1, n_max + 1):
         off[n] = off[n - 1] + parts[-1].size
-        parts.append(_verify_curve(costs, n, n * K, convex))
+        parts.append(verify_curve(costs, n, n * K, convex))
     return np.concatenate(parts), off
 
 
