@@ -54,7 +54,8 @@ def main(argv=None) -> dict:
               "predictors": [f.name for f in preds], "points": len(last["compiled"]),
               "reference_s": summary(times["reference"]), "compiled_s": summary(times["compiled"]),
               "speedup": ratios(times["reference"], times["compiled"])}
-    Console().print(f"AV replay, {result['steps']:,} request-steps, {len(preds)} predictors, {result['points']} points: "
+    Console().print(f"AV replay, {result['steps']:,} request-steps, predictors {', '.join(result['predictors'])}, "
+                    f"{result['points']} points: "
                     f"reference {fmt(result['reference_s'], ' s')}, compiled {fmt(result['compiled_s'], ' s', 3)}, "
                     f"{fmt(result['speedup'], 'x', 0)} (identical points)")
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -52,3 +52,21 @@ def test_head_needs_hidden_states(tmp_path, small_run):
     shutil.rmtree(run / "hidden")
     with pytest.raises(DataError, match="log.hidden=true"):
         fit_runs([run], "head", device="cpu")
+
+
+def test_hidden_matrix_rows_follow_the_drafts_frame(small_run):
+    """Each row is the logged state of that draft (float16 read exactly into float32), in the
+    frame's order, whatever order the frame comes in."""
+    import polars as pl
+
+    from svt.fit.head import hidden_matrix
+    from svt.traces import open_run
+
+    run = open_run(small_run)
+    drafts = (run.scan("drafts").select("request", "step", "position").collect()
+              .with_columns(pl.lit(0).alias("_run")).sample(fraction=1.0, shuffle=True, seed=3).head(500))
+    h = hidden_matrix(drafts, [small_run])
+    table = run.scan("hidden").collect()
+    for i, (req, step, pos) in enumerate(drafts.select("request", "step", "position").head(50).rows()):
+        want = table.filter((pl.col("request") == req) & (pl.col("step") == step) & (pl.col("position") == pos))
+        assert h.dtype == np.float32 and np.array_equal(h[i], np.asarray(want["hidden"][0].to_list(), np.float32))

@@ -69,3 +69,31 @@ def test_the_oracle_still_bounds_every_policy(B):
     pts = replay(trace, bumpy_costs(), concurrency=(B,), engine_rule=True)
     oracle = next(p for p in pts if p["policy"] == "oracle")
     assert all(p["throughput"] <= oracle["throughput"] * (1 + 1e-12) for p in pts)
+
+
+def test_build_trace_places_each_confidence_at_its_step_and_position():
+    """Against a row-by-row construction: steps of different lengths (missing positions read 0),
+    rows in any order; a null confidence is refused."""
+    import polars as pl
+
+    from svt.errors import DataError
+    from svt.simulate import build_trace
+
+    rng = np.random.default_rng(2)
+    rows = []
+    for req in range(6):
+        for step in range(int(rng.integers(1, 6))):
+            for pos in range(int(rng.integers(1, 5))):
+                rows.append({"_run": 0, "request": req, "step": step, "position": pos,
+                             "label": int(rng.integers(0, 2)), "c": float(rng.uniform())})
+    d = pl.DataFrame(rows).sample(fraction=1.0, shuffle=True, seed=1)
+    trace = build_trace(d, {"p": "c"})
+    keys = sorted({(r["request"], r["step"]) for r in rows})
+    want = np.zeros((len(keys), 4))
+    for r in rows:
+        want[keys.index((r["request"], r["step"])), r["position"]] = r["c"]
+    assert np.array_equal(trace.confidence["p"], want)
+    assert trace.request.tolist() == [k[0] for k in keys] and trace.step.tolist() == [k[1] for k in keys]
+    with pytest.raises(DataError, match="missing confidences"):
+        build_trace(d.with_columns(pl.when(pl.col("position") == 1).then(None).otherwise(pl.col("c")).alias("c")),
+                    {"p": "c"})

@@ -36,7 +36,12 @@ def hidden_matrix(drafts: pl.DataFrame, runs: list[str | Path]) -> np.ndarray:
     joined = drafts.select(keys).join(pl.concat(frames).collect(), on=keys, how="left", maintain_order="left")
     if joined["hidden"].null_count():
         raise DataError(f"{joined['hidden'].null_count()} drafts have no hidden state in the `hidden` table.")
-    return np.asarray(joined["hidden"].to_list(), dtype=np.float32)
+    hidden = joined["hidden"]
+    widths = hidden.list.len().unique()
+    if widths.len() != 1 or widths[0] == 0:
+        raise DataError(f"The `hidden` tables hold states of sizes {sorted(widths.to_list())}: one drafter's "
+                        "states are expected.")
+    return hidden.explode().cast(pl.Float32).to_numpy().reshape(hidden.len(), int(widths[0]))
 
 
 @register_fitter

@@ -22,10 +22,15 @@ def build_trace(drafts: pl.DataFrame, confidences: dict[str, str], keys=("_run",
                 *[pl.col(c).cast(pl.Float64) for c in cols]))
     req = per.select(pl.struct(*keys).rank("dense").sub(1)).to_series().to_numpy()
     conf = {}
+    lengths = per["position"].list.len().to_numpy()
+    step_of = np.repeat(np.arange(per.height), lengths)  # each draft's request-step
+    position = per["position"].explode().to_numpy()
     for name, col in confidences.items():
         m = np.zeros((per.height, k))
-        for i, (p, c) in enumerate(zip(per["position"].to_list(), per[col].to_list(), strict=True)):
-            m[i, p] = c
+        values = per[col].explode()
+        if values.len() != position.size:
+            raise DataError(f"Predictor {name!r}: {values.len()} confidences for {position.size} drafts.")
+        m[step_of, position] = values.fill_null(np.nan).to_numpy()
         if not np.isfinite(m).all():
             raise DataError(f"Predictor {name!r} has missing confidences in the simulated rows.")
         conf[name] = m
