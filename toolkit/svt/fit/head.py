@@ -41,7 +41,7 @@ def hidden_matrix(drafts: pl.DataFrame, runs: list[str | Path]) -> np.ndarray:
     if widths.len() != 1 or widths[0] == 0:
         raise DataError(f"The `hidden` tables hold states of sizes {sorted(widths.to_list())}: one drafter's "
                         "states are expected.")
-    return hidden.explode().cast(pl.Float32).to_numpy().reshape(hidden.len(), int(widths[0]))
+    return hidden.explode().cast(pl.Float32).to_numpy(writable=True).reshape(hidden.len(), int(widths[0]))
 
 
 @register_fitter
