@@ -97,3 +97,28 @@ def test_build_trace_places_each_confidence_at_its_step_and_position():
     with pytest.raises(DataError, match="missing confidences"):
         build_trace(d.with_columns(pl.when(pl.col("position") == 1).then(None).otherwise(pl.col("c")).alias("c")),
                     {"p": "c"})
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 10**6), K=st.integers(1, 5), B=st.sampled_from([1, 3, 8]),
+       rule=st.sampled_from(["engine", "convex"]))
+def test_compiled_flip_rate_equals_the_reference(seed, K, B, rule):
+    """The rule audit's flip counts: every variant decided in one compiled call per step, the same
+    decisions as the loop over av_keep (on a bumpy table the engine rule does flip)."""
+    from svt.simulate.av import flip_rate
+
+    trace = random_trace(np.random.default_rng(seed), 12, K, ties=True)
+    for name in trace.confidence:
+        ref = flip_rate(trace, name, bumpy_costs(), B, rule=rule, max_steps=15, compiled=False)
+        new = flip_rate(trace, name, bumpy_costs(), B, rule=rule, max_steps=15)
+        assert (new["decisions"], new["flips"]) == (ref["decisions"], ref["flips"])
+        assert new["rate"] == ref["rate"] or (K == 1 and np.isnan(new["rate"]) and np.isnan(ref["rate"]))
+
+
+def test_the_engine_rule_flips_on_a_bumpy_table():
+    """So the equality above compares counts that are not all zero."""
+    from svt.simulate.av import flip_rate
+
+    trace = random_trace(np.random.default_rng(0), 20, 5, ties=False)
+    assert flip_rate(trace, "p", bumpy_costs(), 8, rule="engine", max_steps=40)["flips"] > 0
+    assert flip_rate(trace, "p", bumpy_costs(), 8, rule="convex", max_steps=40)["flips"] == 0

@@ -287,15 +287,23 @@ def non_convexity(costs: CostTable, n: int, k: int) -> float:
 
 
 def flip_rate(trace: StepTrace, name: str, costs: CostTable, B: int, *, rule: str = "engine",
-              max_steps: int = 200, seed: int = 0) -> dict:
+              max_steps: int = 200, seed: int = 0, compiled: bool = True) -> dict:
     """How often a rule's decision to verify a draft changes when only the same request's later
     confidences change (replaced by 0.01 and by 0.99): each change is a decision that depends on
     the request's own continuation, i.e. on the drafted token. Measured on up to ``max_steps``
-    engine steps at concurrency B."""
+    engine steps at concurrency B. ``compiled``: each step's variants in one compiled call (the
+    same decisions as this loop over ``av_keep``, ``compiled=False``)."""
+    if rule not in RULES:
+        raise ValueError(f"Expected `rule` in {RULES}, but got {rule!r}.")
     conf = trace.confidence[name]
     groups = step_groups(trace, B)
     rng = np.random.default_rng(seed)
     picks = rng.choice(len(groups), size=min(max_steps, len(groups)), replace=False) if groups else []
+    if compiled and conf.dtype == np.float64 and len(picks):
+        from svt.simulate.replay_compiled import flip_counts
+
+        decisions, flips = flip_counts(conf, [groups[g] for g in picks], costs, trace.k, rule == "convex")
+        return {"decisions": decisions, "flips": flips, "rate": flips / decisions if decisions else float("nan")}
     decisions = flips = 0
     for g in picks:
         c = conf[groups[g]]

@@ -121,3 +121,40 @@ def replay_points(trace: StepTrace, costs: CostTable, B: int, engine_rule: bool)
     rk.oracle_steps(lay.a, lay.starts, tab.draft, tab.verify, K, ORACLE_ITERS, tokens, ms)
     points.append(_point("oracle", B, lay, tokens, ms, n_req))
     return points
+
+
+FLIP_VALUES = (0.01, 0.99)  # as av.flip_rate
+
+
+def flip_counts(conf: np.ndarray, steps: list[np.ndarray], costs: CostTable, K: int, convex: bool) -> tuple[int, int]:
+    """av.flip_rate's decisions and flips over ``steps`` (row indices of each): per step, the step
+    as it is and every variant with one row's later confidences set to each of ``FLIP_VALUES``,
+    decided together in one compiled call."""
+    n_max = max(int(rows.size) for rows in steps)
+    tab = _tables(costs, n_max, K)
+    curves, off = tab.convex if convex else tab.raw
+    draft_k = tab.draft[:, K].copy()
+    decisions = flips = 0
+    for rows in steps:
+        c = np.ascontiguousarray(conf[rows], dtype=np.float64)
+        n = c.shape[0]
+        variants = [c]
+        for r in range(n):
+            for i in range(K - 1):
+                for v in FLIP_VALUES:
+                    alt = c.copy()
+                    alt[r, i + 1:] = v
+                    variants.append(alt)
+        stacked = np.concatenate(variants)
+        starts = np.arange(len(variants) + 1, dtype=np.int64) * n
+        kept = np.zeros(stacked.shape[0], dtype=np.int64)
+        rk.av_kept(stacked, starts, curves, off, draft_k, kept)
+        base = kept[:n]
+        alt_kept = kept[n:].reshape(n, K - 1, len(FLIP_VALUES), n)  # variant (r, i, v), then its rows
+        r_idx = np.arange(n)
+        own = alt_kept[r_idx, :, :, r_idx]  # [n, K - 1, values]: the changed row's own decision
+        kept_i = base[:, None] > np.arange(K - 1)[None, :]
+        flipped = ((own > np.arange(K - 1)[None, :, None]) != kept_i[:, :, None]).any(axis=2)
+        decisions += n * (K - 1)
+        flips += int(flipped.sum())
+    return decisions, flips
