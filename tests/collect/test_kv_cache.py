@@ -17,6 +17,8 @@ OPS = st.lists(
         st.tuples(st.just("select"), st.integers(0, 10**6)),
         st.tuples(st.just("crop"), st.integers(0, 30)),
         st.tuples(st.just("reset"), st.just(0)),
+        st.tuples(st.just("reorder"), st.integers(0, 10**6)),
+        st.tuples(st.just("repeat"), st.integers(1, 2)),
     ),
     min_size=1,
     max_size=25,
@@ -57,6 +59,14 @@ def test_layer_matches_dynamic_layer_op_for_op(ops, batch, seed):
             drop = min(arg, ref.get_seq_length())
             ref.crop(-drop)
             grow.crop(-drop)
+        elif op == "reorder" and ref.get_seq_length():  # beam search: rows permuted, some repeated
+            idx = torch.randint(0, rows, (rows,), generator=torch.Generator().manual_seed(arg))
+            ref.reorder_cache(idx)
+            grow.reorder_cache(idx)
+        elif op == "repeat" and ref.get_seq_length() and rows * arg <= 8:
+            ref.batch_repeat_interleave(arg)
+            grow.batch_repeat_interleave(arg)
+            rows *= arg
         elif op == "reset":
             ref.reset()
             grow.reset()
@@ -125,3 +135,21 @@ def test_buffer_doubles_so_appends_copy_linearly():
             last = layer._kbuf
     assert layer.get_seq_length() == 2000
     assert allocations <= 11, allocations  # 4, 8, ..., 2**11 slots
+
+
+def test_importing_registers_nothing_in_transformers():
+    import transformers.cache_utils as cu
+
+    assert cu.DYNAMIC_LAYER_TYPE_MAPPING["full_attention"] is DynamicLayer
+    assert GrowingLayer not in cu.DYNAMIC_LAYER_TYPE_MAPPING.values()
+    assert all(type(layer) is DynamicLayer for layer in DynamicCache(config=_tiny_llama().config).layers)
+
+
+def test_offload_and_prefetch_keep_the_views_on_the_buffers():
+    layer = GrowingLayer()
+    k = torch.randn((1, 2, 5, 3))
+    layer.update(k, k)
+    layer.offload()
+    layer.prefetch()
+    layer.update(k, k)
+    assert torch.equal(layer.keys, torch.cat([k, k], -2)) and layer.keys.data_ptr() == layer._kbuf.data_ptr()

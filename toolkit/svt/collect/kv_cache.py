@@ -9,8 +9,10 @@ appending stays linear in the slots written). The values the model sees are the 
 for slot, as with ``torch.cat``.
 
 ``growing_cache(config)`` is a ``DynamicCache`` whose full-attention layers are ``GrowingLayer``s
-(sliding-window layers keep transformers' own class, which also trims). Only the operations the
-collector uses are overridden: ``update``, ``batch_select_indices``, ``crop`` and ``reset``.
+(sliding-window layers keep transformers' own class, which also trims). Every operation of
+transformers' layer that replaces ``keys``/``values`` is overridden to act on the buffers:
+``update``, ``batch_select_indices``, ``batch_repeat_interleave``, ``reorder_cache``, ``crop``,
+``offload``/``prefetch`` and ``reset``; importing this module registers nothing in transformers.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ class GrowingLayer(DynamicLayer):
 
     #: spare slots allocated beyond the first forward (a prefill) before the first doubling
     initial_room = 256
+    # never registered as transformers' class for a layer type: only ``growing_cache`` uses it
+    _layer_type = None
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         super().lazy_initialization(key_states, value_states)
@@ -70,6 +74,21 @@ class GrowingLayer(DynamicLayer):
         if self.get_seq_length() > 0:
             self._kbuf = self._kbuf.repeat_interleave(repeats, dim=0)
             self._vbuf = self._vbuf.repeat_interleave(repeats, dim=0)
+            self._set_views()
+
+    def reorder_cache(self, beam_idx: torch.Tensor) -> None:
+        self.batch_select_indices(beam_idx.to(self._kbuf.device) if self.get_seq_length() > 0 else beam_idx)
+
+    def offload(self) -> None:
+        if self.is_initialized and self._kbuf is not None:
+            self._kbuf = self._kbuf.to("cpu", non_blocking=True)
+            self._vbuf = self._vbuf.to("cpu", non_blocking=True)
+            self._set_views()
+
+    def prefetch(self) -> None:
+        if self.is_initialized and self._kbuf is not None and self._kbuf.device != self.device:
+            self._kbuf = self._kbuf.to(self.device, non_blocking=True)
+            self._vbuf = self._vbuf.to(self.device, non_blocking=True)
             self._set_views()
 
     def crop(self, tokens_to_remove: int) -> None:
