@@ -91,10 +91,13 @@ def replay_points(trace: StepTrace, costs: CostTable, B: int, engine_rule: bool)
         ms = tab.draft[sizes, k] + tab.verify[sizes + sizes * k]
         points.append(_point(f"fixed K={k}", B, lay, tokens, ms, n_req))
 
+    # each predictor's confidences in step order, gathered once for its three policies
+    gathered = {name: np.ascontiguousarray(c[lay.rows], dtype=np.float64) for name, c in trace.confidence.items()}
+    draft_k = tab.draft[:, K].copy()
+
     def budget(name: str, curves) -> tuple[np.ndarray, np.ndarray]:
-        conf = np.ascontiguousarray(trace.confidence[name][lay.rows], dtype=np.float64)
         kept = np.zeros(lay.rows.size, dtype=np.int64)
-        rk.av_kept(conf, lay.starts, curves[0], curves[1], tab.draft[:, K].copy(), kept)
+        rk.av_kept(gathered[name], lay.starts, curves[0], curves[1], draft_k, kept)
         tokens = (np.minimum(lay.a, kept) + 1).astype(np.float64)
         return tokens, tab.draft[sizes, K] + tab.verify[sizes + np.add.reduceat(kept, lay.starts[:-1])]
 
@@ -105,13 +108,12 @@ def replay_points(trace: StepTrace, costs: CostTable, B: int, engine_rule: bool)
         for name in names:
             points.append(_point(f"AV {name} [engine rule]", B, lay, *budget(name, tab.raw), n_req))
     for name in names:
-        full = trace.confidence[name]
-        conf = np.ascontiguousarray(full[lay.rows], dtype=np.float64)
+        conf = gathered[name]
         lengths = np.zeros(lay.rows.size, dtype=np.int64)
-        rk.draft_lengths_all(conf, lay.starts, full.mean(0).astype(np.float64), tab.convex[0], tab.convex[1],
-                             tab.draft, lengths)
+        rk.draft_lengths_all(conf, lay.starts, trace.confidence[name].mean(0).astype(np.float64), tab.convex[0],
+                             tab.convex[1], tab.draft, lengths)
         kept = np.zeros(lay.rows.size, dtype=np.int64)
-        rk.av_length_kept(conf, lay.starts, lengths, tab.convex[0], tab.convex[1], tab.draft[:, K].copy(), kept)
+        rk.av_length_kept(conf, lay.starts, lengths, tab.convex[0], tab.convex[1], draft_k, kept)
         tokens = (np.minimum(lay.a, kept) + 1).astype(np.float64)
         longest = np.maximum.reduceat(lengths, lay.starts[:-1])
         ms = tab.draft[sizes, longest] + tab.verify[sizes + np.add.reduceat(kept, lay.starts[:-1])]
