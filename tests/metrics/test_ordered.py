@@ -37,9 +37,11 @@ def _check_scope(block, y, s, probability=True):
         assert block["ece_mass"] == pytest.approx(ece(y, s, strategy="mass"), abs=1e-12)
 
 
-@pytest.fixture(params=["dense", "segments"])
+@pytest.fixture(params=["compiled", "dense", "segments"])
 def path(request, monkeypatch):
-    """Both ways of counting tie groups: one [group, position] table, or each scope's rows."""
+    """Every way of counting tie groups: the compiled walk, or the numpy pass with one [group,
+    position] table or each scope's rows."""
+    monkeypatch.setattr(ordered, "COMPILED", request.param == "compiled")
     monkeypatch.setattr(ordered, "DENSE_LIMIT", 10**9 if request.param == "dense" else 0)
     return request.param
 
@@ -126,19 +128,23 @@ def test_chunks_and_counting_paths_never_change_a_number(rows, chunk):
     s = np.array([r[0] / 6 for r in rows])
     y = np.array([r[1] for r in rows], np.int8)
     pos = np.array([r[2] for r in rows])
-    a = score_tables(s, y, pos, probability=True, chunk=chunk)
-    saved = ordered.DENSE_LIMIT
+    a = score_tables(s, y, pos, probability=True, chunk=chunk)  # the compiled walk
+    saved = ordered.DENSE_LIMIT, ordered.COMPILED
+    others = []
     try:
-        ordered.DENSE_LIMIT = 0  # each scope's rows
-        b = score_tables(s, y, pos, probability=True, chunk=1 << 20)
+        ordered.COMPILED = False
+        for limit, ch in ((0, 1 << 20), (10**9, chunk)):  # each scope's rows; one tie table
+            ordered.DENSE_LIMIT = limit
+            others.append(score_tables(s, y, pos, probability=True, chunk=ch))
     finally:
-        ordered.DENSE_LIMIT = saved
-    for scope in ("overall", "excluding_first"):
-        for m in ("auc", "n", "accept_rate"):
-            assert a[scope][m] == b[scope][m]  # integer sums: exactly equal
-        for m in ("log_loss", "ece", "ece_mass", "brier"):
-            assert a[scope][m] == pytest.approx(b[scope][m], abs=1e-12)
-    assert a["curves"]["roc"] == b["curves"]["roc"]
+        ordered.DENSE_LIMIT, ordered.COMPILED = saved
+    for b in others:
+        for scope in ("overall", "excluding_first"):
+            for m in ("auc", "n", "accept_rate"):
+                assert a[scope][m] == b[scope][m]  # integer sums: exactly equal
+            for m in ("log_loss", "ece", "ece_mass", "brier"):
+                assert a[scope][m] == pytest.approx(b[scope][m], abs=1e-12)
+        assert a["curves"]["roc"] == b["curves"]["roc"]
 
 
 @pytest.mark.parametrize("large", [False, True])
@@ -172,12 +178,15 @@ def _same_order(a: np.ndarray, b: np.ndarray) -> bool:
                 and np.array_equal(np.diff(a >> high) != 0, np.diff(b >> high) != 0))
 
 
+@pytest.mark.parametrize("compiled", [True, False])
 @pytest.mark.parametrize("in_place", [False, True])
-def test_a_reused_order_gives_the_keys_of_a_fresh_sort(in_place):
+def test_a_reused_order_gives_the_keys_of_a_fresh_sort(in_place, compiled, monkeypatch):
     """Clipping merges values an earlier order kept apart: the rows of each new tie are put back
     in row order, so the keys (and every float sum over a tie) do not depend on which order was
     reused. The scores are finer than float32 (a fresh float32 sort merges them), so the earlier
-    order is reused in both modes."""
+    order is reused in place, and by the numpy path out of place too (the compiled path sorts the
+    merged groups of a fresh float32 sort instead: one walk, cheaper than a reuse)."""
+    monkeypatch.setattr(ordered, "COMPILED", compiled)
     rng = np.random.default_rng(11)
     q = 0.5 + rng.uniform(-1e-7, 1e-7, 20_000)
     clipped = np.clip(q, 0.5 - 5e-8, 0.5 + 5e-8)
@@ -185,7 +194,7 @@ def test_a_reused_order_gives_the_keys_of_a_fresh_sort(in_place):
     order_keys(q, orders)
     first = orders[0]
     reused = order_keys(clipped, orders, in_place=in_place)
-    assert len(orders) == 1  # it was reused
+    assert len(orders) == (2 if compiled and not in_place else 1)  # reused, or a fresh sort kept
     assert (reused is first) == in_place
     assert _same_order(_expected_keys(clipped), reused)
 
@@ -259,8 +268,10 @@ def test_float32_scores_give_the_float64_table():
     assert a["curves"] == b["curves"]
 
 
+@pytest.mark.parametrize("compiled", [True, False])
 @pytest.mark.parametrize("in_place", [False, True])
-def test_a_reused_order_puts_ties_across_chunks_in_row_order(in_place, monkeypatch):
+def test_a_reused_order_puts_ties_across_chunks_in_row_order(in_place, compiled, monkeypatch):
+    monkeypatch.setattr(ordered, "COMPILED", compiled)
     monkeypatch.setattr(ordered, "CHUNK", 7)
     rng = np.random.default_rng(13)
     q = 0.5 + rng.uniform(-1e-7, 1e-7, 3000)
@@ -268,7 +279,7 @@ def test_a_reused_order_puts_ties_across_chunks_in_row_order(in_place, monkeypat
     orders: list = []
     order_keys(q, orders)
     reused = order_keys(clipped, orders, in_place=in_place)
-    assert len(orders) == 1
+    assert len(orders) == (2 if compiled and not in_place else 1)
     assert _same_order(_expected_keys(clipped), reused)
 
 

@@ -40,6 +40,7 @@ from svt.metrics.specs import names
 CHUNK = 1 << 22  # rows per chunk of either pass
 LARGE = 1 << 25  # rows beyond which sorts work in place (memory before speed)
 DENSE_LIMIT = 4  # a chunk's [group, position] count table when its cells are under 4x its rows
+COMPILED = True  # the ordered pass as one compiled walk (False: the numpy pass, the reference)
 NOT_PROBABILITY = "not a probability: log-loss, ECE and Brier need a fitted predictor (svt fit)"
 _PROB_KEYS = names("table", probability=True)
 
@@ -84,6 +85,10 @@ def same_ranks(key: np.ndarray, s: np.ndarray) -> bool:
     probe = key[::max(1, key.size // 4096)]  # a sample that already fails: no full check
     if (np.diff(s[(probe & mask).astype(np.intp)]) < 0).any():
         return False
+    if COMPILED:
+        from svt.metrics.ranks_kernel import has_ranks
+
+        return bool(has_ranks(key, s))
     for a in range(0, key.size, CHUNK):
         kc = key[a:a + CHUNK]
         v = s[(kc & mask).astype(np.intp)]
@@ -124,6 +129,13 @@ def _ranks_from_order(key: np.ndarray, s: np.ndarray, check_only: bool = False, 
     With ``check_only``, return whether the order already sorts ``s`` and change nothing. With
     ``sorted_by_s`` (an order that sorts ``s``, reused), chunks are cut between ties of ``s``, so
     each tie's rows are put back in row order whole."""
+    if COMPILED:  # one compiled walk (`svt.metrics.ranks_kernel`)
+        from svt.metrics.ranks_kernel import dense_ranks, sorts
+
+        if check_only:
+            return bool(sorts(key, s))
+        dense_ranks(key, s, sorted_by_s)
+        return True
     halves = key.view(np.uint32)
     high = halves[1::2] if sys.byteorder == "little" else halves[0::2]
     rank, last = -1, None
@@ -192,8 +204,11 @@ def order_keys(s: np.ndarray, others: list[np.ndarray] | None = None, *, in_plac
             return other
     fresh = None
     if not in_place:  # a float32 sort costs less than rewriting another order, unless it merged
-        fresh, merged = _float32_order(s)
+        fresh, merged = _float32_order(s, check=not COMPILED)
         if not merged:
+            return _keep(fresh, others)
+        if COMPILED:  # the merged groups sorted by s in one compiled walk: cheaper than any reuse
+            _ranks_from_order(fresh, s)
             return _keep(fresh, others)
     for i in range(len(others or [])):
         if others[i].size != n:
@@ -215,13 +230,14 @@ def order_keys(s: np.ndarray, others: list[np.ndarray] | None = None, *, in_plac
     return _keep(fresh, others)
 
 
-def _float32_order(s: np.ndarray) -> tuple[np.ndarray, bool]:
+def _float32_order(s: np.ndarray, check: bool = True) -> tuple[np.ndarray, bool]:
     """Keys sorted by the float32 rank of ``s`` and whether rounding merged distinct scores (then
-    the merged groups still need ordering by ``s``)."""
+    the merged groups still need ordering by ``s``; without ``check``: whether it may have, i.e.
+    the rounding was not exact)."""
     key = np.empty(s.size, dtype=np.uint64)
     exact = _float32_keys(s, key)
     key = _sort_keys(key)
-    return key, not exact and _merged(key, s)
+    return key, not exact and (not check or _merged(key, s))
 
 
 def _keep(key: np.ndarray, others: list[np.ndarray] | None) -> np.ndarray:
@@ -499,7 +515,7 @@ def score_tables(s: np.ndarray, y: np.ndarray, position: np.ndarray, *, probabil
     base = _label_sums(y, pos, soft, ("label sums", id(packed), k, n_bins, tuple(soft)), k, n_bins, chunk, shared,
                        weights)
     if probability:
-        hard, soft_sums = _score_sums(s, y, pos, soft, k, n_bins, chunk, weights)
+        hard, soft_sums = _score_sums(s, y, pos, soft, k, n_bins, chunk, weights, packed)
     else:
         hard, soft_sums = base["hard"], base["soft"]
     # a score that is no probability needs only the order's counts (AUCs, ROC points): the same key
@@ -550,9 +566,34 @@ def _label_sums(y, pos, soft: dict, base_key, k: int, n_bins: int, chunk: int, s
     return base
 
 
-def _score_sums(s, y, pos, soft: dict, k: int, n_bins: int, chunk: int, weights: np.ndarray | None = None):
+def _score_sums(s, y, pos, soft: dict, k: int, n_bins: int, chunk: int, weights: np.ndarray | None = None,
+                packed: np.ndarray | None = None):
     """The unordered pass of a probability score: per-position sums of the label, the score, the
-    log-loss and squared-error terms and the equal-width bins (hard labels and each soft label)."""
+    log-loss and squared-error terms and the equal-width bins (hard labels and each soft label).
+    One compiled loop (`svt.metrics.sums_kernel`) when ``COMPILED`` and ``packed`` (the records of
+    ``y``, ``pos`` and ``soft``) allows it; else the numpy pass in chunks (the reference)."""
+    cols = (_soft_word_columns(packed, soft) if COMPILED and packed is not None and sys.byteorder == "little"
+            else None)
+    if cols is None:
+        return _score_sums_numpy(s, y, pos, soft, k, n_bins, chunk, weights)
+    from svt.metrics.sums_kernel import score_sums
+
+    sums, bins = np.zeros((k + len(soft), 5)), np.zeros((k + len(soft), 3, n_bins))
+    words = packed.view(np.uint32).reshape(packed.size, packed.dtype.itemsize // 4)
+    use_w = weights is not None
+    score_sums(s, words, words.view(np.float32), cols, weights if use_w else np.zeros(1), use_w, k, n_bins,
+               LOG_EPS, sums, bins)
+    hard = _Sums(k, n_bins)
+    soft_sums = {name: _Sums(1, n_bins) for name in soft}
+    for j, block in enumerate([hard, *soft_sums.values()]):
+        rows = slice(0, k) if j == 0 else slice(k + j - 1, k + j)
+        block.n, block.y, block.s, block.ll, block.sq = (sums[rows, i].copy() for i in range(5))
+        block.w_cnt, block.w_s, block.w_y = (bins[rows, i].copy() for i in range(3))
+    return hard, soft_sums
+
+
+def _score_sums_numpy(s, y, pos, soft: dict, k: int, n_bins: int, chunk: int, weights: np.ndarray | None = None):
+    """:func:`_score_sums` in numpy, chunk by chunk."""
     hard = _Sums(k, n_bins)
     soft_sums = {name: _Sums(1, n_bins) for name in soft}
     zeros = np.zeros(1, dtype=np.intp)  # one scope: positions unused
@@ -566,10 +607,72 @@ def _score_sums(s, y, pos, soft: dict, k: int, n_bins: int, chunk: int, weights:
     return hard, soft_sums
 
 
+def _roc_groups(n_groups: int, roc_points: int) -> np.ndarray:
+    """The tie groups (ascending) at which the overall ROC points are taken: ``roc_points``
+    thresholds spread evenly over the groups, from the highest down."""
+    keep_desc = np.unique(np.linspace(0, n_groups - 1, min(roc_points, n_groups)).astype(np.int64))
+    return np.sort(n_groups - 1 - keep_desc)
+
+
 def _ordered_pass(s, key, packed, soft: dict, soft_pairs: dict, hard, k: int, n_bins: int, chunk: int,
                   probability: bool, roc_points: int, weights: np.ndarray | None = None):
-    """Tie groups in ascending score order, in chunks cut between groups: every scope's AUC and
-    equal-mass bins (``ordered``), the overall ROC points and each soft label's AUC."""
+    """Tie groups in ascending score order: every scope's AUC and equal-mass bins (``ordered``),
+    the overall ROC points and each soft label's AUC. One compiled walk over the keys
+    (`svt.metrics.ordered_kernel`) when ``COMPILED`` and the records allow it (contiguous, soft
+    labels float32, little-endian); else the numpy pass in chunks (the reference)."""
+    cols = _soft_word_columns(packed, soft) if COMPILED and sys.byteorder == "little" else None
+    if cols is None:
+        return _ordered_pass_numpy(s, key, packed, soft, soft_pairs, hard, k, n_bins, chunk, probability,
+                                   roc_points, weights)
+    from svt.metrics.ordered_kernel import count_groups, ordered_scan
+
+    n = s.size
+    halves = key.view(np.uint32)
+    low, high = halves[0::2], halves[1::2]
+    roc_groups = _roc_groups(count_groups(high), roc_points) if n and roc_points else np.zeros(0, np.int64)
+    totals = np.r_[hard.n, hard.n.sum(), hard.n[1:].sum()]
+    ordered = _Ordered(totals, n_bins, probability, np.zeros(k + 2))
+    overall_roc = _Ordered(totals[k:k + 1], n_bins, False, np.zeros(1), roc_groups)
+    soft_ord = {name: _Ordered(totals[k:k + 1], n_bins, probability, np.array([soft_pairs[name]])) for name in soft}
+    m = len(soft)
+    acc = np.zeros((k + 2 + m, 4))
+    mass = np.zeros((k + 2 + m, 2, n_bins))
+    roc_pos, roc_neg = np.zeros(roc_groups.size), np.zeros(roc_groups.size)
+    words = packed.view(np.uint32).reshape(packed.size, packed.dtype.itemsize // 4)
+    use_w = weights is not None
+    ordered_scan(high, low, words, words.view(np.float32), cols, s, weights if use_w else np.zeros(1), use_w,
+                 probability, k, n_bins, np.r_[ordered.totals, np.full(m, ordered.totals[k])], roc_groups, acc, mass,
+                 roc_pos, roc_neg)
+    ordered.num[:], ordered.pos[:], ordered.neg[:], ordered.before[:] = acc[:k + 2].T
+    ordered.mass_s[:], ordered.mass_y[:] = mass[:k + 2, 0], mass[:k + 2, 1]
+    overall_roc.pos[0], overall_roc.neg[0] = ordered.pos[k], ordered.neg[k]
+    overall_roc.roc_pos, overall_roc.roc_neg = [roc_pos], [roc_neg]
+    for c, name in enumerate(soft):
+        o = soft_ord[name]
+        o.num[0], o.pos[0], o.neg[0], o.before[0] = acc[k + 2 + c]
+        o.mass_s[0], o.mass_y[0] = mass[k + 2 + c, 0], mass[k + 2 + c, 1]
+    return ordered, overall_roc, soft_ord
+
+
+def _soft_word_columns(packed: np.ndarray, soft: dict) -> np.ndarray | None:
+    """The 32-bit word of each soft label in a record, or None when the compiled pass cannot read
+    the records (not contiguous, or a soft label that is not float32)."""
+    if not packed.flags.c_contiguous or packed.dtype.itemsize % 4:
+        return None
+    fields = packed.dtype.fields
+    cols = []
+    for name in soft:
+        f, off = fields[name][:2]
+        if f != np.float32 or off % 4:
+            return None
+        cols.append(off // 4)
+    return np.array(cols, dtype=np.int64)
+
+
+def _ordered_pass_numpy(s, key, packed, soft: dict, soft_pairs: dict, hard, k: int, n_bins: int, chunk: int,
+                        probability: bool, roc_points: int, weights: np.ndarray | None = None):
+    """:func:`_ordered_pass` in numpy: tie groups in chunks cut between groups, each chunk's records
+    gathered and counted per [group, scope]."""
     n = s.size
     halves = key.view(np.uint32)  # [low, high] per key on a little-endian machine: no copy
     low, high = (halves[0::2], halves[1::2]) if sys.byteorder == "little" else (halves[1::2], halves[0::2])
@@ -577,8 +680,7 @@ def _ordered_pass(s, key, packed, soft: dict, soft_pairs: dict, hard, k: int, n_
     if n and roc_points:
         n_groups = 1 + sum(int(np.count_nonzero(high[a + 1:min(a + chunk, n - 1) + 1] != high[a:min(a + chunk, n - 1)]))
                            for a in range(0, n - 1, chunk))
-        keep_desc = np.unique(np.linspace(0, n_groups - 1, min(roc_points, n_groups)).astype(np.int64))
-        roc_groups = np.sort(n_groups - 1 - keep_desc)  # thresholds at these groups, ascending
+        roc_groups = _roc_groups(n_groups, roc_points)
     # scopes: every position, then all rows, then rows past the first position
     totals = np.r_[hard.n, hard.n.sum(), hard.n[1:].sum()]
     ordered = _Ordered(totals, n_bins, probability, np.zeros(k + 2))
