@@ -13,8 +13,8 @@ sampling (temperature 1, K = 5), float32 on CPU, 2 threads:
 - ``bare forwards``: the collector's floor, the forward passes alone of the same shapes, replayed
   from the collected run: per batch the two prefills, then per step a draft forward of 2 tokens,
   K - 1 of 1 token and a target forward of K + 1 tokens, over the rows still decoding at that
-  step (the engine's cache layout, random token ids; no sampling, verification, logging or
-  writing). ``collector / floor`` is the full collection's wall time over the floor's for the same
+  step (the engine's cache layout: the slots each step's logged acceptance kept, compacted when
+  the engine compacts; random token ids; no sampling, verification, logging or writing). ``collector / floor`` is the full collection's wall time over the floor's for the same
   work: what the collector's own code costs on top of the models.
 
 Figures are output tokens per second of wall time, excluding model loading. Results are printed
@@ -69,7 +69,8 @@ def hf_rate(model, prompts, max_new, assistant=None, k=5, seed=0) -> tuple[float
 
 def bare_forward_seconds(pair, run_dir: Path, k: int, batch_size: int) -> float:
     """Wall time of the forward passes alone that the collection of ``run_dir`` made (see the
-    module doc): the same batches, prompt widths, rows per step and cache growth."""
+    module doc): the same batches, prompt widths and rows per step, and the same cache layout: each
+    step keeps the slots the logged acceptance kept, and the caches compact when the engine's do."""
     import polars as pl
 
     from svt.collect.engine import _Cache
@@ -77,36 +78,48 @@ def bare_forward_seconds(pair, run_dir: Path, k: int, batch_size: int) -> float:
 
     run = open_run(run_dir)
     reqs = run.scan("requests").select("request", "prompt_ids").sort("request").collect()
-    steps = run.scan("steps").select("request", "step").collect()
+    steps = run.scan("steps").select("request", "step", "accepted").sort("request").collect()
     device = next(pair.target.parameters()).device
     vocab = pair.target.config.vocab_size
     gen = torch.Generator().manual_seed(0)
+    kr = torch.arange(k + 1, device=device)[None, :]
     t0 = time.perf_counter()
     with torch.inference_mode():
         for start in range(0, reqs.height, batch_size):
             batch = reqs.slice(start, batch_size)
             B = batch.height
             width = max(max(len(p) for p in batch["prompt_ids"]) - 1, 1)
-            rows = (steps.filter(pl.col("request").is_between(start, start + B - 1))
-                    .group_by("step").len().sort("step")["len"].to_list())
+            by_step = (steps.filter(pl.col("request").is_between(start, start + B - 1))
+                       .group_by("step", maintain_order=True).agg("request", "accepted").sort("step"))
             ids = torch.randint(0, vocab, (B, width), generator=gen).to(device)
             tc, dc = _Cache(pair.target, B, device), _Cache(pair.draft, B, device)
-            ones = torch.ones((B, width), dtype=torch.long, device=device)
-            tc.forward(ids, ones)
-            dc.forward(ids, ones)
-            nb = B
-            for n in rows:
-                if n < nb:  # finished rows leave both caches, as in the engine
-                    keep = torch.arange(n, device=device)
-                    tc.select(keep)
-                    dc.select(keep)
-                    nb = n
+            # left-padded prompts, as the engine's prefill (prompt[:-1]; the last token is fed next)
+            pmask = (torch.arange(width)[None, :] >= torch.tensor(
+                [width - (len(p) - 1) for p in batch["prompt_ids"]])[:, None]).long().to(device)
+            tc.forward(ids, pmask)
+            dc.forward(ids, pmask)
+            has_unseen = torch.zeros(B, dtype=torch.long, device=device)
+            plan = list(zip(by_step["request"].to_list(), by_step["accepted"].to_list(), strict=True))
+            for j, (req, acc) in enumerate(plan):
+                nb = len(req)
                 tok = torch.randint(0, vocab, (nb, k + 1), generator=gen).to(device)
-                dc.forward(tok[:, :2], torch.ones((nb, 2), dtype=torch.long, device=device))
+                dc.forward(tok[:, :2], torch.stack([has_unseen, torch.ones_like(has_unseen)], 1))
                 one = torch.ones((nb, 1), dtype=torch.long, device=device)
                 for i in range(k - 1):
                     dc.forward(tok[:, i : i + 1], one)
                 tc.forward(tok, torch.ones((nb, k + 1), dtype=torch.long, device=device))
+                a = torch.tensor(acc, device=device)
+                tc.restrict_last(kr < (a + 1)[:, None])
+                dc.restrict_last((kr < 2) | (kr - 2 < a[:, None]))
+                has_unseen = (a == k).long()
+                nxt = plan[j + 1][0] if j + 1 < len(plan) else []
+                if nxt and nxt != req:  # finished rows leave both caches, then the caches compact
+                    keep = torch.tensor([req.index(r) for r in nxt], device=device)
+                    tc.select(keep)
+                    dc.select(keep)
+                    has_unseen = has_unseen.index_select(0, keep)
+                tc.compact()
+                dc.compact()
             if device.type == "cuda":
                 torch.cuda.synchronize()
     return time.perf_counter() - t0

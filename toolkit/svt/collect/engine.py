@@ -4,7 +4,10 @@ Cache layout (measured exact against unbatched forwards; tested against fresh fo
 ``DynamicCache`` for the batch (whose layers grow in place: ``svt.collect.kv_cache``); every forward appends the same number of slots to every row;
 slots a row does not keep (rejected drafts, padding) stay as *holes* masked out forever by a
 cumulative 2D attention mask; ``position_ids`` are each row's count of live tokens, so RoPE positions
-stay contiguous per row.
+stay contiguous per row. Once holes are many (``COMPACT_MIN_HOLES``, ``COMPACT_SHARE``) both caches
+are compacted: each row's live slots are gathered, in order, to the right end of a narrower cache, so
+attention reads live slots instead of holes (the logits change only by float rounding: the masked
+slots had zero weight; on the demo collection tokens and labels are identical, features within 2e-5).
 
 Per step, for rows with pending token y (emitted last step, not yet in either cache):
 
@@ -78,6 +81,13 @@ class BatchLog:
             table.setdefault(k, []).append(v)
 
 
+#: a cache compacts once at least this many slots are holes that every row masks ...
+COMPACT_MIN_HOLES = 64
+#: ... and they are at least this share of its slots (so a compaction, one gather of the cache, is
+#: paid back by the attention reads it saves over the next steps)
+COMPACT_SHARE = 0.25
+
+
 class _Cache:
     """A model, its growing DynamicCache and the running 2D mask / live counts for a batch."""
 
@@ -111,6 +121,33 @@ class _Cache:
         kept = keep_mask.long() * old
         self.live = self.live - old.sum(1) + kept.sum(1)
         self.mask[:, -n_new:] = kept
+
+    def compact(self) -> bool:
+        """Drop the hole slots when there are many: at least ``COMPACT_MIN_HOLES`` slots that every
+        row masks and at least ``COMPACT_SHARE`` of them all. Each row's live slots keep their order and move to the
+        right end (left padding, as after the prefill); RoPE was applied when the keys were written
+        and ``position_ids`` count live tokens, so the model sees the same tokens at the same
+        positions: only the masked slots are gone, which attention gave zero weight. Returns whether
+        it compacted (never for caches with layers that cannot gather, e.g. sliding windows)."""
+        from svt.collect.kv_cache import GrowingLayer
+
+        width = self.mask.shape[1]
+        if not self.mask.numel():
+            return False
+        n_live = self.mask.sum(1)
+        keep = int(n_live.max())
+        holes = width - keep
+        if holes < COMPACT_MIN_HOLES or holes < COMPACT_SHARE * width:
+            return False
+        if not all(isinstance(layer, GrowingLayer) for layer in self.cache.layers):
+            return False
+        # a stable sort of the 0/1 mask puts each row's live slots last, in their order
+        index = torch.argsort(self.mask, dim=1, stable=True)[:, width - keep :]
+        for layer in self.cache.layers:
+            layer.compact(index)
+        ar = torch.arange(keep, device=self.mask.device)[None, :]
+        self.mask = (ar >= (keep - n_live)[:, None]).long()
+        return True
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep only ``rows`` of the batch (finished requests leave)."""
@@ -235,11 +272,14 @@ def run_batch(
     request_ids: list[int] | None = None,
     on_step=None,
     av: LiveAV | None = None,
+    compact: bool = True,
 ) -> BatchLog:
     """Speculative sampling for a batch of prompts until every row has finished; log everything.
 
     ``prompts`` are token-id lists (non-empty). Rows finish at ``max_new_tokens`` or after emitting
     ``eos_id``; finished rows leave the batch. ``on_step(n_rows)`` is called after every step.
+    ``compact`` drops the slots of rejected drafts and padding from both caches once they are many
+    (``_Cache.compact``): attention then reads live slots, not holes.
     """
     log = log or LogOptions()
     device = next(target.parameters()).device
@@ -297,6 +337,9 @@ def run_batch(
             on_step(nb)
         if done.any():
             rows.drop(done, device)
+        if compact:
+            rows.tc.compact()
+            rows.dc.compact()
     return out
 
 

@@ -91,6 +91,22 @@ class GrowingLayer(DynamicLayer):
             self._vbuf = self._vbuf.to(self.device, non_blocking=True)
             self._set_views()
 
+    def compact(self, index: torch.Tensor) -> None:
+        """Keep, for each row ``b``, the slots ``index[b]`` (``[B, W]``, in that order) as the first ``W``
+        slots: the buffers are gathered in place, the spare room stays."""
+        if not self.is_initialized or self._kbuf is None:
+            return
+        B, W = index.shape
+        index = index.to(self._kbuf.device)
+        shape = (B, self._kbuf.shape[1], W, self._kbuf.shape[-1])
+        g = index[:, None, :, None].expand(shape)
+        keys = self._kbuf[..., : self._length, :].gather(2, g)
+        values = self._vbuf[..., : self._length, :].gather(2, g)
+        self._kbuf[..., :W, :] = keys
+        self._vbuf[..., :W, :] = values
+        self._length = W
+        self._set_views()
+
     def crop(self, tokens_to_remove: int) -> None:
         if tokens_to_remove > 0:
             raise ValueError(f"crop takes a negative count of slots to drop, not {tokens_to_remove}")
