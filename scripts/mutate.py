@@ -334,7 +334,7 @@ MUTANTS = [
       "        self._length = W\n        self._set_views()", "        self._set_views()",
       ("tests/collect/test_engine_compact.py",)),
     M("kv-compact-never-in-engine", "fast loops", "collect/engine.py",
-      "        if compact:\n            rows.tc.compact()", "        if False:\n            rows.tc.compact()",
+      "        if compact:\n            self.tc.compact()", "        if False:\n            self.tc.compact()",
       ("tests/collect/test_engine_compact.py",)),
     M("kv-crop-ignored", "fast loops", "collect/kv_cache.py",
       "self._length = max(self._length + tokens_to_remove, 0)", "pass", ("tests/collect/test_kv_cache.py",)),

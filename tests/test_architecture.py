@@ -22,7 +22,7 @@ LAYERS = {
     "simulate": 3, "fit": 3, "collect": 3,
     "vllm_plugin": 4,
     "report": 5, "plots": 5, "interop": 5,
-    "cli": 6,
+    "cli": 6, "warmup": 6,
 }
 MAX_LINES = 80
 LONG_MARK = "Long because"  # a longer function's docstring says why, after these words

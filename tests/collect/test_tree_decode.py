@@ -117,7 +117,8 @@ def _chi_square(counts: np.ndarray, p: np.ndarray) -> float:
 
 
 @pytest.mark.parametrize("shape", [TreeShape(widths=(2, 2), proposals="sampled"),
-                                   TreeShape(top_m=3, depth=2, nodes=6)])
+                                   # 20 s: the second shape runs with the end-to-end tests (make test-slow)
+                                   pytest.param(TreeShape(top_m=3, depth=2, nodes=6), marks=pytest.mark.slow)])
 def test_sampled_tree_decoding_emits_the_targets_distribution(tiny_pair, shape):
     """The engine's wiring of the lossless verifier: over 1,200 one-token decodes of one prompt, the
     first token follows the target's distribution (chi-square), while the drafter's first child,

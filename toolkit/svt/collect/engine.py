@@ -174,6 +174,14 @@ class _Rows:
     active: torch.Tensor
     n_out: torch.Tensor  # tokens emitted so far, per original row (CPU)
 
+    def end_step(self, done: np.ndarray, device, compact: bool) -> None:
+        """Finished rows leave; then both caches compact if their holes are many."""
+        if done.any():
+            self.drop(done, device)
+        if compact:
+            self.tc.compact()
+            self.dc.compact()
+
     def drop(self, done: np.ndarray, device) -> None:
         """Finished rows leave the batch (and both caches)."""
         keep = torch.from_numpy(np.flatnonzero(~done)).to(device)
@@ -335,11 +343,7 @@ def run_batch(
         step_no += 1
         if on_step is not None:
             on_step(nb)
-        if done.any():
-            rows.drop(done, device)
-        if compact:
-            rows.tc.compact()
-            rows.dc.compact()
+        rows.end_step(done, device, compact)
     return out
 
 
