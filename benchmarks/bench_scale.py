@@ -4,7 +4,7 @@
 
 The run is synthetic (`python -m svt.traces.synthetic`): whole steps of the demo run resampled
 with replacement into ~100 M labelled drafts (~245 M drafts with the never-verified ones), written
-shard by shard; it is made once and reused (~2 min, ~4.5 GB on disk). Each command runs as its own
+shard by shard; it is made once and reused (~2.5 min, ~6 GB on disk). Each command runs as its own
 process, ``--repeats`` times; each figure is the median wall time and the median peak resident
 memory (the process's high-water mark from the kernel, ``ru_maxrss`` of wait4) with their ranges.
 The goal is a peak under 4 GB for each.
