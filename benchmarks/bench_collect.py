@@ -112,8 +112,10 @@ def bare_forward_seconds(pair, run_dir: Path, k: int, batch_size: int) -> float:
                 tc.restrict_last(kr < (a + 1)[:, None])
                 dc.restrict_last((kr < 2) | (kr - 2 < a[:, None]))
                 has_unseen = (a == k).long()
-                nxt = plan[j + 1][0] if j + 1 < len(plan) else []
-                if nxt and nxt != req:  # finished rows leave both caches, then the caches compact
+                if j + 1 == len(plan):  # every row has finished: the engine drops them all
+                    break
+                nxt = plan[j + 1][0]
+                if nxt != req:  # finished rows leave both caches, then the caches compact
                     keep = torch.tensor([req.index(r) for r in nxt], device=device)
                     tc.select(keep)
                     dc.select(keep)

@@ -29,3 +29,14 @@ def test_warmup_compiles_every_kernel_into_the_cache(tmp_path):
     compiled = {p.name.split("-")[0] for p in (tmp_path / "numba").rglob("*.nbc")}
     assert ENTRY_KERNELS <= compiled, sorted(ENTRY_KERNELS - compiled)
     assert not list((tmp_path / "tmp").glob("svt-warmup-*"))  # its run and reports were temporary
+
+
+def test_a_failed_step_is_an_error_and_main_warns(monkeypatch, capsys):
+    import svt.cli
+    from svt import warmup
+
+    monkeypatch.setattr(svt.cli, "app", lambda argv, standalone_mode: 2)  # an svt error's exit code
+    with pytest.raises(RuntimeError, match="svt collect exited with 2"):
+        warmup.warm()
+    assert warmup.main() == 1
+    assert "warning: svt's kernels were not compiled ahead" in capsys.readouterr().err
