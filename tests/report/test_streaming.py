@@ -153,3 +153,26 @@ def test_part_scores_are_float32_exactly_when_every_value_is(small_run):
     assert q.dtype == np.float32 and lq.dtype == np.float64
     whole = pl.concat(parts).collect()
     np.testing.assert_array_equal(lq, whole.select(get_feature("logit_qmax").expr.cast(pl.Float64)).to_series().to_numpy())
+
+
+def test_large_path_frees_an_order_it_cannot_reuse_before_reading(synthetic, monkeypatch):
+    """One feature at a time: a feature that starts a family (its sample descends along every kept
+    order) finds no order kept when it is sorted, so two key arrays are never held at once; a
+    monotone transform (logit_qmax after q_max) still shares its family's order: one sort per family."""
+    import svt.report.scoring as scoring
+
+    monkeypatch.setattr(ordered, "LARGE", 5_000)
+    kept, sorts = {}, []
+    real_order, real_sort = ordered.order_keys, ordered._float32_order
+
+    def order_keys(s, others=None, **kw):
+        kept[len(kept)] = len(others or [])
+        return real_order(s, others, **kw)
+
+    monkeypatch.setattr(ordered, "order_keys", order_keys)
+    monkeypatch.setattr(scoring, "order_keys", order_keys, raising=False)
+    monkeypatch.setattr(ordered, "_float32_order", lambda *a, **k: sorts.append(1) or real_sort(*a, **k))
+    feats = ["q_max", "logit_qmax", "entropy", "q_sampled", "logit_qsampled"]
+    evaluate([synthetic], EvaluateOptions(features=feats))
+    assert list(kept.values()) == [0, 1, 0, 0, 1]
+    assert len(sorts) == 3

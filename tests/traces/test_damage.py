@@ -107,3 +107,16 @@ def test_foreign_runs_without_records_still_read(sealed, tmp_path_factory):
     assert run_summary(sealed)["shards"] == "verified against run.json"
     reseal(run)
     assert open_run(run).meta["shards"]["drafts"]
+
+
+@pytest.mark.parametrize("which", [0, -1])
+def test_changed_shard_with_valid_values_is_refused(sealed, tmp_path_factory, which):
+    """The shards' SHA-256 are checked while their values are (on a second thread): a shard rewritten
+    with valid values (its rows reordered), first or last, is still refused, and only when read deeply."""
+    run = _copy(sealed, tmp_path_factory)
+    shard = sorted((run / "drafts").glob("part-*.parquet"))[which]
+    d = pl.read_parquet(shard)
+    d.reverse().write_parquet(shard)
+    with pytest.raises(SchemaError, match=f"{shard.name}: its content differs .*SHA-256"):
+        open_run(run)
+    assert open_run(run, deep=False).shards["drafts"]  # a shallow open does not hash

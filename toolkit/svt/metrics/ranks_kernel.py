@@ -1,6 +1,7 @@
-"""Compiled walks (numba) over sorted keys ``rank << 32 | row`` of `svt.metrics.ordered`: whether
-an order sorts a score or has its ranks, and the rewrite of an order into the dense ranks of the
-float64 score. Each reads the score once per row, in the order's sequence."""
+"""Compiled walks (numba) over keys ``rank << 32 | row`` of `svt.metrics.ordered`: the keys of a
+score made in one pass; whether a sorted order sorts a score or has its ranks, and the rewrite of an
+order into the dense ranks of the float64 score. Each reads the score once per row, in the order's
+sequence."""
 
 from __future__ import annotations
 
@@ -9,6 +10,27 @@ from numba import njit
 
 _MASK = np.uint64(0xFFFFFFFF)
 _SHIFT = np.uint64(32)
+
+
+@njit(cache=True, nogil=True)
+def float32_keys(s, out):
+    """Write ``rank << 32 | row`` into ``out`` (unsorted): ``rank`` is ``s[row]`` rounded to float32
+    (-0.0 as +0.0), its bit pattern made monotone (negative: every bit flipped; else the sign bit
+    set). Return whether every value was a float32 exactly (then equal ranks are equal scores)."""
+    block = 4096
+    buf = np.empty(block, dtype=np.float32)
+    bits = buf.view(np.uint32)
+    exact = True
+    for a in range(0, s.size, block):
+        m = min(block, s.size - a)
+        for j in range(m):
+            buf[j] = np.float32(s[a + j]) + np.float32(0.0)
+            exact = exact and np.float64(buf[j]) == np.float64(s[a + j])
+        for j in range(m):
+            u = bits[j]
+            u ^= (np.uint32(0) - (u >> np.uint32(31))) | np.uint32(0x80000000)
+            out[a + j] = (np.uint64(u) << _SHIFT) | np.uint64(a + j)
+    return exact
 
 
 @njit(cache=True, nogil=True)

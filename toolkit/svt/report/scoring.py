@@ -134,6 +134,8 @@ def _feature_block(labelled: pl.LazyFrame, feat: Feature, opts: EvaluateOptions,
     else:
         cols = cache["_cols"]
         scores = cache["_scores"].pop(feat.name, None)
+        if feat.name in cache.get("_starts", ()):
+            orders.clear()
         if scores is None:  # one feature at a time (large runs), part by part
             scores = _part_scores(cache["_parts"], feat, cache["_cols"]["counts"])
     if not np.isfinite(scores).all():
@@ -260,7 +262,10 @@ def features_table(labelled: pl.LazyFrame | pl.DataFrame, feats: list[Feature], 
     # family per task: the features that look monotone in one another run one after the other, so
     # each reuses the order (and, when it ranks the same, the ordered pass) of the one before
     workers = 1 if large else min(4, os.cpu_count() or 1)
-    families = [[i] for i in range(len(feats))] if large else _monotone_families(feats, cache["_scores"])
+    families = _monotone_families(feats, cache["_scores"] if not large else _head_scores(labelled, feats))
+    # large: a feature that starts a family cannot reuse the kept order (its sample already
+    # descends along it), which is freed before the feature's scores are read
+    cache["_starts"] = {feats[fam[0]].name for fam in families} if large else set()
 
     def run(family: list[int]) -> list[dict]:
         return [_feature_block(labelled, feats[i], opts, orders, cache) for i in family]
@@ -274,6 +279,17 @@ def features_table(labelled: pl.LazyFrame | pl.DataFrame, feats: list[Feature], 
             for family, done in zip(families, pool.map(run, families), strict=True):
                 blocks.update(zip(family, done, strict=True))
     return {f.name: blocks[i] for i, f in enumerate(feats)}
+
+
+def _head_scores(labelled: pl.LazyFrame, feats: list[Feature], rows: int = 1 << 16) -> dict[str, np.ndarray]:
+    """The complete features' values on the first ``rows`` labelled drafts (a schedule's sample)."""
+    whole = [f for f in feats if not f.partial]
+    try:
+        frame = labelled.head(rows).select([f.expr.cast(pl.Float64).alias(f"_f{i}") for i, f in enumerate(whole)])
+        frame = frame.collect()
+    except Exception:  # a feature that fails says so when it is scored (feature_values raises)
+        return {}
+    return {f.name: frame[f"_f{i}"].to_numpy() for i, f in enumerate(whole)}
 
 
 def _monotone_families(feats: list[Feature], scores: dict[str, np.ndarray], probe: int = 4096) -> list[list[int]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -350,12 +351,11 @@ def open_run(path: str | Path, *, deep: bool = True, tables: list[str] | None = 
         for f in files:
             check_shard_schema(f, spec)
         # an optional table removed whole (e.g. hidden states, to save space) is absent, not damaged
-        if isinstance(recorded, dict) and (files or spec.required):
-            _check_records(path, name, files, recorded.get(name) or {}, deep)
+        recs = recorded.get(name) or {} if isinstance(recorded, dict) and (files or spec.required) else None
+        if recs is not None:
+            _check_records(path, name, files, recs)
         if deep:
-            lacks = frozenset(run.lacks(name))
-            for f in files:
-                check_shard_values(f, spec, lacks)
+            _check_deep(files, spec, frozenset(run.lacks(name)), recs or {})
         run.shards[name] = files
     if deep and "drafts" in run.shards and isinstance(meta.get("k"), int):
         top = run.scan("drafts").select(pl.col("position").max()).collect().item()
@@ -370,9 +370,8 @@ def open_run(path: str | Path, *, deep: bool = True, tables: list[str] | None = 
     # (runs without shard records are read; `Run.verified` says whether their shards were checked)
 
 
-def _check_records(path: Path, table: str, files: list[Path], recs: dict, deep: bool) -> None:
-    """The shards present must be exactly those run.json recorded, with their row counts (and,
-    reading deeply, their SHA-256)."""
+def _check_records(path: Path, table: str, files: list[Path], recs: dict) -> None:
+    """The shards present must be exactly those run.json recorded, with their row counts."""
     present = {f.name for f in files}
     missing = sorted(set(recs) - present)
     extra = sorted(present - set(recs))
@@ -387,9 +386,31 @@ def _check_records(path: Path, table: str, files: list[Path], recs: dict, deep: 
         n = _rows(f) if rec.get("rows") is not None else None
         if n is not None and n != rec["rows"]:
             raise SchemaError(f"{f}: {n} rows, but run.json recorded {rec['rows']}.")
-        if deep and rec.get("sha256") and _sha256(f) != rec["sha256"]:
-            raise SchemaError(f"{f}: its content differs from what run.json recorded (SHA-256); the shard "
-                              "was changed after it was written.")
+
+
+def _check_deep(files: list[Path], spec: TableSchema, lacks: frozenset[str], recs: dict) -> None:
+    """Every shard's values, and its SHA-256 against run.json's record. The hashes are computed on a
+    second thread while the values are checked (hashlib and polars release the GIL); a shard whose
+    content changed is reported as changed, even when its values are also wrong."""
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="svt-sha256")
+    try:
+        hashes = {f: pool.submit(_sha256, f) for f in files if (recs.get(f.name) or {}).get("sha256")}
+
+        def check_hash(f: Path) -> None:
+            if f in hashes and hashes[f].result() != recs[f.name]["sha256"]:
+                raise SchemaError(f"{f}: its content differs from what run.json recorded (SHA-256); the shard "
+                                  "was changed after it was written.")
+
+        for f in files:
+            try:
+                check_shard_values(f, spec, lacks)
+            except SchemaError:
+                check_hash(f)
+                raise
+        for f in files:
+            check_hash(f)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def check_distinct_runs(paths: list[str | Path]) -> None:
