@@ -158,7 +158,8 @@ def test_part_scores_are_float32_exactly_when_every_value_is(small_run):
 def test_large_path_frees_an_order_it_cannot_reuse_before_reading(synthetic, monkeypatch):
     """One feature at a time: a feature that starts a family (its sample descends along every kept
     order) finds no order kept when it is sorted, so two key arrays are never held at once; a
-    monotone transform (logit_qmax after q_max) still shares its family's order: one sort per family."""
+    monotone transform (logit_qmax after q_max) still shares its family's order, one sort per family,
+    and its ordered pass (a weak reference to the order, so nothing is held)."""
     import svt.report.scoring as scoring
 
     monkeypatch.setattr(ordered, "LARGE", 5_000)
@@ -172,7 +173,10 @@ def test_large_path_frees_an_order_it_cannot_reuse_before_reading(synthetic, mon
     monkeypatch.setattr(ordered, "order_keys", order_keys)
     monkeypatch.setattr(scoring, "order_keys", order_keys, raising=False)
     monkeypatch.setattr(ordered, "_float32_order", lambda *a, **k: sorts.append(1) or real_sort(*a, **k))
+    passes, real_pass = [], ordered._ordered_pass
+    monkeypatch.setattr(ordered, "_ordered_pass", lambda *a, **k: passes.append(1) or real_pass(*a, **k))
     feats = ["q_max", "logit_qmax", "entropy", "q_sampled", "logit_qsampled"]
     evaluate([synthetic], EvaluateOptions(features=feats))
     assert list(kept.values()) == [0, 1, 0, 0, 1]
     assert len(sorts) == 3
+    assert len(passes) == 3  # a logit (no probability) shares its family's ordered pass

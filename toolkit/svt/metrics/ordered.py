@@ -20,7 +20,8 @@ sort of their ranks (rows are made ascending, so ties come out in row order), or
 rows by numpy's in-place sort; either is several times faster than ``argsort``,
 and the row rides in the key, so no permutation array is held. A score with the same ranks as an
 earlier one (a strictly increasing transform) shares its key, and a score that is not a
-probability shares the earlier score's whole ordered pass (`score_tables`' ``shared``). Each row's
+probability shares the earlier score's whole ordered pass (`score_tables`' ``shared``, one
+feature at a time beyond `LARGE` too). Each row's
 label, position and soft labels are packed in one record, so reading rows in score order costs one memory access per row. Extra memory
 is the keys (8 bytes per row), the records, and one chunk's temporaries.
 
@@ -31,6 +32,7 @@ labelled drafts of each class.
 from __future__ import annotations
 
 import sys
+import weakref
 
 import numpy as np
 
@@ -530,15 +532,17 @@ def score_tables(s: np.ndarray, y: np.ndarray, position: np.ndarray, *, probabil
         hard, soft_sums = base["hard"], base["soft"]
     # a score that is no probability needs only the order's counts (AUCs, ROC points): the same key
     # (a strictly increasing transform of an earlier score) gives the same ordered pass
+    # (the entry refers to the key weakly: it never holds a freed order's memory, and an id reused
+    # by a later key is no hit)
     pass_key = ("ordered pass", id(key), id(packed), k, n_bins, tuple(soft), roc_points, chunk)
     hit = shared.get(pass_key) if shared is not None and weights is None else None
-    if hit is not None and hit[0] is key and not probability:
+    if hit is not None and hit[0]() is key and not probability:
         ordered, overall_roc, soft_ord = hit[1]
     else:
         ordered, overall_roc, soft_ord = _ordered_pass(s, key, packed, soft, base["pairs"], hard, k, n_bins, chunk,
                                                        probability, roc_points, weights)
-        if shared is not None and weights is None and n <= LARGE:  # the entry holds the key alive
-            shared[pass_key] = (key, (ordered, overall_roc, soft_ord))
+        if shared is not None and weights is None:
+            shared[pass_key] = (weakref.ref(key), (ordered, overall_roc, soft_ord))
     table = {"overall": hard.metrics(slice(None), ordered, k, probability),
              "excluding_first": hard.metrics(slice(1, None), ordered, k + 1, probability),
              "per_position": {int(p): hard.metrics([p], ordered, int(p), probability)
