@@ -42,8 +42,9 @@ def ordered_scan(high, low, words, soft32, soft_cols, s, weights, use_weights, p
     ``weights``: row weights when ``use_weights``. ``roc_groups``: ascending group indices at
     which the overall scope's positive and negative weight below are recorded.
 
-    Rows are read a block at a time: the block's records (and scores, weights, soft labels) are
-    gathered first, in a loop of independent loads the processor overlaps, then counted.
+    Rows are read a block at a time: the block's records (and weights, soft labels, and the score of
+    each group's first row) are gathered first, in a loop of independent loads the processor
+    overlaps, then counted.
 
     Long because it is one compiled loop on purpose: a helper called per group with the
     accumulator arrays costs numba's reference counting of every array argument per call
@@ -76,8 +77,8 @@ def ordered_scan(high, low, words, soft32, soft_cols, s, weights, use_weights, p
             for u in range(min(B, n - i)):
                 r = low[i + u]
                 bw[u] = words[r, 0]
-                if probability:
-                    bs[u] = s[r]
+                if probability and (i + u == 0 or high[i + u] != high[i + u - 1]):
+                    bs[u] = s[r]  # a group's score is read at its first row only
                 if use_weights:
                     bwt[u] = weights[r]
                 for c in range(m_soft):
