@@ -17,12 +17,13 @@ bit pattern made monotone. When the scores are not float32 values, rounding may 
 scores; the merged groups are re-sorted by the float64 score and the keys rebuilt from dense
 ranks, so ties are always exact ties of the float64 score. The keys are sorted by a stable radix
 sort of their ranks (rows are made ascending, so ties come out in row order), or beyond `LARGE`
-rows by numpy's in-place sort; either is several times faster than ``argsort``,
-and the row rides in the key, so no permutation array is held. A score with the same ranks as an
-earlier one (a strictly increasing transform) shares its key, and a score that is not a
-probability shares the earlier score's whole ordered pass (`score_tables`' ``shared``, one
-feature at a time beyond `LARGE` too). Each row's
-label, position and soft labels are packed in one record, so reading rows in score order costs one memory access per row. Extra memory
+rows by an in-place radix sort of the whole keys (no second array; distinct keys, so the same
+order); either is several times faster than ``argsort``, and the row rides in the key, so no
+permutation array is held. A score with the same ranks as an earlier one (a strictly increasing
+transform) shares its key, and a score that is not a probability shares the earlier score's whole
+ordered pass (`score_tables`' ``shared``, one feature at a time beyond `LARGE` too). Each row's
+label, position and soft labels are packed in one record, so reading rows in score order costs
+one memory access per row. Extra memory
 is the keys (8 bytes per row), the records, and one chunk's temporaries.
 
 With 0/1 labels every AUC sum is an integer or half-integer, exact in float64 up to about 10^8
