@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import sys
 import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
@@ -527,10 +528,16 @@ def score_tables(s: np.ndarray, y: np.ndarray, position: np.ndarray, *, probabil
         soft, shared, roc_points = {}, None, 0
     base = _label_sums(y, pos, soft, ("label sums", id(packed), k, n_bins, tuple(soft)), k, n_bins, chunk, shared,
                        weights)
-    if probability:
-        hard, soft_sums = _score_sums(s, y, pos, soft, k, n_bins, chunk, weights, packed)
-    else:
-        hard, soft_sums = base["hard"], base["soft"]
+    # the unordered pass of a probability needs no order: beyond LARGE (one feature at a time) it
+    # runs on a second thread beside the ordered pass (both compiled loops release the GIL); the
+    # ordered pass takes its scope totals from the label sums (the same counts)
+    unordered = None
+    if probability and n > LARGE:
+        pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="svt-sums")
+        unordered = pool.submit(_score_sums, s, y, pos, soft, k, n_bins, chunk, weights, packed)
+        pool.shutdown(wait=False)
+    elif probability:
+        unordered = _score_sums(s, y, pos, soft, k, n_bins, chunk, weights, packed)
     # a score that is no probability needs only the order's counts (AUCs, ROC points): the same key
     # (a strictly increasing transform of an earlier score) gives the same ordered pass
     # (the entry refers to the key weakly: it never holds a freed order's memory, and an id reused
@@ -540,10 +547,13 @@ def score_tables(s: np.ndarray, y: np.ndarray, position: np.ndarray, *, probabil
     if hit is not None and hit[0]() is key and not probability:
         ordered, overall_roc, soft_ord = hit[1]
     else:
-        ordered, overall_roc, soft_ord = _ordered_pass(s, key, packed, soft, base["pairs"], hard, k, n_bins, chunk,
-                                                       probability, roc_points, weights)
+        ordered, overall_roc, soft_ord = _ordered_pass(s, key, packed, soft, base["pairs"], base["hard"], k, n_bins,
+                                                       chunk, probability, roc_points, weights)
         if shared is not None and weights is None:
             shared[pass_key] = (weakref.ref(key), (ordered, overall_roc, soft_ord))
+    if isinstance(unordered, Future):
+        unordered = unordered.result()
+    hard, soft_sums = unordered if probability else (base["hard"], base["soft"])
     table = {"overall": hard.metrics(slice(None), ordered, k, probability),
              "excluding_first": hard.metrics(slice(1, None), ordered, k + 1, probability),
              "per_position": {int(p): hard.metrics([p], ordered, int(p), probability)

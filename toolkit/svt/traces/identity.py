@@ -157,8 +157,8 @@ class Identity:
         accs = [np.zeros(4, dtype=np.uint64) for _ in halves]
         sketches = [np.zeros((len(p_cols), N_PROJECTIONS)) for _ in halves]
         # the loop releases the GIL: two threads, one half each (the sums are order-free)
-        list(_pool().map(lambda i: identity_chunk(sbits[:, halves[i]], pbits[:, halves[i]], consts, x[:, halves[i]],
-                                                  N_PROJECTIONS, accs[i], sketches[i]), range(2)))
+        list(_pool().map(lambda i: identity_chunk(sbits, pbits, consts, x, N_PROJECTIONS, accs[i], sketches[i],
+                                                  halves[i].start, halves[i].stop), range(2)))
         acc = [sum(int(a[j]) for a in accs) & _MASK for j in range(4)]
         sketch = sketches[0] + sketches[1]
         for h, (a, b) in ((self.structure, acc[:2]), (self.exact, acc[2:])):

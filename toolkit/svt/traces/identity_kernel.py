@@ -24,30 +24,61 @@ def _mix(h):
     return h ^ (h >> _S31)
 
 
-@njit(cache=True, nogil=True)
-def identity_chunk(sbits, pbits, consts, x, n_proj, acc, sketch):
-    """Add one chunk's rows to ``acc`` (uint64[4]: the structure hash's two sums, then the exact
+@njit(cache=True, nogil=True, fastmath=True)
+def identity_chunk(sbits, pbits, consts, x, n_proj, acc, sketch, lo, hi):
+    """Add rows ``lo:hi`` of a chunk to ``acc`` (uint64[4]: the structure hash's two sums, then the exact
     hash's; sums wrap modulo 2**64) and ``sketch`` (float64[p_cols, n_proj]).
 
     ``sbits`` [structure columns, rows] and ``pbits`` [score columns, rows]: each value's bit
     pattern as uint64 (a null as all ones); ``consts``: each column's salt, structure columns
-    first; ``x`` [score columns, rows]: the scores as float64 (null and NaN as 0)."""
-    ns, n = sbits.shape
+    first; ``x`` [score columns, rows]: the scores as float64 (null and NaN as 0).
+
+    Rows go a block at a time, column by column, so each loop runs the same hash over many rows at
+    once (vector instructions) instead of one row's chain of dependent mixes; ``fastmath`` lets the
+    sketch's sums be reassociated (the sketch is compared within a tolerance, the hashes are
+    integers: exact)."""
+    ns = sbits.shape[0]
     npc = pbits.shape[0]
-    for r in range(n):
-        h = _GOLDEN
+    block = 1024
+    h = np.empty(block, dtype=np.uint64)
+    e = np.empty(block, dtype=np.uint64)
+    sign = np.empty(block, dtype=np.float64)
+    for a in range(lo, hi, block):
+        m = min(block, hi - a)
+        for r in range(m):
+            h[r] = _GOLDEN
         for i in range(ns):
-            h = _mix(h ^ _mix(sbits[i, r] + consts[i]))
-        acc[0] += h
-        acc[1] += _mix(h ^ _SECOND)
+            c = consts[i]
+            for r in range(m):
+                h[r] = _mix(h[r] ^ _mix(sbits[i, a + r] + c))
+        s0 = np.uint64(0)
+        s1 = np.uint64(0)
+        for r in range(m):
+            s0 += h[r]
+            s1 += _mix(h[r] ^ _SECOND)
+        acc[0] += s0
+        acc[1] += s1
         if npc:
-            g = _mix(h ^ _SIGNS)
+            for r in range(m):
+                e[r] = _mix(h[r] ^ _SIGNS)
             for j in range(n_proj):
-                sign = float((g >> np.uint64(j)) & _ONE) * 2.0 - 1.0  # no branch: the loop vectorises
+                for r in range(m):
+                    sign[r] = float((e[r] >> np.uint64(j)) & _ONE) * 2.0 - 1.0
                 for c in range(npc):
-                    sketch[c, j] += sign * x[c, r]
-        e = h
+                    t = 0.0
+                    for r in range(m):
+                        t += sign[r] * x[c, a + r]
+                    sketch[c, j] += t
+        for r in range(m):
+            e[r] = h[r]
         for i in range(npc):
-            e = _mix(e ^ _mix(pbits[i, r] + consts[ns + i]))
-        acc[2] += e
-        acc[3] += _mix(e ^ _SECOND)
+            c = consts[ns + i]
+            for r in range(m):
+                e[r] = _mix(e[r] ^ _mix(pbits[i, a + r] + c))
+        s0 = np.uint64(0)
+        s1 = np.uint64(0)
+        for r in range(m):
+            s0 += e[r]
+            s1 += _mix(e[r] ^ _SECOND)
+        acc[2] += s0
+        acc[3] += s1
