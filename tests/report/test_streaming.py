@@ -136,6 +136,12 @@ def test_step_tables_in_file_order_match_the_sorted_reference(small_run):
     assert whole.head(2)["step"].n_unique() == 1  # the first step has two drafts or more
     split = pl.concat([whole.slice(1), whole.head(1)])  # its first draft moved to the end: a step in two runs
     assert _steps_in_order(split.lazy(), feats) is None
+    twice = pl.concat([whole.head(1), whole.head(1), whole.slice(1)])  # a position repeated within a step
+    assert _steps_in_order(twice.lazy(), feats) is None
+    last = whole.filter((pl.col("request") == whole["request"][-1]) & (pl.col("step") == whole["step"][-1]))
+    runs = pl.concat([whole, last.with_columns(pl.lit(1, dtype=whole.schema["_run"]).alias("_run"))])
+    got = _steps_in_order(runs.lazy(), feats)  # the same request and step in the next run: a new step
+    assert got is not None and got["a"].size == ref[1][feats[0].name]["steps"] + 1
 
 
 def test_part_scores_are_float32_exactly_when_every_value_is(small_run):

@@ -486,7 +486,7 @@ def _steps_sorted(part: pl.LazyFrame, feats: list[Feature]) -> dict[str, np.ndar
 def _steps_in_order(part: pl.LazyFrame, feats: list[Feature]) -> dict[str, np.ndarray] | None:
     """Per-step sums of a frame read in file order, or None when its steps are not contiguous runs of
     ascending positions, or a score is null somewhere (the sorted path handles both)."""
-    from svt.metrics.steps_kernel import step_sums
+    from svt.metrics.steps_kernel import step_heads, step_sums
 
     run = pl.col("_run") if "_run" in part.collect_schema().names() else pl.col("run").rank("dense")
     frame = part.select(run.cast(pl.Int64).alias("_r"), "request", "step", "position",
@@ -498,20 +498,15 @@ def _steps_in_order(part: pl.LazyFrame, feats: list[Feature]) -> dict[str, np.nd
     if any(frame[f"_p{i}"].null_count() for i in range(len(feats))):
         return None
     r, req, st, pos = (frame[c].to_numpy() for c in ("_r", "request", "step", "position"))
-    first = np.empty(n, dtype=bool)
-    first[0] = True
-    np.not_equal(req[1:], req[:-1], out=first[1:])
-    first[1:] |= st[1:] != st[:-1]
-    first[1:] |= r[1:] != r[:-1]
-    if (pos[1:][~first[1:]] <= pos[:-1][~first[1:]]).any():
+    first = np.empty(n, dtype=np.bool_)
+    n_steps = int(step_heads(r, req, st, pos, first))
+    if n_steps < 0:
         return None  # positions not ascending within a step
-    n_steps = int(first.sum())
     heads = pl.DataFrame({"r": r[first], "q": req[first], "s": st[first]})
     if heads.select(pl.struct("r", "q", "s").n_unique()).item() != n_steps:
         return None  # a step split into several runs of rows
     out_a, out_k = np.zeros(n_steps, np.int64), np.zeros(n_steps, np.int64)
     out_p = np.zeros((len(feats), n_steps))
-    p = np.ascontiguousarray(frame.select([f"_p{i}" for i in range(len(feats))]).to_numpy().T) if feats \
-        else np.zeros((0, n))
+    p = np.stack([frame[f"_p{i}"].to_numpy() for i in range(len(feats))]) if feats else np.zeros((0, n))
     step_sums(first, frame["_acc"].to_numpy(), p, out_a, out_k, out_p)
     return {"a": out_a, "k": out_k, **{f.name: out_p[i] for i, f in enumerate(feats)}}
