@@ -186,3 +186,13 @@ def test_large_path_frees_an_order_it_cannot_reuse_before_reading(synthetic, mon
     assert list(kept.values()) == [0, 1, 0, 0, 1]
     assert len(sorts) == 3
     assert len(passes) == 3  # a logit (no probability) shares its family's ordered pass
+
+
+def test_acceptance_totals_are_the_labels(synthetic):
+    """The acceptance block's totals (the sums of its per-position table) against the labels read
+    directly: every labelled draft counted once, the rate their mean."""
+    rep = evaluate([synthetic], EvaluateOptions(features=["q_max"]))
+    labels = open_run(synthetic).scan("drafts").select("label").collect()["label"].drop_nulls()
+    assert rep["acceptance"]["labelled"] == labels.len()
+    assert rep["acceptance"]["rate"] == labels.cast(float).mean()
+    assert sum(r["proposed"] for r in rep["acceptance"]["by_position"]) == open_run(synthetic).meta["counts"]["drafts"]

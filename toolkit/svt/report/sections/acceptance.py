@@ -51,13 +51,13 @@ class Acceptance(Section):
         return _acceptance_rows(base, now, judging)
 
     def compute(self, ctx: ReportContext, report: dict) -> dict:
-        totals = ctx.source.select(pl.col("label").is_not_null().sum().alias("n"),
-                                   pl.col("label").cast(pl.Float64).mean().alias("rate")).collect().row(0, named=True)
+        by_position = acceptance_by_position(ctx.source)  # one pass; the totals are its sums (labels are 0/1)
+        verified, accepted = int(by_position["verified"].sum()), int(by_position["accepted"].sum())
         complete = [f for f in ctx.feats if f.probability and not f.partial]
         mean_length, calib = step_tables(step_parts(ctx.opened, ctx.drafts), complete, ctx.opts.n_bins)
-        acceptance = {"labelled": int(totals["n"]), "rate": float(totals["rate"]),
+        acceptance = {"labelled": verified, "rate": accepted / verified if verified else float("nan"),
                       "mean_acceptance_length": float(mean_length),
-                      "by_position": acceptance_by_position(ctx.source).to_dicts()}
+                      "by_position": by_position.to_dicts()}
         lengths = {
             f.name: (calib[f.name] if not f.partial else
                      length_calibration(ctx.drafts.with_columns(f.expr.alias("_c")).filter(pl.col("_c").is_not_null()),
