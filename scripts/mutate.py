@@ -316,7 +316,7 @@ MUTANTS = [
       "if probability and (i + u == 0 or high[i + u] != high[i + u - 1]):",
       "if probability and (i + u == 0 or high[i + u] == high[i + u - 1]):", KERNELS),
     M("sha256-after-undecodable-values", "fast loops", "traces/io.py",
-      "            except Exception:  # bad values", "            except SchemaError:  # bad values",
+      "            except BaseException as exc:  # bad values", "            except SchemaError as exc:  # bad values",
       ("tests/traces/test_damage.py",)),
     M("large-unordered-pass-dropped", "fast loops", "metrics/ordered.py",
       "hard, soft_sums = unordered if probability else", "hard, soft_sums = unordered if probability and n <= LARGE else",

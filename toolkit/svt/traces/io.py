@@ -404,7 +404,10 @@ def _check_deep(files: list[Path], spec: TableSchema, lacks: frozenset[str], rec
         for f in files:
             try:
                 check_shard_values(f, spec, lacks)
-            except Exception:  # bad values, or bytes polars cannot decode: a changed shard says so
+            except BaseException as exc:  # bad values, or bytes polars cannot decode (an error, or a
+                # panic, which is no Exception): a changed shard says so
+                if isinstance(exc, KeyboardInterrupt | SystemExit):
+                    raise
                 check_hash(f)
                 raise
         for f in files:
