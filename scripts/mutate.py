@@ -272,7 +272,7 @@ MUTANTS = [
     M("irls-damping-shared", "IRLS", "fit/irls_online.py", "d[1:] *= n_k / (n_k + o.damping)",
       "d[1:] *= n_all / (n_all + o.damping)", ("tests/fit",)),
     M("identity-kernel-salt", "identity", "traces/identity_kernel.py",
-      "            c = consts[i]\n", "            c = consts[0]\n",
+      "        c = consts[first + i]\n", "        c = consts[first]\n",
       ("tests/traces/test_identity.py",)),
     M("identity-kernel-sign", "identity", "traces/identity_kernel.py",
       "sign[r] = float((e[r] >> np.uint64(j)) & _ONE) * 2.0 - 1.0", "sign[r] = float((e[r] >> np.uint64(j)) & _ONE) * 2.0",

@@ -24,6 +24,28 @@ def _mix(h):
     return h ^ (h >> _S31)
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _hash_columns(h, bits, consts, first, a, m):
+    """Continue the row hashes ``h[:m]`` over every column of ``bits`` (rows ``a:a+m``), column
+    ``i`` salted with ``consts[first + i]``."""
+    for i in range(bits.shape[0]):
+        c = consts[first + i]
+        for r in range(m):
+            h[r] = _mix(h[r] ^ _mix(bits[i, a + r] + c))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _add_sums(h, m, acc, at):
+    """Add the row hashes ``h[:m]`` to the order-free hash ``acc[at]``, ``acc[at + 1]`` (two mixes)."""
+    s0 = np.uint64(0)
+    s1 = np.uint64(0)
+    for r in range(m):
+        s0 += h[r]
+        s1 += _mix(h[r] ^ _SECOND)
+    acc[at] += s0
+    acc[at + 1] += s1
+
+
 @njit(cache=True, nogil=True, fastmath=True)
 def identity_chunk(sbits, pbits, consts, x, n_proj, acc, sketch, lo, hi):
     """Add rows ``lo:hi`` of a chunk to ``acc`` (uint64[4]: the structure hash's two sums, then the exact
@@ -47,17 +69,8 @@ def identity_chunk(sbits, pbits, consts, x, n_proj, acc, sketch, lo, hi):
         m = min(block, hi - a)
         for r in range(m):
             h[r] = _GOLDEN
-        for i in range(ns):
-            c = consts[i]
-            for r in range(m):
-                h[r] = _mix(h[r] ^ _mix(sbits[i, a + r] + c))
-        s0 = np.uint64(0)
-        s1 = np.uint64(0)
-        for r in range(m):
-            s0 += h[r]
-            s1 += _mix(h[r] ^ _SECOND)
-        acc[0] += s0
-        acc[1] += s1
+        _hash_columns(h, sbits, consts, 0, a, m)
+        _add_sums(h, m, acc, 0)
         if npc:
             for r in range(m):
                 e[r] = _mix(h[r] ^ _SIGNS)
@@ -69,16 +82,6 @@ def identity_chunk(sbits, pbits, consts, x, n_proj, acc, sketch, lo, hi):
                     for r in range(m):
                         t += sign[r] * x[c, a + r]
                     sketch[c, j] += t
-        for r in range(m):
-            e[r] = h[r]
-        for i in range(npc):
-            c = consts[ns + i]
-            for r in range(m):
-                e[r] = _mix(e[r] ^ _mix(pbits[i, a + r] + c))
-        s0 = np.uint64(0)
-        s1 = np.uint64(0)
-        for r in range(m):
-            s0 += e[r]
-            s1 += _mix(e[r] ^ _SECOND)
-        acc[2] += s0
-        acc[3] += s1
+        e[:m] = h[:m]
+        _hash_columns(e, pbits, consts, ns, a, m)
+        _add_sums(e, m, acc, 2)
