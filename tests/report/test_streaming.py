@@ -196,3 +196,20 @@ def test_acceptance_totals_are_the_labels(synthetic):
     assert rep["acceptance"]["labelled"] == labels.len()
     assert rep["acceptance"]["rate"] == labels.cast(float).mean()
     assert sum(r["proposed"] for r in rep["acceptance"]["by_position"]) == open_run(synthetic).meta["counts"]["drafts"]
+
+
+@pytest.mark.parametrize("values, dtype", [
+    ([[0.5, 0.25], [0.1, 0.3], [0.75]], np.float64),  # exact, then not: float64 from there, unrounded
+    ([[0.1], [0.5, 0.125]], np.float64),  # not from the first part
+    ([[0.5], [0.375, 1.0], [0.0]], np.float32),  # exact throughout
+])
+def test_part_scores_switch_to_float64_at_the_first_inexact_value(values, dtype):
+    import polars as pl
+
+    from svt.features import get_feature
+    from svt.report.scoring import _part_scores
+
+    parts = [pl.LazyFrame({"q_max": pl.Series(v, dtype=pl.Float64)}) for v in values]
+    got = _part_scores(parts, get_feature("q_max"), [len(v) for v in values])
+    assert got.dtype == dtype
+    np.testing.assert_array_equal(got, np.concatenate([np.asarray(v, dtype=np.float64) for v in values]))

@@ -52,14 +52,16 @@ def warm(quiet: bool = True) -> list[str]:
 
 def _large_run_kernels() -> None:
     """The kernels only a run beyond `svt.metrics.ordered.LARGE` labelled drafts reaches: the in-place
-    sort, and keys of float32 scores (read as float32 when exact)."""
+    sort, and scores read part by part as float32 when exact, and their keys."""
     import numpy as np
 
     from svt.metrics.radix_kernel import sort_in_place
-    from svt.metrics.ranks_kernel import float32_keys
+    from svt.metrics.ranks_kernel import fill_float32, float32_keys
 
     key = np.empty(1 << 17, dtype=np.uint64)
-    float32_keys(np.random.default_rng(0).random(key.size).astype(np.float32), key)
+    scores = np.empty(key.size, dtype=np.float32)
+    fill_float32(np.random.default_rng(0).random(key.size), scores)
+    float32_keys(scores, key)
     sort_in_place(key)
 
 

@@ -34,6 +34,17 @@ def float32_keys(s, out):
 
 
 @njit(cache=True, nogil=True)
+def fill_float32(v, out):
+    """Write ``v`` rounded to float32 into ``out``; return whether every value was a float32 exactly
+    (then ``out`` holds ``v`` without loss)."""
+    exact = True
+    for i in range(v.size):
+        out[i] = np.float32(v[i])
+        exact = exact and np.float64(out[i]) == np.float64(v[i])
+    return exact
+
+
+@njit(cache=True, nogil=True)
 def has_ranks(key, s):
     """Whether ``s`` ascends along the sorted ``key``, rising exactly where its ranks rise."""
     prev_v = 0.0

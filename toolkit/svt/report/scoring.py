@@ -190,17 +190,19 @@ def _part_scores(parts: list[pl.LazyFrame], feat: Feature, counts: list[int]) ->
     """A feature's values over the parts, filled part by part: float32 while every value so far is
     exactly a float32 (q_max and the other logged probabilities), float64 from the first that is not
     (every feature expression casts to Float64, so the values decide, not the dtype)."""
+    from svt.metrics.ranks_kernel import fill_float32
+
     out, at = None, 0
     for part, m in zip(parts, counts, strict=True):
         v = feature_values(feat, part)
         if v.size != m:
             raise DataError(f"Feature {feat.name!r}: {v.size} values on a part of {m} labelled drafts.")
-        exact = np.array_equal(v.astype(np.float32), v)
         if out is None:
-            out = np.empty(sum(counts), dtype=np.float32 if exact else np.float64)
-        elif out.dtype == np.float32 and not exact:
-            out = out.astype(np.float64)  # the values so far are exact float32: no loss
-        out[at:at + m] = v
+            out = np.empty(sum(counts), dtype=np.float32)
+        if out.dtype == np.float32 and not fill_float32(v, out[at:at + m]):  # one pass: copied if exact
+            out = out.astype(np.float64) if at else np.empty(out.size)  # the values so far are exact
+        if out.dtype == np.float64:
+            out[at:at + m] = v
         at += m
         del v
     return out if out is not None else np.empty(0)
