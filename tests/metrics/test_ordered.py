@@ -195,7 +195,8 @@ def test_a_reused_order_gives_the_keys_of_a_fresh_sort(in_place, compiled, monke
     first = orders[0]
     reused = order_keys(clipped, orders, in_place=in_place)
     assert len(orders) == (2 if compiled and not in_place else 1)  # reused, or a fresh sort kept
-    assert (reused is first) == in_place
+    assert np.shares_memory(reused, first) == in_place  # in place: the same memory, no copy
+    assert (orders[0] is reused) == in_place  # kept as a new object: no cache under the old one hits it
     assert _same_order(_expected_keys(clipped), reused)
 
 
@@ -336,3 +337,24 @@ def test_bootstrap_intervals_are_percentiles_of_weighted_resamples():
     from svt.metrics.specs import names
 
     assert set(cis["overall"]) == set(names("table", compared=True))  # every compared metric has one
+
+
+def test_an_order_rewritten_in_place_is_no_shared_hit(monkeypatch):
+    """Beyond LARGE an order that sorts a coarser score is rewritten in place for it: its ordered pass
+    must not be taken from the earlier score's (shared) entry, which referred to the same memory."""
+    from svt.metrics import ordered
+
+    monkeypatch.setattr(ordered, "LARGE", 1000)
+    rng = np.random.default_rng(4)
+    a = rng.random(20_000)
+    b = np.round(a, 1)  # ascends along a's order, with ties a does not have: a's order is rewritten
+    y = (rng.random(a.size) < a).astype(np.float64)
+    pos = rng.integers(0, 4, a.size)
+    packed = ordered.pack_rows(y, pos)
+    orders, shared = [], {}
+    for s in (a, b, a):
+        key = ordered.order_keys(s, orders, in_place=True)
+        got = ordered.score_tables(s, y, pos, probability=False, key=key, packed=packed, shared=shared)
+        want = ordered.score_tables(s, y, pos, probability=False)
+        assert got["overall"]["auc"] == want["overall"]["auc"]
+        assert got["curves"]["roc"] == want["curves"]["roc"]

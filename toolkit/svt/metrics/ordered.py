@@ -231,7 +231,11 @@ def order_keys(s: np.ndarray, others: list[np.ndarray] | None = None, *, in_plac
         if (np.diff(s[probe]) < 0).any():  # a sample of that order already fails: no full check
             continue
         if _ranks_from_order(others[i], s, check_only=True):
-            key = others[i] if in_place else others[i].copy()
+            # in place: a new array object over the same memory, kept instead of the old one, so
+            # nothing cached under the old object (`score_tables`' shared passes) is taken for it
+            key = others[i].view() if in_place else others[i].copy()
+            if in_place:
+                others[i] = key
             _ranks_from_order(key, s, sorted_by_s=True)
             return key
     if fresh is None:

@@ -351,7 +351,7 @@ def open_run(path: str | Path, *, deep: bool = True, tables: list[str] | None = 
         for f in files:
             check_shard_schema(f, spec)
         # an optional table removed whole (e.g. hidden states, to save space) is absent, not damaged
-        recs = recorded.get(name) or {} if isinstance(recorded, dict) and (files or spec.required) else None
+        recs = (recorded.get(name) or {}) if isinstance(recorded, dict) and (files or spec.required) else None
         if recs is not None:
             _check_records(path, name, files, recs)
         if deep:
