@@ -144,6 +144,39 @@ def test_step_tables_in_file_order_match_the_sorted_reference(small_run):
     assert got is not None and got["a"].size == ref[1][feats[0].name]["steps"] + 1
 
 
+
+def test_step_heads_check_splits_on_every_path(small_run):
+    """The compiled path's check that each step is one run of rows holds whether steps ascend within
+    each request (the last-step table), descend (the heads' distinct count), or the request ids are
+    too spread out for a table: the same sums as the sorted reference, and a split step is refused."""
+    import polars as pl
+
+    from svt.features import get_feature
+    from svt.report.scoring import _steps_in_order, open_for_evaluation, step_parts, step_tables
+
+    feats = [get_feature(n) for n in ("q_max", "q_sampled")]
+    whole = pl.concat(step_parts(open_for_evaluation([small_run]), None)).collect()
+    ref = step_tables([whole.lazy()], feats, 10, sort=True)
+    backwards = whole.sort(["_run", "request", "step", "position"], descending=[False, False, True, False])
+    spread = whole.with_columns(pl.col("request") * 10**12)  # no last-step table: ids far apart
+    for frame in (backwards, spread):
+        got = _steps_in_order(frame.lazy(), feats)
+        assert got is not None and got["a"].size == ref[1][feats[0].name]["steps"]
+        assert step_tables([frame.lazy()], feats, 10)[0] == pytest.approx(ref[0], rel=1e-12)
+        split = pl.concat([frame.slice(1), frame.head(1)])  # the first step's first draft moved to the end
+        assert _steps_in_order(split.lazy(), feats) is None
+    interleaved = whole.sort(["_run", "step", "request", "position"])  # steps of many requests in turn
+    got = _steps_in_order(interleaved.lazy(), feats)
+    assert got is not None and sorted(got["q_max"].tolist()) == pytest.approx(
+        sorted(_steps_in_order(whole.lazy(), feats)["q_max"].tolist()), rel=1e-12)
+    # a step split around another request's step of the same number: its second run repeats the step
+    a, b = (interleaved.filter((pl.col("request") == q) & (pl.col("step") == 0)) for q in interleaved["request"].unique()[:2])
+    assert a.height >= 2
+    rest = interleaved.filter(pl.col("step") > 0)
+    split = pl.concat([a.head(a.height - 1), b, a.tail(1), rest])
+    assert _steps_in_order(split.lazy(), feats) is None
+
+
 def test_part_scores_are_float32_exactly_when_every_value_is(small_run):
     """A logged float32 probability is held as float32 (half the memory; every feature expression
     casts to Float64, so the values decide), a value that is no float32 keeps float64, unrounded."""

@@ -12,15 +12,18 @@ def _frame(n: int, seed: int) -> pl.DataFrame:
     label = rng.integers(0, 2, n).astype(np.float64)
     label[rng.random(n) < 0.3] = np.nan
     q = rng.random(n).astype(np.float32)
+    entropy = rng.random(n).astype(np.float32) * 3
+    entropy[rng.random(n) < 0.05] = np.nan  # a NaN is 0 in the sketch, its own bits in the hash
     return pl.DataFrame({
         "request": rng.integers(0, 50, n).astype(np.int64), "step": rng.integers(0, 200, n).astype(np.int32),
-        "position": rng.integers(0, 8, n).astype(np.int16), "token": rng.integers(0, 50_000, n).astype(np.uint32),
+        "position": rng.integers(-1, 8, n).astype(np.int16), "token": rng.integers(0, 50_000, n).astype(np.uint32),
         "label": pl.Series(label).fill_nan(None).cast(pl.Int8), "q_max": q,
         "q_sampled": pl.Series(rng.random(n)).set(pl.Series(rng.random(n) < 0.1), None),
-        "q_entropy": rng.random(n).astype(np.float32) * 3,
+        "q_entropy": entropy,
     })
 
 
+# every column (read where it is), the structure alone (the same), and too few structure columns (copied)
 @pytest.mark.parametrize("cols", [None, ["request", "step", "position", "token", "label"],
                                   ["request", "position", "q_max", "q_entropy"]])
 def test_compiled_identity_is_the_numpy_definition(cols):

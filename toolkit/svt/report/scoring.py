@@ -501,14 +501,19 @@ def _steps_in_order(part: pl.LazyFrame, feats: list[Feature]) -> dict[str, np.nd
         return None
     r, req, st, pos = (frame[c].to_numpy() for c in ("_r", "request", "step", "position"))
     first = np.empty(n, dtype=np.bool_)
-    n_steps = int(step_heads(r, req, st, pos, first))
+    low, span = int(req.min()), int(req.max()) - int(req.min()) + 1
+    runs = int(r.max()) + 1 if int(r.min()) >= 0 else 0
+    dense = runs * span <= 2 * n  # a last-step table per run and request, when the ids are compact
+    last = np.empty(runs * span if dense else 0, dtype=np.int64)
+    n_steps, ascending = step_heads(r, req, st, pos, first, low, span, last)
     if n_steps < 0:
         return None  # positions not ascending within a step
-    heads = pl.DataFrame({"r": r[first], "q": req[first], "s": st[first]})
-    if heads.select(pl.struct("r", "q", "s").n_unique()).item() != n_steps:
-        return None  # a step split into several runs of rows
+    if not ascending:  # a step split into several runs of rows: a repeated (run, request, step) at the heads
+        heads = pl.DataFrame({"r": r[first], "q": req[first], "s": st[first]})
+        if heads.n_unique() != n_steps:
+            return None  # a step split into several runs of rows
     out_a, out_k = np.zeros(n_steps, np.int64), np.zeros(n_steps, np.int64)
     out_p = np.zeros((len(feats), n_steps))
-    p = np.stack([frame[f"_p{i}"].to_numpy() for i in range(len(feats))]) if feats else np.zeros((0, n))
-    step_sums(first, frame["_acc"].to_numpy(), p, out_a, out_k, out_p)
+    p = tuple(frame[f"_p{i}"].to_numpy() for i in range(len(feats))) or (np.zeros(0),)
+    step_sums(first, frame["_acc"].to_numpy(), p, len(feats), out_a, out_k, out_p)
     return {"a": out_a, "k": out_k, **{f.name: out_p[i] for i, f in enumerate(feats)}}

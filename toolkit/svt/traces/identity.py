@@ -124,6 +124,9 @@ class Identity:
     def add(self, part, *, compiled: bool = True) -> None:
         frame = part.select(self.columns_of(_names(part)))
         frame = frame.collect() if isinstance(frame, pl.LazyFrame) else frame
+        if compiled and self._native(frame):
+            self._add_native(frame)
+            return
         for a in range(0, frame.height, _CHUNK):
             chunk = frame.slice(a, _CHUNK)
             (self._add_compiled if compiled else self._add_numpy)(chunk)
@@ -153,18 +156,41 @@ class Identity:
         consts = np.array([((i + 1) * 0x9E3779B97F4A7C15) & _MASK for i in range(len(s_cols) + len(p_cols))],
                           dtype=np.uint64)
         x = _scores(chunk, p_cols)
-        halves = [slice(0, chunk.height // 2), slice(chunk.height // 2, chunk.height)]
+        self._in_halves(chunk.height, lambda acc, sketch, lo, hi: identity_chunk(
+            sbits, pbits, consts, x, N_PROJECTIONS, acc, sketch, lo, hi))
+
+    def _native(self, frame: pl.DataFrame) -> bool:
+        """Whether the compiled loop can read the columns where they are: all five structure columns,
+        integers, and float score columns (else each column is copied into uint64 bit patterns)."""
+        return (self.s_cols == list(STRUCTURE_COLUMNS) and all(frame.schema[c].is_integer() for c in self.s_cols)
+                and all(frame.schema[c].is_float() for c in self.p_cols))
+
+    def _add_native(self, frame: pl.DataFrame) -> None:
+        from svt.traces.identity_kernel import identity_columns
+
+        s = [_values(frame[c]) for c in self.s_cols]
+        p = [_values(frame[c]) for c in self.p_cols]
+        p += [_values(pl.Series([], dtype=pl.Float32))] * (3 - len(p))
+        consts = np.array([((i + 1) * 0x9E3779B97F4A7C15) & _MASK for i in range(8)], dtype=np.uint64)
+        bits, null, x = tuple(v[1] for v in s), tuple(v[2] for v in s), tuple(v[0] for v in p)
+        p_bits, p_null = tuple(v[1] for v in p), tuple(v[2] for v in p)
+        self._in_halves(frame.height, lambda acc, sketch, lo, hi: identity_columns(
+            bits, null, p_bits, p_null, x, len(self.p_cols), consts, N_PROJECTIONS, acc, sketch, lo, hi))
+
+    def _in_halves(self, rows: int, run) -> None:
+        """Run the compiled loop ``run(acc, sketch, lo, hi)`` on two threads, one half of the rows each
+        (the loop releases the GIL; the sums are order-free), and add both into the identity."""
+        p_cols = self.p_cols
+        halves = [(0, rows // 2), (rows // 2, rows)]
         accs = [np.zeros(4, dtype=np.uint64) for _ in halves]
         sketches = [np.zeros((len(p_cols), N_PROJECTIONS)) for _ in halves]
-        # the loop releases the GIL: two threads, one half each (the sums are order-free)
-        list(_pool().map(lambda i: identity_chunk(sbits, pbits, consts, x, N_PROJECTIONS, accs[i], sketches[i],
-                                                  halves[i].start, halves[i].stop), range(2)))
+        list(_pool().map(lambda i: run(accs[i], sketches[i], *halves[i]), range(2)))
         acc = [sum(int(a[j]) for a in accs) & _MASK for j in range(4)]
         sketch = sketches[0] + sketches[1]
         for h, (a, b) in ((self.structure, acc[:2]), (self.exact, acc[2:])):
             h.acc[0] = (h.acc[0] + int(a)) & _MASK
             h.acc[1] = (h.acc[1] + int(b)) & _MASK
-            h.rows += chunk.height
+            h.rows += rows
         for i, c in enumerate(p_cols):
             self.sketch[c] += sketch[i]
 
@@ -185,6 +211,17 @@ def _bits(col: pl.Series, out: np.ndarray) -> None:
     out[:] = v.view(f"u{v.dtype.itemsize}")
     if col.null_count():
         out[col.is_null().to_numpy()] = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+def _values(col: pl.Series) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A column's values (a null as 0; a view when it has none), the same memory as unsigned integers
+    of its width (its bit patterns) and its null mask (empty when none)."""
+    nulls = col.null_count()
+    v = (col.fill_null(0) if nulls else col).to_numpy()
+    null = col.is_null().to_numpy() if nulls else np.zeros(0, np.bool_)
+    for a in (v, null):  # read-only, whether polars lent its memory or copied: one compiled signature
+        a.setflags(write=False)
+    return v, v.view(f"u{v.dtype.itemsize}"), null
 
 
 def _scores(chunk: pl.DataFrame, p_cols: list[str]) -> np.ndarray:

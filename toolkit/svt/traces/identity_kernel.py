@@ -85,3 +85,78 @@ def identity_chunk(sbits, pbits, consts, x, n_proj, acc, sketch, lo, hi):
         e[:m] = h[:m]
         _hash_columns(e, pbits, consts, ns, a, m)
         _add_sums(e, m, acc, 2)
+
+
+_NULL = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _hash_native(h, col, null, c, a, m):
+    """Continue the row hashes ``h[:m]`` over rows ``a:a+m`` of one column given as unsigned
+    integers of its own width (its bit patterns, widened here); ``null`` (bool, empty when the
+    column has none): where true the value is all ones."""
+    if null.size:
+        for r in range(m):
+            v = _NULL if null[a + r] else np.uint64(col[a + r])
+            h[r] = _mix(h[r] ^ _mix(v + c))
+    else:
+        for r in range(m):
+            h[r] = _mix(h[r] ^ _mix(np.uint64(col[a + r]) + c))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _load_scores(xb, c, x, a, m):
+    """Rows ``a:a+m`` of one score column into ``xb[c]`` as float64, NaN as 0 (a null is 0 already)."""
+    for r in range(m):
+        v = np.float64(x[a + r])
+        xb[c, r] = 0.0 if v != v else v
+
+
+@njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+def identity_columns(s, s_null, p, p_null, x, n_p, consts, n_proj, acc, sketch, lo, hi):
+    """:func:`identity_chunk` reading the columns where they are: ``s`` the five structure columns
+    (request, step, position, token, label) and ``p`` up to three score columns (the first ``n_p``
+    read), each as unsigned integers of its own width, with its null mask (``s_null``, ``p_null``;
+    empty when none); ``x``: the score columns' values (float32 or float64, a null as 0). No
+    uint64 copy of each column, no float64 copy of the scores. ``fastmath`` only reassociates the
+    sketch's sums (NaN tests stay)."""
+    block = 1024
+    h = np.empty(block, dtype=np.uint64)
+    e = np.empty(block, dtype=np.uint64)
+    sign = np.empty(block, dtype=np.float64)
+    xb = np.zeros((3, block), dtype=np.float64)
+    for a in range(lo, hi, block):
+        m = min(block, hi - a)
+        for r in range(m):
+            h[r] = _GOLDEN
+        _hash_native(h, s[0], s_null[0], consts[0], a, m)
+        _hash_native(h, s[1], s_null[1], consts[1], a, m)
+        _hash_native(h, s[2], s_null[2], consts[2], a, m)
+        _hash_native(h, s[3], s_null[3], consts[3], a, m)
+        _hash_native(h, s[4], s_null[4], consts[4], a, m)
+        _add_sums(h, m, acc, 0)
+        if n_p:
+            if n_p > 0:
+                _load_scores(xb, 0, x[0], a, m)
+            if n_p > 1:
+                _load_scores(xb, 1, x[1], a, m)
+            if n_p > 2:
+                _load_scores(xb, 2, x[2], a, m)
+            for r in range(m):
+                e[r] = _mix(h[r] ^ _SIGNS)
+            for j in range(n_proj):
+                for r in range(m):
+                    sign[r] = float((e[r] >> np.uint64(j)) & _ONE) * 2.0 - 1.0
+                for c in range(n_p):
+                    t = 0.0
+                    for r in range(m):
+                        t += sign[r] * xb[c, r]
+                    sketch[c, j] += t
+        e[:m] = h[:m]
+        if n_p > 0:
+            _hash_native(e, p[0], p_null[0], consts[5], a, m)
+        if n_p > 1:
+            _hash_native(e, p[1], p_null[1], consts[6], a, m)
+        if n_p > 2:
+            _hash_native(e, p[2], p_null[2], consts[7], a, m)
+        _add_sums(e, m, acc, 2)
