@@ -153,3 +153,60 @@ def test_has_ranks_and_sorts_reject_what_they_must():
     assert not has_ranks(key, np.array([0.1, 0.2, 0.25, 0.3]))  # a tie the order does not have
     assert not has_ranks(key, np.array([0.1, 0.1, 0.1, 0.3]))  # rises where the score ties
     assert sorts(key, np.array([0.1, 0.1, 0.1, 0.3])) and not sorts(key, np.array([0.1, 0.3, 0.2, 0.4]))
+
+
+@pytest.fixture
+def halves(monkeypatch):
+    """Every key array counts as beyond LARGE: the walks run on two threads, one half each."""
+    monkeypatch.setattr(ordered, "LARGE", 0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(0, 12), min_size=2, max_size=600), st.integers(0, 2), st.booleans())
+def test_walks_in_halves_give_the_one_walk_keys(values, fine, by_s):
+    """Keys made, checked and rewritten by two threads (one half each; the rewrite cut where a
+    segment opens, the second half's ranks moved past the first's) are those of one walk. ``fine``:
+    scores finer than float32 in neither half, the first or the second."""
+    v = np.array(values, dtype=np.float64)
+    s = 0.5 + v * 1e-3
+    half = s.size // 2
+    if fine:  # distinct float64 scores within a float32 value, on one side of the middle
+        part = slice(0, half) if fine == 1 else slice(half, None)
+        s[part] += np.random.default_rng(len(values)).uniform(0, 1e-10, s[part].size)
+    saved = ordered.LARGE
+    try:
+        ordered.LARGE = 1 << 40
+        one, one_exact = np.empty(s.size, np.uint64), None
+        one_exact = ordered._float32_keys(s, one)
+        ordered.LARGE = 0
+        two = np.empty(s.size, np.uint64)
+        assert ordered._float32_keys(s, two) == one_exact
+        np.testing.assert_array_equal(two, one)
+        if by_s:
+            other = s + np.random.default_rng(1).uniform(0, 1e-13, s.size)  # finer, the same order
+            key = _expected_keys(other)
+        else:
+            key = ordered._sort_keys(two)
+        sorted_one = bool(sorts(key, s))  # one walk
+        assert ordered._ranks_from_order(key, s, check_only=True) == sorted_one
+        assert sorted_one or not by_s
+        ordered._ranks_from_order(key, s, sorted_by_s=by_s)
+        np.testing.assert_array_equal(key, _expected_keys(s))
+        assert ordered.same_ranks(key, s)
+    finally:
+        ordered.LARGE = saved
+
+
+def test_checks_in_halves_see_the_pair_across_the_middle(halves):
+    """A score that ties, rises or descends only between the two keys either side of the middle."""
+    n = 10_000
+    s = np.arange(n, dtype=np.float64)
+    key = _expected_keys(s)
+    mid = n // 2
+    tied = s.copy()
+    tied[mid] = tied[mid - 1]  # the order's ranks rise there, the score does not
+    assert not ordered.same_ranks(key, tied)
+    down = s.copy()
+    down[mid] = down[mid - 1] - 0.5  # descends there only
+    assert not ordered._ranks_from_order(key, down, check_only=True)
+    assert ordered._ranks_from_order(key, s, check_only=True) and ordered.same_ranks(key, s)

@@ -56,13 +56,15 @@ def _large_run_kernels() -> None:
     import numpy as np
 
     from svt.metrics.radix_kernel import sort_in_place
-    from svt.metrics.ranks_kernel import fill_float32, float32_keys
+    from svt.metrics.ranks_kernel import fill_float32, float32_keys, segment_start
 
     key = np.empty(1 << 17, dtype=np.uint64)
     scores = np.empty(key.size, dtype=np.float32)
     fill_float32(np.random.default_rng(0).random(key.size), scores)
-    float32_keys(scores, key)
+    float32_keys(scores, key, 0)
     sort_in_place(key)
+    for s in (scores, scores.astype(np.float64)):  # where a half's walk may start, float32 or float64 scores
+        segment_start(key, s, True, key.size // 2)
 
 
 def main() -> int:

@@ -32,6 +32,7 @@ labelled drafts of each class.
 
 from __future__ import annotations
 
+import functools
 import sys
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -57,7 +58,7 @@ def _float32_keys(s: np.ndarray, out: np.ndarray) -> bool:
     if COMPILED:
         from svt.metrics.ranks_kernel import float32_keys
 
-        return bool(float32_keys(s, out))
+        return all(_in_halves(lambda a, b: bool(float32_keys(s[a:b], out[a:b], a)), s.size))
     exact = True
     for a in range(0, s.size, CHUNK):
         sc = s[a:a + CHUNK]
@@ -69,6 +70,21 @@ def _float32_keys(s: np.ndarray, out: np.ndarray) -> bool:
         out[a:a + CHUNK] = u.astype(np.uint64) << np.uint64(32)
         out[a:a + CHUNK] |= np.arange(a, a + sc.size, dtype=np.uint64)
     return exact
+
+
+@functools.cache
+def _pair_pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=2, thread_name_prefix="svt-halves")
+
+
+def _in_halves(fn, n: int, cut: int | None = None) -> list:
+    """``fn(lo, hi)`` over rows ``0:n``: beyond :data:`LARGE` rows (features scored one at a time) on
+    two threads, rows ``0:cut`` and ``cut:n`` (``cut``: ``n // 2`` by default; the compiled walks
+    release the GIL); else once, over all rows. The results in that order."""
+    cut = n // 2 if cut is None else cut
+    if n <= LARGE or not 0 < cut < n:
+        return [fn(0, n)]
+    return list(_pair_pool().map(lambda ab: fn(*ab), ((0, cut), (cut, n))))
 
 
 def _sort_keys(key: np.ndarray) -> np.ndarray:
@@ -99,10 +115,10 @@ def same_ranks(key: np.ndarray, s: np.ndarray) -> bool:
     probe = key[::max(1, key.size // 4096)]  # a sample that already fails: no full check
     if (np.diff(s[(probe & mask).astype(np.intp)]) < 0).any():
         return False
-    if COMPILED:
+    if COMPILED:  # halves overlap by one key: every adjacent pair is checked
         from svt.metrics.ranks_kernel import has_ranks
 
-        return bool(has_ranks(key, s))
+        return all(_in_halves(lambda a, b: bool(has_ranks(key[max(a - 1, 0):b], s)), key.size))
     for a in range(0, key.size, CHUNK):
         kc = key[a:a + CHUNK]
         v = s[(kc & mask).astype(np.intp)]
@@ -143,12 +159,16 @@ def _ranks_from_order(key: np.ndarray, s: np.ndarray, check_only: bool = False, 
     With ``check_only``, return whether the order already sorts ``s`` and change nothing. With
     ``sorted_by_s`` (an order that sorts ``s``, reused), chunks are cut between ties of ``s``, so
     each tie's rows are put back in row order whole."""
-    if COMPILED:  # one compiled walk (`svt.metrics.ranks_kernel`)
-        from svt.metrics.ranks_kernel import dense_ranks, sorts
+    if COMPILED:  # one compiled walk (`svt.metrics.ranks_kernel`), beyond LARGE one per half
+        from svt.metrics.ranks_kernel import dense_ranks, segment_start, sorts
 
         if check_only:
-            return bool(sorts(key, s))
-        dense_ranks(key, s, sorted_by_s)
+            return all(_in_halves(lambda a, b: bool(sorts(key[max(a - 1, 0):b], s)), key.size))
+        # cut where a segment opens: the second half's ranks start one past the first half's last
+        cut = int(segment_start(key, s, sorted_by_s, key.size // 2)) if key.size > LARGE else key.size
+        last = _in_halves(lambda a, b: int(dense_ranks(key[a:b], s, sorted_by_s)), key.size, cut)
+        if len(last) == 2:
+            key[cut:] += np.uint64(last[0] + 1) << np.uint64(32)
         return True
     halves = key.view(np.uint32)
     high = halves[1::2] if sys.byteorder == "little" else halves[0::2]

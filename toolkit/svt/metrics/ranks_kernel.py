@@ -13,10 +13,11 @@ _SHIFT = np.uint64(32)
 
 
 @njit(cache=True, nogil=True)
-def float32_keys(s, out):
+def float32_keys(s, out, first):
     """Write ``rank << 32 | row`` into ``out`` (unsorted): ``rank`` is ``s[row]`` rounded to float32
     (-0.0 as +0.0), its bit pattern made monotone (negative: every bit flipped; else the sign bit
-    set). Return whether every value was a float32 exactly (then equal ranks are equal scores)."""
+    set); rows are numbered from ``first`` (``s`` and ``out`` may be a slice of the whole). Return
+    whether every value was a float32 exactly (then equal ranks are equal scores)."""
     block = 4096
     buf = np.empty(block, dtype=np.float32)
     bits = buf.view(np.uint32)
@@ -29,7 +30,7 @@ def float32_keys(s, out):
         for j in range(m):
             u = bits[j]
             u ^= (np.uint32(0) - (u >> np.uint32(31))) | np.uint32(0x80000000)
-            out[a + j] = (np.uint64(u) << _SHIFT) | np.uint64(a + j)
+            out[a + j] = (np.uint64(u) << _SHIFT) | np.uint64(first + a + j)
     return exact
 
 
@@ -93,8 +94,23 @@ def _sort_segment(key, s, i, j, rank, last):
 
 
 @njit(cache=True, nogil=True)
+def segment_start(key, s, by_s, i):
+    """The first row ``j >= max(i, 1)`` that opens a segment of :func:`dense_ranks` (its rank, or
+    with ``by_s`` its score, differs from row ``j - 1``'s); ``key.size`` when there is none. Rows on
+    either side of it have distinct scores, so a walk from there starts a new dense rank."""
+    for j in range(max(i, 1), key.size):
+        if by_s:
+            if np.float64(s[key[j] & _MASK]) != np.float64(s[key[j - 1] & _MASK]):
+                return j
+        elif (key[j] >> _SHIFT) != (key[j - 1] >> _SHIFT):
+            return j
+    return key.size
+
+
+@njit(cache=True, nogil=True)
 def dense_ranks(key, s, by_s):
-    """Rewrite ``key`` in place as ``dense rank << 32 | row`` of ``s``, sorted by (``s``, row).
+    """Rewrite ``key`` in place as ``dense rank << 32 | row`` of ``s``, sorted by (``s``, row), the
+    ranks from 0; return the last rank (-1 when ``key`` is empty).
 
     The order must already put ``s`` in ascending order across segments: the segments are the
     runs of equal rank (``by_s`` False: a float32 sort, whose rounding is monotone but may merge
@@ -144,3 +160,4 @@ def dense_ranks(key, s, by_s):
                     last = vals[t]
                 key[i + t] = (np.uint64(rank) << _SHIFT) | rows[t]
         i = j
+    return rank
