@@ -210,3 +210,44 @@ def test_checks_in_halves_see_the_pair_across_the_middle(halves):
     down[mid] = down[mid - 1] - 0.5  # descends there only
     assert not ordered._ranks_from_order(key, down, check_only=True)
     assert ordered._ranks_from_order(key, s, check_only=True) and ordered.same_ranks(key, s)
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows_strategy, st.booleans(), st.sampled_from(["grid", "fine", "one"]), st.sampled_from([7, 1000]))
+def test_the_walk_in_halves_gives_the_numpy_tables(rows, probability, values, roc_points):
+    """Beyond LARGE the ordered pass walks up to a cut near the middle and down from the top on two
+    threads: the same counts, AUCs and ROC points as the numpy pass (``roc_points`` 1000: a point at
+    every group, the first above the cut among them), bins to rounding."""
+    s = np.array([r[0] / 12 for r in rows])
+    if values == "fine":
+        s = 0.5 + (s - 0.5) * 1e-9
+    elif values == "one":
+        s[:] = 0.25
+    y = np.array([r[1] for r in rows], np.int8)
+    pos = np.array([r[2] * 2 for r in rows])
+    soft = {"accept_prob": (np.array([r[3] for r in rows]) / 4).astype(np.float32)}
+    packed = pack_rows(y, pos, soft)
+    saved = ordered.LARGE
+    try:
+        ordered.LARGE = 0
+        a = score_tables(s=s, y=y, position=pos, probability=probability, soft=soft, key=order_keys(s),
+                         packed=packed, roc_points=roc_points)
+        ordered.LARGE, ordered.COMPILED = saved, False
+        b = score_tables(s=s, y=y, position=pos, probability=probability, soft=soft, key=order_keys(s),
+                         packed=packed, roc_points=roc_points)
+    finally:
+        ordered.LARGE, ordered.COMPILED = saved, True
+    _equal_tables(a, b)
+
+
+def test_the_walk_in_halves_on_a_real_sized_table(halves):
+    rng = np.random.default_rng(4)
+    n = 60_000
+    s = np.where(rng.random(n) < 0.5, np.round(rng.random(n), 3), rng.random(n))
+    y = (rng.random(n) < s).astype(np.int8)
+    pos = rng.integers(0, 7, n)
+    soft = {"accept_prob": rng.random(n).astype(np.float32)}
+    a = score_tables(s=s, y=y, position=pos, probability=True, soft=soft, roc_points=500)
+    ordered.LARGE = 1 << 40
+    b = score_tables(s=s, y=y, position=pos, probability=True, soft=soft, roc_points=500)
+    _equal_tables(a, b)

@@ -689,9 +689,11 @@ def _ordered_pass(s, key, packed, soft: dict, soft_pairs: dict, hard, k: int, n_
     roc_pos, roc_neg = np.zeros(roc_groups.size), np.zeros(roc_groups.size)
     words = packed.view(np.uint32).reshape(packed.size, packed.dtype.itemsize // 4)
     use_w = weights is not None
-    ordered_scan(high, low, words, words.view(np.float32), cols, s, weights if use_w else np.zeros(1), use_w,
-                 probability, k, n_bins, np.r_[ordered.totals, np.full(m, ordered.totals[k])], roc_groups, acc, mass,
-                 roc_pos, roc_neg)
+    tot = np.r_[ordered.totals, np.full(m, ordered.totals[k])]
+    if n <= LARGE or use_w or not _scan_in_halves(high, low, words, cols, s, probability, k, n_bins, tot, roc_groups,
+                                                  acc, mass, roc_pos, roc_neg):
+        ordered_scan(high, low, words, words.view(np.float32), cols, s, weights if use_w else np.zeros(1), use_w,
+                     probability, k, n_bins, tot, roc_groups, acc, mass, roc_pos, roc_neg, False)
     ordered.num[:], ordered.pos[:], ordered.neg[:], ordered.before[:] = acc[:k + 2].T
     ordered.mass_s[:], ordered.mass_y[:] = mass[:k + 2, 0], mass[:k + 2, 1]
     overall_roc.pos[0], overall_roc.neg[0] = ordered.pos[k], ordered.neg[k]
@@ -701,6 +703,50 @@ def _ordered_pass(s, key, packed, soft: dict, soft_pairs: dict, hard, k: int, n_
         o.num[0], o.pos[0], o.neg[0], o.before[0] = acc[k + 2 + c]
         o.mass_s[0], o.mass_y[0] = mass[k + 2 + c, 0], mass[k + 2 + c, 1]
     return ordered, overall_roc, soft_ord
+
+
+def _scan_in_halves(high, low, words, cols, s, probability: bool, k: int, n_bins: int, tot, roc_groups,
+                    acc, mass, roc_pos, roc_neg) -> bool:
+    """The compiled ordered pass on two threads: the groups below a cut near the middle walked up
+    from the lowest rank, those above it walked down from the highest (``mirror``), then joined.
+    Returns False (nothing written) when no group opens past the middle.
+
+    Walking down, a group's negatives below it are the scope's total negatives less those above and
+    in it, so its AUC term ``P (N_below + N/2)`` sums to ``P_above_cut x N_total - sum P (N_above +
+    N/2)``: integer counts give the one walk's sums exactly. Its ROC point (the positives and negatives
+    below the group) is the total less what the walk down had seen when it closed the group above;
+    the first group above the cut takes the walk up's totals."""
+    from svt.metrics.ordered_kernel import count_groups, group_start, ordered_scan
+
+    n = high.size
+    cut = int(group_start(high, n // 2))
+    if not 0 < cut < n:
+        return False
+    g_cut = int(count_groups(high[:cut]))  # groups below the cut; group g_cut opens at it
+    g_all = g_cut + int(count_groups(high[cut:]))
+    up_roc = roc_groups[roc_groups < g_cut]
+    down_roc = roc_groups[roc_groups > g_cut]
+    down_local = (g_all - down_roc)[::-1].copy()  # the walk down closes group g_all - L just before its L-th
+    M = acc.shape[0]
+    acc_d, mass_d = np.zeros((M, 4)), np.zeros_like(mass)
+    rp_u, rn_u = np.zeros(up_roc.size), np.zeros(up_roc.size)
+    rp_d, rn_d = np.zeros(down_local.size), np.zeros(down_local.size)
+    soft32, none = words.view(np.float32), np.zeros(1)
+    halves = [(high[:cut], low[:cut], up_roc, acc, mass, rp_u, rn_u, False),
+              (high[cut:][::-1], low[cut:][::-1], down_local, acc_d, mass_d, rp_d, rn_d, True)]
+    list(_pair_pool().map(lambda h: ordered_scan(h[0], h[1], words, soft32, cols, s, none, False, probability, k,
+                                                  n_bins, tot, h[2], h[3], h[4], h[5], h[6], h[7]), halves))
+    P1, N1, P2, N2 = acc[:, 1].copy(), acc[:, 2].copy(), acc_d[:, 1], acc_d[:, 2]
+    acc[:, 0] += P2 * (N1 + N2) - acc_d[:, 0]
+    acc[:, 1:] += acc_d[:, 1:]
+    mass += mass_d
+    roc_pos[:up_roc.size], roc_neg[:up_roc.size] = rp_u, rn_u
+    at = up_roc.size
+    if at < roc_groups.size and roc_groups[at] == g_cut:
+        roc_pos[at], roc_neg[at] = P1[k], N1[k]
+        at += 1
+    roc_pos[at:], roc_neg[at:] = acc[k, 1] - rp_d[::-1], acc[k, 2] - rn_d[::-1]
+    return True
 
 
 def _soft_word_columns(packed: np.ndarray, soft: dict) -> np.ndarray | None:

@@ -29,8 +29,18 @@ def count_groups(high):
 
 
 @njit(cache=True, nogil=True)
+def group_start(high, i):
+    """The first row ``j >= max(i, 1)`` whose rank differs from row ``j - 1``'s (a tie group opens
+    there); ``high.size`` when there is none."""
+    for j in range(max(i, 1), high.size):
+        if high[j] != high[j - 1]:
+            return j
+    return high.size
+
+
+@njit(cache=True, nogil=True)
 def ordered_scan(high, low, words, soft32, soft_cols, s, weights, use_weights, probability, k, n_bins,
-                 totals, roc_groups, acc, mass, roc_pos, roc_neg):
+                 totals, roc_groups, acc, mass, roc_pos, roc_neg, mirror):
     """Walk keys sorted by ``high`` (rank) with rows ``low``. ``words``: the packed records as
     uint32 words (word 0: label in the low byte, position in the high half); ``soft32``: the same
     memory as float32, soft label ``c`` in column ``soft_cols[c]``.
@@ -41,6 +51,11 @@ def ordered_scan(high, low, words, soft32, soft_cols, s, weights, use_weights, p
     (probability only); ``mass[j, 0 | 1, bin]``: equal-mass bins' score and label sums.
     ``weights``: row weights when ``use_weights``. ``roc_groups``: ascending group indices at
     which the overall scope's positive and negative weight below are recorded.
+
+    ``mirror``: the keys are walked from the highest rank down (reversed views of the end of an
+    order); ``acc`` then counts the rows above each group, and a group's equal-mass bin is found from
+    the rows below it, ``totals[j] - acc[j, 3] - W`` (`ordered._scan_in_halves` turns the rest
+    around).
 
     Rows are read a block at a time: the block's records (and weights, soft labels, and the score of
     each group's first row) are gathered first, in a loop of independent loads the processor
@@ -130,7 +145,8 @@ def ordered_scan(high, low, words, soft32, soft_cols, s, weights, use_weights, p
                 acc[j, 0] += P * (acc[j, 2] + 0.5 * N)
                 if probability:
                     W = P + N
-                    idx = int(acc[j, 3] / totals[j] * n_bins)
+                    below = totals[j] - acc[j, 3] - W if mirror else acc[j, 3]
+                    idx = int(below / totals[j] * n_bins)
                     idx = min(max(idx, 0), n_bins - 1)
                     mass[j, 0, idx] += W * sg
                     mass[j, 1, idx] += P
