@@ -376,7 +376,7 @@ MUTANTS = [
     M("ordered-kernel-excluding-first-keeps-first", "fast loops", "metrics/ordered_kernel.py",
       "                if p > 0:\n                    Pe", "                if p >= 0:\n                    Pe", KERNELS),
     M("ordered-kernel-mass-bin-after-group", "fast loops", "metrics/ordered_kernel.py",
-      "idx = int(acc[j, 3] / totals[j] * n_bins)", "idx = int((acc[j, 3] + W) / totals[j] * n_bins)", KERNELS),
+      "else acc[j, 3]\n", "else acc[j, 3] + W\n", KERNELS),
     M("ordered-kernel-roc-negatives-as-positives", "fast loops", "metrics/ordered_kernel.py",
       "roc_neg[ri] = acc[k, 2]", "roc_neg[ri] = acc[k, 1]", KERNELS),
     M("ordered-kernel-block-gather-short", "fast loops", "metrics/ordered_kernel.py",
