@@ -56,6 +56,7 @@ def _large_run_kernels() -> None:
     import numpy as np
 
     from svt.metrics.radix_kernel import sort_in_place
+    from svt.metrics.ordered_kernel import group_start
     from svt.metrics.ranks_kernel import fill_float32, float32_keys, segment_start
 
     key = np.empty(1 << 17, dtype=np.uint64)
@@ -65,6 +66,7 @@ def _large_run_kernels() -> None:
     sort_in_place(key)
     for s in (scores, scores.astype(np.float64)):  # where a half's walk may start, float32 or float64 scores
         segment_start(key, s, True, key.size // 2)
+    group_start(key.view(np.uint32)[1::2], key.size // 2)  # where the ordered pass's walk down starts
 
 
 def main() -> int:

@@ -26,6 +26,12 @@ label, position and soft labels are packed in one record, so reading rows in sco
 one memory access per row. Extra memory
 is the keys (8 bytes per row), the records, and one chunk's temporaries.
 
+Beyond `LARGE` (features scored one at a time, so the second core is free) the walks over an order
+run on two threads: the float32 keys, the rank checks and the dense-rank rewrite one half each
+(the rewrite cut where a segment opens), and the ordered pass up from the lowest rank to a group
+boundary near the middle and down from the highest (`_scan_in_halves`; its AUC sums are turned
+around exactly, the soft-label ones to rounding).
+
 With 0/1 labels every AUC sum is an integer or half-integer, exact in float64 up to about 10^8
 labelled drafts of each class.
 """

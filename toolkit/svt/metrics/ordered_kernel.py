@@ -6,8 +6,8 @@ into the scopes' accumulators: AUC numerator with ties one half, positives and n
 equal-mass bins by the rows before the group, and the overall ROC points at chosen groups.
 
 The numbers are those of the numpy pass (`ordered._ordered_pass_numpy`, kept as the reference):
-the AUC sums are integers or half-integers added in the same order of groups (exact); the
-equal-mass bins' score sums differ only by float64 rounding of a different summation order."""
+the AUC sums are integers or half-integers (exact, in one walk or two); the equal-mass bins' score
+sums and the soft labels' AUC sums differ only by float64 rounding of a different summation order."""
 
 from __future__ import annotations
 
