@@ -10,7 +10,7 @@ import pytest
 # the kernels that svt fit / svt evaluate with fits, groups, bootstrap and --costs compile, and those
 # of a run too large for a second key array
 ENTRY_KERNELS = {
-    "identity_kernel.identity_chunk", "identity_kernel.identity_columns", "irls_kernel.replay", "ordered_kernel.count_groups",
+    "identity_kernel.identity_columns", "irls_kernel.replay", "ordered_kernel.count_groups",
     "ordered_kernel.ordered_scan", "ordered_kernel.group_start", "radix_kernel._histograms", "radix_kernel._scatter", "radix_kernel.msd_sort_segments",
     "ranks_kernel.float32_keys", "ranks_kernel.segment_start", "ranks_kernel.fill_float32", "ranks_kernel.dense_ranks",
     "ranks_kernel.has_ranks", "sums_kernel.score_sums", "steps_kernel.step_sums", "steps_kernel.step_heads", "replay_kernel.av_kept",
