@@ -55,8 +55,8 @@ def _large_run_kernels() -> None:
     sort, and scores read part by part as float32 when exact, and their keys."""
     import numpy as np
 
-    from svt.metrics.radix_kernel import sort_in_place
     from svt.metrics.ordered_kernel import group_start
+    from svt.metrics.radix_kernel import sort_in_place
     from svt.metrics.ranks_kernel import fill_float32, float32_keys, segment_start
 
     key = np.empty(1 << 17, dtype=np.uint64)
