@@ -462,18 +462,12 @@ def step_tables(parts: list[pl.LazyFrame], feats: list[Feature], n_bins: int, *,
     ascending positions (the collector's and the synthetic writer's order, checked) is summed in
     file order by one compiled loop; any other frame (or ``sort``, the reference) is sorted first."""
     cols: dict[str, list[np.ndarray]] = {"a": [], "k": [], **{f.name: [] for f in feats}}
-    # the next frame is read (polars, on its own threads) while this one's steps are summed
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="svt-steps") as pool:
-        ahead = pool.submit(_step_frame, parts[0], feats) if parts and not sort else None
-        for i, part in enumerate(parts):
-            frame = ahead.result() if ahead is not None else None
-            ahead = pool.submit(_step_frame, parts[i + 1], feats) if i + 1 < len(parts) and not sort else None
-            got = None if frame is None else _steps_in_order(frame, feats)
-            del frame
-            if got is None:
-                got = _steps_sorted(part, feats)
-            for name, v in got.items():
-                cols[name].append(v)
+    for part in parts:
+        got = None if sort else _steps_in_order(part, feats)
+        if got is None:
+            got = _steps_sorted(part, feats)
+        for name, v in got.items():
+            cols[name].append(v)
     steps = sum(a.size for a in cols["a"])
     accepted = sum(float(a.sum()) for a in cols["a"])
     k = max((int(a.max()) for a in cols["k"] if a.size), default=0)
@@ -491,21 +485,15 @@ def _steps_sorted(part: pl.LazyFrame, feats: list[Feature]) -> dict[str, np.ndar
             **{f.name: per_step[f"_p{i}"].to_numpy() for i, f in enumerate(feats)}}
 
 
-def _step_frame(part: pl.LazyFrame, feats: list[Feature]) -> pl.DataFrame:
-    """The columns :func:`_steps_in_order` sums, read in file order."""
-    run = pl.col("_run") if "_run" in part.collect_schema().names() else pl.col("run").rank("dense")
-    return part.select(run.cast(pl.Int64).alias("_r"), "request", "step", "position",
-                       (pl.col("label") == 1).fill_null(False).cast(pl.UInt8).alias("_acc"),
-                       *[f.expr.cast(pl.Float64).alias(f"_p{i}") for i, f in enumerate(feats)]).collect()
-
-
-def _steps_in_order(part: pl.LazyFrame | pl.DataFrame, feats: list[Feature]) -> dict[str, np.ndarray] | None:
-    """Per-step sums of a frame read in file order (``part``: lazy, or already read by
-    :func:`_step_frame`), or None when its steps are not contiguous runs of ascending positions, or a
-    score is null somewhere (the sorted path handles both)."""
+def _steps_in_order(part: pl.LazyFrame, feats: list[Feature]) -> dict[str, np.ndarray] | None:
+    """Per-step sums of a frame read in file order, or None when its steps are not contiguous runs of
+    ascending positions, or a score is null somewhere (the sorted path handles both)."""
     from svt.metrics.steps_kernel import step_heads, step_sums
 
-    frame = _step_frame(part, feats) if isinstance(part, pl.LazyFrame) else part
+    run = pl.col("_run") if "_run" in part.collect_schema().names() else pl.col("run").rank("dense")
+    frame = part.select(run.cast(pl.Int64).alias("_r"), "request", "step", "position",
+                        (pl.col("label") == 1).fill_null(False).cast(pl.UInt8).alias("_acc"),
+                        *[f.expr.cast(pl.Float64).alias(f"_p{i}") for i, f in enumerate(feats)]).collect()
     n = frame.height
     if n == 0:
         return None
