@@ -308,6 +308,8 @@ MUTANTS = [
       "roc_pos[at], roc_neg[at] = P1[k], N1[k]", "roc_pos[at], roc_neg[at] = P2[k], N2[k]", ("tests/metrics/test_ordered_kernels.py",)),
     M("walk-down-roc-off-by-one", "fast loops", "metrics/ordered.py",
       "down_local = (g_all - down_roc)[::-1].copy()", "down_local = (g_all - 1 - down_roc)[::-1].copy()", ("tests/metrics/test_ordered_kernels.py",)),
+    M("step-sums-columns-as-lent", "fast loops", "report/scoring.py",
+      "    a.setflags(write=False)\n    return a\n", "    return a\n", ("tests/report/test_streaming.py",)),
     M("steps-kernel-no-reset", "acceptance", "metrics/steps_kernel.py",
       "                b += 1\n                prod = 1.0\n", "                b += 1\n",
       ("tests/report/test_streaming.py",)),

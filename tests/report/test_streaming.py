@@ -185,6 +185,28 @@ def test_step_heads_check_splits_on_every_path(small_run):
     assert _steps_in_order(split.lazy(), feats) is None
 
 
+
+def test_step_sums_take_score_columns_lent_and_copied():
+    """Polars lends one chunk's memory (read-only) and copies several chunks (writable): a constant
+    feature beside a logged one over two frames gives one of each, summed together."""
+    import polars as pl
+
+    from svt.features import Feature
+    from svt.report.scoring import _steps_in_order
+
+    a = pl.DataFrame({"request": [1, 1, 1], "step": [1, 1, 2], "position": [0, 1, 0], "label": [1, 0, 1],
+                      "q_max": [0.5, 0.6, 0.7]},
+                     schema_overrides={"request": pl.Int64, "step": pl.Int32, "position": pl.Int16, "label": pl.Int8})
+    two = pl.concat([a.lazy(), a.with_columns(request=pl.lit(2, pl.Int64)).lazy()], rechunk=False)
+    two = two.with_columns(_run=pl.lit(0, pl.Int64))
+    feats = [Feature("q_max", pl.col("q_max").cast(pl.Float64), "", True, True),
+             Feature("half", pl.lit(0.5, pl.Float64), "", True, True)]
+    got = _steps_in_order(two, feats)
+    assert got["a"].tolist() == [1, 1, 1, 1] and got["k"].tolist() == [2, 1, 2, 1]
+    np.testing.assert_allclose(got["q_max"], [0.5 + 0.5 * 0.6, 0.7] * 2)
+    np.testing.assert_allclose(got["half"], [0.75, 0.5] * 2)
+
+
 def test_part_scores_are_float32_exactly_when_every_value_is(small_run):
     """A logged float32 probability is held as float32 (half the memory; every feature expression
     casts to Float64, so the values decide), a value that is no float32 keeps float64, unrounded."""

@@ -475,6 +475,14 @@ def step_tables(parts: list[pl.LazyFrame], feats: list[Feature], n_bins: int, *,
     return (1 + accepted / steps if steps else float("nan")), calib
 
 
+def _read_only(a: np.ndarray) -> np.ndarray:
+    """``a`` contiguous and read-only, whether polars lent its memory (read-only) or copied it (one
+    chunk or several): the compiled loop indexes a tuple of such columns, which must share one type."""
+    a = np.ascontiguousarray(a)
+    a.setflags(write=False)
+    return a
+
+
 def _steps_sorted(part: pl.LazyFrame, feats: list[Feature]) -> dict[str, np.ndarray]:
     keys = ["run", "request", "step"]
     per_step = (part.sort([*keys, "position"]).group_by(keys, maintain_order=True)
@@ -514,6 +522,6 @@ def _steps_in_order(part: pl.LazyFrame, feats: list[Feature]) -> dict[str, np.nd
             return None  # a step split into several runs of rows
     out_a, out_k = np.zeros(n_steps, np.int64), np.zeros(n_steps, np.int64)
     out_p = np.zeros((len(feats), n_steps))
-    p = tuple(frame[f"_p{i}"].to_numpy() for i in range(len(feats))) or (np.zeros(0),)
+    p = tuple(_read_only(frame[f"_p{i}"].to_numpy()) for i in range(len(feats))) or (np.zeros(0),)
     step_sums(first, frame["_acc"].to_numpy(), p, len(feats), out_a, out_k, out_p)
     return {"a": out_a, "k": out_k, **{f.name: out_p[i] for i, f in enumerate(feats)}}
