@@ -61,6 +61,21 @@ def _equal_tables(a: dict, b: dict) -> None:
         np.testing.assert_allclose(ra["rate"], rb["rate"], rtol=1e-12, atol=1e-13)
 
 
+def _rows_table(rows, values: str):
+    """Scores (a grid of 13 values; ``fine``: finer than float32; ``one``: all one value), labels,
+    even positions only (odd ones are empty scopes) and two soft labels from drawn rows."""
+    s = np.array([r[0] / 12 for r in rows])
+    if values == "fine":
+        s = 0.5 + (s - 0.5) * 1e-9
+    elif values == "one":
+        s[:] = 0.25
+    y = np.array([r[1] for r in rows], np.int8)
+    pos = np.array([r[2] * 2 for r in rows])
+    soft = {"accept_prob": (np.array([r[3] for r in rows]) / 4).astype(np.float32),
+            "accept_prob_expected": (np.array([r[4] for r in rows]) / 3).astype(np.float32)}
+    return s, y, pos, soft
+
+
 rows_strategy = st.lists(st.tuples(st.integers(0, 12), st.integers(0, 1), st.integers(0, 4),
                                    st.integers(0, 4), st.integers(0, 3)), min_size=1, max_size=80)
 
@@ -71,15 +86,7 @@ def test_the_compiled_walks_give_the_numpy_tables(rows, probability, weighted, c
     """Ties (a grid of 13 values), scores finer than float32 (`fine`) or all one value, positions
     with gaps, one class, two soft labels, chunks that cut ties (numpy side), bootstrap weights
     with zeros."""
-    s = np.array([r[0] / 12 for r in rows])
-    if values == "fine":
-        s = 0.5 + (s - 0.5) * 1e-9
-    elif values == "one":
-        s[:] = 0.25
-    y = np.array([r[1] for r in rows], np.int8)
-    pos = np.array([r[2] * 2 for r in rows])  # even positions only: odd ones are empty scopes
-    soft = {"accept_prob": (np.array([r[3] for r in rows]) / 4).astype(np.float32),
-            "accept_prob_expected": (np.array([r[4] for r in rows]) / 3).astype(np.float32)}
+    s, y, pos, soft = _rows_table(rows, values)
     weights = np.array([r[3] for r in rows], dtype=np.float64) if weighted else None
     packed = pack_rows(y, pos, soft)
     key = order_keys(s)
@@ -218,14 +225,7 @@ def test_the_walk_in_halves_gives_the_numpy_tables(rows, probability, values, ro
     """Beyond LARGE the ordered pass walks up to a cut near the middle and down from the top on two
     threads: the same counts, AUCs and ROC points as the numpy pass (``roc_points`` 1000: a point at
     every group, the first above the cut among them), bins to rounding."""
-    s = np.array([r[0] / 12 for r in rows])
-    if values == "fine":
-        s = 0.5 + (s - 0.5) * 1e-9
-    elif values == "one":
-        s[:] = 0.25
-    y = np.array([r[1] for r in rows], np.int8)
-    pos = np.array([r[2] * 2 for r in rows])
-    soft = {"accept_prob": (np.array([r[3] for r in rows]) / 4).astype(np.float32)}
+    s, y, pos, soft = _rows_table(rows, values)
     packed = pack_rows(y, pos, soft)
     saved = ordered.LARGE
     try:

@@ -46,6 +46,22 @@ def _add_sums(h, m, acc, at):
     acc[at + 1] += s1
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _add_sketch(h, e, sign, x, off, n_c, n_proj, sketch, m):
+    """Add rows ``off:off+m`` of the score columns ``x[:n_c]`` to ``sketch``: projection ``j``'s
+    sign of a row is bit ``j`` of its structure hash ``h`` mixed once more (``e``, ``sign``: scratch)."""
+    for r in range(m):
+        e[r] = _mix(h[r] ^ _SIGNS)
+    for j in range(n_proj):
+        for r in range(m):
+            sign[r] = float((e[r] >> np.uint64(j)) & _ONE) * 2.0 - 1.0
+        for c in range(n_c):
+            t = 0.0
+            for r in range(m):
+                t += sign[r] * x[c, off + r]
+            sketch[c, j] += t
+
+
 @njit(cache=True, nogil=True, fastmath=True)
 def identity_chunk(sbits, pbits, consts, x, n_proj, acc, sketch, lo, hi):
     """Add rows ``lo:hi`` of a chunk to ``acc`` (uint64[4]: the structure hash's two sums, then the exact
@@ -72,16 +88,7 @@ def identity_chunk(sbits, pbits, consts, x, n_proj, acc, sketch, lo, hi):
         _hash_columns(h, sbits, consts, 0, a, m)
         _add_sums(h, m, acc, 0)
         if npc:
-            for r in range(m):
-                e[r] = _mix(h[r] ^ _SIGNS)
-            for j in range(n_proj):
-                for r in range(m):
-                    sign[r] = float((e[r] >> np.uint64(j)) & _ONE) * 2.0 - 1.0
-                for c in range(npc):
-                    t = 0.0
-                    for r in range(m):
-                        t += sign[r] * x[c, a + r]
-                    sketch[c, j] += t
+            _add_sketch(h, e, sign, x, a, npc, n_proj, sketch, m)
         e[:m] = h[:m]
         _hash_columns(e, pbits, consts, ns, a, m)
         _add_sums(e, m, acc, 2)
@@ -142,16 +149,7 @@ def identity_columns(s, s_null, p, p_null, x, n_p, consts, n_proj, acc, sketch, 
                 _load_scores(xb, 1, x[1], a, m)
             if n_p > 2:
                 _load_scores(xb, 2, x[2], a, m)
-            for r in range(m):
-                e[r] = _mix(h[r] ^ _SIGNS)
-            for j in range(n_proj):
-                for r in range(m):
-                    sign[r] = float((e[r] >> np.uint64(j)) & _ONE) * 2.0 - 1.0
-                for c in range(n_p):
-                    t = 0.0
-                    for r in range(m):
-                        t += sign[r] * xb[c, r]
-                    sketch[c, j] += t
+            _add_sketch(h, e, sign, xb, 0, n_p, n_proj, sketch, m)
         e[:m] = h[:m]
         if n_p > 0:
             _hash_native(e, p[0], p_null[0], consts[5], a, m)
