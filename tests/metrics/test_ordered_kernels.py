@@ -95,14 +95,19 @@ def test_the_compiled_walks_give_the_numpy_tables(rows, probability, weighted, c
     _equal_tables(a, b)
 
 
+def _real_sized(rng, n: int):
+    """Half the scores on a grid of 1,001 values (ties), half distinct; labels drawn at the score,
+    seven positions, one soft label."""
+    s = np.where(rng.random(n) < 0.5, np.round(rng.random(n), 3), rng.random(n))
+    y = (rng.random(n) < s).astype(np.int8)
+    return s, y, rng.integers(0, 7, n), {"accept_prob": rng.random(n).astype(np.float32)}
+
+
 def test_the_compiled_walks_on_a_real_sized_table():
     """Many ties and many distinct scores at once, past one block of the gather (4096 rows)."""
     rng = np.random.default_rng(3)
     n = 50_000
-    s = np.where(rng.random(n) < 0.5, np.round(rng.random(n), 3), rng.random(n))
-    y = (rng.random(n) < s).astype(np.int8)
-    pos = rng.integers(0, 7, n)
-    soft = {"accept_prob": rng.random(n).astype(np.float32)}
+    s, y, pos, soft = _real_sized(rng, n)
     for weights in (None, rng.multinomial(n, np.full(n, 1 / n)).astype(np.float64)):
         a, b = _both(s=s, y=y, position=pos, probability=True, soft=soft, weights=weights)
         _equal_tables(a, b)
@@ -241,12 +246,8 @@ def test_the_walk_in_halves_gives_the_numpy_tables(rows, probability, values, ro
 
 
 def test_the_walk_in_halves_on_a_real_sized_table(halves):
-    rng = np.random.default_rng(4)
-    n = 60_000
-    s = np.where(rng.random(n) < 0.5, np.round(rng.random(n), 3), rng.random(n))
-    y = (rng.random(n) < s).astype(np.int8)
-    pos = rng.integers(0, 7, n)
-    soft = {"accept_prob": rng.random(n).astype(np.float32)}
+    """The walk in halves against one walk, with many groups each side of the cut."""
+    s, y, pos, soft = _real_sized(np.random.default_rng(4), 60_000)
     a = score_tables(s=s, y=y, position=pos, probability=True, soft=soft, roc_points=500)
     ordered.LARGE = 1 << 40
     b = score_tables(s=s, y=y, position=pos, probability=True, soft=soft, roc_points=500)
