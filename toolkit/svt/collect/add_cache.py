@@ -40,4 +40,4 @@ def add_cache_to_run(run_dir: str | Path, overrides: dict | None = None, *, devi
     dtype = models.get("dtype") or "auto"
     pair = load_pair(paths["target"], paths["draft"], device=device,
                      dtype=dtype if dtype in ("float32", "bfloat16", "float16") else "auto")
-    return build_cache_drafts(run_dir, options, pair.draft, pair.tokenizer)
+    return build_cache_drafts(run_dir, options, pair.draft, pair.tokenizer, target=pair.target)

@@ -149,17 +149,25 @@ class RequestFeatures:
 
 
 def teacher_forced_accepted(draft_model, sequences: list[tuple[list[int], list[int]]], k: int,
-                            batch_size: int = 8) -> list[np.ndarray]:
+                            batch_size: int = 8, *, target=None) -> list[np.ndarray]:
     """For each (prompt, output) of a greedy run: the model drafter's accepted length from every
     decode position, ``[len(output)]``.
 
     If the draft's first j tokens equal the target's next j tokens, the draft's token j is the draft
     model's argmax on the target's own prefix; so the accepted length from t is the run of positions
     t, t+1, ... where the draft's teacher-forced argmax equals the output token, capped at K (and at
-    the tokens left). One forward per request gives every position.
+    the tokens left). One forward per request gives every position. A hidden-state head (EAGLE-3)
+    is unrolled over its ``target``'s features instead
+    (:func:`svt.collect.head_draft.head_teacher_forced_accepted`).
     """
     import torch
 
+    from svt.collect.head_draft import head_teacher_forced_accepted, is_head
+
+    if is_head(draft_model):  # a hidden-state head drafts from the target's features
+        if target is None:
+            raise ValueError("a hidden-state head's teacher-forced drafts need its target (target=...)")
+        return head_teacher_forced_accepted(draft_model, target, sequences, k, batch_size)
     device = next(draft_model.parameters()).device
     out: list[np.ndarray] = []
     for i in range(0, len(sequences), batch_size):

@@ -122,17 +122,19 @@ def reference_steps(requests: pl.DataFrame) -> pl.DataFrame:
 ModelYields = Callable[[pl.DataFrame], list[np.ndarray]]
 
 
-def teacher_forced_model_yields(draft_model, k: int) -> ModelYields:
-    """``model_yields`` of a real drafter: teacher-forced on each request's output."""
+def teacher_forced_model_yields(draft_model, k: int, target=None) -> ModelYields:
+    """``model_yields`` of a real drafter: teacher-forced on each request's output (a hidden-state
+    head over its ``target``'s features)."""
     def model_yields(part: pl.DataFrame) -> list[np.ndarray]:
         return teacher_forced_accepted(draft_model, list(zip(part["prompt_ids"].to_list(),
-                                                             part["output_ids"].to_list(), strict=True)), k)
+                                                             part["output_ids"].to_list(), strict=True)), k,
+                                       target=target)
     return model_yields
 
 
 def build_cache_drafts(run_dir: str | Path, options: CacheOptions, draft_model, tokenizer,
                        progress: Callable[[int], None] | None = None, *,
-                       model_yields: ModelYields | None = None) -> dict:
+                       model_yields: ModelYields | None = None, target=None) -> dict:
     """Write the run's ``cache_drafts`` table (beside the old one, swapped in when complete) and
     record the options in run.json. Returns the run.json ``cache`` entry.
 
@@ -156,7 +158,7 @@ def build_cache_drafts(run_dir: str | Path, options: CacheOptions, draft_model, 
     vocab = int(draft_model.config.vocab_size) if draft_model is not None else len(tokenizer)
     classes = char_class_table(tokenizer, vocab)
     if model_yields is None:
-        model_yields = teacher_forced_model_yields(draft_model, k)
+        model_yields = teacher_forced_model_yields(draft_model, k, target)
     drafter = CacheDrafter(options)
     tmp = run_dir / ".cache_drafts.tmp"
     shutil.rmtree(tmp, ignore_errors=True)

@@ -27,6 +27,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from svt.collect.head_draft import (
+    draft_with_head,
+    is_head,
+    prefill_catch_up,
+    step_catch_up,
+    taps_of,
+)
 from svt.collect.sampling import draft_features, draft_token, process_probs, q_stats, trim, verify
 
 
@@ -99,8 +106,9 @@ class _Cache:
         self.mask = torch.zeros((batch, 0), dtype=torch.long, device=device)
         self.live = torch.zeros(batch, dtype=torch.long, device=device)
 
-    def forward(self, ids: torch.Tensor, new_mask: torch.Tensor, hidden: bool = False):
-        """Append ``ids`` ``[B, T]`` (``new_mask`` marks real slots); return logits [B, T, V]."""
+    def forward(self, ids: torch.Tensor, new_mask: torch.Tensor, hidden: bool = False, **extra):
+        """Append ``ids`` ``[B, T]`` (``new_mask`` marks real slots); return logits [B, T, V].
+        ``extra`` goes to the model (a hidden-state head's ``features``)."""
         pos = self.live[:, None] + (new_mask.cumsum(1) - 1).clamp(min=0)
         self.mask = torch.cat([self.mask, new_mask], 1)
         out = self.model(
@@ -110,6 +118,7 @@ class _Cache:
             cache=self.cache,
             use_cache=True,
             output_hidden_states=hidden,
+            **extra,
         )
         self.live = self.live + new_mask.sum(1)
         return out
@@ -173,6 +182,8 @@ class _Rows:
     has_unseen: torch.Tensor
     active: torch.Tensor
     n_out: torch.Tensor  # tokens emitted so far, per original row (CPU)
+    # a hidden-state head's next catch-up slots (svt.collect.head_draft); None for a draft model
+    catch: object = None
 
     def end_step(self, done: np.ndarray, device, compact: bool) -> None:
         """Finished rows leave; then both caches compact if their holes are many."""
@@ -187,6 +198,8 @@ class _Rows:
         keep = torch.from_numpy(np.flatnonzero(~done)).to(device)
         self.active = self.active.index_select(0, keep)
         self.pending, self.unseen, self.has_unseen = self.pending[keep], self.unseen[keep], self.has_unseen[keep]
+        if self.catch is not None:
+            self.catch = self.catch.select(keep)
         self.tc.select(keep)
         self.dc.select(keep)
 
@@ -203,17 +216,29 @@ def _prefill(target, draft, prompts: list[list[int]], pad_id: int, device) -> _R
             pmask[b, width - (len(p) - 1) :] = 1
     ids, pmask = ids.to(device), pmask.to(device)
     tc, dc = _Cache(target, B, device), _Cache(draft, B, device)
-    tc.forward(ids, pmask)
-    dc.forward(ids, pmask)
-    return _Rows(tc, dc, pending=torch.tensor([p[-1] for p in prompts], dtype=torch.long, device=device),
+    pending = torch.tensor([p[-1] for p in prompts], dtype=torch.long, device=device)
+    head = is_head(draft)
+    out = tc.forward(ids, pmask, hidden=head)
+    catch = None
+    if head:  # the head's slots are fed with the first draft (svt.collect.head_draft)
+        catch = prefill_catch_up(draft, ids, pmask, taps_of(out, draft.cfg.aux_layer_ids), pending)
+    else:
+        dc.forward(ids, pmask)
+    return _Rows(tc, dc, pending=pending,
                  unseen=torch.full((B,), pad_id, dtype=torch.long, device=device),
                  has_unseen=torch.zeros(B, dtype=torch.long, device=device),
-                 active=torch.arange(B, device=device), n_out=torch.zeros(B, dtype=torch.long))
+                 active=torch.arange(B, device=device), n_out=torch.zeros(B, dtype=torch.long), catch=catch)
 
 
 def _draft_k(rows: _Rows, params: SamplingParams, generator, hidden: bool):
     """K draft tokens for every row: ``q`` [nb, K, V], ``x`` [nb, K] and the last hidden states."""
     nb, K = rows.active.numel(), params.k
+    if rows.catch is not None:
+        def sample(logits):
+            q = process_probs(logits, params.temperature, params.top_p)
+            return q, draft_token(q, params.greedy, generator)
+
+        return draft_with_head(rows.dc, rows.catch, K, sample, hidden)
     ones1 = torch.ones((nb, 1), dtype=torch.long, device=rows.pending.device)
     feed = torch.stack([rows.unseen, rows.pending], 1)
     fmask = torch.stack([rows.has_unseen, torch.ones_like(rows.has_unseen)], 1)
@@ -232,10 +257,15 @@ def _draft_k(rows: _Rows, params: SamplingParams, generator, hidden: bool):
 
 
 def _advance_caches(rows: _Rows, x: torch.Tensor, acc: torch.Tensor, next_token: torch.Tensor, K: int,
-                    pad_id: int) -> None:
-    """The target keeps y and the accepted drafts; the draft keeps what it was fed of them."""
+                    pad_id: int, taps: torch.Tensor | None = None) -> None:
+    """The target keeps y and the accepted drafts; the draft keeps what it was fed of them (a head:
+    the verified slots' features wait for the next draft)."""
     kr = torch.arange(K + 1, device=x.device)[None, :]
     rows.tc.restrict_last(kr < (acc + 1)[:, None])
+    if rows.catch is not None:
+        rows.catch = step_catch_up(rows.dc.model, taps, x, acc, next_token)
+        rows.pending = next_token
+        return
     # draft's slots this step: [a, y, x_0 .. x_{K-2}]; keep a (when real), y, x_0..x_{acc-1}
     rows.dc.restrict_last((kr < 2) | (kr - 2 < acc[:, None]))
     all_acc = acc == K
@@ -292,6 +322,7 @@ def run_batch(
     log = log or LogOptions()
     device = next(target.parameters()).device
     B, K, greedy = len(prompts), params.k, params.greedy
+    head = is_head(draft)
     request_ids = request_ids if request_ids is not None else list(range(B))
     out = BatchLog(outputs=[[] for _ in range(B)], finish=["length"] * B)
     rows = _prefill(target, draft, prompts, pad_id, device)
@@ -306,7 +337,7 @@ def run_batch(
         t1 = time.perf_counter()
         # verify with one target forward: [y, x_0, ..., x_{K-1}] gives p_0..p_K
         to = rows.tc.forward(torch.cat([rows.pending[:, None], x], 1),
-                             torch.ones((nb, K + 1), dtype=torch.long, device=device))
+                             torch.ones((nb, K + 1), dtype=torch.long, device=device), hidden=head)
         p = process_probs(to.logits, params.temperature, params.top_p)  # [nb, K + 1, V]
         res = verify(p, q, x, greedy=greedy, generator=generator)
         acc, next_token = res.accepted, res.next_token
@@ -317,7 +348,8 @@ def run_batch(
             acc, next_token = trim(p, acc, next_token, kept, greedy=greedy, generator=generator)
         _sync(device)
         t2 = time.perf_counter()
-        _advance_caches(rows, x, acc, next_token, K, pad_id)
+        _advance_caches(rows, x, acc, next_token, K, pad_id,
+                        taps_of(to, draft.cfg.aux_layer_ids) if head else None)
         # log: two device-to-host transfers per step
         feats = draft_features(q, p[:, :K], x)
         if greedy:  # acceptance is argmax agreement: the soft labels are the 0/1 outcome

@@ -62,7 +62,8 @@ def _request_frames(plan: CollectPlan, r: int, log: HVDLog) -> dict[str, pl.Data
     and the request itself."""
     workload = plan.workload_of[r]
     output = np.asarray(log.output, dtype=np.int64)
-    model = teacher_forced_accepted(plan.pair.draft, [(plan.ids[r], log.output)], plan.cfg.k)[0]
+    model = teacher_forced_accepted(plan.pair.draft, [(plan.ids[r], log.output)], plan.cfg.k,
+                                    target=plan.pair.target)[0]
     rows = pl.DataFrame([{**row, "workload": workload,
                           "oracle_accepted": common_prefix(np.asarray(row["draft_ids"]), output[row["decode_pos"]:]),
                           "model_accepted": int(model[row["decode_pos"]])} for row in log.rows])

@@ -1,7 +1,8 @@
 """Measure a pair's step costs on its device: the cost table the AV replay needs.
 
 ``draft_ms[batch][k]``: the drafter proposing k tokens (k sequential one-token forwards) for a batch
-of requests; ``verify_ms[tokens]``: one target forward over that many new tokens in a batch (rows x
+of requests (a hidden-state head: the fusion of the target's taps and a catch-up forward of k + 1
+slots for the first draft, then one-slot forwards, as the engine drafts); ``verify_ms[tokens]``: one target forward over that many new tokens in a batch (rows x
 tokens per row). Each figure is the median of timed repeats after a discarded warm-up, over a
 KV cache holding ``context`` tokens per row (cropped back after every repeat).
 
@@ -23,6 +24,7 @@ from collections import defaultdict
 import numpy as np
 import torch
 
+from svt.collect.head_draft import is_head
 from svt.devices import machine_load
 from svt.errors import ConfigError
 from svt.simulate.costs import CostTable
@@ -52,6 +54,46 @@ def _prefill(model, batch: int, context: int, device):
                         generator=torch.Generator(device=device).manual_seed(0))
     model(input_ids=ids, cache=cache, use_cache=True)
     return cache
+
+
+@torch.inference_mode()
+def _prefill_head(head, batch: int, context: int, device):
+    """A hidden-state head's cache holding ``context`` slots of random tokens and features."""
+    from svt.collect.kv_cache import growing_cache
+
+    cache = growing_cache(head.config)
+    g = torch.Generator(device=device).manual_seed(0)
+    ids = torch.randint(10, head.cfg.vocab_size, (batch, context), device=device, generator=g)
+    feat = torch.randn((batch, context, head.cfg.hidden_size), device=device, generator=g,
+                       dtype=next(head.parameters()).dtype)
+    pos = torch.arange(context, device=device)[None].expand(batch, -1)
+    head(ids, feat, torch.ones((batch, context), dtype=torch.long, device=device), pos, cache)
+    return cache
+
+
+@torch.inference_mode()
+def _head_draft_times(head, cache, batch: int, k: int, context: int, device) -> list[float]:
+    """Cumulative ms after each of ``k`` drafts as svt's engine drafts with a head: the fusion of the
+    target's taps and the catch-up forward of ``k + 1`` slots (the first draft), then ``k - 1``
+    one-slot forwards on the head's own features (:mod:`svt.collect.head_draft`)."""
+    dt = next(head.parameters()).dtype
+    taps = torch.randn((batch, k + 1, len(head.cfg.aux_layer_ids) * head.cfg.target_hidden_size), device=device,
+                       dtype=dt)
+    ids = torch.full((batch, k + 1), 11, device=device)
+    times = []
+    t0 = time.perf_counter()
+    width = context + k + 1
+    o = head(ids, head.fuse(taps), torch.ones((batch, width), dtype=torch.long, device=device),
+             context + torch.arange(k + 1, device=device)[None].expand(batch, -1), cache)
+    _sync(device)
+    times.append((time.perf_counter() - t0) * 1e3)
+    for j in range(1, k):
+        width += 1
+        o = head(ids[:, :1], o.hidden[:, -1:], torch.ones((batch, width), dtype=torch.long, device=device),
+                 torch.full((batch, 1), context + k + j, device=device), cache)
+        _sync(device)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return times
 
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64)
@@ -129,15 +171,16 @@ def profile_pair(target, draft, *, k: int, batches=DEFAULT_BATCHES, context: int
     verify: dict[int, list[float]] = defaultdict(list)
     spread = {"draft": {}, "verify": {}}
     verify_by_batch: dict[int, dict[int, tuple[float, float]]] = defaultdict(dict)  # m -> batch -> (ms, spread)
+    head = is_head(draft)
     for b in batches:
-        cache = _prefill(draft, b, context, device)
+        cache = _prefill_head(draft, b, context, device) if head else _prefill(draft, b, context, device)
         tok = torch.full((b, 1), 11, device=device)
         runs = []
         for rep in range(repeats + 1):  # the first is a warm-up
-            times = []
             _sync(device)
+            times = _head_draft_times(draft, cache, b, k, context, device) if head else []
             t0 = time.perf_counter()
-            for _ in range(k):
+            for _ in range(0 if head else k):
                 draft(input_ids=tok, cache=cache, use_cache=True)
                 _sync(device)
                 times.append((time.perf_counter() - t0) * 1e3)

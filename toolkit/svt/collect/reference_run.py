@@ -102,6 +102,11 @@ def _drafter(cfg_draft: str | None, stand_in: dict | None, k: int, seed: int, to
 
     path = Path(cfg_draft)
     check_model_dir(path, "draft")
+    from svt.models.eagle3 import is_eagle3_dir
+
+    if is_eagle3_dir(path):
+        raise ConfigError(f"{str(path)!r} is an EAGLE-3 head: it drafts from the target's hidden states, which a "
+                          "reference run (no target forward) does not compute. Use a draft model or `stand_in`.")
     check_draft_tokenizer(tokenizer, target_path, path)
     dev = resolve_device(device)
     model = load_causal_lm(path, "draft", dev, resolve_dtype(dtype, dev))

@@ -150,7 +150,7 @@ def _run_meta(plan: CollectPlan, params: SamplingParams, shard_meta: dict | None
             if params.greedy else "processed distributions (temperature, top-p)",
         },
         "k": cfg.k,
-        "drafter_kinds": ["model"],
+        "drafter_kinds": [plan.pair.draft_kind],
         "av": None if av is None else {"fit": av.fit, "costs": av.costs, "explore": av.explore,
                                        "online": av.online, "rule": av.rule,
                                        "labels": "censored: trimmed drafts have no label; steps with "
@@ -212,5 +212,5 @@ def collect_batches(plan: CollectPlan) -> RunSummary:
     if cfg.cache is not None:
         from svt.collect.cache_run import build_cache_drafts
 
-        build_cache_drafts(out, cfg.cache, pair.draft, tok)
+        build_cache_drafts(out, cfg.cache, pair.draft, tok, target=pair.target)
     return summary

@@ -1,0 +1,185 @@
+"""The EAGLE-3 head: training-time test against the cached forward, the published directory form,
+and the loader's checks of a head against its target."""
+
+import json
+import warnings
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from svt.collect.kv_cache import growing_cache
+from svt.errors import ModelLoadError
+from svt.models.eagle3 import Eagle3Config, Eagle3Head, is_eagle3_dir, save_head
+from svt.models.heads import default_aux_layers, load_eagle3
+from svt.models.train_eagle3 import make_head, target_view
+
+
+def tiny_target(vocab=50, hidden=32, layers=4, seed=0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=64, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4, max_position_embeddings=128,
+                      tie_word_embeddings=True, bos_token_id=0, eos_token_id=1, pad_token_id=0)
+    model = LlamaForCausalLM(cfg).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+def random_head(target, seed=1, scale=0.3):
+    head = make_head(target)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, p in head.named_parameters():
+            if not name.startswith("embed_tokens"):
+                p.add_(torch.randn_like(p) * scale)
+    return head.eval()
+
+
+@torch.no_grad()
+def test_training_time_test_equals_the_cached_forward_step_by_step():
+    """Chain i of ttt(), step k, is what a KV cache holding the step-0 prefix 0..i plus the chain's
+    own earlier steps gives: to float rounding, at every chain start and step."""
+    target = tiny_target()
+    head = random_head(target)
+    ids = torch.randint(2, 50, (2, 16))
+    taps, _ = target_view(target, ids, head.cfg.aux_layer_ids)
+    steps = 4
+    outs = head.ttt(ids, head.fuse(taps), steps)
+    for i in (0, 5, 10):
+        cache = growing_cache(head.config)
+        mask = torch.ones(2, i + 1, dtype=torch.long)
+        o = head(ids[:, 1 : i + 2], head.fuse(taps[:, : i + 1]), mask, torch.arange(i + 1)[None].expand(2, -1), cache)
+        torch.testing.assert_close(o.logits[:, -1], outs[0].logits[:, i], atol=1e-4, rtol=1e-4)
+        for k in range(1, steps):
+            mask = torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], 1)
+            o = head(ids[:, i + 1 + k : i + 2 + k], o.hidden[:, -1:], mask, torch.full((2, 1), i + k), cache)
+            torch.testing.assert_close(o.logits[:, -1], outs[k].logits[:, i], atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(o.hidden[:, -1], outs[k].hidden[:, i], atol=1e-4, rtol=1e-4)
+
+
+def test_saved_in_the_published_form(tmp_path):
+    target = tiny_target()
+    head = random_head(target)
+    save_head(head, tmp_path / "h", dtype=torch.float32)
+    cfg = json.loads((tmp_path / "h" / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
+    assert cfg["num_hidden_layers"] == 1 and cfg["draft_vocab_size"] == 50
+    names = set(load_file(tmp_path / "h" / "model.safetensors"))
+    assert {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "midlayer.hidden_norm.weight",
+            "midlayer.input_layernorm.weight", "midlayer.post_attention_layernorm.weight",
+            "midlayer.self_attn.q_proj.weight", "midlayer.mlp.down_proj.weight"} <= names
+    assert not any(n.startswith("embed_tokens") for n in names), "a shared embedding is not saved"
+    assert load_file(tmp_path / "h" / "model.safetensors")["midlayer.self_attn.q_proj.weight"].shape == (32, 64)
+    assert is_eagle3_dir(tmp_path / "h") and not is_eagle3_dir(tmp_path)
+    loaded = load_eagle3(tmp_path / "h", target)
+    ids = torch.randint(2, 50, (1, 12))
+    taps, _ = target_view(target, ids, (1, 2, 3))
+    with torch.no_grad():
+        a, b = head.ttt(ids, head.fuse(taps), 2), loaded.ttt(ids, loaded.fuse(taps), 2)
+    torch.testing.assert_close(a[1].logits, b[1].logits)
+    assert loaded.embed_tokens is target.get_input_embeddings()
+
+
+def reduced_head(target, keep: list[int]) -> Eagle3Head:
+    """A head whose LM head covers only ``keep`` (sorted target ids), with the d2t offsets."""
+    full = random_head(target)
+    cfg = Eagle3Config(**{**full.cfg.__dict__, "draft_vocab_size": len(keep)})
+    head = Eagle3Head(cfg, embed=target.get_input_embeddings())
+    state = {k: v for k, v in full.state_dict().items() if k not in ("lm_head.weight", "d2t")}
+    state["lm_head.weight"] = full.lm_head.weight[keep]
+    state["d2t"] = torch.tensor(keep) - torch.arange(len(keep))
+    head.load_state_dict(state)
+    return head.eval()
+
+
+@torch.no_grad()
+def test_reduced_vocabulary_maps_draft_ids_through_d2t(tmp_path):
+    target = tiny_target()
+    keep = sorted(torch.randperm(50, generator=torch.Generator().manual_seed(3))[:20].tolist())
+    head = reduced_head(target, keep)
+    save_head(head, tmp_path / "h", dtype=torch.float32)
+    loaded = load_eagle3(tmp_path / "h", target)
+    ids = torch.randint(2, 50, (1, 10))
+    taps, _ = target_view(target, ids, (1, 2, 3))
+    logits = loaded.ttt(ids, loaded.fuse(taps), 1)[0].logits[0]
+    q = logits.softmax(-1)
+    outside = torch.ones(50, dtype=torch.bool)
+    outside[keep] = False
+    assert q[:, outside].abs().max() == 0, "tokens outside the draft vocabulary have probability 0"
+    # draft id j scores target id keep[j]: the draft-vocabulary logits land where d2t says
+    draft_logits = loaded.lm_head(loaded.ttt(ids, loaded.fuse(taps), 1)[0].last_hidden[0])
+    torch.testing.assert_close(logits[:, keep], draft_logits)
+
+
+def _write(tmp_path, target, edit_cfg=None, edit_state=None, name="h"):
+    head = random_head(target)
+    path = tmp_path / name
+    save_head(head, path, dtype=torch.float32)
+    if edit_cfg:
+        cfg = json.loads((path / "config.json").read_text())
+        edit_cfg(cfg)
+        (path / "config.json").write_text(json.dumps(cfg))
+    if edit_state:
+        state = load_file(path / "model.safetensors")
+        edit_state(state)
+        save_file(state, path / "model.safetensors")
+    return path
+
+
+@pytest.mark.parametrize(("edit_cfg", "edit_state", "message"), [
+    (lambda c: c.update(target_hidden_size=48), None, "target_hidden_size"),
+    (lambda c: c.update(vocab_size=60), None, "vocab_size"),
+    (lambda c: c.update(eagle_aux_hidden_state_layer_ids=[1, 2, 4]), None, "beyond the target's"),
+    (lambda c: c.update(eagle_aux_hidden_state_layer_ids=[1, 2]), None, "three layer ids"),
+    (lambda c: c.update(architectures=["LlamaForCausalLM"]), None, "architectures"),
+    (lambda c: c.update(hidden_size="32"), None, "hidden_size"),
+    (lambda c: c.update(draft_vocab_size=20), lambda s: (s.pop("d2t"), s.update({"lm_head.weight": s["lm_head.weight"][:20]})),
+     "no `d2t`"),
+    (None, lambda s: s.pop("fc.weight"), "missing fc.weight"),
+    (None, lambda s: s.update({"extra.weight": torch.zeros(2)}), "unexpected extra.weight"),
+    (None, lambda s: s.update({"fc.weight": torch.zeros(32, 64)}), "`fc.weight`"),
+    (None, lambda s: s.update({"d2t": torch.full((50,), 1)}), "one-to-one"),
+])
+def test_a_head_that_does_not_fit_its_target_is_refused_naming_the_field(tmp_path, edit_cfg, edit_state, message):
+    target = tiny_target()
+    path = _write(tmp_path, target, edit_cfg, edit_state)
+    with pytest.raises(ModelLoadError, match=message.replace("(", r"\(").replace("`", ".")):
+        load_eagle3(path, target)
+
+
+def test_tap_ids_default_to_vllms_with_a_warning(tmp_path):
+    target = tiny_target(layers=8)
+    head = make_head(target, aux=(2, 4, 5))
+    save_head(head, tmp_path / "h", dtype=torch.float32)
+    cfg = json.loads((tmp_path / "h" / "config.json").read_text())
+    del cfg["eagle_aux_hidden_state_layer_ids"]
+    (tmp_path / "h" / "config.json").write_text(json.dumps(cfg))
+    with pytest.warns(UserWarning, match=r"vLLM's default \[2, 4, 5\]"):
+        loaded = load_eagle3(tmp_path / "h", target)
+    assert loaded.cfg.aux_layer_ids == default_aux_layers(8) == (2, 4, 5)
+    # in eagle_config (the form some exporters write) it is read without a warning
+    cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [1, 3, 6]}
+    (tmp_path / "h" / "config.json").write_text(json.dumps(cfg))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert load_eagle3(tmp_path / "h", target).cfg.aux_layer_ids == (1, 3, 6)
+
+
+def test_vllms_default_taps_are_broken_on_a_four_layer_target():
+    assert default_aux_layers(4) == (2, 2, 1)
+
+
+def test_an_embedding_shipped_with_the_head_is_its_own(tmp_path):
+    target = tiny_target()
+    head = random_head(target)
+    save_head(head, tmp_path / "h", dtype=torch.float32)
+    state = load_file(tmp_path / "h" / "model.safetensors")
+    state["embed_tokens.weight"] = torch.randn(50, 32)
+    save_file(state, tmp_path / "h" / "model.safetensors")
+    loaded = load_eagle3(tmp_path / "h", target)
+    assert loaded.embed_tokens is not target.get_input_embeddings()
+    torch.testing.assert_close(loaded.embed_tokens.weight, state["embed_tokens.weight"])

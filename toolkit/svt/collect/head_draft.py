@@ -1,0 +1,148 @@
+"""Drafting with a hidden-state head (EAGLE-3) inside svt's batched engine.
+
+The head keeps its own KV cache (``engine._Cache`` over a one-layer ``growing_cache``: holes, a 2D
+mask and live counts exactly as for a draft model). Its slot ``i`` pairs the target's fused feature
+of token ``t_i`` with the embedding of ``t_{i+1}``; the slots a row keeps are the verified prefix's,
+computed from the target's own tapped hidden states, so they are always the features the head was
+trained on. Per step, for rows whose pending token is ``y``:
+
+- **catch-up + first draft**: the slots of the tokens the target verified last step (or, after the
+  prefill, of the prompt) are fed in one forward, left-padded so each row's last slot pairs the
+  feature of the token before ``y`` with ``y``; its logits give ``q_0``;
+- **later drafts**: one slot a step, the layer's own pre-norm output as the feature and the token
+  just drafted; these ``K - 1`` slots become holes after the verify;
+- **after the verify**: the target's taps at ``[y, x_0, .., x_{K-1}]`` give the next catch-up: the
+  ``accepted + 1`` slots ``(feature(y), x_0), .., (feature(x_{a-1}), next_token)``.
+
+A prompt of one token has no feature before ``y``: its first draft reads a zero feature in a slot
+that is dropped after that draft (the drafts stay lossless: any q is).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from svt.models.eagle3 import Eagle3Head
+
+
+def is_head(draft) -> bool:
+    """Whether ``draft`` is a hidden-state head (drafts from the target's features)."""
+    return isinstance(draft, Eagle3Head)
+
+
+def drafter_kind(draft) -> str:
+    return "eagle3" if is_head(draft) else "model"
+
+
+def taps_of(out, aux: tuple[int, ...]) -> torch.Tensor:
+    """The concatenated tapped hidden states ``[B, T, 3H]`` of a target forward."""
+    return torch.cat([out.hidden_states[k] for k in aux], -1)
+
+
+@dataclass
+class CatchUp:
+    """The slots to feed before the next draft: tokens [nb, S], fused features [nb, S, H], the mask
+    of slots fed and of slots kept after the draft (a one-token prompt's zero-feature slot is fed,
+    not kept)."""
+
+    ids: torch.Tensor
+    feat: torch.Tensor
+    fed: torch.Tensor
+    kept: torch.Tensor
+
+    def select(self, keep: torch.Tensor) -> CatchUp:
+        return CatchUp(self.ids[keep], self.feat[keep], self.fed[keep], self.kept[keep])
+
+
+def prefill_catch_up(head: Eagle3Head, ids: torch.Tensor, pmask: torch.Tensor, taps: torch.Tensor,
+                     pending: torch.Tensor) -> CatchUp:
+    """After the target's prefill of the left-padded ``ids`` (prompt[:-1]): slot j holds token p_i's
+    feature and p_{i+1} (the last real slot: p_{n-2} and ``pending`` = p_{n-1})."""
+    nxt = torch.cat([ids[:, 1:], pending[:, None]], 1)
+    feat = head.fuse(taps) * pmask[..., None].to(taps.dtype)
+    fed = pmask.clone()
+    fed[:, -1] = 1
+    return CatchUp(nxt, feat, fed, pmask)
+
+
+def step_catch_up(head: Eagle3Head, taps: torch.Tensor, x: torch.Tensor, acc: torch.Tensor,
+                  next_token: torch.Tensor) -> CatchUp:
+    """After a verify of ``[y, x_0..x_{K-1}]`` (``taps`` [nb, K + 1, 3H]) that kept ``acc`` drafts:
+    the ``acc + 1`` slots (feature(y), x_0), .., (feature(x_{acc-1}), next_token), right-aligned in
+    ``K + 1`` slots."""
+    nb, K1 = taps.shape[:2]
+    j = torch.arange(K1, device=x.device)[None, :]
+    nxt = torch.cat([x, next_token[:, None]], 1)  # [nb, K + 1]
+    nxt = torch.where(j == acc[:, None], next_token[:, None], nxt)
+    src = j - (K1 - 1 - acc[:, None])  # slot s holds source j = s - (K - acc)
+    real = src >= 0
+    src = src.clamp(min=0)
+    ids = nxt.gather(1, src)
+    feat = head.fuse(taps.gather(1, src[..., None].expand(-1, -1, taps.shape[-1])))
+    mask = real.long()
+    return CatchUp(ids, feat * mask[..., None].to(feat.dtype), mask, mask)
+
+
+def draft_with_head(dc, catch: CatchUp, k: int, sample, hidden: bool):
+    """``k`` drafts from the head: ``sample(logits [nb, V]) -> (q, x)``; returns the q's, x's and
+    (when ``hidden``) the normed hidden state each draft was read from."""
+    nb = catch.ids.shape[0]
+    o = dc.forward(catch.ids, catch.fed, features=catch.feat)
+    ones1 = torch.ones((nb, 1), dtype=torch.long, device=catch.ids.device)
+    qs, toks, hid = [], [], []
+    for i in range(k):
+        q, x = sample(o.logits[:, -1])
+        qs.append(q)
+        toks.append(x)
+        if hidden:
+            hid.append(o.last_hidden[:, -1])
+        if i < k - 1:
+            o = dc.forward(x[:, None], ones1, features=o.hidden[:, -1:])
+    # what stays: the catch-up's real slots; the K - 1 draft slots become holes
+    dc.restrict_last(torch.cat([catch.kept, torch.zeros((nb, k - 1), dtype=torch.long, device=catch.ids.device)], 1))
+    return torch.stack(qs, 1), torch.stack(toks, 1), hid
+
+
+def head_teacher_forced_accepted(head: Eagle3Head, target, sequences, k: int, batch_size: int = 8):
+    """For each (prompt, output) of a greedy run: the head's accepted length from every decode
+    position, ``[len(output)]`` (cf. ``svt.collect.cache.teacher_forced_accepted``).
+
+    If the head's first j drafts from position t equal the target's next j tokens, its step j read
+    exactly the tokens of the output, so it is step j of the training-time-test unroll of the chain
+    that starts at the token before the pending one (``Eagle3Head.ttt``): one target forward and one
+    ``k``-step unroll per request give every position. Decode position t drafts output[t], ...,
+    output[t + k - 1] from the chain at absolute position ``len(prompt) + t - 2``; a prompt of one
+    token has no feature there (0 accepted at t = 0).
+    """
+    import numpy as np
+
+    device = next(target.parameters()).device
+    out = []
+    for i in range(0, len(sequences), batch_size):
+        chunk = sequences[i : i + batch_size]
+        full = [list(p) + list(o) for p, o in chunk]
+        width = max(len(s) for s in full)
+        ids = torch.zeros((len(full), width), dtype=torch.long)
+        for b, s in enumerate(full):  # right padding: positions 0..len-1; padding only feeds later chains
+            ids[b, : len(s)] = torch.tensor(s)
+        ids = ids.to(device)
+        with torch.inference_mode():
+            taps = taps_of(target(input_ids=ids, output_hidden_states=True), head.cfg.aux_layer_ids)
+            steps = head.ttt(ids, head.fuse(taps), k)
+            guess = torch.stack([s.logits.argmax(-1) for s in steps], -1).cpu().numpy()  # [B, width - 1, k]
+        for b, (p, o) in enumerate(chunk):
+            o = np.asarray(o, dtype=np.int64)
+            n, m = len(p), o.size
+            acc = np.zeros(m, dtype=np.int64)
+            for t in range(m):
+                chain = n + t - 2
+                if chain < 0:
+                    continue
+                a = 0
+                while a < k and t + a < m and guess[b, chain, a] == o[t + a]:
+                    a += 1
+                acc[t] = a
+            out.append(acc)
+    return out

@@ -1,0 +1,174 @@
+"""Load a published EAGLE-3 head directory against its target, as vLLM reads one.
+
+``config.json``: ``architectures`` naming an EAGLE-3 Llama head, ``hidden_size``, ``vocab_size``
+(the target's), ``draft_vocab_size`` (``vocab_size`` when absent), ``target_hidden_size``
+(``hidden_size`` when absent), ``eagle_aux_hidden_state_layer_ids`` (at the top level or in
+``eagle_config``; vLLM's default ``(2, L // 2, L - 3)`` with a warning when absent),
+``norm_before_residual``. Weights (``*.safetensors`` or ``pytorch_model.bin``): ``fc.weight``,
+``midlayer.*``, ``norm.weight``, ``lm_head.weight``, optional ``d2t`` (draft id -> target id offset;
+``t2d`` is read and ignored, as vLLM does) and optional ``embed_tokens.weight`` (else the target's
+embedding is shared). Every mismatch with the target is one :class:`ModelLoadError` naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import torch
+
+from svt.errors import ModelLoadError
+from svt.models.eagle3 import ARCHITECTURES, Eagle3Config, Eagle3Head
+
+
+def default_aux_layers(n_layers: int) -> tuple[int, ...]:
+    """vLLM's default EAGLE-3 tap ids for an ``n_layers`` target (broken for tiny targets)."""
+    return (2, n_layers // 2, n_layers - 3)
+
+
+def _read_config(path: Path) -> dict:
+    try:
+        cfg = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"Could not read the EAGLE-3 head's config {str(path / 'config.json')!r}: {exc}") from None
+    if not isinstance(cfg, dict):
+        raise ModelLoadError(f"Expected {str(path / 'config.json')!r} to hold a JSON object.")
+    return cfg
+
+
+def _field(cfg: dict, name: str, path: Path, kind=int, default=None):
+    value = cfg.get(name, default)
+    if value is None or isinstance(value, bool) or not isinstance(value, kind) or (kind is int and value <= 0):
+        raise ModelLoadError(f"Expected `{name}` in {str(path / 'config.json')!r} to be a positive "
+                             f"{kind.__name__}, but got {value!r}.")
+    return value
+
+
+def head_config(path: Path, target_config) -> Eagle3Config:
+    """The head's config, checked against the target's (hidden size, vocabulary, tap ids)."""
+    cfg = _read_config(path)
+    arch = cfg.get("architectures") or []
+    if not any(a in ARCHITECTURES for a in arch):
+        raise ModelLoadError(f"Expected `architectures` in {str(path / 'config.json')!r} to name one of "
+                             f"{', '.join(ARCHITECTURES)}, but got {arch!r}.")
+    H = _field(cfg, "hidden_size", path)
+    heads = _field(cfg, "num_attention_heads", path)
+    kv = _field(cfg, "num_key_value_heads", path, default=heads)
+    V = _field(cfg, "vocab_size", path)
+    Vd = _field(cfg, "draft_vocab_size", path, default=V)
+    Ht = _field(cfg, "target_hidden_size", path, default=H)
+    L = int(target_config.num_hidden_layers)
+    if cfg.get("num_hidden_layers", 1) != 1:
+        raise ModelLoadError(f"Expected `num_hidden_layers` = 1 in {str(path / 'config.json')!r} (svt runs "
+                             f"one-layer EAGLE-3 heads), but got {cfg.get('num_hidden_layers')!r}.")
+    if H % heads or heads % kv:
+        raise ModelLoadError(f"Expected `hidden_size` ({H}) divisible by `num_attention_heads` ({heads}) and "
+                             f"that by `num_key_value_heads` ({kv}) in {str(path / 'config.json')!r}.")
+    if "head_dim" in cfg and cfg["head_dim"] not in (None, H // heads):
+        raise ModelLoadError(f"Expected `head_dim` = hidden_size / num_attention_heads = {H // heads}, but got "
+                             f"{cfg['head_dim']!r} in {str(path / 'config.json')!r}.")
+    if Ht != target_config.hidden_size:
+        raise ModelLoadError(f"The EAGLE-3 head at {str(path)!r} reads features of width `target_hidden_size` = "
+                             f"{Ht}, but the target's hidden size is {target_config.hidden_size}.")
+    if V != target_config.vocab_size:
+        raise ModelLoadError(f"The EAGLE-3 head at {str(path)!r} has `vocab_size` = {V}, but the target's "
+                             f"vocabulary is {target_config.vocab_size}.")
+    if Vd > V:
+        raise ModelLoadError(f"Expected `draft_vocab_size` ({Vd}) <= `vocab_size` ({V}) in {str(path)!r}.")
+    aux = cfg.get("eagle_aux_hidden_state_layer_ids")
+    if aux is None and isinstance(cfg.get("eagle_config"), dict):
+        aux = cfg["eagle_config"].get("eagle_aux_hidden_state_layer_ids")
+    if aux is None:
+        aux = default_aux_layers(L)
+        warnings.warn(f"The EAGLE-3 head at {str(path)!r} names no `eagle_aux_hidden_state_layer_ids`; using "
+                      f"vLLM's default {list(aux)} for a {L}-layer target.", stacklevel=2)
+    if (not isinstance(aux, list | tuple) or len(aux) != 3
+            or not all(isinstance(a, int) and not isinstance(a, bool) for a in aux)):
+        raise ModelLoadError(f"Expected `eagle_aux_hidden_state_layer_ids` to be three layer ids, but got {aux!r}.")
+    if any(not 0 <= a < L for a in aux):
+        raise ModelLoadError(f"`eagle_aux_hidden_state_layer_ids` {list(aux)} of {str(path)!r} taps layers "
+                             f"beyond the target's: a tap id must be in 0..{L - 1} for a {L}-layer target.")
+    if len(set(aux)) != 3:
+        warnings.warn(f"The EAGLE-3 head at {str(path)!r} taps the same layer twice: {list(aux)}.", stacklevel=2)
+    rope = cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta") or 10000.0
+    known = {"hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size",
+             "draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids", "rms_norm_eps",
+             "rope_theta", "max_position_embeddings", "norm_before_residual", "bos_token_id", "eos_token_id",
+             "pad_token_id", "architectures", "model_type", "num_hidden_layers", "hidden_act", "head_dim",
+             "tie_word_embeddings", "rope_scaling", "torch_dtype", "dtype"}
+    return Eagle3Config(
+        hidden_size=H, intermediate_size=_field(cfg, "intermediate_size", path), num_attention_heads=heads,
+        num_key_value_heads=kv, vocab_size=V, draft_vocab_size=Vd, target_hidden_size=Ht,
+        aux_layer_ids=tuple(int(a) for a in aux), rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        rope_theta=float(rope), max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+        norm_before_residual=bool(cfg.get("norm_before_residual", False)),
+        bos_token_id=cfg.get("bos_token_id") or 0, eos_token_id=cfg.get("eos_token_id") or 0,
+        pad_token_id=cfg.get("pad_token_id") or 0,
+        extra={k: v for k, v in cfg.items() if k not in known})
+
+
+def _read_weights(path: Path) -> dict[str, torch.Tensor]:
+    files = sorted(path.glob("*.safetensors"))
+    state: dict[str, torch.Tensor] = {}
+    try:
+        if files:
+            from safetensors.torch import load_file
+
+            for f in files:
+                state.update(load_file(f))
+        elif (path / "pytorch_model.bin").is_file():
+            state = torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        else:
+            raise ModelLoadError(f"The EAGLE-3 head at {str(path)!r} has no *.safetensors or pytorch_model.bin.")
+    except ModelLoadError:
+        raise
+    except Exception as exc:
+        raise ModelLoadError(f"Could not read the EAGLE-3 head's weights in {str(path)!r}: {exc}") from None
+    return state
+
+
+def load_eagle3(path: str | Path, target, *, device=None, dtype=None) -> Eagle3Head:
+    """The head at ``path`` for ``target`` (a loaded transformers causal LM), in eval mode."""
+    path = Path(path)
+    cfg = head_config(path, target.config)
+    state = _read_weights(path)
+    state.pop("t2d", None)
+    emb = target.get_input_embeddings()
+    has_emb = "embed_tokens.weight" in state
+    if not has_emb and emb.weight.shape[1] != cfg.hidden_size:
+        raise ModelLoadError(f"The EAGLE-3 head at {str(path)!r} ships no `embed_tokens.weight`, so it shares the "
+                             f"target's embedding, whose width {emb.weight.shape[1]} is not its `hidden_size` "
+                             f"{cfg.hidden_size}.")
+    head = Eagle3Head(cfg, embed=None if has_emb else emb)
+    expected = {k: v.shape for k, v in head.state_dict().items() if has_emb or not k.startswith("embed_tokens")}
+    missing = sorted(set(expected) - set(state) - {"d2t"})
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise ModelLoadError(f"The EAGLE-3 head's weights in {str(path)!r} do not fit its config: "
+                             + "; ".join(s for s in (f"missing {', '.join(missing)}" if missing else "",
+                                                     f"unexpected {', '.join(unexpected)}" if unexpected else "") if s))
+    for k, v in state.items():
+        if tuple(v.shape) != tuple(expected[k]):
+            raise ModelLoadError(f"The EAGLE-3 head's `{k}` in {str(path)!r} has shape {list(v.shape)}, but its "
+                                 f"config needs {list(expected[k])}.")
+    d2t = state.get("d2t")
+    if d2t is not None:
+        ids = torch.arange(cfg.draft_vocab_size) + d2t.long()
+        if ids.min() < 0 or ids.max() >= cfg.vocab_size or ids.unique().numel() != ids.numel():
+            raise ModelLoadError(f"The EAGLE-3 head's `d2t` in {str(path)!r} does not map the draft vocabulary "
+                                 f"one-to-one into the target's {cfg.vocab_size} tokens.")
+        state["d2t"] = d2t.long()
+    elif cfg.draft_vocab_size != cfg.vocab_size:
+        raise ModelLoadError(f"The EAGLE-3 head at {str(path)!r} has a draft vocabulary of {cfg.draft_vocab_size} "
+                             f"tokens (< {cfg.vocab_size}) but no `d2t` table to map it to the target's.")
+    tgt = next(target.parameters())
+    dtype = dtype or tgt.dtype
+    with torch.no_grad():
+        own = {k: v for k, v in state.items()}
+        if "d2t" not in own:
+            own["d2t"] = torch.zeros(cfg.draft_vocab_size, dtype=torch.long)
+        if not has_emb:
+            own["embed_tokens.weight"] = emb.weight
+        head.load_state_dict({k: (v.to(dtype) if v.is_floating_point() else v) for k, v in own.items()})
+    return head.to(device or tgt.device, dtype).eval()
