@@ -66,6 +66,14 @@ demo: setup
 	  --fit reports/demo/fits/irls-online.json --fit reports/demo/fits/logistic.json \
 	  --fit reports/demo/fits/isotonic.json --fit reports/demo/fits/head.json \
 	  --costs reports/demo/costs-cpu.yaml
+	# the same prompts drafted by a separate draft model (draft-large) instead of the EAGLE-3 head: its
+	# own cost profile and AV replay, and both drafters side by side (reports/drafters/)
+	$(DEMO_T) $(VENV)/bin/svt collect configs/collect/demo-draft-model.yaml --out runs/demo-draft-model --overwrite
+	$(DEMO_T) $(VENV)/bin/svt collect configs/collect/demo-draft-model.yaml --profile-costs \
+	  --out reports/demo-draft-model/costs-cpu.yaml --quiet --overwrite
+	$(DEMO_T) $(VENV)/bin/svt evaluate runs/demo-draft-model --out reports/demo-draft-model --overwrite \
+	  --costs reports/demo-draft-model/costs-cpu.yaml
+	$(DEMO_T) $(VENV)/bin/svt evaluate runs/demo runs/demo-draft-model --out reports/drafters --overwrite --by run
 	# Hybrid Verified Decoding: a greedy run with SuffixDecoding cache drafts, three yield predictors,
 	# the replay under the measured CPU costs and under an H100 roofline model
 	$(DEMO_T) $(VENV)/bin/svt collect configs/collect/hvd.yaml --out runs/hvd --overwrite
@@ -86,6 +94,8 @@ demo: setup
 	$(DEMO_T) $(VENV)/bin/svt plot all reports/hvd --vmax 60
 	$(DEMO_T) $(VENV)/bin/svt plot all reports/hvd-ref --link reports/hvd-h100 --vmax 60
 	$(DEMO_T) $(VENV)/bin/svt plot all reports/hvd-h100 --link reports/hvd-ref --vmax 60
+	$(DEMO_T) $(VENV)/bin/svt plot all reports/demo-draft-model
+	$(DEMO_T) $(VENV)/bin/svt plot all reports/drafters
 	$(DEMO_T) $(VENV)/bin/svt plot all reports/demo --fit reports/demo/fits/irls-online.json \
 	  --link reports/hvd --link reports/hvd-h100 --link reports/hvd-ref
 	@echo "make demo, the time of each step:"; cat $(DEMO_TIMES); \
@@ -145,6 +155,8 @@ lint: setup
 DEVICE ?= cpu
 models: setup
 	$(PY) -m svt.models.recipe --out data/models --work build/tiny --device $(DEVICE)
+	# the EAGLE-3 head reads the target's features: trained last, on the final target (~35 min on 2 cores)
+	$(PY) -m svt.models.train_eagle3 --target data/models/target --out data/models --work build/tiny/eagle3
 
 workloads: setup
 	$(PY) -m svt.models.workloads --out data/workloads

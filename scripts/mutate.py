@@ -40,6 +40,7 @@ class Mutant:
 M = Mutant
 ENGINE = ("tests/collect/test_sampling.py", "tests/collect/test_engine.py")
 KERNELS = ("tests/metrics/test_ordered_kernels.py", "tests/metrics/test_ordered.py")
+HEAD_ENGINE = ("tests/collect/test_engine_head.py",)
 MUTANTS = [
     # losslessness of speculative sampling
     M("resample-half-q", "losslessness", "collect/sampling.py", "residual = (p_at - q_at).clamp_min(0.0)",
@@ -995,6 +996,36 @@ MUTANTS = [
     M("map-vmax-ignored", "real traffic", "plots/hvd.py",
       "lim = float(vmax) if vmax is not None else max(5.0, float(np.nanmax(np.abs(grid))))",
       "lim = max(5.0, float(np.nanmax(np.abs(grid))))", ("tests/report/test_reference_report.py",)),
+    # issue 51: hidden-state drafters (EAGLE-3 heads)
+    M("head-catch-up-shifted", "hidden-state drafters", "collect/head_draft.py",
+      "src = j - (K1 - 1 - acc[:, None])", "src = j - (K1 - acc[:, None])", HEAD_ENGINE),
+    M("head-catch-up-next-token-dropped", "hidden-state drafters", "collect/head_draft.py",
+      "nxt = torch.where(j == acc[:, None], next_token[:, None], nxt)", "nxt = nxt", HEAD_ENGINE),
+    M("head-draft-slots-kept", "hidden-state drafters", "collect/head_draft.py",
+      "torch.zeros((nb, k - 1), dtype=torch.long", "torch.ones((nb, k - 1), dtype=torch.long", HEAD_ENGINE),
+    M("head-draft-from-normed", "hidden-state drafters", "collect/head_draft.py",
+      "o = dc.forward(x[:, None], ones1, features=o.hidden[:, -1:])",
+      "o = dc.forward(x[:, None], ones1, features=o.last_hidden[:, -1:])", HEAD_ENGINE),
+    M("head-residual-normed", "hidden-state drafters", "models/eagle3.py",
+      "residual = normed if self.cfg.norm_before_residual else feature", "residual = normed",
+      ("tests/models/test_eagle3.py",)),
+    M("head-concat-order", "hidden-state drafters", "models/eagle3.py",
+      "return torch.cat([emb, normed], -1), residual", "return torch.cat([normed, emb], -1), residual",
+      ("tests/models/test_eagle3.py",)),
+    M("head-ttt-step-position", "hidden-state drafters", "models/eagle3.py",
+      "q, k, v = self._qkv(x, pos + step)", "q, k, v = self._qkv(x, pos)", ("tests/models/test_eagle3.py",)),
+    M("head-ttt-sees-later-chains", "hidden-state drafters", "models/eagle3.py",
+      "s0 = s0.masked_fill(~causal, float(\"-inf\"))", "s0 = s0", ("tests/models/test_eagle3.py",)),
+    M("head-d2t-ignored", "hidden-state drafters", "models/eagle3.py",
+      "out[..., torch.arange(Vd, device=self.d2t.device) + self.d2t] = draft_logits",
+      "out[..., torch.arange(Vd, device=self.d2t.device)] = draft_logits", ("tests/models/test_eagle3.py",)),
+    M("head-tap-id-past-the-last-layer", "hidden-state drafters", "models/heads.py",
+      "if any(not 0 <= a < L for a in aux):", "if any(not 0 <= a <= L for a in aux):", ("tests/models/test_eagle3.py",)),
+    M("head-loss-target-shifted", "hidden-state drafters", "models/train_eagle3.py",
+      "p = logits[:, 1 + k : 1 + k + valid].softmax(-1)", "p = logits[:, k : k + valid].softmax(-1)",
+      ("tests/models/test_eagle3.py",)),
+    M("head-teacher-forced-chain-shifted", "hidden-state drafters", "collect/head_draft.py",
+      "chain = n + t - 2", "chain = n + t - 1", ("tests/collect/test_engine_head.py",)),
 ]
 
 

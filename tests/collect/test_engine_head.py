@@ -102,26 +102,6 @@ def _collect(target, head, temperature, top_p, k, seed):
     return counts, float((lab[lab >= 0] == 1).mean())
 
 
-@pytest.mark.parametrize(("temperature", "top_p", "keep"), [(1.0, 1.0, None), (0.7, 0.9, None), (1.0, 1.0, [0, 2, 3, 5])])
-def test_head_drafts_keep_the_emitted_pairs_exactly_the_targets(pair6, temperature, top_p, keep):
-    target = pair6[0]
-    head = pair6[1] if keep is None else _head(target, keep=keep)
-    joint = _joint(target, temperature, top_p)
-    counts, acceptance = _collect(target, head, temperature, top_p, k=2, seed=300)
-    assert 0.25 < acceptance < 0.9, f"acceptance {acceptance:.3f}: the test needs both outcomes"
-    assert _chi2(counts, joint) > 1e-4
-    rng = np.random.default_rng(0)
-    assert _chi2(rng.multinomial(N, _shifted(joint, 0.015).ravel()), joint) < 1e-4
-
-
-def test_a_reduced_vocabulary_head_never_drafts_outside_it(pair6):
-    target = pair6[0]
-    head = _head(target, keep=[0, 2, 3, 5])
-    log = run_batch(target, head, [PROMPT] * 200, SamplingParams(1.0, 1.0, 3, 6), eos_id=None, pad_id=0,
-                    generator=torch.Generator().manual_seed(0))
-    assert set(np.concatenate(log.drafts["token"]).tolist()) <= {0, 2, 3, 5}
-
-
 def _ttt_q(target, head, seq, chain, k, temperature, top_p):
     """q of steps 0..k-1 of the chain starting at ``chain``, from one uncached unbatched unroll."""
     ids = torch.tensor([seq])
@@ -205,3 +185,23 @@ def test_teacher_forced_head_yields_equal_the_greedy_runs_own_acceptance():
             pos += int(s["emitted"][here][0])
             seen += 1
     assert seen > 10 and (s["accepted"] > 0).any() and (s["accepted"] < K).any()
+
+
+@pytest.mark.parametrize(("temperature", "top_p", "keep"), [(1.0, 1.0, None), (0.7, 0.9, None), (1.0, 1.0, [0, 2, 3, 5])])
+def test_head_drafts_keep_the_emitted_pairs_exactly_the_targets(pair6, temperature, top_p, keep):
+    target = pair6[0]
+    head = pair6[1] if keep is None else _head(target, keep=keep)
+    joint = _joint(target, temperature, top_p)
+    counts, acceptance = _collect(target, head, temperature, top_p, k=2, seed=300)
+    assert 0.25 < acceptance < 0.9, f"acceptance {acceptance:.3f}: the test needs both outcomes"
+    assert _chi2(counts, joint) > 1e-4
+    rng = np.random.default_rng(0)
+    assert _chi2(rng.multinomial(N, _shifted(joint, 0.015).ravel()), joint) < 1e-4
+
+
+def test_a_reduced_vocabulary_head_never_drafts_outside_it(pair6):
+    target = pair6[0]
+    head = _head(target, keep=[0, 2, 3, 5])
+    log = run_batch(target, head, [PROMPT] * 200, SamplingParams(1.0, 1.0, 3, 6), eos_id=None, pad_id=0,
+                    generator=torch.Generator().manual_seed(0))
+    assert set(np.concatenate(log.drafts["token"]).tolist()) <= {0, 2, 3, 5}

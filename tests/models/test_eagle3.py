@@ -183,3 +183,77 @@ def test_an_embedding_shipped_with_the_head_is_its_own(tmp_path):
     loaded = load_eagle3(tmp_path / "h", target)
     assert loaded.embed_tokens is not target.get_input_embeddings()
     torch.testing.assert_close(loaded.embed_tokens.weight, state["embed_tokens.weight"])
+
+
+def _reference_step0(state: dict, cfg: Eagle3Config, emb: torch.Tensor, taps: torch.Tensor, ids: torch.Tensor):
+    """The EAGLE-3 layer as vLLM's ``llama_eagle3`` defines it, written out from the published
+    weight names with transformers' Llama rotary embedding: the logits of every position of one
+    sequence at step 0 (full causal attention, no cache): position i predicts t_{i+2}."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+    def rms(x, w):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + cfg.rms_norm_eps) * w
+
+    # vLLM feeds the drafter token t_{i+1} with the target's hidden states of t_i at position i
+    n = ids.shape[1] - 1
+    g = taps[:, :n] @ state["fc.weight"].T  # [1, n, H]
+    e = rms(emb[ids[:, 1:]], state["midlayer.input_layernorm.weight"])
+    h = rms(g, state["midlayer.hidden_norm.weight"])
+    x = torch.cat([e, h], -1)
+    nh, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    q = (x @ state["midlayer.self_attn.q_proj.weight"].T).view(1, n, nh, hd).transpose(1, 2)
+    k = (x @ state["midlayer.self_attn.k_proj.weight"].T).view(1, n, nkv, hd).transpose(1, 2)
+    v = (x @ state["midlayer.self_attn.v_proj.weight"].T).view(1, n, nkv, hd).transpose(1, 2)
+    rot = LlamaRotaryEmbedding(LlamaConfig(hidden_size=cfg.hidden_size, num_attention_heads=nh, head_dim=hd,
+                                           rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta}))
+    cos, sin = rot(x, torch.arange(n)[None])
+    q, k = apply_rotary_pos_emb(q, k, cos, sin)
+    k, v = k.repeat_interleave(nh // nkv, 1), v.repeat_interleave(nh // nkv, 1)
+    s = (q @ k.transpose(-1, -2)) / hd ** 0.5
+    s = s.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf"))
+    a = (s.softmax(-1) @ v).transpose(1, 2).reshape(1, n, nh * hd) @ state["midlayer.self_attn.o_proj.weight"].T
+    r = a + g  # norm_before_residual false: the residual is the fused feature itself
+    m = rms(r, state["midlayer.post_attention_layernorm.weight"])
+    mlp = (torch.nn.functional.silu(m @ state["midlayer.mlp.gate_proj.weight"].T) * (m @ state["midlayer.mlp.up_proj.weight"].T)) \
+        @ state["midlayer.mlp.down_proj.weight"].T
+    return rms(mlp + r, state["norm.weight"]) @ state["lm_head.weight"].T
+
+
+@torch.no_grad()
+def test_the_head_computes_the_published_layer(tmp_path):
+    """Against the layer written out from the published weight names (an independent reference):
+    the concatenation order, the two input norms, the fused feature as the residual, the rotary
+    embedding, the post-attention norm and MLP, the final norm and LM head."""
+    target = tiny_target()
+    head = random_head(target)
+    save_head(head, tmp_path / "h", dtype=torch.float32)
+    state = load_file(tmp_path / "h" / "model.safetensors")
+    ids = torch.randint(2, 50, (1, 14))
+    taps, _ = target_view(target, ids, (1, 2, 3))
+    ref = _reference_step0(state, head.cfg, target.get_input_embeddings().weight, taps, ids)
+    got = load_eagle3(tmp_path / "h", target).ttt(ids, head.fuse(taps), 1)[0].logits
+    torch.testing.assert_close(got[0], ref[0], atol=1e-4, rtol=1e-4)
+
+
+def test_the_training_loss_is_the_weighted_soft_cross_entropy_against_the_next_positions():
+    """``ttt_loss`` against a loop over chains and steps: step k of chain i is scored against the
+    target's distribution at position i + 1 + k, weighted 0.8 ** k."""
+    from svt.models.train_eagle3 import ttt_loss
+
+    target = tiny_target()
+    head = random_head(target)
+    ids = torch.randint(2, 50, (2, 9))
+    with torch.no_grad():
+        taps, logits = target_view(target, ids, (1, 2, 3))
+        loss, per_step, _ = ttt_loss(head, ids, taps, logits, 3, 0.8)
+        outs = head.ttt(ids, head.fuse(taps), 3)
+    n = ids.shape[1]
+    total, weights = 0.0, 0.0
+    for k in range(3):
+        ces = [-(logits[b, i + 1 + k].softmax(-1) * outs[k].logits[b, i].log_softmax(-1)).sum()
+               for b in range(2) for i in range(n - 1) if i + 1 + k < n - 1]
+        ce = torch.stack(ces).mean()
+        assert abs(float(ce) - per_step[k]) < 1e-4
+        total, weights = total + 0.8 ** k * ce, weights + 0.8 ** k
+    torch.testing.assert_close(loss, total / weights)

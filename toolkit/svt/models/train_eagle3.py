@@ -169,13 +169,16 @@ def _save_checkpoint(work: Path, head, opt, step: int, curve: list, rng) -> None
 
 
 def train_head(target, stream: np.ndarray, held: torch.Tensor, cfg: HeadTraining, work: Path, *, eos: int,
-               log=print) -> tuple[Eagle3Head, dict]:
-    """The whole stage: continuations (cached in WORK), the TTT loop (checkpointed), the figures."""
+               target_id: str = "", log=print) -> tuple[Eagle3Head, dict]:
+    """The whole stage: continuations (cached in WORK), the TTT loop (checkpointed), the figures.
+    ``target_id`` (the target's weights hash) keys the work folder: a checkpoint or continuations
+    made on another target are never resumed."""
     work.mkdir(parents=True, exist_ok=True)
     cfg_file = work / "config.json"
-    if cfg_file.is_file() and json.loads(cfg_file.read_text()) != asdict(cfg):
-        raise SystemExit(f"{work} was made with another head-training config; remove it to train again.")
-    cfg_file.write_text(json.dumps(asdict(cfg)) + "\n")
+    made_for = {**asdict(cfg), "target_weights_sha256_16": target_id}
+    if cfg_file.is_file() and json.loads(cfg_file.read_text()) != made_for:
+        raise SystemExit(f"{work} was made with another head-training config or target; remove it to train again.")
+    cfg_file.write_text(json.dumps(made_for) + "\n")
     gen_file = work / "generated.npy"
     if gen_file.is_file():
         generated = np.load(gen_file)
@@ -291,12 +294,13 @@ def main(argv: list[str] | None = None) -> None:
     target = load_causal_lm(args.target, "target", torch.device("cpu"), torch.float32)
     for p in target.parameters():
         p.requires_grad_(False)
-    t0 = time.time()
-    head, figures = train_head(target, stream, held, cfg, args.work, eos=tok.token_to_id(EOS))
-    figures["train_seconds_this_session"] = round(time.time() - t0, 1)
     from svt.models.loading import weights_hash
 
-    figures["target_weights_sha256_16"] = weights_hash(args.target)
+    t0 = time.time()
+    target_id = weights_hash(args.target)
+    head, figures = train_head(target, stream, held, cfg, args.work, eos=tok.token_to_id(EOS), target_id=target_id)
+    figures["train_seconds_this_session"] = round(time.time() - t0, 1)
+    figures["target_weights_sha256_16"] = target_id
     stage = args.out / ".eagle3.svt-new"
     shutil.rmtree(stage, ignore_errors=True)
     save_head(head, stage)
