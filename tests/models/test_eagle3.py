@@ -69,10 +69,11 @@ def test_saved_in_the_published_form(tmp_path):
     assert cfg["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
     assert cfg["num_hidden_layers"] == 1 and cfg["draft_vocab_size"] == 50
     names = set(load_file(tmp_path / "h" / "model.safetensors"))
-    assert {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "midlayer.hidden_norm.weight",
+    assert {"fc.weight", "norm.weight", "lm_head.weight", "midlayer.hidden_norm.weight",
             "midlayer.input_layernorm.weight", "midlayer.post_attention_layernorm.weight",
             "midlayer.self_attn.q_proj.weight", "midlayer.mlp.down_proj.weight"} <= names
     assert not any(n.startswith("embed_tokens") for n in names), "a shared embedding is not saved"
+    assert "d2t" not in names, "a full-vocabulary head has no d2t (vLLM refuses one)"
     assert load_file(tmp_path / "h" / "model.safetensors")["midlayer.self_attn.q_proj.weight"].shape == (32, 64)
     assert is_eagle3_dir(tmp_path / "h") and not is_eagle3_dir(tmp_path)
     loaded = load_eagle3(tmp_path / "h", target)
@@ -102,6 +103,7 @@ def test_reduced_vocabulary_maps_draft_ids_through_d2t(tmp_path):
     keep = sorted(torch.randperm(50, generator=torch.Generator().manual_seed(3))[:20].tolist())
     head = reduced_head(target, keep)
     save_head(head, tmp_path / "h", dtype=torch.float32)
+    assert "d2t" in load_file(tmp_path / "h" / "model.safetensors")
     loaded = load_eagle3(tmp_path / "h", target)
     ids = torch.randint(2, 50, (1, 10))
     taps, _ = target_view(target, ids, (1, 2, 3))
@@ -143,6 +145,7 @@ def _write(tmp_path, target, edit_cfg=None, edit_state=None, name="h"):
     (None, lambda s: s.update({"extra.weight": torch.zeros(2)}), "unexpected extra.weight"),
     (None, lambda s: s.update({"fc.weight": torch.zeros(32, 64)}), "`fc.weight`"),
     (None, lambda s: s.update({"d2t": torch.full((50,), 1)}), "one-to-one"),
+    (None, lambda s: s.update({"d2t": torch.zeros(40, dtype=torch.long)}), "`d2t`"),
 ])
 def test_a_head_that_does_not_fit_its_target_is_refused_naming_the_field(tmp_path, edit_cfg, edit_state, message):
     target = tiny_target()

@@ -264,10 +264,13 @@ class Eagle3Head(nn.Module):
 
 # -- the published directory form ----------------------------------------------------------------
 def published_state(head: Eagle3Head) -> dict[str, torch.Tensor]:
-    """The head's weights under the published names (``embed_tokens`` only when it owns one)."""
+    """The head's weights under the published names (``embed_tokens`` only when it owns one; ``d2t``
+    only for a reduced draft vocabulary: vLLM 0.32's loader refuses a ``d2t`` on a full-vocabulary
+    head, whose draft ids are the target's)."""
     out = {}
+    full = head.cfg.draft_vocab_size == head.cfg.vocab_size and not bool(head.d2t.any())
     for name, t in head.state_dict().items():
-        if name.startswith("embed_tokens") and head.shared_embedding:
+        if (name.startswith("embed_tokens") and head.shared_embedding) or (name == "d2t" and full):
             continue
         out[name] = t.contiguous()
     return out
