@@ -1026,6 +1026,13 @@ MUTANTS = [
       ("tests/models/test_eagle3.py",)),
     M("head-teacher-forced-chain-shifted", "hidden-state drafters", "collect/head_draft.py",
       "chain = n + t - 2", "chain = n + t - 1", ("tests/collect/test_engine_head.py",)),
+    M("mtp-residual-normed", "hidden-state drafters", "models/mtp.py", "return self.input_layernorm(x), x",
+      "return self.input_layernorm(x), self.input_layernorm(x)", ("tests/models/test_mtp.py",)),
+    M("mtp-hidden-unnormed", "hidden-state drafters", "models/mtp.py", "self.hnorm(feature)], -1))",
+      "feature], -1))", ("tests/models/test_mtp.py",)),
+    M("cache-kwarg-always-cache", "hidden-state drafters", "collect/kv_cache.py",
+      'return "cache" if "cache" in params else "past_key_values"', 'return "cache"',
+      ("tests/collect/test_kv_cache.py",)),
 ]
 
 

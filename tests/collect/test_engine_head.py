@@ -10,7 +10,7 @@ import torch
 from svt.collect.engine import SamplingParams, run_batch
 from svt.collect.sampling import process_probs
 from svt.models.eagle3 import Eagle3Config, Eagle3Head
-from svt.models.train_eagle3 import make_head, target_view
+from svt.models.train_eagle3 import make_head, make_mtp_head, target_view
 from tests.collect.test_engine_lossless import _chi2, _shifted
 
 V = 6
@@ -33,12 +33,12 @@ def _target(vocab, seed=0, peak=8.0):
     return target
 
 
-def _head(target, seed=1, scale=0.25, keep=None):
-    head = make_head(target)
+def _head(target, seed=1, scale=0.25, keep=None, kind="eagle3"):
+    head = make_head(target) if kind == "eagle3" else make_mtp_head(target)
     torch.manual_seed(seed)
     with torch.no_grad():
-        for name, p in head.named_parameters():
-            if not name.startswith("embed_tokens"):
+        for p in head.parameters():
+            if p.requires_grad:
                 p.add_(torch.randn_like(p) * scale)
     if keep is None:
         return head.eval()
@@ -110,12 +110,13 @@ def _ttt_q(target, head, seq, chain, k, temperature, top_p):
     return torch.stack([process_probs(o.logits[0, chain], temperature, top_p) for o in outs])
 
 
+@pytest.mark.parametrize("kind", ["eagle3", "mtp"])
 @torch.inference_mode()
-def test_every_logged_draft_equals_the_heads_unbatched_unroll():
+def test_every_logged_draft_equals_the_heads_unbatched_unroll(kind):
     """Prompts of different lengths (left padding), T = 1 so rows accept different counts, long
     enough that both caches compact and rows leave at different steps."""
     target = _target(12, seed=4, peak=3.0)
-    head = _head(target, seed=5, scale=0.15)
+    head = _head(target, seed=5, scale=0.15, kind=kind)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(2, 12, size=n).tolist() for n in (1, 3, 9, 17)]
     K, T = 3, 1.0
@@ -187,10 +188,11 @@ def test_teacher_forced_head_yields_equal_the_greedy_runs_own_acceptance():
     assert seen > 10 and (s["accepted"] > 0).any() and (s["accepted"] < K).any()
 
 
-@pytest.mark.parametrize(("temperature", "top_p", "keep"), [(1.0, 1.0, None), (0.7, 0.9, None), (1.0, 1.0, [0, 2, 3, 5])])
-def test_head_drafts_keep_the_emitted_pairs_exactly_the_targets(pair6, temperature, top_p, keep):
+@pytest.mark.parametrize(("temperature", "top_p", "keep", "kind"), [
+    (1.0, 1.0, None, "eagle3"), (0.7, 0.9, None, "eagle3"), (1.0, 1.0, [0, 2, 3, 5], "eagle3"), (1.0, 1.0, None, "mtp")])
+def test_head_drafts_keep_the_emitted_pairs_exactly_the_targets(pair6, temperature, top_p, keep, kind):
     target = pair6[0]
-    head = pair6[1] if keep is None else _head(target, keep=keep)
+    head = pair6[1] if keep is None and kind == "eagle3" else _head(target, keep=keep, kind=kind)
     joint = _joint(target, temperature, top_p)
     counts, acceptance = _collect(target, head, temperature, top_p, k=2, seed=300)
     assert 0.25 < acceptance < 0.9, f"acceptance {acceptance:.3f}: the test needs both outcomes"

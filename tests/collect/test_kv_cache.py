@@ -153,3 +153,36 @@ def test_offload_and_prefetch_keep_the_views_on_the_buffers():
     layer.prefetch()
     layer.update(k, k)
     assert torch.equal(layer.keys, torch.cat([k, k], -2)) and layer.keys.data_ptr() == layer._kbuf.data_ptr()
+
+
+def test_the_cache_goes_by_the_keyword_the_models_forward_takes():
+    """transformers 5.19 (vLLM 0.32's) names it ``past_key_values`` and passes an unknown ``cache=``
+    on to ``**kwargs``: every forward then silently ran without the cache, and svt's engine emitted
+    wrong tokens in that environment. The engine's cache uses whichever keyword the forward names."""
+    import torch
+
+    from svt.collect.engine import _Cache
+    from svt.collect.kv_cache import cache_kwarg
+
+    class Old(torch.nn.Module):
+        config = None
+
+        def forward(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, use_cache=None,
+                    **kwargs):
+            self.seen = (past_key_values, kwargs)
+            return "out"
+
+    class New(Old):
+        def forward(self, input_ids, attention_mask=None, position_ids=None, cache=None, use_cache=None, **kwargs):
+            self.seen = (cache, kwargs)
+            return "out"
+
+    from transformers import LlamaConfig
+
+    for cls, key in ((Old, "past_key_values"), (New, "cache")):
+        m = cls()
+        m.config = LlamaConfig(num_hidden_layers=1, hidden_size=8, num_attention_heads=2)
+        assert cache_kwarg(m) == key
+        c = _Cache(m, 1, torch.device("cpu"))
+        c.forward(torch.zeros((1, 2), dtype=torch.long), torch.ones((1, 2), dtype=torch.long))
+        assert m.seen[0] is c.cache and "cache" not in m.seen[1] and "past_key_values" not in m.seen[1]

@@ -139,7 +139,7 @@ def _write(tmp_path, target, edit_cfg=None, edit_state=None, name="h"):
     (lambda c: c.update(eagle_aux_hidden_state_layer_ids=[1, 2]), None, "three layer ids"),
     (lambda c: c.update(architectures=["LlamaForCausalLM"]), None, "architectures"),
     (lambda c: c.update(hidden_size="32"), None, "hidden_size"),
-    (lambda c: c.update(draft_vocab_size=20), lambda s: (s.pop("d2t"), s.update({"lm_head.weight": s["lm_head.weight"][:20]})),
+    (lambda c: c.update(draft_vocab_size=20), lambda s: (s.pop("d2t", None), s.update({"lm_head.weight": s["lm_head.weight"][:20]})),
      "no `d2t`"),
     (None, lambda s: s.pop("fc.weight"), "missing fc.weight"),
     (None, lambda s: s.update({"extra.weight": torch.zeros(2)}), "unexpected extra.weight"),

@@ -99,10 +99,11 @@ class _Cache:
     """A model, its growing DynamicCache and the running 2D mask / live counts for a batch."""
 
     def __init__(self, model, batch: int, device):
-        from svt.collect.kv_cache import growing_cache
+        from svt.collect.kv_cache import cache_kwarg, growing_cache
 
         self.model = model
         self.cache = growing_cache(model.config)
+        self.cache_key = cache_kwarg(model)  # `cache` or `past_key_values`, as this transformers names it
         self.mask = torch.zeros((batch, 0), dtype=torch.long, device=device)
         self.live = torch.zeros(batch, dtype=torch.long, device=device)
 
@@ -115,7 +116,7 @@ class _Cache:
             input_ids=ids,
             attention_mask=self.mask,
             position_ids=pos,
-            cache=self.cache,
+            **{self.cache_key: self.cache},
             use_cache=True,
             output_hidden_states=hidden,
             **extra,

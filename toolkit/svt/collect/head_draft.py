@@ -1,4 +1,4 @@
-"""Drafting with a hidden-state head (EAGLE-3) inside svt's batched engine.
+"""Drafting with a hidden-state head (EAGLE-3, MTP) inside svt's batched engine.
 
 The head keeps its own KV cache (``engine._Cache`` over a one-layer ``growing_cache``: holes, a 2D
 mask and live counts exactly as for a draft model). Its slot ``i`` pairs the target's fused feature
@@ -24,16 +24,16 @@ from dataclasses import dataclass
 
 import torch
 
-from svt.models.eagle3 import Eagle3Head
+from svt.models.eagle3 import HiddenStateHead
 
 
 def is_head(draft) -> bool:
     """Whether ``draft`` is a hidden-state head (drafts from the target's features)."""
-    return isinstance(draft, Eagle3Head)
+    return isinstance(draft, HiddenStateHead)
 
 
 def drafter_kind(draft) -> str:
-    return "eagle3" if is_head(draft) else "model"
+    return draft.kind if is_head(draft) else "model"
 
 
 def taps_of(out, aux: tuple[int, ...]) -> torch.Tensor:
@@ -56,7 +56,7 @@ class CatchUp:
         return CatchUp(self.ids[keep], self.feat[keep], self.fed[keep], self.kept[keep])
 
 
-def prefill_catch_up(head: Eagle3Head, ids: torch.Tensor, pmask: torch.Tensor, taps: torch.Tensor,
+def prefill_catch_up(head: HiddenStateHead, ids: torch.Tensor, pmask: torch.Tensor, taps: torch.Tensor,
                      pending: torch.Tensor) -> CatchUp:
     """After the target's prefill of the left-padded ``ids`` (prompt[:-1]): slot j holds token p_i's
     feature and p_{i+1} (the last real slot: p_{n-2} and ``pending`` = p_{n-1})."""
@@ -67,7 +67,7 @@ def prefill_catch_up(head: Eagle3Head, ids: torch.Tensor, pmask: torch.Tensor, t
     return CatchUp(nxt, feat, fed, pmask)
 
 
-def step_catch_up(head: Eagle3Head, taps: torch.Tensor, x: torch.Tensor, acc: torch.Tensor,
+def step_catch_up(head: HiddenStateHead, taps: torch.Tensor, x: torch.Tensor, acc: torch.Tensor,
                   next_token: torch.Tensor) -> CatchUp:
     """After a verify of ``[y, x_0..x_{K-1}]`` (``taps`` [nb, K + 1, 3H]) that kept ``acc`` drafts:
     the ``acc + 1`` slots (feature(y), x_0), .., (feature(x_{acc-1}), next_token), right-aligned in
@@ -105,13 +105,13 @@ def draft_with_head(dc, catch: CatchUp, k: int, sample, hidden: bool):
     return torch.stack(qs, 1), torch.stack(toks, 1), hid
 
 
-def head_teacher_forced_accepted(head: Eagle3Head, target, sequences, k: int, batch_size: int = 8):
+def head_teacher_forced_accepted(head: HiddenStateHead, target, sequences, k: int, batch_size: int = 8):
     """For each (prompt, output) of a greedy run: the head's accepted length from every decode
     position, ``[len(output)]`` (cf. ``svt.collect.cache.teacher_forced_accepted``).
 
     If the head's first j drafts from position t equal the target's next j tokens, its step j read
     exactly the tokens of the output, so it is step j of the training-time-test unroll of the chain
-    that starts at the token before the pending one (``Eagle3Head.ttt``): one target forward and one
+    that starts at the token before the pending one (``HiddenStateHead.ttt``): one target forward and one
     ``k``-step unroll per request give every position. Decode position t drafts output[t], ...,
     output[t + k - 1] from the chain at absolute position ``len(prompt) + t - 2``; a prompt of one
     token has no feature there (0 accepted at t = 0).

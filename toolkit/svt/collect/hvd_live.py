@@ -21,6 +21,7 @@ import polars as pl
 import torch
 
 from svt.collect.cache import CacheDrafter, RequestFeatures
+from svt.collect.kv_cache import cache_kwarg
 from svt.collect.sampling import draft_features, process_probs
 from svt.config import CacheOptions
 
@@ -48,7 +49,8 @@ class _Model:
         ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
         pos = torch.arange(self.length, self.length + len(tokens), device=self.device)[None]
         mask = torch.ones((1, self.length + len(tokens)), dtype=torch.long, device=self.device)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=self.cache, use_cache=True)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                         **{cache_kwarg(self.model): self.cache})
         self.length += len(tokens)
         return out.logits[0].float()
 

@@ -17,6 +17,9 @@ transformers' layer that replaces ``keys``/``values`` is overridden to act on th
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
@@ -126,3 +129,16 @@ def growing_cache(config) -> DynamicCache:
     cache = DynamicCache(config=config)
     cache.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
     return cache
+
+
+def cache_kwarg(model) -> str:
+    """The keyword ``model``'s forward takes its KV cache by: ``cache`` (transformers from about 5.24)
+    or ``past_key_values`` (earlier 5.x releases, e.g. the 5.19 that vLLM 0.32 installs, pass an
+    unknown ``cache=`` on to ``**kwargs`` and silently run every forward without the cache)."""
+    return _cache_kwarg(type(model))
+
+
+@functools.cache
+def _cache_kwarg(cls) -> str:
+    params = inspect.signature(cls.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"

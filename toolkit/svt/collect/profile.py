@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from svt.collect.head_draft import is_head
+from svt.collect.kv_cache import cache_kwarg
 from svt.devices import machine_load
 from svt.errors import ConfigError
 from svt.simulate.costs import CostTable
@@ -52,7 +53,7 @@ def _prefill(model, batch: int, context: int, device):
     cache = growing_cache(model.config)  # as the collector's: appends write in place
     ids = torch.randint(10, model.config.vocab_size, (batch, context), device=device,
                         generator=torch.Generator(device=device).manual_seed(0))
-    model(input_ids=ids, cache=cache, use_cache=True)
+    model(input_ids=ids, use_cache=True, **{cache_kwarg(model): cache})
     return cache
 
 
@@ -181,7 +182,7 @@ def profile_pair(target, draft, *, k: int, batches=DEFAULT_BATCHES, context: int
             times = _head_draft_times(draft, cache, b, k, context, device) if head else []
             t0 = time.perf_counter()
             for _ in range(0 if head else k):
-                draft(input_ids=tok, cache=cache, use_cache=True)
+                draft(input_ids=tok, use_cache=True, **{cache_kwarg(draft): cache})
                 _sync(device)
                 times.append((time.perf_counter() - t0) * 1e3)
             _reset(cache, context)
@@ -199,7 +200,7 @@ def profile_pair(target, draft, *, k: int, batches=DEFAULT_BATCHES, context: int
                 for _ in range(inner):
                     _sync(device)
                     t0 = time.perf_counter()
-                    target(input_ids=ids, cache=cache, use_cache=True)
+                    target(input_ids=ids, use_cache=True, **{cache_kwarg(target): cache})
                     _sync(device)
                     t += time.perf_counter() - t0
                     _reset(cache, context)

@@ -102,10 +102,10 @@ def _drafter(cfg_draft: str | None, stand_in: dict | None, k: int, seed: int, to
 
     path = Path(cfg_draft)
     check_model_dir(path, "draft")
-    from svt.models.eagle3 import is_eagle3_dir
+    from svt.models.heads import is_head_dir
 
-    if is_eagle3_dir(path):
-        raise ConfigError(f"{str(path)!r} is an EAGLE-3 head: it drafts from the target's hidden states, which a "
+    if is_head_dir(path):
+        raise ConfigError(f"{str(path)!r} is a hidden-state head (EAGLE-3 or MTP): it drafts from the target's hidden states, which a "
                           "reference run (no target forward) does not compute. Use a draft model or `stand_in`.")
     check_draft_tokenizer(tokenizer, target_path, path)
     dev = resolve_device(device)

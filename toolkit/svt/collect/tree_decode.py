@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from svt.collect.kv_cache import cache_kwarg
 from svt.collect.sampling import process_probs
 from svt.trees import DraftTree, grow_dynamic, grow_static, verify_greedy, verify_sampling
 from svt.trees.draws import Draws
@@ -86,7 +87,7 @@ class TreeModel:
             out = self.model(input_ids=torch.tensor([ids], device=self.device),
                              attention_mask=mask[None, None],
                              position_ids=torch.tensor([pos], device=self.device),
-                             cache=self.cache, use_cache=True)
+                             use_cache=True, **{cache_kwarg(self.model): self.cache})
         return out.logits[0].float()
 
     def feed_chain(self, ids: list[int]) -> torch.Tensor:

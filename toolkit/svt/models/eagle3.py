@@ -120,7 +120,7 @@ class _Attention(nn.Module):
         self.o_proj = nn.Linear(c.num_attention_heads * hd, c.hidden_size, bias=False)
 
 
-class _MLP(nn.Module):
+class GatedMLP(nn.Module):
     def __init__(self, c: Eagle3Config):
         super().__init__()
         self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
@@ -135,7 +135,7 @@ class _MidLayer(nn.Module):
     def __init__(self, c: Eagle3Config):
         super().__init__()
         self.self_attn = _Attention(c)
-        self.mlp = _MLP(c)
+        self.mlp = GatedMLP(c)
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
@@ -148,59 +148,26 @@ class HeadOutput:
     last_hidden: torch.Tensor  # [B, T, H] after the final norm (what the LM head reads)
 
 
-class Eagle3Head(nn.Module):
-    """The head; ``embed`` is the target's input embedding when the checkpoint ships none."""
+class HiddenStateHead(nn.Module):
+    """What every hidden-state head shares: one decoder layer run with a KV cache (:meth:`forward`)
+    or unrolled by training-time test (:meth:`ttt`). A subclass holds its modules and defines
+    ``fuse`` (the target's taps -> the step-0 feature), ``_inputs`` (token and feature -> attention
+    input and residual), ``_attention`` (the q/k/v/o projections) and ``_finish``; ``kind`` names it
+    in run.json, ``cfg.aux_layer_ids`` says which of the target's hidden states it reads."""
 
-    def __init__(self, config: Eagle3Config, embed: nn.Embedding | None = None):
-        super().__init__()
-        c = self.cfg = config
-        self.config = config.llama_config()
-        self.embed_tokens = embed if embed is not None else nn.Embedding(c.vocab_size, c.hidden_size)
-        self.shared_embedding = embed is not None
-        self.fc = nn.Linear(len(c.aux_layer_ids) * c.target_hidden_size, c.hidden_size, bias=False)
-        self.midlayer = _MidLayer(c)
-        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
-        self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
+    kind = ""
+    cfg: Eagle3Config
 
-    # -- pieces -------------------------------------------------------------------------------
-    def fuse(self, taps: torch.Tensor) -> torch.Tensor:
-        """The fused feature from the concatenated taps [..., 3 * H_t]."""
-        return self.fc(taps)
-
-    def full_logits(self, draft_logits: torch.Tensor) -> torch.Tensor:
-        """Draft-vocabulary logits scattered into the target's vocabulary (-inf elsewhere)."""
-        V, Vd = self.cfg.vocab_size, self.cfg.draft_vocab_size
-        if Vd == V and not bool(self.d2t.any()):
-            return draft_logits
-        out = draft_logits.new_full((*draft_logits.shape[:-1], V), float("-inf"))
-        out[..., torch.arange(Vd, device=self.d2t.device) + self.d2t] = draft_logits
-        return out
-
-    def _inputs(self, ids: torch.Tensor, feature: torch.Tensor):
-        """(2H attention input, residual) for tokens ``ids`` [B, T] and features [B, T, H]."""
-        m = self.midlayer
-        emb = m.input_layernorm(self.embed_tokens(ids))
-        normed = m.hidden_norm(feature)
-        residual = normed if self.cfg.norm_before_residual else feature
-        return torch.cat([emb, normed], -1), residual
+    def _attention(self) -> nn.Module:  # pragma: no cover - every head defines it
+        raise NotImplementedError
 
     def _qkv(self, x: torch.Tensor, positions: torch.Tensor):
-        a, c = self.midlayer.self_attn, self.cfg
+        a, c = self._attention(), self.cfg
         B, T, _ = x.shape
         q = a.q_proj(x).view(B, T, c.num_attention_heads, c.head_dim).transpose(1, 2)
         k = a.k_proj(x).view(B, T, c.num_key_value_heads, c.head_dim).transpose(1, 2)
         v = a.v_proj(x).view(B, T, c.num_key_value_heads, c.head_dim).transpose(1, 2)
         return rope(q, positions, c.rope_theta), rope(k, positions, c.rope_theta), v
-
-    def _finish(self, attn: torch.Tensor, residual: torch.Tensor) -> HeadOutput:
-        """``attn`` [B, h, T, d] -> logits and features."""
-        m = self.midlayer
-        B, _, T, _ = attn.shape
-        r = m.self_attn.o_proj(attn.transpose(1, 2).reshape(B, T, -1)) + residual
-        hidden = m.mlp(m.post_attention_layernorm(r)) + r
-        last = self.norm(hidden)
-        return HeadOutput(self.full_logits(self.lm_head(last)), hidden, last)
 
     # -- inference with a KV cache ------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, features: torch.Tensor, attention_mask: torch.Tensor,
@@ -260,6 +227,58 @@ class Eagle3Head(nn.Module):
             outs.append(o)
             feature = o.hidden
         return outs
+
+
+class Eagle3Head(HiddenStateHead):
+    """The head; ``embed`` is the target's input embedding when the checkpoint ships none."""
+
+    kind = "eagle3"
+
+    def __init__(self, config: Eagle3Config, embed: nn.Embedding | None = None):
+        super().__init__()
+        c = self.cfg = config
+        self.config = config.llama_config()
+        self.embed_tokens = embed if embed is not None else nn.Embedding(c.vocab_size, c.hidden_size)
+        self.shared_embedding = embed is not None
+        self.fc = nn.Linear(len(c.aux_layer_ids) * c.target_hidden_size, c.hidden_size, bias=False)
+        self.midlayer = _MidLayer(c)
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
+
+    # -- pieces -------------------------------------------------------------------------------
+    def fuse(self, taps: torch.Tensor) -> torch.Tensor:
+        """The fused feature from the concatenated taps [..., 3 * H_t]."""
+        return self.fc(taps)
+
+    def full_logits(self, draft_logits: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits scattered into the target's vocabulary (-inf elsewhere)."""
+        V, Vd = self.cfg.vocab_size, self.cfg.draft_vocab_size
+        if Vd == V and not bool(self.d2t.any()):
+            return draft_logits
+        out = draft_logits.new_full((*draft_logits.shape[:-1], V), float("-inf"))
+        out[..., torch.arange(Vd, device=self.d2t.device) + self.d2t] = draft_logits
+        return out
+
+    def _inputs(self, ids: torch.Tensor, feature: torch.Tensor):
+        """(2H attention input, residual) for tokens ``ids`` [B, T] and features [B, T, H]."""
+        m = self.midlayer
+        emb = m.input_layernorm(self.embed_tokens(ids))
+        normed = m.hidden_norm(feature)
+        residual = normed if self.cfg.norm_before_residual else feature
+        return torch.cat([emb, normed], -1), residual
+
+    def _attention(self) -> nn.Module:
+        return self.midlayer.self_attn
+
+    def _finish(self, attn: torch.Tensor, residual: torch.Tensor) -> HeadOutput:
+        """``attn`` [B, h, T, d] -> logits and features."""
+        m = self.midlayer
+        B, _, T, _ = attn.shape
+        r = m.self_attn.o_proj(attn.transpose(1, 2).reshape(B, T, -1)) + residual
+        hidden = m.mlp(m.post_attention_layernorm(r)) + r
+        last = self.norm(hidden)
+        return HeadOutput(self.full_logits(self.lm_head(last)), hidden, last)
 
 
 # -- the published directory form ----------------------------------------------------------------

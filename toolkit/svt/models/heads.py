@@ -172,3 +172,75 @@ def load_eagle3(path: str | Path, target, *, device=None, dtype=None) -> Eagle3H
             own["embed_tokens.weight"] = emb.weight
         head.load_state_dict({k: (v.to(dtype) if v.is_floating_point() else v) for k, v in own.items()})
     return head.to(device or tgt.device, dtype).eval()
+
+
+def load_mtp(path: str | Path, target, *, device=None, dtype=None):
+    """An MTP head directory saved by svt (:mod:`svt.models.mtp`) for ``target``, in eval mode."""
+    from svt.models.mtp import ARCHITECTURE, MTPHead, own_state
+
+    path = Path(path)
+    cfg = _read_config(path)
+    if ARCHITECTURE not in (cfg.get("architectures") or []):
+        raise ModelLoadError(f"Expected `architectures` in {str(path / 'config.json')!r} to name {ARCHITECTURE}, "
+                             f"but got {cfg.get('architectures')!r}.")
+    tc = target.config
+    L = int(tc.num_hidden_layers)
+    H = _field(cfg, "hidden_size", path)
+    heads = _field(cfg, "num_attention_heads", path)
+    kv = _field(cfg, "num_key_value_heads", path, default=heads)
+    V = _field(cfg, "vocab_size", path)
+    layer = cfg.get("mtp_target_layer_id", L)
+    if cfg.get("num_nextn_predict_layers", 1) != 1:
+        raise ModelLoadError(f"Expected `num_nextn_predict_layers` = 1 in {str(path / 'config.json')!r}, but got "
+                             f"{cfg.get('num_nextn_predict_layers')!r}.")
+    if H != tc.hidden_size:
+        raise ModelLoadError(f"The MTP head at {str(path)!r} has `hidden_size` = {H}, but the target's hidden size "
+                             f"is {tc.hidden_size}.")
+    if V != tc.vocab_size:
+        raise ModelLoadError(f"The MTP head at {str(path)!r} has `vocab_size` = {V}, but the target's vocabulary "
+                             f"is {tc.vocab_size}.")
+    if H % heads or heads % kv:
+        raise ModelLoadError(f"Expected `hidden_size` ({H}) divisible by `num_attention_heads` ({heads}) and "
+                             f"that by `num_key_value_heads` ({kv}) in {str(path / 'config.json')!r}.")
+    if not isinstance(layer, int) or isinstance(layer, bool) or not 1 <= layer <= L:
+        raise ModelLoadError(f"`mtp_target_layer_id` {layer!r} of {str(path)!r} is beyond the target's hidden "
+                             f"states: 1..{L} for a {L}-layer target ({L}: its final, normed, hidden state).")
+    hc = Eagle3Config(hidden_size=H, intermediate_size=_field(cfg, "intermediate_size", path),
+                      num_attention_heads=heads, num_key_value_heads=kv, vocab_size=V, draft_vocab_size=V,
+                      target_hidden_size=H, aux_layer_ids=(layer,), rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+                      rope_theta=float(cfg.get("rope_theta") or 10000.0),
+                      max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+                      bos_token_id=cfg.get("bos_token_id") or 0, eos_token_id=cfg.get("eos_token_id") or 0,
+                      pad_token_id=cfg.get("pad_token_id") or 0)
+    head = MTPHead(hc, target.get_input_embeddings(), target.get_output_embeddings())
+    state = _read_weights(path)
+    expected = {k: v.shape for k, v in own_state(head).items()}
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise ModelLoadError(f"The MTP head's weights in {str(path)!r} do not fit its config: "
+                             + "; ".join(s for s in (f"missing {', '.join(missing)}" if missing else "",
+                                                     f"unexpected {', '.join(unexpected)}" if unexpected else "") if s))
+    for k, v in state.items():
+        if tuple(v.shape) != tuple(expected[k]):
+            raise ModelLoadError(f"The MTP head's `{k}` in {str(path)!r} has shape {list(v.shape)}, but its "
+                                 f"config needs {list(expected[k])}.")
+    tgt = next(target.parameters())
+    dtype = dtype or tgt.dtype
+    head.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=False)
+    return head.to(device or tgt.device, dtype).eval()
+
+
+def load_head(path: str | Path, target, *, device=None, dtype=None):
+    """An EAGLE-3 or MTP head directory, by its ``architectures``."""
+    from svt.models.mtp import is_mtp_dir
+
+    if is_mtp_dir(Path(path)):
+        return load_mtp(path, target, device=device, dtype=dtype)
+    return load_eagle3(path, target, device=device, dtype=dtype)
+
+
+def is_head_dir(path: str | Path) -> bool:
+    from svt.models.eagle3 import is_eagle3_dir
+    from svt.models.mtp import is_mtp_dir
+
+    return is_eagle3_dir(Path(path)) or is_mtp_dir(Path(path))

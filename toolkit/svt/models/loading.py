@@ -64,18 +64,20 @@ class ModelPair:
 
     @property
     def draft_kind(self) -> str:
-        """``model`` (a separate causal LM) or ``eagle3`` (a head over the target's hidden states)."""
-        from svt.models.eagle3 import Eagle3Head
+        """``model`` (a separate causal LM), or a head over the target's hidden states (``eagle3``,
+        ``mtp``)."""
+        from svt.models.eagle3 import HiddenStateHead
 
-        return "eagle3" if isinstance(self.draft, Eagle3Head) else "model"
+        return self.draft.kind if isinstance(self.draft, HiddenStateHead) else "model"
 
     def identity(self) -> dict:
         """What run.json records about the pair (a head's parameters exclude a shared embedding)."""
         own = [p for n, p in self.draft.named_parameters()
-               if not (self.draft_kind == "eagle3" and n.startswith("embed_tokens") and self.draft.shared_embedding)]
+               if not (self.draft_kind != "model" and self.draft.shared_embedding and n.startswith("embed_tokens"))
+               and not n.startswith("shared_head.head")]
         draft = {"path": str(self.draft_path), "weights_sha256_16": weights_hash(self.draft_path),
                  "parameters": sum(p.numel() for p in own), "kind": self.draft_kind}
-        if self.draft_kind == "eagle3":
+        if self.draft_kind != "model":
             draft["aux_layer_ids"] = list(self.draft.cfg.aux_layer_ids)
             draft["draft_vocab_size"] = self.draft.cfg.draft_vocab_size
         return {
@@ -136,8 +138,8 @@ def load_pair(target_path: str | Path, draft_path: str | Path, *, device: str = 
               dtype: str = "auto", attn_implementation: str = "sdpa") -> ModelPair:
     """Load target and draft with ``AutoModelForCausalLM.from_pretrained`` from local directories.
 
-    A draft directory whose ``config.json`` names an EAGLE-3 architecture is loaded as a
-    hidden-state head over the target (:func:`svt.models.heads.load_eagle3`).
+    A draft directory whose ``config.json`` names an EAGLE-3 or svt's MTP architecture is loaded as a
+    hidden-state head over the target (:func:`svt.models.heads.load_head`).
 
     The tokenizer comes from the target's directory; the draft's (when it has one) must have the
     same vocabulary, and both models' output vocabularies must cover it.
@@ -148,16 +150,15 @@ def load_pair(target_path: str | Path, draft_path: str | Path, *, device: str = 
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     tokenizer = load_tokenizer(target_path)
-    from svt.models.eagle3 import is_eagle3_dir
+    from svt.models.heads import is_head_dir, load_head
 
-    if is_eagle3_dir(draft_path):  # a hidden-state head: it reads the target, shares its tokenizer
-        from svt.models.heads import load_eagle3
+    if is_head_dir(draft_path):  # a hidden-state head: it reads the target, shares its tokenizer
 
         target = load_causal_lm(target_path, "target", dev, dt, attn_implementation)
         if len(tokenizer) > target.config.vocab_size:
             raise ModelLoadError(f"The tokenizer has {len(tokenizer)} tokens but the target only "
                                  f"{target.config.vocab_size}.")
-        head = load_eagle3(draft_path, target, device=dev, dtype=dt)
+        head = load_head(draft_path, target, device=dev, dtype=dt)
         return ModelPair(target, head, tokenizer, dev, dt, target_path, draft_path)
     check_draft_tokenizer(tokenizer, target_path, draft_path)
     models = [load_causal_lm(path, role, dev, dt, attn_implementation)

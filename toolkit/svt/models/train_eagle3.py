@@ -1,4 +1,5 @@
-"""Train the built-in EAGLE-3 head on the frozen built-in target (a stage of ``make models``).
+"""Train the built-in hidden-state heads on the frozen built-in target (stages of ``make models``):
+the EAGLE-3 head (``--kind eagle3``) and the MTP head (``--kind mtp``, DeepSeek-V3's form).
 
 As EAGLE-3 trains its heads: the target is frozen; its three tapped hidden states are fused by the
 head; "training-time test" unrolls ``ttt_steps`` draft steps, each step fed its own previous output
@@ -114,6 +115,25 @@ def make_head(target, aux: tuple[int, ...] = (1, 2, 3), intermediate: int | None
     return head
 
 
+def make_mtp_head(target, intermediate: int | None = None):
+    """An MTP head (DeepSeek-V3's form) for ``target``: it reads the target's final hidden state
+    (tap ``L``), shares its embedding and output head; its final norm starts as the target's."""
+    from svt.models.mtp import MTPHead
+
+    tc = target.config
+    base = make_head(target, intermediate=intermediate).cfg
+    cfg = Eagle3Config(**{**base.__dict__, "aux_layer_ids": (int(tc.num_hidden_layers),)})
+    head = MTPHead(cfg, target.get_input_embeddings(), target.get_output_embeddings())
+    with torch.no_grad():
+        head.shared_head.norm.weight.copy_(target.model.norm.weight)
+    for p in (*head.embed_tokens.parameters(), *head.shared_head.head.parameters()):
+        p.requires_grad_(False)
+    return head
+
+
+KINDS = {"eagle3": make_head, "mtp": make_mtp_head}
+
+
 @torch.no_grad()
 def generate_continuations(target, stream: np.ndarray, cfg: HeadTraining, eos: int, log=print) -> np.ndarray:
     """``generated_sequences`` rows of ``context`` tokens: a training-stream prompt of ``prompt_len``
@@ -135,7 +155,7 @@ def generate_continuations(target, stream: np.ndarray, cfg: HeadTraining, eos: i
                                   do_sample=not greedy, temperature=1.0 if not greedy else None, top_p=None,
                                   top_k=None, pad_token_id=eos, eos_token_id=None)
             rows.append(out[:, : cfg.context].numpy())
-        log(f"[eagle3] generated {start + nb}/{cfg.generated_sequences} continuations "
+        log(f"[heads] generated {start + nb}/{cfg.generated_sequences} continuations "
             f"({time.time() - t0:.0f} s)", flush=True)
     return np.concatenate(rows)
 
@@ -169,13 +189,13 @@ def _save_checkpoint(work: Path, head, opt, step: int, curve: list, rng) -> None
 
 
 def train_head(target, stream: np.ndarray, held: torch.Tensor, cfg: HeadTraining, work: Path, *, eos: int,
-               target_id: str = "", log=print) -> tuple[Eagle3Head, dict]:
+               target_id: str = "", kind: str = "eagle3", log=print) -> tuple[Eagle3Head, dict]:
     """The whole stage: continuations (cached in WORK), the TTT loop (checkpointed), the figures.
     ``target_id`` (the target's weights hash) keys the work folder: a checkpoint or continuations
     made on another target are never resumed."""
     work.mkdir(parents=True, exist_ok=True)
     cfg_file = work / "config.json"
-    made_for = {**asdict(cfg), "target_weights_sha256_16": target_id}
+    made_for = {**asdict(cfg), "target_weights_sha256_16": target_id, **({"kind": kind} if kind != "eagle3" else {})}
     if cfg_file.is_file() and json.loads(cfg_file.read_text()) != made_for:
         raise SystemExit(f"{work} was made with another head-training config or target; remove it to train again.")
     cfg_file.write_text(json.dumps(made_for) + "\n")
@@ -188,7 +208,7 @@ def train_head(target, stream: np.ndarray, held: torch.Tensor, cfg: HeadTraining
         np.save(work / "generated.tmp.npy", generated)
         (work / "generated.tmp.npy").replace(gen_file)
     torch.manual_seed(cfg.seed)
-    head = make_head(target)
+    head = KINDS[kind](target)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.95))
     rng = np.random.default_rng(cfg.seed)
@@ -201,7 +221,7 @@ def train_head(target, stream: np.ndarray, held: torch.Tensor, cfg: HeadTraining
         opt.load_state_dict(state["opt"])
         step, curve = state["step"], state["curve"]
         rng.bit_generator.state = state["rng"]
-        log(f"[eagle3] resumed at step {step}/{n_steps}", flush=True)
+        log(f"[heads] resumed at step {step}/{n_steps}", flush=True)
     head.train()
     t0, last_ckpt = time.time(), time.time()
     while step < n_steps:
@@ -224,7 +244,7 @@ def train_head(target, stream: np.ndarray, held: torch.Tensor, cfg: HeadTraining
             curve.append({"step": step, "tokens": step * cfg.batch * cfg.context, "lr": _lr(step - 1, n_steps, cfg),
                           "train_loss": round(float(loss.detach()), 4), "train_top1_by_step": [round(a, 4) for a in accs],
                           **ev})
-            log(f"[eagle3] step {step}/{n_steps} loss {float(loss.detach()):.3f} held-out top-1 by step "
+            log(f"[{kind}] step {step}/{n_steps} loss {float(loss.detach()):.3f} held-out top-1 by step "
                 f"{ev['held_out_top1_by_step']} ({rate:,.0f} tok/s)", flush=True)
             t0 = time.time()
         if time.time() - last_ckpt > 60 * cfg.checkpoint_minutes:
@@ -270,8 +290,10 @@ def swap_in(stage: Path, dest: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--target", type=Path, default=Path("data/models/target"))
-    ap.add_argument("--out", type=Path, default=Path("data/models"), help="the head goes to OUT/eagle3")
-    ap.add_argument("--work", type=Path, default=Path("build/tiny/eagle3"))
+    ap.add_argument("--out", type=Path, default=Path("data/models"), help="the head goes to OUT/KIND")
+    ap.add_argument("--work", type=Path, default=None, help="default build/tiny/KIND")
+    ap.add_argument("--kind", choices=sorted(KINDS), default="eagle3",
+                    help="eagle3 (three fused taps) or mtp (DeepSeek-V3's form over the final hidden state)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--scale", type=float, default=1.0, help="multiply the token budget (smoke tests)")
     args = ap.parse_args(argv)
@@ -298,15 +320,23 @@ def main(argv: list[str] | None = None) -> None:
 
     t0 = time.time()
     target_id = weights_hash(args.target)
-    head, figures = train_head(target, stream, held, cfg, args.work, eos=tok.token_to_id(EOS), target_id=target_id)
+    work = args.work or Path("build/tiny") / args.kind
+    head, figures = train_head(target, stream, held, cfg, work, eos=tok.token_to_id(EOS), target_id=target_id,
+                               kind=args.kind)
     figures["train_seconds_this_session"] = round(time.time() - t0, 1)
     figures["target_weights_sha256_16"] = target_id
-    stage = args.out / ".eagle3.svt-new"
+    stage = args.out / f".{args.kind}.svt-new"
     shutil.rmtree(stage, ignore_errors=True)
-    save_head(head, stage)
-    swap_in(stage, args.out / "eagle3")
-    write_figures(args.out, "eagle3", figures)
-    print(f"[eagle3] saved to {args.out / 'eagle3'}: {json.dumps({k: v for k, v in figures.items() if k != 'curve'})}")
+    if args.kind == "mtp":
+        from svt.models.mtp import save_mtp
+
+        save_mtp(head, stage)
+    else:
+        save_head(head, stage)
+    swap_in(stage, args.out / args.kind)
+    write_figures(args.out, args.kind, figures)
+    print(f"[{args.kind}] saved to {args.out / args.kind}: "
+          f"{json.dumps({k: v for k, v in figures.items() if k != 'curve'})}")
 
 
 if __name__ == "__main__":
