@@ -260,3 +260,36 @@ def test_the_training_loss_is_the_weighted_soft_cross_entropy_against_the_next_p
         assert abs(float(ce) - per_step[k]) < 1e-4
         total, weights = total + 0.8 ** k * ce, weights + 0.8 ** k
     torch.testing.assert_close(loss, total / weights)
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "mtp"])
+def test_head_training_learns_and_an_interrupted_stage_resumes_to_the_same_head(tmp_path, monkeypatch, kind):
+    from svt.models import train_eagle3 as tr
+
+    target = tiny_target()
+    stream = target.generate(torch.randint(2, 50, (8, 4)), max_new_tokens=60, do_sample=True, pad_token_id=0,
+                             eos_token_id=None, attention_mask=torch.ones(8, 4, dtype=torch.long)).reshape(-1).numpy()
+    held = torch.from_numpy(stream[:64].reshape(2, 32).copy())
+    cfg = tr.HeadTraining(tokens=2 * 32 * 40, batch=2, context=32, ttt_steps=3, lr=1e-2, warmup=2,
+                          generated_sequences=4, prompt_len=8, eval_every=20, checkpoint_minutes=0)
+    head, figures = tr.train_head(target, stream, held, cfg, tmp_path / "a", eos=1, target_id="t", kind=kind)
+    first, last = figures["curve"][0], figures["curve"][-1]
+    assert last["held_out_ce_by_step"][0] < first["held_out_ce_by_step"][0]
+    assert (tmp_path / "continuations-t-s0-n4-p8-c32.npy").is_file()
+
+    real_lr = tr._lr
+
+    def dies_at_25(step, n, c):
+        if step == 25:
+            raise KeyboardInterrupt
+        return real_lr(step, n, c)
+
+    monkeypatch.setattr(tr, "_lr", dies_at_25)
+    with pytest.raises(KeyboardInterrupt):
+        tr.train_head(target, stream, held, cfg, tmp_path / "b", eos=1, target_id="t", kind=kind)
+    monkeypatch.setattr(tr, "_lr", real_lr)
+    resumed, _ = tr.train_head(target, stream, held, cfg, tmp_path / "b", eos=1, target_id="t", kind=kind)
+    for (n, a), (_, b) in zip(head.state_dict().items(), resumed.state_dict().items(), strict=True):
+        torch.testing.assert_close(a, b, msg=n)
+    with pytest.raises(SystemExit, match="another head-training config or target"):
+        tr.train_head(target, stream, held, cfg, tmp_path / "b", eos=1, target_id="another", kind=kind)

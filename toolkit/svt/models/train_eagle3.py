@@ -132,6 +132,8 @@ def make_mtp_head(target, intermediate: int | None = None):
 
 
 KINDS = {"eagle3": make_head, "mtp": make_mtp_head}
+#: window tokens per kind: the MTP head gets a third of EAGLE-3's (the session's CPU time, not a finding)
+TOKENS = {"eagle3": 3_600_000, "mtp": 1_200_000}
 
 
 @torch.no_grad()
@@ -199,14 +201,17 @@ def train_head(target, stream: np.ndarray, held: torch.Tensor, cfg: HeadTraining
     if cfg_file.is_file() and json.loads(cfg_file.read_text()) != made_for:
         raise SystemExit(f"{work} was made with another head-training config or target; remove it to train again.")
     cfg_file.write_text(json.dumps(made_for) + "\n")
-    gen_file = work / "generated.npy"
+    # the target's continuations depend on the target and these settings only: every head kind shares them
+    gen_file = work.parent / (f"continuations-{target_id or 'target'}-s{cfg.seed}-n{cfg.generated_sequences}"
+                              f"-p{cfg.prompt_len}-c{cfg.context}.npy")
     if gen_file.is_file():
         generated = np.load(gen_file)
     else:
         generated = generate_continuations(target, stream, cfg, eos, log) if cfg.generated_share > 0 else \
             np.zeros((0, cfg.context), dtype=np.int64)
-        np.save(work / "generated.tmp.npy", generated)
-        (work / "generated.tmp.npy").replace(gen_file)
+        tmp = gen_file.with_name(gen_file.stem + ".tmp.npy")
+        np.save(tmp, generated)
+        tmp.replace(gen_file)
     torch.manual_seed(cfg.seed)
     head = KINDS[kind](target)
     params = [p for p in head.parameters() if p.requires_grad]
@@ -303,7 +308,7 @@ def main(argv: list[str] | None = None) -> None:
     from svt.models.loading import load_causal_lm, load_tokenizer
     from svt.models.train_tiny import EOS, read_corpus, training_stream
 
-    cfg = HeadTraining()
+    cfg = HeadTraining(tokens=TOKENS[args.kind])
     if args.scale != 1.0:
         cfg = HeadTraining(tokens=max(cfg.batch * cfg.context, int(cfg.tokens * args.scale)),
                            generated_sequences=max(2, int(cfg.generated_sequences * args.scale)),

@@ -35,7 +35,7 @@ def measure(models: Path, requests: int, max_new_tokens: int, seed: int = 0) -> 
     from sklearn.metrics import roc_auc_score
 
     lines = []
-    drafts = [d for d in ("draft-small", "draft-large", "eagle3") if (models / d).is_dir()]
+    drafts = [d for d in ("draft-small", "draft-large", "eagle3", "mtp") if (models / d).is_dir()]
     for draft in drafts:
         for temperature in (1.0, 0.0):
             # absolute: a relative path in a config is read from the config's folder
