@@ -208,8 +208,9 @@ def _reference_step0(state: dict, cfg: Eagle3Config, emb: torch.Tensor, taps: to
     q = (x @ state["midlayer.self_attn.q_proj.weight"].T).view(1, n, nh, hd).transpose(1, 2)
     k = (x @ state["midlayer.self_attn.k_proj.weight"].T).view(1, n, nkv, hd).transpose(1, 2)
     v = (x @ state["midlayer.self_attn.v_proj.weight"].T).view(1, n, nkv, hd).transpose(1, 2)
+    rope = {"rope_type": "default", **(cfg.rope_scaling or {}), "rope_theta": cfg.rope_theta}
     rot = LlamaRotaryEmbedding(LlamaConfig(hidden_size=cfg.hidden_size, num_attention_heads=nh, head_dim=hd,
-                                           rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta}))
+                                           max_position_embeddings=4096, rope_parameters=rope))
     cos, sin = rot(x, torch.arange(n)[None])
     q, k = apply_rotary_pos_emb(q, k, cos, sin)
     k, v = k.repeat_interleave(nh // nkv, 1), v.repeat_interleave(nh // nkv, 1)
@@ -255,7 +256,7 @@ def test_the_training_loss_is_the_weighted_soft_cross_entropy_against_the_next_p
     total, weights = 0.0, 0.0
     for k in range(3):
         ces = [-(logits[b, i + 1 + k].softmax(-1) * outs[k].logits[b, i].log_softmax(-1)).sum()
-               for b in range(2) for i in range(n - 1) if i + 1 + k < n - 1]
+               for b in range(2) for i in range(n - 1) if i + 1 + k < n]
         ce = torch.stack(ces).mean()
         assert abs(float(ce) - per_step[k]) < 1e-4
         total, weights = total + 0.8 ** k * ce, weights + 0.8 ** k
@@ -293,3 +294,44 @@ def test_head_training_learns_and_an_interrupted_stage_resumes_to_the_same_head(
         torch.testing.assert_close(a, b, msg=n)
     with pytest.raises(SystemExit, match="another head-training config or target"):
         tr.train_head(target, stream, held, cfg, tmp_path / "b", eos=1, target_id="another", kind=kind)
+
+
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64}
+
+
+@torch.no_grad()
+def test_a_llama3_scaled_head_rotates_as_transformers_does(tmp_path):
+    """Published heads for Llama 3.1 targets carry Llama 3's rope scaling: read from the config and
+    applied (the written-out layer uses transformers' own rotary embedding for that config)."""
+    target = tiny_target()
+    head = random_head(target)
+    save_head(head, tmp_path / "h", dtype=torch.float32)
+    cfg = json.loads((tmp_path / "h" / "config.json").read_text())
+    cfg["rope_scaling"] = LLAMA3_ROPE
+    (tmp_path / "h" / "config.json").write_text(json.dumps(cfg))
+    loaded = load_eagle3(tmp_path / "h", target)
+    assert loaded.cfg.rope_scaling["rope_type"] == "llama3"
+    ids = torch.randint(2, 50, (1, 14))
+    taps, _ = target_view(target, ids, (1, 2, 3))
+    state = load_file(tmp_path / "h" / "model.safetensors")
+    ref = _reference_step0(state, loaded.cfg, target.get_input_embeddings().weight, taps, ids)
+    got = loaded.ttt(ids, loaded.fuse(taps), 1)[0].logits
+    torch.testing.assert_close(got[0], ref[0], atol=1e-4, rtol=1e-4)
+    unscaled = load_eagle3(_write(tmp_path, target, name="plain"), target)
+    assert not torch.allclose(unscaled.inv_freq, loaded.inv_freq)
+
+
+def test_a_rope_whose_frequencies_follow_the_length_is_refused(tmp_path):
+    target = tiny_target()
+    path = _write(tmp_path, target, edit_cfg=lambda c: c.update(rope_scaling={"rope_type": "dynamic", "factor": 2.0}))
+    with pytest.raises(ModelLoadError, match="rope type 'dynamic'"):
+        load_eagle3(path, target)
+
+
+def test_a_head_sharing_the_targets_embedding_stays_in_the_targets_dtype(tmp_path):
+    target = tiny_target()
+    path = _write(tmp_path, target)
+    with pytest.raises(ModelLoadError, match="shares the target's weights"):
+        load_eagle3(path, target, dtype=torch.bfloat16)
+    assert target.get_input_embeddings().weight.dtype == torch.float32

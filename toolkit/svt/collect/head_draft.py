@@ -61,7 +61,8 @@ def prefill_catch_up(head: HiddenStateHead, ids: torch.Tensor, pmask: torch.Tens
     """After the target's prefill of the left-padded ``ids`` (prompt[:-1]): slot j holds token p_i's
     feature and p_{i+1} (the last real slot: p_{n-2} and ``pending`` = p_{n-1})."""
     nxt = torch.cat([ids[:, 1:], pending[:, None]], 1)
-    feat = head.fuse(taps) * pmask[..., None].to(taps.dtype)
+    feat = head.fuse(taps)
+    feat = torch.where(pmask[..., None].bool(), feat, torch.zeros_like(feat))  # a hole's feature: 0, never NaN
     fed = pmask.clone()
     fed[:, -1] = 1
     return CatchUp(nxt, feat, fed, pmask)
@@ -82,14 +83,14 @@ def step_catch_up(head: HiddenStateHead, taps: torch.Tensor, x: torch.Tensor, ac
     ids = nxt.gather(1, src)
     feat = head.fuse(taps.gather(1, src[..., None].expand(-1, -1, taps.shape[-1])))
     mask = real.long()
-    return CatchUp(ids, feat * mask[..., None].to(feat.dtype), mask, mask)
+    return CatchUp(ids, torch.where(real[..., None], feat, torch.zeros_like(feat)), mask, mask)
 
 
 def draft_with_head(dc, catch: CatchUp, k: int, sample, hidden: bool):
     """``k`` drafts from the head: ``sample(logits [nb, V]) -> (q, x)``; returns the q's, x's and
     (when ``hidden``) the normed hidden state each draft was read from."""
     nb = catch.ids.shape[0]
-    o = dc.forward(catch.ids, catch.fed, features=catch.feat)
+    o = dc.forward(catch.ids, catch.fed, features=catch.feat, last_only=True)
     ones1 = torch.ones((nb, 1), dtype=torch.long, device=catch.ids.device)
     qs, toks, hid = [], [], []
     for i in range(k):

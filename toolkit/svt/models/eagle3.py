@@ -55,6 +55,7 @@ class Eagle3Config:
     rope_theta: float = 10000.0
     max_position_embeddings: int = 2048
     norm_before_residual: bool = False  # vLLM's flag: the residual is the normed feature
+    rope_scaling: dict | None = None  # e.g. Llama 3.1's {"rope_type": "llama3", "factor": 8.0, ...}
     bos_token_id: int = 0
     eos_token_id: int = 0
     pad_token_id: int = 0
@@ -65,7 +66,7 @@ class Eagle3Config:
         return self.hidden_size // self.num_attention_heads
 
     def to_hf(self) -> dict:
-        d = {k: v for k, v in asdict(self).items() if k not in ("aux_layer_ids", "rope_theta", "extra")}
+        d = {k: v for k, v in asdict(self).items() if k not in ("aux_layer_ids", "rope_theta", "rope_scaling", "extra")}
         return {
             **self.extra,
             "architectures": [ARCHITECTURE],
@@ -75,7 +76,7 @@ class Eagle3Config:
             "head_dim": self.head_dim,
             "tie_word_embeddings": False,
             "rope_theta": self.rope_theta,
-            "rope_scaling": None,
+            "rope_scaling": self.rope_scaling,
             "eagle_aux_hidden_state_layer_ids": list(self.aux_layer_ids),
             **d,
         }
@@ -84,10 +85,13 @@ class Eagle3Config:
         """A one-layer ``LlamaConfig`` of the head's attention shape (for ``growing_cache``)."""
         from transformers import LlamaConfig
 
+        rope = {"rope_type": "default", **(self.rope_scaling or {}), "rope_theta": self.rope_theta}
+        longest = max(self.max_position_embeddings, int(rope.get("original_max_position_embeddings", 0)) + 1)
         return LlamaConfig(vocab_size=self.vocab_size, hidden_size=self.hidden_size,
                            intermediate_size=self.intermediate_size, num_hidden_layers=1,
                            num_attention_heads=self.num_attention_heads,
-                           num_key_value_heads=self.num_key_value_heads, head_dim=self.head_dim)
+                           num_key_value_heads=self.num_key_value_heads, head_dim=self.head_dim,
+                           max_position_embeddings=longest, rope_parameters=rope)
 
 
 class RMSNorm(nn.Module):
@@ -100,12 +104,16 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
-def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary embedding (Llama's rotate-half form) of ``x`` [B, h, T, d] at ``positions`` [B, T]."""
+#: rotary types whose frequencies do not depend on the sequence length (transformers computes them)
+STATIC_ROPE = ("default", "linear", "llama3", "yarn")
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float = 1.0) -> torch.Tensor:
+    """Rotary embedding (Llama's rotate-half form) of ``x`` [B, h, T, d] at ``positions`` [B, T], with
+    the frequencies ``inv_freq`` [d/2] and cos/sin ``scaling`` of the head's rope type."""
     d = x.shape[-1]
-    inv = 1.0 / theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)
-    ang = positions[:, None, :, None].float() * inv  # [B, 1, T, d/2]
-    cos, sin = torch.cos(ang).to(x.dtype), torch.sin(ang).to(x.dtype)
+    ang = positions[:, None, :, None].float() * inv_freq.float()  # [B, 1, T, d/2]
+    cos, sin = (torch.cos(ang) * scaling).to(x.dtype), (torch.sin(ang) * scaling).to(x.dtype)
     x1, x2 = x[..., : d // 2], x[..., d // 2 :]
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
 
@@ -158,6 +166,17 @@ class HiddenStateHead(nn.Module):
     kind = ""
     cfg: Eagle3Config
 
+    def _init_rope(self) -> None:
+        """The rotary frequencies of the head's rope type, as transformers computes them."""
+        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+        kind = (self.cfg.rope_scaling or {}).get("rope_type", (self.cfg.rope_scaling or {}).get("type", "default"))
+        if kind not in STATIC_ROPE:
+            raise ValueError(f"rope type {kind!r}: svt's heads support {', '.join(STATIC_ROPE)}")
+        rot = LlamaRotaryEmbedding(self.config)
+        self.register_buffer("inv_freq", rot.inv_freq.detach().clone().float(), persistent=False)
+        self.rope_scale = float(rot.attention_scaling)
+
     def _attention(self) -> nn.Module:  # pragma: no cover - every head defines it
         raise NotImplementedError
 
@@ -167,13 +186,15 @@ class HiddenStateHead(nn.Module):
         q = a.q_proj(x).view(B, T, c.num_attention_heads, c.head_dim).transpose(1, 2)
         k = a.k_proj(x).view(B, T, c.num_key_value_heads, c.head_dim).transpose(1, 2)
         v = a.v_proj(x).view(B, T, c.num_key_value_heads, c.head_dim).transpose(1, 2)
-        return rope(q, positions, c.rope_theta), rope(k, positions, c.rope_theta), v
+        return rope(q, positions, self.inv_freq, self.rope_scale), rope(k, positions, self.inv_freq, self.rope_scale), v
 
     # -- inference with a KV cache ------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, features: torch.Tensor, attention_mask: torch.Tensor,
-                position_ids: torch.Tensor, cache, **_) -> HeadOutput:
+                position_ids: torch.Tensor, cache, last_only: bool = False, **_) -> HeadOutput:
         """Append ``T`` slots per row: ``input_ids`` [B, T], ``features`` [B, T, H] (already fused),
-        ``attention_mask`` [B, S] over past and new slots (0 = hole), ``position_ids`` [B, T]."""
+        ``attention_mask`` [B, S] over past and new slots (0 = hole), ``position_ids`` [B, T].
+        ``last_only``: the outputs of the last slot only (a catch-up's earlier slots only fill the
+        cache: no LM head over a whole prompt)."""
         x, residual = self._inputs(input_ids, features)
         q, k, v = self._qkv(x, position_ids)
         keys, values = cache.layers[0].update(k, v)
@@ -184,6 +205,8 @@ class HiddenStateHead(nn.Module):
         if rep > 1:
             keys, values = keys.repeat_interleave(rep, 1), values.repeat_interleave(rep, 1)
         attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        if last_only:
+            attn, residual = attn[:, :, -1:], residual[:, -1:]
         return self._finish(attn, residual)
 
     # -- training-time test -------------------------------------------------------------------
@@ -218,10 +241,10 @@ class HiddenStateHead(nn.Module):
             else:
                 diag_k.append(k)
                 diag_v.append(v)
-                s0 = (q @ k0.transpose(-1, -2)) * scale
+                s0 = (q @ k0.transpose(-1, -2)).float() * scale  # scores and softmax in float32, as SDPA
                 s0 = s0.masked_fill(~causal, float("-inf"))
-                sd = torch.stack([(q * kk).sum(-1) for kk in diag_k], -1) * scale  # [B, h, L, step]
-                w = torch.cat([s0, sd], -1).softmax(-1)
+                sd = torch.stack([(q * kk).sum(-1) for kk in diag_k], -1).float() * scale  # [B, h, L, step]
+                w = torch.cat([s0, sd], -1).softmax(-1).to(v0.dtype)
                 attn = w[..., :L] @ v0 + (w[..., L:, None] * torch.stack(diag_v, -2)).sum(-2)
             o = self._finish(attn, residual)
             outs.append(o)
@@ -245,6 +268,7 @@ class Eagle3Head(HiddenStateHead):
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
+        self._init_rope()
 
     # -- pieces -------------------------------------------------------------------------------
     def fuse(self, taps: torch.Tensor) -> torch.Tensor:

@@ -45,6 +45,25 @@ def _field(cfg: dict, name: str, path: Path, kind=int, default=None):
     return value
 
 
+def _rope_scaling(cfg: dict, path: Path) -> dict | None:
+    """The head's rotary scaling (``rope_scaling``, or transformers 5's ``rope_parameters``): None for
+    the default; a type whose frequencies change with the sequence length is refused."""
+    from svt.models.eagle3 import STATIC_ROPE
+
+    raw = cfg.get("rope_scaling")
+    if raw is None and isinstance(cfg.get("rope_parameters"), dict):
+        raw = {k: v for k, v in cfg["rope_parameters"].items() if k != "rope_theta"}
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ModelLoadError(f"Expected `rope_scaling` in {str(path / 'config.json')!r} to be a mapping, but got {raw!r}.")
+    kind = raw.get("rope_type", raw.get("type", "default"))
+    if kind not in STATIC_ROPE:
+        raise ModelLoadError(f"The head at {str(path)!r} uses rope type {kind!r}; svt's heads run "
+                             f"{', '.join(STATIC_ROPE)} (the frequencies of the others change with the length).")
+    return None if kind == "default" else {**raw, "rope_type": kind}
+
+
 def head_config(path: Path, target_config) -> Eagle3Config:
     """The head's config, checked against the target's (hidden size, vocabulary, tap ids)."""
     cfg = _read_config(path)
@@ -92,6 +111,7 @@ def head_config(path: Path, target_config) -> Eagle3Config:
     if len(set(aux)) != 3:
         warnings.warn(f"The EAGLE-3 head at {str(path)!r} taps the same layer twice: {list(aux)}.", stacklevel=2)
     rope = cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta") or 10000.0
+    scaling = _rope_scaling(cfg, path)
     known = {"hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size",
              "draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids", "rms_norm_eps",
              "rope_theta", "max_position_embeddings", "norm_before_residual", "bos_token_id", "eos_token_id",
@@ -102,7 +122,7 @@ def head_config(path: Path, target_config) -> Eagle3Config:
         num_key_value_heads=kv, vocab_size=V, draft_vocab_size=Vd, target_hidden_size=Ht,
         aux_layer_ids=tuple(int(a) for a in aux), rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         rope_theta=float(rope), max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
-        norm_before_residual=bool(cfg.get("norm_before_residual", False)),
+        norm_before_residual=bool(cfg.get("norm_before_residual", False)), rope_scaling=scaling,
         bos_token_id=cfg.get("bos_token_id") or 0, eos_token_id=cfg.get("eos_token_id") or 0,
         pad_token_id=cfg.get("pad_token_id") or 0,
         extra={k: v for k, v in cfg.items() if k not in known})
@@ -162,16 +182,26 @@ def load_eagle3(path: str | Path, target, *, device=None, dtype=None) -> Eagle3H
     elif cfg.draft_vocab_size != cfg.vocab_size:
         raise ModelLoadError(f"The EAGLE-3 head at {str(path)!r} has a draft vocabulary of {cfg.draft_vocab_size} "
                              f"tokens (< {cfg.vocab_size}) but no `d2t` table to map it to the target's.")
-    tgt = next(target.parameters())
-    dtype = dtype or tgt.dtype
+    dtype, device = _shared_placement(target, dtype, device, path)
     with torch.no_grad():
         own = {k: v for k, v in state.items()}
         if "d2t" not in own:
             own["d2t"] = torch.zeros(cfg.draft_vocab_size, dtype=torch.long)
-        if not has_emb:
-            own["embed_tokens.weight"] = emb.weight
-        head.load_state_dict({k: (v.to(dtype) if v.is_floating_point() else v) for k, v in own.items()})
-    return head.to(device or tgt.device, dtype).eval()
+        missing, _ = head.load_state_dict({k: (v.to(dtype) if v.is_floating_point() else v) for k, v in own.items()},
+                                          strict=False)
+    assert set(missing) <= {"embed_tokens.weight"}, missing
+    return head.to(device, dtype).eval()
+
+
+def _shared_placement(target, dtype, device, path: Path):
+    """A head shares the target's embedding (and an MTP head its output head): moving or casting the
+    head would move or cast the target's own weights, so it must sit where the target does."""
+    tgt = next(target.parameters())
+    dtype, device = dtype or tgt.dtype, torch.device(device) if device is not None else tgt.device
+    if dtype != tgt.dtype or device != tgt.device:
+        raise ModelLoadError(f"The head at {str(path)!r} shares the target's weights, so it runs in the target's "
+                             f"dtype and device ({tgt.dtype}, {tgt.device}), not {dtype}, {device}.")
+    return dtype, device
 
 
 def load_mtp(path: str | Path, target, *, device=None, dtype=None):
@@ -208,7 +238,7 @@ def load_mtp(path: str | Path, target, *, device=None, dtype=None):
     hc = Eagle3Config(hidden_size=H, intermediate_size=_field(cfg, "intermediate_size", path),
                       num_attention_heads=heads, num_key_value_heads=kv, vocab_size=V, draft_vocab_size=V,
                       target_hidden_size=H, aux_layer_ids=(layer,), rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-                      rope_theta=float(cfg.get("rope_theta") or 10000.0),
+                      rope_theta=float(cfg.get("rope_theta") or 10000.0), rope_scaling=_rope_scaling(cfg, path),
                       max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
                       bos_token_id=cfg.get("bos_token_id") or 0, eos_token_id=cfg.get("eos_token_id") or 0,
                       pad_token_id=cfg.get("pad_token_id") or 0)
@@ -224,10 +254,9 @@ def load_mtp(path: str | Path, target, *, device=None, dtype=None):
         if tuple(v.shape) != tuple(expected[k]):
             raise ModelLoadError(f"The MTP head's `{k}` in {str(path)!r} has shape {list(v.shape)}, but its "
                                  f"config needs {list(expected[k])}.")
-    tgt = next(target.parameters())
-    dtype = dtype or tgt.dtype
+    dtype, device = _shared_placement(target, dtype, device, path)
     head.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=False)
-    return head.to(device or tgt.device, dtype).eval()
+    return head.to(device, dtype).eval()
 
 
 def load_head(path: str | Path, target, *, device=None, dtype=None):

@@ -71,6 +71,7 @@ class MTPHead(HiddenStateHead):
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.mlp = GatedMLP(c)
         self.shared_head = _SharedHead(c, lm_head)
+        self._init_rope()
 
     def fuse(self, taps: torch.Tensor) -> torch.Tensor:
         """The target's final hidden state is the feature as it is."""
@@ -100,6 +101,7 @@ def own_state(head: MTPHead) -> dict[str, torch.Tensor]:
 def mtp_config_dict(head: MTPHead) -> dict:
     c = head.cfg
     return {"architectures": [ARCHITECTURE], "model_type": "llama", "mtp_form": "DeepSeek-V3",
+            "rope_scaling": c.rope_scaling,
             "num_nextn_predict_layers": 1, "mtp_target_layer_id": int(c.aux_layer_ids[0]),
             "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
             "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
