@@ -335,3 +335,38 @@ def test_a_head_sharing_the_targets_embedding_stays_in_the_targets_dtype(tmp_pat
     with pytest.raises(ModelLoadError, match="shares the target's weights"):
         load_eagle3(path, target, dtype=torch.bfloat16)
     assert target.get_input_embeddings().weight.dtype == torch.float32
+
+
+@pytest.mark.parametrize(("edit_cfg", "edit_state", "message"), [
+    (lambda c: c.update(rms_norm_eps="1e-6"), None, "rms_norm_eps"),
+    (lambda c: c.update(rms_norm_eps=-1), None, "rms_norm_eps"),
+    (lambda c: c.update(rope_theta=-5), None, "rope_theta"),
+    (lambda c: c.update(max_position_embeddings="2048"), None, "max_position_embeddings"),
+    (lambda c: c.update(norm_before_residual="false"), None, "norm_before_residual"),
+    (lambda c: c.update(hidden_act="gelu"), None, "hidden_act"),
+    (lambda c: (c.pop("rope_theta"), c.update(rope_parameters=[1, 2])), None, "rope_parameters"),
+    (lambda c: c.update(rope_scaling={"rope_type": "linear"}), None, "rope_scaling"),
+    (None, lambda s: s["fc.weight"].__setitem__((0, 0), float("nan")), "NaN"),
+    (None, lambda s: s.update({"norm.weight": s["norm.weight"].long()}), "floats"),
+])
+def test_config_values_of_the_wrong_kind_are_one_message(tmp_path, edit_cfg, edit_state, message):
+    """Found by a hostile probe: each of these was a traceback or a silently different head."""
+    target = tiny_target()
+    path = _write(tmp_path, target, edit_cfg, edit_state)
+    with pytest.raises(ModelLoadError, match=message):
+        load_eagle3(path, target)
+
+
+@pytest.mark.parametrize("config", [[1, 2, 3], None, "x", {"architectures": 5}])
+def test_a_config_that_is_no_object_is_not_taken_for_a_head(tmp_path, config):
+    from svt.models.heads import is_head_dir
+
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert not is_head_dir(tmp_path) and not is_eagle3_dir(tmp_path)
+
+
+def test_a_head_given_as_the_target_is_refused_naming_the_swap(tmp_path, models_dir):
+    from svt.models import load_pair
+
+    with pytest.raises(ModelLoadError, match="is a hidden-state head"):
+        load_pair(models_dir / "eagle3", models_dir / "target", device="cpu")

@@ -338,4 +338,5 @@ def is_eagle3_dir(path: Path) -> bool:
         cfg = json.loads((Path(path) / "config.json").read_text())
     except (OSError, ValueError):
         return False
-    return any(a in ARCHITECTURES for a in cfg.get("architectures") or [])
+    arch = cfg.get("architectures") if isinstance(cfg, dict) else None
+    return isinstance(arch, list) and any(a in ARCHITECTURES for a in arch)

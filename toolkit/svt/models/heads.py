@@ -31,7 +31,7 @@ def _read_config(path: Path) -> dict:
     try:
         cfg = json.loads((path / "config.json").read_text())
     except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"Could not read the EAGLE-3 head's config {str(path / 'config.json')!r}: {exc}") from None
+        raise ModelLoadError(f"Could not read the head's config {str(path / 'config.json')!r}: {exc}") from None
     if not isinstance(cfg, dict):
         raise ModelLoadError(f"Expected {str(path / 'config.json')!r} to hold a JSON object.")
     return cfg
@@ -43,6 +43,51 @@ def _field(cfg: dict, name: str, path: Path, kind=int, default=None):
         raise ModelLoadError(f"Expected `{name}` in {str(path / 'config.json')!r} to be a positive "
                              f"{kind.__name__}, but got {value!r}.")
     return value
+
+
+def _positive(cfg: dict, name: str, path: Path, default: float) -> float:
+    """A positive real number field (``rms_norm_eps``, ``rope_theta``): ints and floats, no bools."""
+    value = cfg.get(name)
+    value = default if value is None else value
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0 or value != value:
+        raise ModelLoadError(f"Expected `{name}` in {str(path / 'config.json')!r} to be a positive number, "
+                             f"but got {value!r}.")
+    return float(value)
+
+
+def _common(cfg: dict, path: Path) -> dict:
+    """The fields both head kinds read beside their shapes, checked."""
+    if cfg.get("hidden_act", "silu") != "silu":
+        raise ModelLoadError(f"Expected `hidden_act` in {str(path / 'config.json')!r} to be 'silu' (svt's heads run "
+                             f"a SiLU MLP), but got {cfg.get('hidden_act')!r}.")
+    nbr = cfg.get("norm_before_residual", False)
+    if not isinstance(nbr, bool):
+        raise ModelLoadError(f"Expected `norm_before_residual` in {str(path / 'config.json')!r} to be true or false, "
+                             f"but got {nbr!r}.")
+    params = cfg.get("rope_parameters")
+    if params is not None and not isinstance(params, dict):
+        raise ModelLoadError(f"Expected `rope_parameters` in {str(path / 'config.json')!r} to be a mapping, "
+                             f"but got {params!r}.")
+    theta = cfg.get("rope_theta") if cfg.get("rope_theta") is not None else (params or {}).get("rope_theta")
+    ids = {}
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        v = cfg.get(name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+            raise ModelLoadError(f"Expected `{name}` in {str(path / 'config.json')!r} to be a token id, but got {v!r}.")
+        ids[name] = v or 0
+    return {"rms_norm_eps": _positive(cfg, "rms_norm_eps", path, 1e-6),
+            "rope_theta": _positive({"rope_theta": theta}, "rope_theta", path, 10000.0),
+            "max_position_embeddings": _field(cfg, "max_position_embeddings", path, default=2048),
+            "norm_before_residual": nbr, "rope_scaling": _rope_scaling(cfg, path), **ids}
+
+
+def _build(make, path: Path):
+    """Construct a head, turning transformers' refusal of its rope settings into one message."""
+    try:
+        return make()
+    except (KeyError, ValueError, TypeError) as exc:
+        raise ModelLoadError(f"The head at {str(path)!r} has rotary settings transformers refuses "
+                             f"(`rope_scaling`): {str(exc).splitlines()[0]}") from None
 
 
 def _rope_scaling(cfg: dict, path: Path) -> dict | None:
@@ -110,21 +155,17 @@ def head_config(path: Path, target_config) -> Eagle3Config:
                              f"beyond the target's: a tap id must be in 0..{L - 1} for a {L}-layer target.")
     if len(set(aux)) != 3:
         warnings.warn(f"The EAGLE-3 head at {str(path)!r} taps the same layer twice: {list(aux)}.", stacklevel=2)
-    rope = cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta") or 10000.0
-    scaling = _rope_scaling(cfg, path)
+    common = _common(cfg, path)
     known = {"hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size",
              "draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids", "rms_norm_eps",
              "rope_theta", "max_position_embeddings", "norm_before_residual", "bos_token_id", "eos_token_id",
              "pad_token_id", "architectures", "model_type", "num_hidden_layers", "hidden_act", "head_dim",
+             "rope_parameters",
              "tie_word_embeddings", "rope_scaling", "torch_dtype", "dtype"}
     return Eagle3Config(
         hidden_size=H, intermediate_size=_field(cfg, "intermediate_size", path), num_attention_heads=heads,
         num_key_value_heads=kv, vocab_size=V, draft_vocab_size=Vd, target_hidden_size=Ht,
-        aux_layer_ids=tuple(int(a) for a in aux), rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        rope_theta=float(rope), max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
-        norm_before_residual=bool(cfg.get("norm_before_residual", False)), rope_scaling=scaling,
-        bos_token_id=cfg.get("bos_token_id") or 0, eos_token_id=cfg.get("eos_token_id") or 0,
-        pad_token_id=cfg.get("pad_token_id") or 0,
+        aux_layer_ids=tuple(int(a) for a in aux), **common,
         extra={k: v for k, v in cfg.items() if k not in known})
 
 
@@ -136,15 +177,32 @@ def _read_weights(path: Path) -> dict[str, torch.Tensor]:
             from safetensors.torch import load_file
 
             for f in files:
-                state.update(load_file(f))
+                part = load_file(f)
+                twice = sorted(set(part) & set(state))
+                if twice:
+                    raise ModelLoadError(f"The head's weight files in {str(path)!r} hold {', '.join(twice[:3])} "
+                                         "more than once.")
+                state.update(part)
         elif (path / "pytorch_model.bin").is_file():
             state = torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
         else:
-            raise ModelLoadError(f"The EAGLE-3 head at {str(path)!r} has no *.safetensors or pytorch_model.bin.")
+            raise ModelLoadError(f"The head at {str(path)!r} has no *.safetensors or pytorch_model.bin.")
     except ModelLoadError:
         raise
     except Exception as exc:
-        raise ModelLoadError(f"Could not read the EAGLE-3 head's weights in {str(path)!r}: {exc}") from None
+        first = (str(exc).splitlines() or [""])[0]
+        raise ModelLoadError(f"Could not read the head's weights in {str(path)!r} ({type(exc).__name__}: "
+                             f"{first[:300]})") from None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ModelLoadError(f"Expected the head's weights in {str(path)!r} to be a mapping of names to tensors.")
+    for k, v in state.items():
+        if v.is_floating_point() and not bool(torch.isfinite(v).all()):
+            raise ModelLoadError(f"The head's `{k}` in {str(path)!r} holds NaN or infinite values.")
+        if not v.is_floating_point() and k != "d2t" and k != "t2d":
+            raise ModelLoadError(f"The head's `{k}` in {str(path)!r} is a {v.dtype} tensor; weights are floats.")
+    d2t = state.get("d2t")
+    if d2t is not None and d2t.is_floating_point():
+        raise ModelLoadError(f"The head's `d2t` in {str(path)!r} holds floats; it is a table of integer offsets.")
     return state
 
 
@@ -160,7 +218,7 @@ def load_eagle3(path: str | Path, target, *, device=None, dtype=None) -> Eagle3H
         raise ModelLoadError(f"The EAGLE-3 head at {str(path)!r} ships no `embed_tokens.weight`, so it shares the "
                              f"target's embedding, whose width {emb.weight.shape[1]} is not its `hidden_size` "
                              f"{cfg.hidden_size}.")
-    head = Eagle3Head(cfg, embed=None if has_emb else emb)
+    head = _build(lambda: Eagle3Head(cfg, embed=None if has_emb else emb), path)
     expected = {k: v.shape for k, v in head.state_dict().items() if has_emb or not k.startswith("embed_tokens")}
     missing = sorted(set(expected) - set(state) - {"d2t"})
     unexpected = sorted(set(state) - set(expected))
@@ -220,6 +278,7 @@ def load_mtp(path: str | Path, target, *, device=None, dtype=None):
     kv = _field(cfg, "num_key_value_heads", path, default=heads)
     V = _field(cfg, "vocab_size", path)
     layer = cfg.get("mtp_target_layer_id", L)
+    common = _common(cfg, path)
     if cfg.get("num_nextn_predict_layers", 1) != 1:
         raise ModelLoadError(f"Expected `num_nextn_predict_layers` = 1 in {str(path / 'config.json')!r}, but got "
                              f"{cfg.get('num_nextn_predict_layers')!r}.")
@@ -232,17 +291,20 @@ def load_mtp(path: str | Path, target, *, device=None, dtype=None):
     if H % heads or heads % kv:
         raise ModelLoadError(f"Expected `hidden_size` ({H}) divisible by `num_attention_heads` ({heads}) and "
                              f"that by `num_key_value_heads` ({kv}) in {str(path / 'config.json')!r}.")
-    if not isinstance(layer, int) or isinstance(layer, bool) or not 1 <= layer <= L:
+    if not isinstance(layer, int) or isinstance(layer, bool):
+        raise ModelLoadError(f"Expected `mtp_target_layer_id` in {str(path / 'config.json')!r} to be a layer id, "
+                             f"but got {layer!r}.")
+    if "head_dim" in cfg and cfg["head_dim"] not in (None, H // heads):
+        raise ModelLoadError(f"Expected `head_dim` = hidden_size / num_attention_heads = {H // heads}, but got "
+                             f"{cfg['head_dim']!r} in {str(path / 'config.json')!r}.")
+    if not 1 <= layer <= L:
         raise ModelLoadError(f"`mtp_target_layer_id` {layer!r} of {str(path)!r} is beyond the target's hidden "
                              f"states: 1..{L} for a {L}-layer target ({L}: its final, normed, hidden state).")
     hc = Eagle3Config(hidden_size=H, intermediate_size=_field(cfg, "intermediate_size", path),
                       num_attention_heads=heads, num_key_value_heads=kv, vocab_size=V, draft_vocab_size=V,
-                      target_hidden_size=H, aux_layer_ids=(layer,), rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-                      rope_theta=float(cfg.get("rope_theta") or 10000.0), rope_scaling=_rope_scaling(cfg, path),
-                      max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
-                      bos_token_id=cfg.get("bos_token_id") or 0, eos_token_id=cfg.get("eos_token_id") or 0,
-                      pad_token_id=cfg.get("pad_token_id") or 0)
-    head = MTPHead(hc, target.get_input_embeddings(), target.get_output_embeddings())
+                      target_hidden_size=H, aux_layer_ids=(layer,),
+                      **{k: v for k, v in common.items() if k != "norm_before_residual"})
+    head = _build(lambda: MTPHead(hc, target.get_input_embeddings(), target.get_output_embeddings()), path)
     state = _read_weights(path)
     expected = {k: v.shape for k, v in own_state(head).items()}
     missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))

@@ -149,9 +149,12 @@ def load_pair(target_path: str | Path, draft_path: str | Path, *, device: str = 
     check_model_dir(draft_path, "draft")
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
-    tokenizer = load_tokenizer(target_path)
     from svt.models.heads import is_head_dir, load_head
 
+    if is_head_dir(target_path):
+        raise ModelLoadError(f"The target {str(target_path)!r} is a hidden-state head (EAGLE-3 or MTP): a head drafts "
+                             "for a target; pass it as `draft` and its target model as `target`.")
+    tokenizer = load_tokenizer(target_path)
     if is_head_dir(draft_path):  # a hidden-state head: it reads the target, shares its tokenizer
 
         target = load_causal_lm(target_path, "target", dev, dt, attn_implementation)

@@ -125,4 +125,5 @@ def is_mtp_dir(path: Path) -> bool:
         cfg = json.loads((Path(path) / "config.json").read_text())
     except (OSError, ValueError):
         return False
-    return ARCHITECTURE in (cfg.get("architectures") or [])
+    arch = cfg.get("architectures") if isinstance(cfg, dict) else None
+    return isinstance(arch, list) and ARCHITECTURE in arch
