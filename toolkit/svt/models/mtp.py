@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from svt.models.eagle3 import GatedMLP, Eagle3Config, HeadOutput, HiddenStateHead, RMSNorm
+from svt.models.eagle3 import Eagle3Config, GatedMLP, HeadOutput, HiddenStateHead, RMSNorm
 
 ARCHITECTURE = "SvtLlamaMTP"
 
