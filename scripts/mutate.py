@@ -1031,7 +1031,8 @@ MUTANTS = [
     M("mtp-hidden-unnormed", "hidden-state drafters", "models/mtp.py", "self.hnorm(feature)], -1))",
       "feature], -1))", ("tests/models/test_mtp.py",)),
     M("cache-kwarg-always-cache", "hidden-state drafters", "collect/kv_cache.py",
-      'return "cache" if "cache" in params else "past_key_values"', 'return "cache"',
+      'return "past_key_values" if "past_key_values" in params and "cache" not in params else "cache"',
+      'return "cache"',
       ("tests/collect/test_kv_cache.py",)),
 ]
 

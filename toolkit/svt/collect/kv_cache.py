@@ -140,5 +140,6 @@ def cache_kwarg(model) -> str:
 
 @functools.cache
 def _cache_kwarg(cls) -> str:
-    params = inspect.signature(cls.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
+    fn = getattr(cls, "forward", None) or cls.__call__  # a module's forward; any other callable's call
+    params = inspect.signature(fn).parameters
+    return "past_key_values" if "past_key_values" in params and "cache" not in params else "cache"
