@@ -108,14 +108,24 @@ class RMSNorm(nn.Module):
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")
 
 
-def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float = 1.0) -> torch.Tensor:
-    """Rotary embedding (Llama's rotate-half form) of ``x`` [B, h, T, d] at ``positions`` [B, T], with
-    the frequencies ``inv_freq`` [d/2] and cos/sin ``scaling`` of the head's rope type."""
-    d = x.shape[-1]
-    ang = positions[:, None, :, None].float() * inv_freq.float()  # [B, 1, T, d/2]
-    cos, sin = (torch.cos(ang) * scaling).to(x.dtype), (torch.sin(ang) * scaling).to(x.dtype)
-    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+def rope_tables(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float, dtype) -> tuple:
+    """cos and sin [B, 1, T, d/2] at ``positions`` [B, T] for the frequencies ``inv_freq`` [d/2] and
+    the cos/sin ``scaling`` of the head's rope type (computed once for q and k)."""
+    ang = positions[:, None, :, None].float() * inv_freq.float()
+    if scaling != 1.0:
+        return (torch.cos(ang) * scaling).to(dtype), (torch.sin(ang) * scaling).to(dtype)
+    return torch.cos(ang).to(dtype), torch.sin(ang).to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding (Llama's rotate-half form) of ``x`` [B, h, T, d]."""
+    x1, x2 = x.chunk(2, -1)
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float = 1.0) -> torch.Tensor:
+    """``apply_rope`` at ``positions`` [B, T] (see ``rope_tables``)."""
+    return apply_rope(x, *rope_tables(positions, inv_freq, scaling, x.dtype))
 
 
 class _Attention(nn.Module):
@@ -186,7 +196,8 @@ class HiddenStateHead(nn.Module):
         q = a.q_proj(x).view(B, T, c.num_attention_heads, c.head_dim).transpose(1, 2)
         k = a.k_proj(x).view(B, T, c.num_key_value_heads, c.head_dim).transpose(1, 2)
         v = a.v_proj(x).view(B, T, c.num_key_value_heads, c.head_dim).transpose(1, 2)
-        return rope(q, positions, self.inv_freq, self.rope_scale), rope(k, positions, self.inv_freq, self.rope_scale), v
+        cos, sin = rope_tables(positions, self.inv_freq, self.rope_scale, q.dtype)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     # -- inference with a KV cache ------------------------------------------------------------
     def forward(self, input_ids: torch.Tensor, features: torch.Tensor, attention_mask: torch.Tensor,
@@ -199,8 +210,10 @@ class HiddenStateHead(nn.Module):
         q, k, v = self._qkv(x, position_ids)
         keys, values = cache.layers[0].update(k, v)
         S, T = attention_mask.shape[1], input_ids.shape[1]
-        causal = torch.arange(S, device=q.device)[None, :] <= (S - T + torch.arange(T, device=q.device))[:, None]
-        mask = attention_mask.bool()[:, None, None, :] & causal[None, None]
+        mask = attention_mask.bool()[:, None, None, :]
+        if T > 1:  # a single new slot sees every live slot: no causal part to add
+            causal = torch.arange(S, device=q.device)[None, :] <= (S - T + torch.arange(T, device=q.device))[:, None]
+            mask = mask & causal[None, None]
         rep = self.cfg.num_attention_heads // self.cfg.num_key_value_heads
         if rep > 1:
             keys, values = keys.repeat_interleave(rep, 1), values.repeat_interleave(rep, 1)
