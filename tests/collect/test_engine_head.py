@@ -9,9 +9,9 @@ import torch
 
 from svt.collect.engine import SamplingParams, run_batch
 from svt.collect.sampling import process_probs
-from svt.models.eagle3 import Eagle3Config, Eagle3Head
 from svt.models.train_eagle3 import make_head, make_mtp_head, target_view
 from tests.collect.test_engine_lossless import _chi2, _shifted
+from tests.models.test_eagle3 import reduced_head
 
 V = 6
 PROMPT = [2, 3, 4, 5, 2]
@@ -40,15 +40,7 @@ def _head(target, seed=1, scale=0.25, keep=None, kind="eagle3"):
         for p in head.parameters():
             if p.requires_grad:
                 p.add_(torch.randn_like(p) * scale)
-    if keep is None:
-        return head.eval()
-    cfg = Eagle3Config(**{**head.cfg.__dict__, "draft_vocab_size": len(keep)})
-    reduced = Eagle3Head(cfg, embed=target.get_input_embeddings())
-    state = {k: v for k, v in head.state_dict().items() if k not in ("lm_head.weight", "d2t")}
-    state["lm_head.weight"] = head.lm_head.weight[keep]
-    state["d2t"] = torch.tensor(keep) - torch.arange(len(keep))
-    reduced.load_state_dict(state)
-    return reduced.eval()
+    return head.eval() if keep is None else reduced_head(target, keep, full=head)
 
 
 def _trained_head(target, steps=80, seed=6):

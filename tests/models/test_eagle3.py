@@ -85,9 +85,10 @@ def test_saved_in_the_published_form(tmp_path):
     assert loaded.embed_tokens is target.get_input_embeddings()
 
 
-def reduced_head(target, keep: list[int]) -> Eagle3Head:
-    """A head whose LM head covers only ``keep`` (sorted target ids), with the d2t offsets."""
-    full = random_head(target)
+def reduced_head(target, keep: list[int], full: Eagle3Head | None = None) -> Eagle3Head:
+    """A head whose LM head covers only ``keep`` (sorted target ids), with the d2t offsets (from
+    ``full``'s weights, a random head by default)."""
+    full = full if full is not None else random_head(target)
     cfg = Eagle3Config(**{**full.cfg.__dict__, "draft_vocab_size": len(keep)})
     head = Eagle3Head(cfg, embed=target.get_input_embeddings())
     state = {k: v for k, v in full.state_dict().items() if k not in ("lm_head.weight", "d2t")}

@@ -347,9 +347,14 @@ def save_head(head: Eagle3Head, path: Path, dtype: torch.dtype = torch.bfloat16,
 
 def is_eagle3_dir(path: Path) -> bool:
     """Whether ``path/config.json`` names an EAGLE-3 architecture."""
+    return any(a in ARCHITECTURES for a in config_architectures(path))
+
+
+def config_architectures(path: Path) -> list:
+    """``architectures`` of ``path/config.json`` (empty when it is unreadable or not a list)."""
     try:
         cfg = json.loads((Path(path) / "config.json").read_text())
     except (OSError, ValueError):
-        return False
+        return []
     arch = cfg.get("architectures") if isinstance(cfg, dict) else None
-    return isinstance(arch, list) and any(a in ARCHITECTURES for a in arch)
+    return arch if isinstance(arch, list) else []

@@ -81,6 +81,30 @@ def _common(cfg: dict, path: Path) -> dict:
             "norm_before_residual": nbr, "rope_scaling": _rope_scaling(cfg, path), **ids}
 
 
+def _check_heads(cfg: dict, path: Path, H: int, heads: int, kv: int) -> None:
+    if H % heads or heads % kv:
+        raise ModelLoadError(f"Expected `hidden_size` ({H}) divisible by `num_attention_heads` ({heads}) and "
+                             f"that by `num_key_value_heads` ({kv}) in {str(path / 'config.json')!r}.")
+    if "head_dim" in cfg and cfg["head_dim"] not in (None, H // heads):
+        raise ModelLoadError(f"Expected `head_dim` = hidden_size / num_attention_heads = {H // heads}, but got "
+                             f"{cfg['head_dim']!r} in {str(path / 'config.json')!r}.")
+
+
+def _check_state(state: dict, expected: dict, path: Path, kind: str, optional: frozenset | set = frozenset()) -> None:
+    """Every expected tensor present (``optional`` ones may be absent), none unexpected, each of its
+    expected shape."""
+    missing = sorted(set(expected) - set(state) - set(optional))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise ModelLoadError(f"The {kind} head's weights in {str(path)!r} do not fit its config: "
+                             + "; ".join(s for s in (f"missing {', '.join(missing)}" if missing else "",
+                                                     f"unexpected {', '.join(unexpected)}" if unexpected else "") if s))
+    for k, v in state.items():
+        if tuple(v.shape) != tuple(expected[k]):
+            raise ModelLoadError(f"The {kind} head's `{k}` in {str(path)!r} has shape {list(v.shape)}, but its "
+                                 f"config needs {list(expected[k])}.")
+
+
 def _build(make, path: Path):
     """Construct a head, turning transformers' refusal of its rope settings into one message."""
     try:
@@ -126,12 +150,7 @@ def head_config(path: Path, target_config) -> Eagle3Config:
     if cfg.get("num_hidden_layers", 1) != 1:
         raise ModelLoadError(f"Expected `num_hidden_layers` = 1 in {str(path / 'config.json')!r} (svt runs "
                              f"one-layer EAGLE-3 heads), but got {cfg.get('num_hidden_layers')!r}.")
-    if H % heads or heads % kv:
-        raise ModelLoadError(f"Expected `hidden_size` ({H}) divisible by `num_attention_heads` ({heads}) and "
-                             f"that by `num_key_value_heads` ({kv}) in {str(path / 'config.json')!r}.")
-    if "head_dim" in cfg and cfg["head_dim"] not in (None, H // heads):
-        raise ModelLoadError(f"Expected `head_dim` = hidden_size / num_attention_heads = {H // heads}, but got "
-                             f"{cfg['head_dim']!r} in {str(path / 'config.json')!r}.")
+    _check_heads(cfg, path, H, heads, kv)
     if Ht != target_config.hidden_size:
         raise ModelLoadError(f"The EAGLE-3 head at {str(path)!r} reads features of width `target_hidden_size` = "
                              f"{Ht}, but the target's hidden size is {target_config.hidden_size}.")
@@ -220,16 +239,7 @@ def load_eagle3(path: str | Path, target, *, device=None, dtype=None) -> Eagle3H
                              f"{cfg.hidden_size}.")
     head = _build(lambda: Eagle3Head(cfg, embed=None if has_emb else emb), path)
     expected = {k: v.shape for k, v in head.state_dict().items() if has_emb or not k.startswith("embed_tokens")}
-    missing = sorted(set(expected) - set(state) - {"d2t"})
-    unexpected = sorted(set(state) - set(expected))
-    if missing or unexpected:
-        raise ModelLoadError(f"The EAGLE-3 head's weights in {str(path)!r} do not fit its config: "
-                             + "; ".join(s for s in (f"missing {', '.join(missing)}" if missing else "",
-                                                     f"unexpected {', '.join(unexpected)}" if unexpected else "") if s))
-    for k, v in state.items():
-        if tuple(v.shape) != tuple(expected[k]):
-            raise ModelLoadError(f"The EAGLE-3 head's `{k}` in {str(path)!r} has shape {list(v.shape)}, but its "
-                                 f"config needs {list(expected[k])}.")
+    _check_state(state, expected, path, "EAGLE-3", optional={"d2t"})
     d2t = state.get("d2t")
     if d2t is not None:
         ids = torch.arange(cfg.draft_vocab_size) + d2t.long()
@@ -288,15 +298,10 @@ def load_mtp(path: str | Path, target, *, device=None, dtype=None):
     if V != tc.vocab_size:
         raise ModelLoadError(f"The MTP head at {str(path)!r} has `vocab_size` = {V}, but the target's vocabulary "
                              f"is {tc.vocab_size}.")
-    if H % heads or heads % kv:
-        raise ModelLoadError(f"Expected `hidden_size` ({H}) divisible by `num_attention_heads` ({heads}) and "
-                             f"that by `num_key_value_heads` ({kv}) in {str(path / 'config.json')!r}.")
+    _check_heads(cfg, path, H, heads, kv)
     if not isinstance(layer, int) or isinstance(layer, bool):
         raise ModelLoadError(f"Expected `mtp_target_layer_id` in {str(path / 'config.json')!r} to be a layer id, "
                              f"but got {layer!r}.")
-    if "head_dim" in cfg and cfg["head_dim"] not in (None, H // heads):
-        raise ModelLoadError(f"Expected `head_dim` = hidden_size / num_attention_heads = {H // heads}, but got "
-                             f"{cfg['head_dim']!r} in {str(path / 'config.json')!r}.")
     if not 1 <= layer <= L:
         raise ModelLoadError(f"`mtp_target_layer_id` {layer!r} of {str(path)!r} is beyond the target's hidden "
                              f"states: 1..{L} for a {L}-layer target ({L}: its final, normed, hidden state).")
@@ -306,16 +311,7 @@ def load_mtp(path: str | Path, target, *, device=None, dtype=None):
                       **{k: v for k, v in common.items() if k != "norm_before_residual"})
     head = _build(lambda: MTPHead(hc, target.get_input_embeddings(), target.get_output_embeddings()), path)
     state = _read_weights(path)
-    expected = {k: v.shape for k, v in own_state(head).items()}
-    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
-    if missing or unexpected:
-        raise ModelLoadError(f"The MTP head's weights in {str(path)!r} do not fit its config: "
-                             + "; ".join(s for s in (f"missing {', '.join(missing)}" if missing else "",
-                                                     f"unexpected {', '.join(unexpected)}" if unexpected else "") if s))
-    for k, v in state.items():
-        if tuple(v.shape) != tuple(expected[k]):
-            raise ModelLoadError(f"The MTP head's `{k}` in {str(path)!r} has shape {list(v.shape)}, but its "
-                                 f"config needs {list(expected[k])}.")
+    _check_state(state, {k: v.shape for k, v in own_state(head).items()}, path, "MTP")
     dtype, device = _shared_placement(target, dtype, device, path)
     head.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=False)
     return head.to(device, dtype).eval()

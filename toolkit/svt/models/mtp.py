@@ -29,7 +29,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from svt.models.eagle3 import Eagle3Config, GatedMLP, HeadOutput, HiddenStateHead, RMSNorm
+from svt.models.eagle3 import (
+    Eagle3Config,
+    GatedMLP,
+    HeadOutput,
+    HiddenStateHead,
+    RMSNorm,
+    config_architectures,
+)
 
 ARCHITECTURE = "SvtLlamaMTP"
 
@@ -121,9 +128,4 @@ def save_mtp(head: MTPHead, path: Path, dtype: torch.dtype = torch.bfloat16) -> 
 
 
 def is_mtp_dir(path: Path) -> bool:
-    try:
-        cfg = json.loads((Path(path) / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    arch = cfg.get("architectures") if isinstance(cfg, dict) else None
-    return isinstance(arch, list) and ARCHITECTURE in arch
+    return ARCHITECTURE in config_architectures(path)
