@@ -41,6 +41,7 @@ M = Mutant
 ENGINE = ("tests/collect/test_sampling.py", "tests/collect/test_engine.py")
 KERNELS = ("tests/metrics/test_ordered_kernels.py", "tests/metrics/test_ordered.py")
 HEAD_ENGINE = ("tests/collect/test_engine_head.py",)
+HEAD_TREE = ("tests/collect/test_head_tree.py",)
 MUTANTS = [
     # losslessness of speculative sampling
     M("resample-half-q", "losslessness", "collect/sampling.py", "residual = (p_at - q_at).clamp_min(0.0)",
@@ -1030,6 +1031,21 @@ MUTANTS = [
       "return self.input_layernorm(x), self.input_layernorm(x)", ("tests/models/test_mtp.py",)),
     M("mtp-hidden-unnormed", "hidden-state drafters", "models/mtp.py", "self.hnorm(feature)], -1))",
       "feature], -1))", ("tests/models/test_mtp.py",)),
+    M("head-tree-node-position", "hidden-state drafters", "collect/head_tree.py",
+      "[self.root_pos + len(p) for p in new]", "[self.root_pos + len(p) - 1 for p in new]", HEAD_TREE),
+    M("head-tree-catch-up-without-pending", "hidden-state drafters", "collect/head_tree.py",
+      "rows = [pending_taps] + [node_taps[i] for i in path]", "rows = [node_taps[i] for i in path] + [pending_taps]",
+      HEAD_TREE),
+    M("head-tree-node-slots-kept", "hidden-state drafters", "collect/head_tree.py",
+      "keep = self.context - int(self.drop_root)", "keep = self.length - int(self.drop_root)", HEAD_TREE),
+    M("head-tree-zero-slot-kept", "hidden-state drafters", "collect/head_tree.py",
+      "keep = self.context - int(self.drop_root)", "keep = self.context", HEAD_TREE),
+    M("head-tree-siblings-see-each-other", "hidden-state drafters", "collect/head_tree.py",
+      "            allow[:, :c] = True\n            for i, path in enumerate(new):",
+      "            allow[:, :] = True\n            for i, path in enumerate(new):", HEAD_TREE),
+    M("head-tree-taps-shifted", "hidden-state drafters", "collect/tree_decode.py",
+      "return (probs, taps[t - 1:]) if aux else probs", "return (probs, taps[t:]) if aux else probs",
+      HEAD_TREE),
     M("cache-kwarg-always-cache", "hidden-state drafters", "collect/kv_cache.py",
       'return "past_key_values" if "past_key_values" in params and "cache" not in params else "cache"',
       'return "cache"',

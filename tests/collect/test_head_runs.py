@@ -73,8 +73,25 @@ def test_the_heads_cost_profile_times_its_drafts(head_pair):
     assert sorted(table.draft_ms[4]) == [1, 2, 3] and table.draft_ms[4][3] > table.draft_ms[4][1] > 0
 
 
+def test_a_tree_run_grows_the_heads_trees(models_dir, tmp_path):
+    """The built-in head through the tree engine (EAGLE-2 growth), greedy: the outputs are the
+    target's greedy outputs (the chain run's), and run.json names the head's kind and attention."""
+    from svt.collect import collect
+    from svt.traces.io import open_run
+
+    collect(_cfg(models_dir, requests=2, batch_size=1), tmp_path / "chain", progress=False)
+    tree = {"top_m": 3, "depth": 4, "nodes": 10}
+    collect(_cfg(models_dir, requests=2, batch_size=1, tree=tree), tmp_path / "tree", progress=False)
+    meta = json.loads((tmp_path / "tree" / "run.json").read_text())
+    assert meta["drafter_kinds"] == ["eagle3"] and "hidden-state head" in meta["tree"]["attention"]["draft"]
+    outs = [open_run(tmp_path / r).scan("requests").sort("request").collect()["output_ids"].to_list()
+            for r in ("chain", "tree")]
+    assert outs[0] == outs[1]
+    assert meta["tree"]["accepted_per_step"] > 1.5  # the trained head's trees are accepted most of the time
+
+
 @pytest.mark.parametrize(("extra", "message"), [
-    ({"tree": {"widths": [2, 2]}, "batch_size": 1}, "draft trees still need a draft model"),
+    ({"hvd": {"fit": "fit.json", "tau": 2.0}, "batch_size": 1, "cache": True}, "live HVD still needs a draft model"),
 ])
 def test_a_head_where_svt_cannot_run_one_yet_is_one_clear_message(models_dir, tmp_path, extra, message):
     from svt.collect import collect

@@ -75,9 +75,10 @@ class TreeModel:
     def length(self) -> int:
         return int(self.cache.get_seq_length())
 
-    def forward(self, ids: list[int], pos: list[int], allow: np.ndarray) -> torch.Tensor:
+    def forward(self, ids: list[int], pos: list[int], allow: np.ndarray, aux: tuple[int, ...] = ()):
         """Append ``ids`` at positions ``pos``; ``allow[i, j]``: new slot ``i`` attends to slot ``j``
-        of the cache after the append. Returns the logits ``[len(ids), V]`` (float32)."""
+        of the cache after the append. Returns the logits ``[len(ids), V]`` (float32), and with
+        ``aux`` (a head's tap layers) also the tapped hidden states ``[len(ids), 3H]``."""
         n = self.length
         if allow.shape != (len(ids), n + len(ids)):
             raise AssertionError(f"mask {allow.shape} for {len(ids)} new slots after {n}")
@@ -87,14 +88,17 @@ class TreeModel:
             out = self.model(input_ids=torch.tensor([ids], device=self.device),
                              attention_mask=mask[None, None],
                              position_ids=torch.tensor([pos], device=self.device),
-                             use_cache=True, **{cache_kwarg(self.model): self.cache})
+                             use_cache=True, output_hidden_states=bool(aux), **{cache_kwarg(self.model): self.cache})
+        if aux:
+            return out.logits[0].float(), torch.cat([out.hidden_states[k][0] for k in aux], -1)
         return out.logits[0].float()
 
-    def feed_chain(self, ids: list[int]) -> torch.Tensor:
-        """Append a chain (ordinary causal attention); the logits of its slots."""
+    def feed_chain(self, ids: list[int], aux: tuple[int, ...] = ()):
+        """Append a chain (ordinary causal attention); the logits of its slots (and taps, see
+        :meth:`forward`)."""
         n, t = self.length, len(ids)
         allow = np.tril(np.ones((t, n + t), dtype=bool), k=n)
-        return self.forward(ids, list(range(n, n + t)), allow)
+        return self.forward(ids, list(range(n, n + t)), allow, aux)
 
     def crop(self, length: int) -> None:
         extra = self.length - length
@@ -160,9 +164,11 @@ class DraftScorer:
         self.lm.crop(self.context)
 
 
-def score_tree(lm: TreeModel, pending: list[int], tree: DraftTree, temperature: float, top_p: float) -> np.ndarray:
+def score_tree(lm: TreeModel, pending: list[int], tree: DraftTree, temperature: float, top_p: float,
+               aux: tuple[int, ...] = ()):
     """The target's distributions below the root and every node, ``[1 + N, V]``, in one forward of
-    the pending tokens and the tree; the cache is left holding the context (pending included)."""
+    the pending tokens and the tree; the cache is left holding the context (pending included). With
+    ``aux``: also the taps of the last pending token and of every node, ``[1 + N, 3H]``."""
     n, t, size = lm.length, len(pending), tree.size
     c = n + t  # the context once the pending tokens are in
     allow = np.zeros((t + size, c + size), dtype=bool)
@@ -174,20 +180,25 @@ def score_tree(lm: TreeModel, pending: list[int], tree: DraftTree, temperature: 
             allow[t + i, c + a] = True
             a = int(tree.parent[a])
     pos = list(range(n, c)) + [c + int(d) for d in tree.depth]
-    logits = lm.forward(list(pending) + tree.token.tolist(), pos, allow)
+    out = lm.forward(list(pending) + tree.token.tolist(), pos, allow, aux)
+    logits, taps = out if aux else (out, None)
     lm.crop(c)
     rows = torch.cat([logits[t - 1:t], logits[t:]])
-    return process_probs(rows, temperature, top_p).double().cpu().numpy()
+    probs = process_probs(rows, temperature, top_p).double().cpu().numpy()
+    return (probs, taps[t - 1:]) if aux else probs
 
 
 def score_tree_paths(lm: TreeModel, pending: list[int], tree: DraftTree, temperature: float,
-                     top_p: float) -> np.ndarray:
+                     top_p: float, aux: tuple[int, ...] = ()):
     """:func:`score_tree` for a model that takes no tree mask: the pending tokens as a chain, then
-    each root-to-leaf path as a chain after them (cropped off again); a node's distribution comes
-    from the first path through it. The cache is left holding the context (pending included)."""
-    root = lm.feed_chain(list(pending))[-1:]
+    each root-to-leaf path as a chain after them (cropped off again); a node's distribution (and
+    taps) come from the first path through it. The cache is left holding the context (pending
+    included)."""
+    out = lm.feed_chain(list(pending), aux)
+    root, root_taps = (out[0][-1:], out[1][-1:]) if aux else (out[-1:], None)
     c = lm.length
     rows: list[torch.Tensor | None] = [None] * tree.size
+    taps: list[torch.Tensor | None] = [None] * tree.size
     has_child = np.zeros(tree.size, dtype=bool)
     has_child[tree.parent[tree.parent >= 0]] = True
     for leaf in np.flatnonzero(~has_child):
@@ -195,13 +206,17 @@ def score_tree_paths(lm: TreeModel, pending: list[int], tree: DraftTree, tempera
         while tree.parent[chain[-1]] >= 0:
             chain.append(int(tree.parent[chain[-1]]))
         chain.reverse()
-        logits = lm.feed_chain([int(tree.token[i]) for i in chain])
+        out = lm.feed_chain([int(tree.token[i]) for i in chain], aux)
+        logits, path_taps = out if aux else (out, None)
         lm.crop(c)
         for j, i in enumerate(chain):
             if rows[i] is None:
                 rows[i] = logits[j:j + 1]
+                if aux:
+                    taps[i] = path_taps[j:j + 1]
     stacked = torch.cat([root, *rows]) if tree.size else root
-    return process_probs(stacked, temperature, top_p).double().cpu().numpy()
+    probs = process_probs(stacked, temperature, top_p).double().cpu().numpy()
+    return (probs, torch.cat([root_taps, *taps])) if aux else probs
 
 
 def decode_tree(target, draft, prompt: list[int], shape: TreeShape, *, temperature: float, top_p: float,
@@ -209,16 +224,26 @@ def decode_tree(target, draft, prompt: list[int], shape: TreeShape, *, temperatu
                 attention: tuple[str, str] = ("mask", "mask")) -> TreeLog:
     """Speculative decoding of one request with a draft tree per step; ``attention``: how the
     target and the draft score trees (``mask`` or ``paths``)."""
-    tlm, dlm = TreeModel(target), TreeModel(draft)
-    scorer = DraftScorer(dlm, temperature, top_p, attention[1])
+    from svt.collect.head_draft import is_head
+    from svt.collect import head_tree
+
+    head = is_head(draft)
+    aux = tuple(draft.cfg.aux_layer_ids) if head else ()
+    tlm = TreeModel(target)
+    scorer = head_tree.HeadTreeScorer(draft, temperature, top_p) if head else \
+        DraftScorer(TreeModel(draft), temperature, top_p, attention[1])
     score = score_tree if attention[0] == "mask" else score_tree_paths
     draws = Draws(seed)
     log = TreeLog()
     greedy = temperature == 0
     # the prompt less its last token goes in as context; the last token is the first pending one
     if len(prompt) > 1:
-        tlm.feed_chain(list(prompt[:-1]))
-        dlm.feed_chain(list(prompt[:-1]))
+        out = tlm.feed_chain(list(prompt[:-1]), aux)
+        if not head:
+            scorer.lm.feed_chain(list(prompt[:-1]))
+    if head:
+        taps = out[1] if len(prompt) > 1 else torch.zeros((0, 3))
+        scorer.prepare(*head_tree.prefill_catch_up(draft, taps, list(prompt)))
     pending = [int(prompt[-1])]
     step = 0
     while len(log.output) < max_new_tokens:
@@ -227,7 +252,9 @@ def decode_tree(target, draft, prompt: list[int], shape: TreeShape, *, temperatu
         tree = shape.grow(scorer, draws)
         scorer.finish()
         t1 = time.perf_counter()
-        p = score(tlm, pending, tree, temperature, top_p)
+        p = score(tlm, pending, tree, temperature, top_p, aux)
+        if head:
+            p, taps = p
         out = verify_greedy(tree, p) if greedy else verify_sampling(tree, p, draws)
         t2 = time.perf_counter()
         emitted = out.tokens(tree)
@@ -239,6 +266,8 @@ def decode_tree(target, draft, prompt: list[int], shape: TreeShape, *, temperatu
         log.output.extend(emitted)
         if log.finish == "stop":
             break
+        if head and len(log.output) < max_new_tokens:
+            scorer.prepare(*head_tree.step_catch_up(draft, taps[0], taps[1:], tree, list(out.path), emitted))
         pending, step = emitted, step + 1
     return log
 

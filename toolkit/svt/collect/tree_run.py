@@ -21,7 +21,9 @@ from svt.traces.rundir import RunSummary, commit_batch, completed_batches, finis
 from svt.traces.schema import TABLES
 
 ATTENTION = {"mask": "one forward per tree with a 4D tree attention mask",
-             "paths": "one chain forward per root-to-leaf path (the model takes no tree mask; same distributions)"}
+             "paths": "one chain forward per root-to-leaf path (the model takes no tree mask; same distributions)",
+             "head": "a hidden-state head: one forward per tree level, each node a slot that reads its parent's "
+                     "output feature and attends to the verified prefix and its ancestors (EAGLE-2/3 growth)"}
 VERIFY = {"greedy": "greedy: the deepest path whose every token is the target's argmax",
           "sampling": "multi-candidate speculative sampling (SpecInfer): siblings in rank order against "
                       "the residual; lossless"}
@@ -52,12 +54,13 @@ def _tree_meta(plan: CollectPlan) -> dict:
         "sampling": {"temperature": cfg.temperature, "top_p": cfg.top_p, "greedy": greedy,
                      "features_from": "unscaled softmax (T=1); greedy acceptance = argmax agreement"
                      if greedy else "processed distributions (temperature, top-p)"},
-        "k": cfg.k, "drafter_kinds": ["model"], "av": None,
+        "k": cfg.k, "drafter_kinds": [plan.pair.draft_kind], "av": None,
         "tree": {"shape": "static" if tree.widths is not None else "dynamic (EAGLE-2)",
                  "widths": tree.widths, "top_m": tree.top_m, "depth": tree.max_depth, "nodes": tree.size(),
                  "proposals": tree.proposals, "verify": VERIFY["greedy" if greedy else "sampling"],
-                 "attention": {role: ATTENTION[tree_attention(getattr(plan.pair, role), tree.attention)]
-                               for role in ("target", "draft")},
+                 "attention": {"target": ATTENTION[tree_attention(plan.pair.target, tree.attention)],
+                               "draft": ATTENTION[tree_attention(plan.pair.draft, tree.attention)]
+                               if plan.pair.draft_kind == "model" else ATTENTION["head"]},
                  "note": "one request at a time; steps.drafted is the tree's size, steps.accepted the accepted "
                          "path's length"},
         "workloads": plan.workloads.files, "workload_sha256": plan.workloads.hashes,

@@ -203,15 +203,20 @@ class HiddenStateHead(nn.Module):
     def forward(self, input_ids: torch.Tensor, features: torch.Tensor, attention_mask: torch.Tensor,
                 position_ids: torch.Tensor, cache, last_only: bool = False, **_) -> HeadOutput:
         """Append ``T`` slots per row: ``input_ids`` [B, T], ``features`` [B, T, H] (already fused),
-        ``attention_mask`` [B, S] over past and new slots (0 = hole), ``position_ids`` [B, T].
+        ``attention_mask`` [B, S] over past and new slots (0 = hole; causal among the new ones) or
+        [B, T, S] (what each new slot attends to, e.g. its ancestors in a draft tree),
+        ``position_ids`` [B, T].
         ``last_only``: the outputs of the last slot only (a catch-up's earlier slots only fill the
         cache: no LM head over a whole prompt)."""
         x, residual = self._inputs(input_ids, features)
         q, k, v = self._qkv(x, position_ids)
         keys, values = cache.layers[0].update(k, v)
-        S, T = attention_mask.shape[1], input_ids.shape[1]
-        mask = attention_mask.bool()[:, None, None, :]
-        if T > 1:  # a single new slot sees every live slot: no causal part to add
+        S, T = attention_mask.shape[-1], input_ids.shape[1]
+        if attention_mask.dim() == 3:  # [B, T, S]: each new slot's own allowed slots (draft trees)
+            mask = attention_mask.bool()[:, None]
+        else:
+            mask = attention_mask.bool()[:, None, None, :]
+        if T > 1 and attention_mask.dim() == 2:  # a single new slot sees every live slot: no causal part
             causal = torch.arange(S, device=q.device)[None, :] <= (S - T + torch.arange(T, device=q.device))[:, None]
             mask = mask & causal[None, None]
         rep = self.cfg.num_attention_heads // self.cfg.num_key_value_heads
