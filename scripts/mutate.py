@@ -602,8 +602,8 @@ MUTANTS = [
     M("run-out-overlap-unchecked", "data loss", "traces/rundir.py",
       "if out == src or src in out.parents or out in src.parents:", "if False:",
       ("tests/vllm_plugin/test_recorder.py", "tests/interop/test_import.py")),
-    M("toolcall-check-ignores-module", "built-in pair", "report/measure_tiny.py",
-      'module="{re.escape(module.group(1))}", ', 'module="[A-Za-z_.]+", ', ("tests/report/test_measure_tiny.py",)),
+    M("toolcall-check-ignores-module", "built-in pair", "models/measure_tiny.py",
+      'module="{re.escape(module.group(1))}", ', 'module="[A-Za-z_.]+", ', ("tests/models/test_measure_tiny.py",)),
     # experiment identity and pairing (issue 23)
     M("pairing-exact-only", "regression report", "traces/identity.py", "    if rms <= tolerance:\n",
       "    if rms < 0:\n", ("tests/report/test_compare.py",)),

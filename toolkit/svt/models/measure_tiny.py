@@ -1,8 +1,8 @@
 """Measure how the built-in pair behaves as a speculative pair (the figures in data/models/README.md).
 
-    python -m svt.report.measure_tiny --requests 96 --out reports/tiny_pair.md
-    python -m svt.report.measure_tiny --goals runs/hvd --hvd-report reports/hvd-h100 \\
-        --demo-report reports/demo --reference-report reports/hvd-ref   # after make demo
+    python -m svt.models.measure_tiny --requests 96 --out reports/tiny_pair.md
+    python -m svt.models.measure_tiny --goals runs/hvd --hvd-report reports/hvd-h100 \\
+        --demo-report reports/demo --reference-report reports/hvd-ref --reference-run runs/hvd-ref  # after make demo
 
 For each draft and for temperature 1 and greedy: collect on the three shipped workloads (K = 5,
 128 new tokens), then report acceptance (overall, and by position in both conventions), mean
@@ -10,7 +10,9 @@ acceptance length, mean q_max, and how well q_max ranks acceptance (ROC AUC, sci
 ``--goals`` reads a greedy run of the five workloads instead: whether the toolcalls outputs write a
 well-formed next call, the edit outputs' common prefix with the reference, and self-repetition;
 ``--hvd-report`` adds HVD against cache-only per workload, ``--demo-report`` AUC(q_max) at T = 1, and
-``--reference-report`` the model drafter's mean yield on the real text of a reference run. The
+``--reference-report`` the model drafter's mean yield on the real text of a reference run (and, with
+``--hvd-report``, cache-only's speed-up on both runs), ``--reference-run`` the realism table of both
+runs (how much of each output repeats itself). The
 induction gate of the shipped target (as trained: its sharpening undone) and of ``draft-large``
 and the target's held-out loss are always given.
 """
@@ -181,6 +183,41 @@ def hvd_against_cache_only(report_dir: Path, predictor: str = "yield-mlp") -> di
     return out
 
 
+def cache_only_speedups(report_dir: Path) -> dict[str, float]:
+    """Per group of an HVD report (``svt evaluate --costs``): cache-only's speed-up over greedy."""
+    from svt.errors import DataError
+
+    path = Path(report_dir) / "report.json"
+    try:
+        rows = (json.loads(path.read_text()).get("hvd") or {}).get("rows") or []
+        out = {r["group"]: round(float(r["speedup_vs_greedy"]), 3) for r in rows if r["policy"] == "cache-only"}
+    except (OSError, json.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise DataError(f"{path}: not a readable svt report ({exc}).") from None
+    if not out:
+        raise DataError(f"{path}: no cache-only row in an HVD replay (evaluate a run with cache drafts and --costs).")
+    return out
+
+
+def cache_only_against_reference(target_report: Path, reference_report: Path) -> dict[str, dict]:
+    """Per workload both runs share: cache-only's speed-up on the target's own run and on the real
+    text of the same prompts (a reference run), and their ratio (the goal: within 1.5x)."""
+    own, ref = cache_only_speedups(target_report), cache_only_speedups(reference_report)
+    return {g: {"target_run": own[g], "reference_run": ref[g], "ratio": round(own[g] / ref[g], 3)}
+            for g in sorted(own.keys() & ref.keys())}
+
+
+def realism_against_reference(run_dir: Path, reference_run: Path) -> dict[str, dict]:
+    """Per workload: how much of the outputs repeats the output itself and the prompt, on the target's
+    own run and on the real text of the same prompts (a reference run; ``realism_rows``)."""
+    from svt.report.reference import realism_rows
+    from svt.traces import open_run
+
+    own, ref = realism_rows(open_run(run_dir)), realism_rows(open_run(reference_run))
+    keys = ("output_repeats_output", "output_repeats_prompt_or_output")
+    return {g: {"target_run": {k: own[g].get(k) for k in keys}, "reference_run": {k: ref[g].get(k) for k in keys}}
+            for g in sorted(own.keys() & ref.keys())}
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--models", type=Path, default=Path("data/models"))
@@ -194,7 +231,11 @@ def main(argv=None) -> None:
     ap.add_argument("--demo-report", type=Path, default=None, metavar="REPORT",
                     help="with --goals: also AUC(q_max) of a temperature-1 report (e.g. reports/demo)")
     ap.add_argument("--reference-report", type=Path, default=None, metavar="REPORT",
-                    help="with --goals: also the model drafter's mean yield on a reference run (e.g. reports/hvd-ref)")
+                    help="with --goals: also the model drafter's mean yield on a reference run (e.g. reports/hvd-ref), "
+                         "and with --hvd-report cache-only's speed-up on both runs")
+    ap.add_argument("--reference-run", type=Path, default=None, metavar="RUN",
+                    help="with --goals: the realism table of the goals run against this reference run of the same "
+                         "prompts (e.g. runs/hvd-ref)")
     args = ap.parse_args(argv)
     if args.goals is not None:
         from svt.errors import SvtError
@@ -208,6 +249,11 @@ def main(argv=None) -> None:
                 goals["demo_auc_q_max"] = round(demo_auc(args.demo_report), 4)
             if args.reference_report is not None:
                 goals["reference_model_yield"] = reference_model_yield(args.reference_report)
+                if args.hvd_report is not None:
+                    goals["cache_only_vs_reference"] = cache_only_against_reference(args.hvd_report,
+                                                                                   args.reference_report)
+            if args.reference_run is not None:
+                goals["realism_vs_reference"] = realism_against_reference(args.goals, args.reference_run)
         except SvtError as exc:
             raise SystemExit(f"error: {exc}") from None
         print(json.dumps(goals, indent=2, default=str))
