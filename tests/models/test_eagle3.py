@@ -4,6 +4,7 @@ and the loader's checks of a head against its target."""
 import json
 import warnings
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -400,3 +401,25 @@ def test_the_fused_inference_matmuls_equal_the_separate_ones_and_follow_the_weig
                 if p.requires_grad:
                     p.add_(0.05)
     assert not torch.allclose(run(False)[0], fused[0])
+
+
+def test_a_head_warm_started_from_another_starts_from_its_weights_not_the_targets_embedding(tmp_path):
+    """``--init-from``: the new head begins at the old head's own weights; the shared embedding
+    stays the (new) target's; the work folder records where it started."""
+    from svt.models import train_eagle3 as tr
+
+    target = tiny_target()
+    old = random_head(tiny_target(seed=5))  # trained on another target: another embedding
+    stream = np.random.default_rng(0).integers(2, 50, size=2_000)
+    held = torch.from_numpy(stream[:64].reshape(2, 32).copy())
+    cfg = tr.HeadTraining(tokens=2 * 32, batch=2, context=32, ttt_steps=2, lr=0.0, warmup=1, generated_share=0.0,
+                          eval_every=1, checkpoint_minutes=0)
+    head, _ = tr.train_head(target, stream, held, cfg, tmp_path / "w", eos=1, target_id="t",
+                            init=("old", tr.trained_part(old)))
+    for name, t in tr.trained_part(old).items():
+        torch.testing.assert_close(head.state_dict()[name], t, msg=name)
+    assert head.embed_tokens is target.get_input_embeddings()
+    assert json.loads((tmp_path / "w" / "config.json").read_text())["init_from"] == "old"
+    with pytest.raises(SystemExit, match="not a eagle3 head of this shape"):
+        tr.train_head(target, stream, held, cfg, tmp_path / "x", eos=1, target_id="t",
+                      init=("bad", {"fc.weight": torch.zeros(3, 3)}))

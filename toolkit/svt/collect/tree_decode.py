@@ -224,8 +224,8 @@ def decode_tree(target, draft, prompt: list[int], shape: TreeShape, *, temperatu
                 attention: tuple[str, str] = ("mask", "mask")) -> TreeLog:
     """Speculative decoding of one request with a draft tree per step; ``attention``: how the
     target and the draft score trees (``mask`` or ``paths``)."""
-    from svt.collect.head_draft import is_head
     from svt.collect import head_tree
+    from svt.collect.head_draft import is_head
 
     head = is_head(draft)
     aux = tuple(draft.cfg.aux_layer_ids) if head else ()

@@ -15,8 +15,11 @@ repeat a span (random-token strings written twice; the window's own text copied 
    repeats and a cosine decay: the positions up to 512 that a 384-token prompt plus 128 new tokens
    use, and the workloads' formats.
 
-Then the target is rounded to bf16 (the saved precision), sharpened (``train_tiny.SHARPEN``) and the
-drafts are distilled from it: ``draft-small`` (1 layer: it cannot compose two attention layers,
+Then the target is rounded to bf16 (the saved precision) and fine-tuned by the last stage,
+``target-unlikelihood`` (:mod:`svt.models.unlikelihood`: sequence-level unlikelihood on its own
+greedy continuations against repeating its own output, mixed with ``target-context``'s likelihood
+windows; kept only when the held-out loss and the induction gate stay within their limits), rounded
+again, sharpened (``train_tiny.SHARPEN``) and the drafts are distilled from it: ``draft-small`` (1 layer: it cannot compose two attention layers,
 so it cannot form an induction head) on 512-token windows as before, and ``draft-large`` (2 layers)
 in two stages like the target's (C=128 with repeats, then C=512), so that it can copy too.
 
@@ -57,6 +60,8 @@ from svt.models.train_tiny import (
     sharpen,
     train_one,
 )
+from svt.models.unlikelihood import UnlikelihoodConfig
+from svt.models.unlikelihood import run_stage as run_unlikelihood
 
 TARGET_STAGES = (
     ("target-induction", PhaseConfig(batch=2, context=128, lr=2e-3, warmup=200, random_share=0.25, copy_share=0.25,
@@ -88,6 +93,34 @@ def scaled_stages(stages, scale: float):
                                 after_jump_tokens=int(cfg.after_jump_tokens * scale),
                                 warmup=max(1, int(cfg.warmup * scale)), gate_every=5))
                  for name, cfg in stages)
+
+
+def scaled_unlikelihood(cfg: UnlikelihoodConfig, scale: float) -> UnlikelihoodConfig:
+    """The unlikelihood stage's steps multiplied by ``scale`` (smoke tests), measured every 2 steps."""
+    if scale == 1.0:
+        return cfg
+    return replace(cfg, steps=max(2, int(cfg.steps * scale)), warmup=1, eval_every=2, eval_prompts=4)
+
+
+def unlikelihood_stage(model, stream, held, cfg: UnlikelihoodConfig, folder: Path, *, vocab: int, eos: int,
+                       log=print) -> dict:
+    """:func:`svt.models.unlikelihood.run_stage` as a recipe stage: a finished one (its
+    ``result.json`` and model in FOLDER) is loaded instead of trained again."""
+    done = folder / "result.json"
+    if done.is_file():
+        result = json.loads(done.read_text())
+        if result["config"] != asdict(cfg):
+            raise SystemExit(f"{folder} was made with another stage config; remove it to train it again.")
+        model.load_state_dict(torch.load(folder / "model.pt", weights_only=True))
+        log(f"[target-unlikelihood] done earlier: {'accepted' if result['accepted'] else 'refused'}", flush=True)
+        return result
+    result = run_unlikelihood(model, stream, held, cfg, folder, vocab=vocab, eos=eos, log=log)
+    torch.save(model.state_dict(), folder / "model.pt.tmp")
+    (folder / "model.pt.tmp").replace(folder / "model.pt")
+    tmp = folder / "result.json.tmp"
+    tmp.write_text(json.dumps(result, indent=1) + "\n")
+    tmp.replace(done)
+    return result
 
 
 def run_stages(model, stages, stream, work: Path, *, vocab: int, bos: int, teacher=None, log=print) -> list[dict]:
@@ -142,6 +175,9 @@ def _parse(argv):
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--scale", type=float, default=1.0, help="multiply every token budget (smoke tests)")
     ap.add_argument("--device", default="cpu", help="cpu (float32, the committed weights) or cuda (bf16 autocast)")
+    ap.add_argument("--drafts-from", type=Path, default=None, metavar="TARGET",
+                    help="train the drafts only, from this saved target (e.g. data/models/target after "
+                         "`python -m svt.models.unlikelihood`), keeping its record in OUT/training.json")
     args = ap.parse_args(argv)
     if args.threads < 1 or not 0 < args.scale <= 1:
         ap.error("--threads must be >= 1 and --scale in (0, 1].")
@@ -152,6 +188,69 @@ def _parse(argv):
     # a checkpoint made on one device is not resumed on another (its numbers differ)
     args.work = args.work if args.device == "cpu" else args.work.with_name(args.work.name + "-cuda")
     return args
+
+
+def train_target(args, stream, held, vocab: int, eos: int, figures: dict):
+    """The target's stages, its unlikelihood stage, rounding and sharpening; its figures land in
+    ``figures["models"]["target"]``."""
+    target_stages = scaled_stages(TARGET_STAGES, args.scale)
+    torch.manual_seed(args.seed)
+    target = make_model(TARGET, eos).to(args.device)
+    results = run_stages(target, target_stages, stream, args.work, vocab=vocab, bos=eos)
+    target = target.to(torch.bfloat16).float()  # the saved precision: the drafts' teacher is the saved model
+    # the last stage: unlikelihood against repeating its own output (refused, weights unchanged, if it
+    # costs the held-out loss or the induction gate more than its limits)
+    ul_cfg = scaled_unlikelihood(UnlikelihoodConfig(), args.scale)
+    ul_result = unlikelihood_stage(target, stream, held, ul_cfg, args.work / "target-unlikelihood", vocab=vocab,
+                                   eos=eos)
+    target = target.to(torch.bfloat16).float()
+    tokens = sum(r["tokens"] for r in results)
+    figures["models"]["target"] = {
+        "parameters": sum(p.numel() for p in target.parameters()),
+        "tokens_seen": tokens,
+        "train_seconds": round(sum(r.get("seconds", 0) for r in results), 1),
+        **{k: round(v, 4) for k, v in evaluate(target, None, held).items()},
+        "induction_gate": _gate(target, vocab, eos),
+        "stages": _stage_summary(results),
+        "unlikelihood": {k: ul_result[k] for k in ("accepted", "chosen_step", "before", "after", "config", "curve")},
+    }
+    target.eval()
+    for p in target.parameters():
+        p.requires_grad_(False)
+    sharpen(target, SHARPEN)
+    figures["models"]["target"]["sharpen"] = SHARPEN
+    figures["models"]["target"]["held_out_loss_sharpened"] = round(evaluate(target, None, held)["held_out_loss"], 4)
+    print(f"[target] {json.dumps({k: v for k, v in figures['models']['target'].items() if k != 'stages'})}",
+          flush=True)
+    return target
+
+
+def saved_target(path: Path, out: Path, device: str):
+    """A saved target (sharpened, as the drafts' teacher) and its entry of OUT/training.json."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        entry = json.loads((out / "training.json").read_text())["models"]["target"]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise SystemExit(f"--drafts-from: {out}/training.json holds no target record ({exc}).") from None
+    if float(entry.get("sharpen", 0)) != SHARPEN:
+        raise SystemExit(f"--drafts-from: the saved target was sharpened by {entry.get('sharpen')}, this recipe by "
+                         f"{SHARPEN}.")
+    target = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
+    for p in target.parameters():
+        p.requires_grad_(False)
+    return target, entry
+
+
+def state_id(model) -> str:
+    """A short hash of a model's weights (what its drafts are distilled from)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -167,28 +266,12 @@ def main(argv: list[str] | None = None) -> None:
     hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, bos_token=EOS, pad_token=EOS, unk_token=None)
     figures["recipe"] = "svt.models.recipe"
 
-    target_stages = scaled_stages(TARGET_STAGES, args.scale)
-    torch.manual_seed(args.seed)
-    target = make_model(TARGET, eos).to(args.device)
-    results = run_stages(target, target_stages, stream, args.work, vocab=vocab, bos=eos)
-    target = target.to(torch.bfloat16).float()  # the saved precision: the drafts' teacher is the saved model
-    tokens = sum(r["tokens"] for r in results)
-    figures["models"]["target"] = {
-        "parameters": sum(p.numel() for p in target.parameters()),
-        "tokens_seen": tokens,
-        "train_seconds": round(sum(r.get("seconds", 0) for r in results), 1),
-        **{k: round(v, 4) for k, v in evaluate(target, None, held).items()},
-        "induction_gate": _gate(target, vocab, eos),
-        "stages": _stage_summary(results),
-    }
-    target.eval()
-    for p in target.parameters():
-        p.requires_grad_(False)
-    sharpen(target, SHARPEN)
-    figures["models"]["target"]["sharpen"] = SHARPEN
-    figures["models"]["target"]["held_out_loss_sharpened"] = round(evaluate(target, None, held)["held_out_loss"], 4)
-    print(f"[target] {json.dumps({k: v for k, v in figures['models']['target'].items() if k != 'stages'})}",
-          flush=True)
+    if args.drafts_from is None:
+        target = train_target(args, stream, held, vocab, eos, figures)
+    else:  # the drafts only, from a saved (sharpened) target and its record
+        target, figures["models"]["target"] = saved_target(args.drafts_from, args.out, args.device)
+    target_id = state_id(target)
+    figures["models"]["target"]["weights_state_sha256_16"] = target_id
 
     models = {"target": target}
     small, large = DRAFTS
@@ -201,7 +284,9 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(args.seed + 2)
     draft_large = make_model(large, eos).to(args.device)
     large_stages = scaled_stages(DRAFT_LARGE_STAGES, args.scale)
-    results = run_stages(draft_large, large_stages, stream, args.work, vocab=vocab, bos=eos, teacher=target)
+    # the drafts' stages are keyed by their teacher: a new target never resumes an old target's drafts
+    results = run_stages(draft_large, large_stages, stream, args.work / f"drafts-{target_id}", vocab=vocab, bos=eos,
+                         teacher=target)
     figures["models"][large.name] = {
         "parameters": sum(p.numel() for p in draft_large.parameters()),
         "tokens_seen": sum(r["tokens"] for r in results),

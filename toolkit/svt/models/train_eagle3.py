@@ -190,14 +190,23 @@ def _save_checkpoint(work: Path, head, opt, step: int, curve: list, rng) -> None
     tmp.replace(work / "checkpoint.pt")
 
 
+def trained_part(head) -> dict[str, torch.Tensor]:
+    """The head's own weights: its state less the target's shared (frozen) embedding."""
+    shared = {n for n, p in head.named_parameters() if not p.requires_grad}
+    return {n: t for n, t in head.state_dict().items() if n not in shared}
+
+
 def train_head(target, stream: np.ndarray, held: torch.Tensor, cfg: HeadTraining, work: Path, *, eos: int,
-               target_id: str = "", kind: str = "eagle3", log=print) -> tuple[Eagle3Head, dict]:
+               target_id: str = "", kind: str = "eagle3", init: tuple[str, dict] | None = None,
+               log=print) -> tuple[Eagle3Head, dict]:
     """The whole stage: continuations (cached in WORK), the TTT loop (checkpointed), the figures.
     ``target_id`` (the target's weights hash) keys the work folder: a checkpoint or continuations
-    made on another target are never resumed."""
+    made on another target are never resumed. ``init`` = (its name, a head's own weights): start
+    from them instead of at random (a head trained on an earlier target, fine-tuned to a new one)."""
     work.mkdir(parents=True, exist_ok=True)
     cfg_file = work / "config.json"
-    made_for = {**asdict(cfg), "target_weights_sha256_16": target_id, **({"kind": kind} if kind != "eagle3" else {})}
+    made_for = {**asdict(cfg), "target_weights_sha256_16": target_id, **({"kind": kind} if kind != "eagle3" else {}),
+                **({"init_from": init[0]} if init else {})}
     if cfg_file.is_file() and json.loads(cfg_file.read_text()) != made_for:
         raise SystemExit(f"{work} was made with another head-training config or target; remove it to train again.")
     cfg_file.write_text(json.dumps(made_for) + "\n")
@@ -214,6 +223,16 @@ def train_head(target, stream: np.ndarray, held: torch.Tensor, cfg: HeadTraining
         tmp.replace(gen_file)
     torch.manual_seed(cfg.seed)
     head = KINDS[kind](target)
+    if init is not None:
+        try:
+            missing, unexpected = head.load_state_dict(init[1], strict=False)
+        except RuntimeError as exc:  # a weight of another shape
+            raise SystemExit(f"--init-from {init[0]}: not a {kind} head of this shape "
+                             f"({str(exc).strip().splitlines()[-1].strip()}).") from None
+        own = set(trained_part(head))
+        if unexpected or own & set(missing):
+            raise SystemExit(f"--init-from {init[0]}: not a {kind} head of this shape (missing "
+                             f"{sorted(own & set(missing))[:3]}, unexpected {sorted(unexpected)[:3]}).")
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.95))
     rng = np.random.default_rng(cfg.seed)
@@ -301,6 +320,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="eagle3 (three fused taps) or mtp (DeepSeek-V3's form over the final hidden state)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--scale", type=float, default=1.0, help="multiply the token budget (smoke tests)")
+    ap.add_argument("--init-from", type=Path, default=None, metavar="HEAD",
+                    help="start from this head's weights (one trained on an earlier target) instead of at random")
+    ap.add_argument("--tokens", type=int, default=None, help="window tokens to train on (default: the kind's budget)")
     args = ap.parse_args(argv)
     if args.threads < 1 or not 0 < args.scale <= 1:
         ap.error("--threads must be >= 1 and --scale in (0, 1].")
@@ -308,7 +330,9 @@ def main(argv: list[str] | None = None) -> None:
     from svt.models.loading import load_causal_lm, load_tokenizer
     from svt.models.train_tiny import EOS, read_corpus, training_stream
 
-    cfg = HeadTraining(tokens=TOKENS[args.kind])
+    if args.tokens is not None and args.tokens < 1:
+        ap.error("--tokens must be >= 1.")
+    cfg = HeadTraining(tokens=args.tokens or TOKENS[args.kind])
     if args.scale != 1.0:
         cfg = HeadTraining(tokens=max(cfg.batch * cfg.context, int(cfg.tokens * args.scale)),
                            generated_sequences=max(2, int(cfg.generated_sequences * args.scale)),
@@ -326,8 +350,19 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.time()
     target_id = weights_hash(args.target)
     work = args.work or Path("build/tiny") / args.kind
+    init = None
+    if args.init_from is not None:
+        from svt.errors import SvtError
+        from svt.models.heads import load_head
+
+        try:
+            init = (f"{args.init_from} ({weights_hash(args.init_from)})", trained_part(load_head(args.init_from, target)))
+        except SvtError as exc:
+            raise SystemExit(f"--init-from: {exc}") from None
     head, figures = train_head(target, stream, held, cfg, work, eos=tok.token_to_id(EOS), target_id=target_id,
-                               kind=args.kind)
+                               kind=args.kind, init=init)
+    if init is not None:
+        figures["init_from"] = init[0]
     figures["train_seconds_this_session"] = round(time.time() - t0, 1)
     figures["target_weights_sha256_16"] = target_id
     stage = args.out / f".{args.kind}.svt-new"

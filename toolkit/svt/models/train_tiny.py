@@ -32,6 +32,7 @@ identical weights need the same Python (the committed ones: 3.11.7).
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import shutil
@@ -293,3 +294,32 @@ def save_pair(out: Path, models: dict, hf_tok, figures: dict, scaled) -> None:
         entry.rename(dest)
         _remove(old)
     stage.rmdir()
+
+
+def save_target(out: Path, model, factor: float, stage: dict) -> None:
+    """A fine-tuned target (``model`` unsharpened, float32) written over OUT/target, sharpened by
+    ``factor`` and rounded to bf16, with ``stage`` recorded in OUT/training.json; written beside
+    and swapped in, so an interruption leaves the previous target whole. The drafts and heads are
+    then stale: retrain them (``make models`` does, the stage being part of the recipe)."""
+    from svt.models.loading import load_tokenizer
+
+    model = copy.deepcopy(model)
+    sharpen(model, factor)
+    training = json.loads((out / "training.json").read_text())
+    entry = training["models"]["target"]
+    entry.setdefault("stages", [])
+    entry["stages"] = [s for s in entry["stages"] if s.get("stage") != stage["stage"]] + [stage]
+    entry["held_out_loss"] = stage["after"]["held_out_loss"]
+    entry["unlikelihood"] = {k: stage[k] for k in ("accepted", "chosen_step", "before", "after")}
+    stage_dir = out.parent / f".{out.name}.svt-new-target"
+    _remove(stage_dir)
+    model.to(torch.bfloat16).save_pretrained(stage_dir / "target")
+    load_tokenizer(str(out / "target")).save_pretrained(stage_dir / "target")
+    (stage_dir / "training.json").write_text(json.dumps(training, indent=2) + "\n")
+    for name in ("target", "training.json"):
+        old = out / f".{name}.svt-old"
+        _remove(old)
+        (out / name).rename(old)
+        (stage_dir / name).rename(out / name)
+        _remove(old)
+    stage_dir.rmdir()
