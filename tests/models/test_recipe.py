@@ -131,3 +131,20 @@ def test_bad_recipe_options_are_one_usage_error(args, capsys):
     with pytest.raises(SystemExit) as exc:
         _parse(args)
     assert exc.value.code == 2 and "error:" in capsys.readouterr().err
+
+
+def test_drafts_from_a_saved_target_read_its_record_and_refuse_another_sharpening(tmp_path, models_dir):
+    from svt.models.recipe import saved_target, state_id
+
+    target, entry = saved_target(models_dir / "target", models_dir, "cpu")
+    assert entry["sharpen"] == 3.0 and not any(p.requires_grad for p in target.parameters())
+    assert state_id(target) == state_id(target) and len(state_id(target)) == 16
+    with torch.no_grad():
+        target.model.norm.weight.mul_(2.0)
+    assert state_id(target) != state_id(saved_target(models_dir / "target", models_dir, "cpu")[0])
+    (tmp_path / "training.json").write_text(json.dumps({"models": {"target": {**entry, "sharpen": 2.0}}}))
+    with pytest.raises(SystemExit, match="sharpened by 2.0"):
+        saved_target(models_dir / "target", tmp_path, "cpu")
+    (tmp_path / "training.json").write_text("{}")
+    with pytest.raises(SystemExit, match="no target record"):
+        saved_target(models_dir / "target", tmp_path, "cpu")

@@ -165,7 +165,7 @@ def test_the_recipe_runs_the_stage_once_and_loads_it_when_done(stream, tmp_path)
     from svt.models.recipe import scaled_unlikelihood, unlikelihood_stage
 
     cfg = scaled_unlikelihood(ul.UnlikelihoodConfig(), 0.001)
-    assert cfg.steps == 2 and cfg.eval_every == 2 and ul.UnlikelihoodConfig().steps == 600
+    assert cfg.steps == 2 and cfg.eval_every == 2 and ul.UnlikelihoodConfig().steps == 300
     cfg = replace(cfg, batch=2, prompt_len=8, new_tokens=12, mle_batch=2, mle_context=16, max_span=4,
                   max_held_out_loss=100.0, max_gate_top1_drop=1.0)
     model = _tiny()

@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> None:
     target_id = state_id(target)
     figures["models"]["target"]["weights_state_sha256_16"] = target_id
 
-    models = {"target": target}
+    models = {"target": target} if args.drafts_from is None else {}  # a saved target stays as it is, byte for byte
     small, large = DRAFTS
     small_spec = TinySpec(**{**asdict(small), "train_tokens": int(small.train_tokens * args.scale)})
     draft_small, figures["models"][small.name] = train_one(small_spec, stream, held, eos, args.seed + 1,

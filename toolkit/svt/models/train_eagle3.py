@@ -315,7 +315,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--target", type=Path, default=Path("data/models/target"))
     ap.add_argument("--out", type=Path, default=Path("data/models"), help="the head goes to OUT/KIND")
-    ap.add_argument("--work", type=Path, default=None, help="default build/tiny/KIND")
+    ap.add_argument("--work", type=Path, default=None, help="default build/tiny/KIND-TARGETHASH")
     ap.add_argument("--kind", choices=sorted(KINDS), default="eagle3",
                     help="eagle3 (three fused taps) or mtp (DeepSeek-V3's form over the final hidden state)")
     ap.add_argument("--threads", type=int, default=2)
@@ -349,7 +349,7 @@ def main(argv: list[str] | None = None) -> None:
 
     t0 = time.time()
     target_id = weights_hash(args.target)
-    work = args.work or Path("build/tiny") / args.kind
+    work = args.work or Path("build/tiny") / f"{args.kind}-{target_id}"  # a new target never meets an old checkpoint
     init = None
     if args.init_from is not None:
         from svt.errors import SvtError

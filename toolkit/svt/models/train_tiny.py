@@ -301,8 +301,6 @@ def save_target(out: Path, model, factor: float, stage: dict) -> None:
     ``factor`` and rounded to bf16, with ``stage`` recorded in OUT/training.json; written beside
     and swapped in, so an interruption leaves the previous target whole. The drafts and heads are
     then stale: retrain them (``make models`` does, the stage being part of the recipe)."""
-    from svt.models.loading import load_tokenizer
-
     model = copy.deepcopy(model)
     sharpen(model, factor)
     training = json.loads((out / "training.json").read_text())
@@ -314,7 +312,9 @@ def save_target(out: Path, model, factor: float, stage: dict) -> None:
     stage_dir = out.parent / f".{out.name}.svt-new-target"
     _remove(stage_dir)
     model.to(torch.bfloat16).save_pretrained(stage_dir / "target")
-    load_tokenizer(str(out / "target")).save_pretrained(stage_dir / "target")
+    for f in (out / "target").iterdir():  # the tokenizer's files as they are (a re-save would add keys)
+        if f.is_file() and f.name.startswith(("tokenizer", "special_tokens")):
+            shutil.copy2(f, stage_dir / "target" / f.name)
     (stage_dir / "training.json").write_text(json.dumps(training, indent=2) + "\n")
     for name in ("target", "training.json"):
         old = out / f".{name}.svt-old"
