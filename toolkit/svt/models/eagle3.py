@@ -138,21 +138,6 @@ class _Attention(nn.Module):
         self.o_proj = nn.Linear(c.num_attention_heads * hd, c.hidden_size, bias=False)
 
 
-def fused_weight(owner: nn.Module, linears: tuple[nn.Linear, ...]) -> torch.Tensor | None:
-    """The weights of ``linears`` (same input) stacked into one matrix, for inference: one matmul
-    instead of several (at a head's size the per-call cost of a matmul outweighs its arithmetic).
-    Cached on ``owner`` and rebuilt when a weight changes (its version counter moves); ``None``
-    while gradients are on (training keeps the separate parameters)."""
-    if torch.is_grad_enabled():
-        return None
-    key = tuple((lin.weight.data_ptr(), lin.weight._version) for lin in linears)
-    cached = owner.__dict__.get("_fused")
-    if cached is None or cached[0] != key:
-        cached = (key, torch.cat([lin.weight for lin in linears]))
-        owner.__dict__["_fused"] = cached
-    return cached[1]
-
-
 class GatedMLP(nn.Module):
     def __init__(self, c: Eagle3Config):
         super().__init__()
@@ -161,11 +146,7 @@ class GatedMLP(nn.Module):
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
 
     def forward(self, x):
-        w = fused_weight(self, (self.gate_proj, self.up_proj))
-        if w is None:
-            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-        gate, up = F.linear(x, w).chunk(2, -1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class _MidLayer(nn.Module):
@@ -212,15 +193,9 @@ class HiddenStateHead(nn.Module):
     def _qkv(self, x: torch.Tensor, positions: torch.Tensor):
         a, c = self._attention(), self.cfg
         B, T, _ = x.shape
-        w = fused_weight(a, (a.q_proj, a.k_proj, a.v_proj))
-        if w is None:
-            q, k, v = a.q_proj(x), a.k_proj(x), a.v_proj(x)
-        else:
-            nq, nk = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
-            q, k, v = F.linear(x, w).split([nq, nk, nk], -1)
-        q = q.reshape(B, T, c.num_attention_heads, c.head_dim).transpose(1, 2)
-        k = k.reshape(B, T, c.num_key_value_heads, c.head_dim).transpose(1, 2)
-        v = v.reshape(B, T, c.num_key_value_heads, c.head_dim).transpose(1, 2)
+        q = a.q_proj(x).view(B, T, c.num_attention_heads, c.head_dim).transpose(1, 2)
+        k = a.k_proj(x).view(B, T, c.num_key_value_heads, c.head_dim).transpose(1, 2)
+        v = a.v_proj(x).view(B, T, c.num_key_value_heads, c.head_dim).transpose(1, 2)
         cos, sin = rope_tables(positions, self.inv_freq, self.rope_scale, q.dtype)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
