@@ -296,18 +296,22 @@ def save_pair(out: Path, models: dict, hf_tok, figures: dict, scaled) -> None:
     stage.rmdir()
 
 
-def save_target(out: Path, model, factor: float, stage: dict) -> None:
+def save_target(out: Path, model, factor: float, stage: dict, held: torch.Tensor | None = None) -> None:
     """A fine-tuned target (``model`` unsharpened, float32) written over OUT/target, sharpened by
     ``factor`` and rounded to bf16, with ``stage`` recorded in OUT/training.json; written beside
     and swapped in, so an interruption leaves the previous target whole. The drafts and heads are
     then stale: retrain them (``make models`` does, the stage being part of the recipe)."""
-    model = copy.deepcopy(model)
-    sharpen(model, factor)
+    model = copy.deepcopy(model).to(torch.bfloat16).float()  # the figures are the saved weights
     training = json.loads((out / "training.json").read_text())
     entry = training["models"]["target"]
     entry.setdefault("stages", [])
     entry["stages"] = [s for s in entry["stages"] if s.get("stage") != stage["stage"]] + [stage]
     entry["held_out_loss"] = stage["after"]["held_out_loss"]
+    if held is not None:
+        entry.update({k: round(v, 4) for k, v in evaluate(model, None, held).items()})
+    sharpen(model, factor)
+    if held is not None:
+        entry["held_out_loss_sharpened"] = round(evaluate(model, None, held)["held_out_loss"], 4)
     entry["unlikelihood"] = {k: stage[k] for k in ("accepted", "chosen_step", "before", "after")}
     stage_dir = out.parent / f".{out.name}.svt-new-target"
     _remove(stage_dir)

@@ -327,7 +327,7 @@ def main(argv: list[str] | None = None) -> None:
     if not result["accepted"]:
         raise SystemExit("the stage is refused: no measured weights kept the held-out loss and the induction gate "
                          f"within the limits while repeating less; {args.target} is unchanged.")
-    save_target(args.out, model, factor, result)
+    save_target(args.out, model, factor, result, held)
 
 
 if __name__ == "__main__":
