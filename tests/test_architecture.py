@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1] / "toolkit"
 
 # A package may import its own layer or a lower one. The order the issue tracker and the docs give:
-# cli -> report/plots -> vllm_plugin -> simulate/fit/collect -> features/metrics/models/trees -> traces/config
+# cli/pair -> report/plots -> vllm_plugin -> simulate/fit/collect -> features/metrics/models/trees -> traces/config
 # -> the base (errors, fileio, signals, the version).
 LAYERS = {
     "svt": 0, "errors": 0, "fileio": 0, "signals": 0, "devices": 0,
@@ -22,7 +22,7 @@ LAYERS = {
     "simulate": 3, "fit": 3, "collect": 3,
     "vllm_plugin": 4,
     "report": 5, "plots": 5, "interop": 5,
-    "cli": 6, "warmup": 6,
+    "cli": 6, "warmup": 6, "pair": 6,
 }
 MAX_LINES = 80
 LONG_MARK = "Long because"  # a longer function's docstring says why, after these words

@@ -87,12 +87,14 @@ def test_a_lossless_feature_reading_the_label_is_refused_by_name(small_run, tmp_
 
 
 def test_evaluate_names_a_feature_that_fails_past_the_first_rows(small_run, tmp_path, monkeypatch):
-    """The early check reads the first 1,000 drafts; one labelled step lies beyond them, and the
-    feature fails there only: the scoring pass must say which feature, not raise polars' error."""
+    """The early check reads the first drafts (300 here); one labelled step lies beyond them, and
+    the feature fails there only: the scoring pass must say which feature, not raise polars' error."""
+    import svt.features
     from svt.traces import open_run
 
+    monkeypatch.setattr(svt.features, "EARLY_CHECK_ROWS", 300)
     drafts = open_run(small_run).scan("drafts").select("request", "step", "label").collect()
-    head = set(drafts.head(1000).select("request", "step").iter_rows())  # what the early check reads
+    head = set(drafts.head(300).select("request", "step").iter_rows())  # what the early check reads
     late = min(set(drafts.filter(pl.col("label").is_not_null()).select("request", "step").iter_rows()) - head)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "feats_late.py").write_text(

@@ -102,6 +102,10 @@ def _cannot(f: Feature, exc: Exception) -> ConfigError:
                        f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}).")
 
 
+#: how many drafts the early check of a feature reads (see :func:`check_feature`)
+EARLY_CHECK_ROWS = 1000
+
+
 def check_feature(f: Feature, frame: pl.DataFrame | pl.LazyFrame) -> None:
     """Before any work: ``f`` over a missing column, one whose values are not numbers (strings,
     lists), or one that fails on the first rows is one clear error naming it. Every value is checked
@@ -109,7 +113,7 @@ def check_feature(f: Feature, frame: pl.DataFrame | pl.LazyFrame) -> None:
     lazy = frame.lazy()
     try:
         dtype = lazy.select(f.expr.alias("_x")).collect_schema()["_x"]
-        feature_values(f, lazy.head(1000))
+        feature_values(f, lazy.head(EARLY_CHECK_ROWS))
     except ConfigError:
         raise
     except Exception as exc:  # polars raises ColumnNotFoundError, InvalidOperationError, ...

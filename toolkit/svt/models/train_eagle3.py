@@ -196,6 +196,19 @@ def trained_part(head) -> dict[str, torch.Tensor]:
     return {n: t for n, t in head.state_dict().items() if n not in shared}
 
 
+def _start_from(head, init: tuple[str, dict], kind: str) -> None:
+    """Load ``init`` = (name, a head's own weights) into ``head``; one message if it does not fit."""
+    try:
+        missing, unexpected = head.load_state_dict(init[1], strict=False)
+    except RuntimeError as exc:  # a weight of another shape
+        raise SystemExit(f"--init-from {init[0]}: not a {kind} head of this shape "
+                         f"({str(exc).strip().splitlines()[-1].strip()}).") from None
+    own = set(trained_part(head))
+    if unexpected or own & set(missing):
+        raise SystemExit(f"--init-from {init[0]}: not a {kind} head of this shape (missing "
+                         f"{sorted(own & set(missing))[:3]}, unexpected {sorted(unexpected)[:3]}).")
+
+
 def train_head(target, stream: np.ndarray, held: torch.Tensor, cfg: HeadTraining, work: Path, *, eos: int,
                target_id: str = "", kind: str = "eagle3", init: tuple[str, dict] | None = None,
                log=print) -> tuple[Eagle3Head, dict]:
@@ -224,15 +237,7 @@ def train_head(target, stream: np.ndarray, held: torch.Tensor, cfg: HeadTraining
     torch.manual_seed(cfg.seed)
     head = KINDS[kind](target)
     if init is not None:
-        try:
-            missing, unexpected = head.load_state_dict(init[1], strict=False)
-        except RuntimeError as exc:  # a weight of another shape
-            raise SystemExit(f"--init-from {init[0]}: not a {kind} head of this shape "
-                             f"({str(exc).strip().splitlines()[-1].strip()}).") from None
-        own = set(trained_part(head))
-        if unexpected or own & set(missing):
-            raise SystemExit(f"--init-from {init[0]}: not a {kind} head of this shape (missing "
-                             f"{sorted(own & set(missing))[:3]}, unexpected {sorted(unexpected)[:3]}).")
+        _start_from(head, init, kind)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.95))
     rng = np.random.default_rng(cfg.seed)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import polars as pl
 
-from svt import __version__
+from svt import __version__, features
 from svt.errors import DataError
 from svt.features import check_feature, get_feature, load_feature_module
 from svt.report.schema import REPORT_SCHEMA
@@ -66,7 +66,7 @@ def _context(runs: list[Path], opts: EvaluateOptions) -> ReportContext | dict:
     if any(m.get("engine") == "reference" for m in metas):
         raise DataError("A reference run (no model drafts) cannot be evaluated beside runs with drafts: "
                         "evaluate it alone, or pass it with --reference-run.")
-    head = opened.drafts.head(1000).collect()
+    head = opened.drafts.head(features.EARLY_CHECK_ROWS).collect()
     for f in feats:
         check_feature(f, head)
     # an imported trace may lack draft probabilities: the features that read them are not computed

@@ -5,7 +5,7 @@ import json
 
 from svt.collect.reference_run import collect_reference
 from svt.config import load_collect_config
-from svt.models.measure_tiny import task_goals, toolcall_first_lines
+from svt.pair.measure_tiny import task_goals, toolcall_first_lines
 
 HEAD = ('# Agent session: reading `{m}` one function at a time.\ncalls = []\n'
         'calls.append(tool("read_function", module="{m}", name="a", line=1))\n')
@@ -39,7 +39,7 @@ def test_goals_on_bad_input_say_so_in_one_line(tmp_path):
     import pytest
 
     from svt.errors import DataError
-    from svt.models.measure_tiny import hvd_against_cache_only, main
+    from svt.pair.measure_tiny import hvd_against_cache_only, main
 
     with pytest.raises(SystemExit, match="expected a run directory"):
         main(["--goals", str(tmp_path)])
@@ -59,7 +59,7 @@ def test_gate_goals_undo_the_sharpening_before_the_gate(tmp_path, models_dir):
     from transformers import AutoModelForCausalLM
 
     from svt.models.induction import induction_gate
-    from svt.models.measure_tiny import gate_goals
+    from svt.pair.measure_tiny import gate_goals
 
     goals = gate_goals(models_dir)
     training = json.loads((models_dir / "training.json").read_text())
@@ -86,7 +86,7 @@ def test_report_readers_take_the_figures_they_name(tmp_path):
     import pytest
 
     from svt.errors import DataError
-    from svt.models.measure_tiny import demo_auc, reference_model_yield
+    from svt.pair.measure_tiny import demo_auc, reference_model_yield
 
     (tmp_path / "report.json").write_text(json.dumps({
         "features": {"q_max": {"auc": 0.81}, "q_sampled": {"auc": 0.7}},
@@ -104,7 +104,7 @@ def test_cache_only_is_set_against_the_reference_run_per_shared_workload(tmp_pat
     import pytest
 
     from svt.errors import DataError
-    from svt.models.measure_tiny import cache_only_against_reference
+    from svt.pair.measure_tiny import cache_only_against_reference
 
     def report(name, rows):
         (tmp_path / name).mkdir()

@@ -1,7 +1,7 @@
 """Measure how the built-in pair behaves as a speculative pair (the figures in data/models/README.md).
 
-    python -m svt.models.measure_tiny --requests 96 --out reports/tiny_pair.md
-    python -m svt.models.measure_tiny --goals runs/hvd --hvd-report reports/hvd-h100 \\
+    python -m svt.pair.measure_tiny --requests 96 --out reports/tiny_pair.md
+    python -m svt.pair.measure_tiny --goals runs/hvd --hvd-report reports/hvd-h100 \\
         --demo-report reports/demo --reference-report reports/hvd-ref --reference-run runs/hvd-ref  # after make demo
 
 For each draft and for temperature 1 and greedy: collect on the three shipped workloads (K = 5,
