@@ -188,3 +188,22 @@ def test_token_level_candidates_are_the_previous_tokens_except_the_gold_one():
         for t in range(5):
             want = set(batch[b, : t + 1].tolist()) - {int(batch[b, t + 1])}
             assert set(torch.nonzero(cand[b, t]).flatten().tolist()) == want
+
+
+def test_ditto_penalises_each_repetition_against_half_the_previous_ones_probability():
+    rows = torch.tensor([[1, 2, 3, 1, 2, 3, 1, 2, 3, 1]])
+    spans = torch.tensor([3])
+    torch.manual_seed(0)
+    logits = torch.randn(1, 9, 5)
+    p = logits.softmax(-1).gather(-1, rows[:, 1:, None])[0, :, 0]
+    # position t predicts rows[t + 1]; repetition (t + 1) // 3; first = 2 -> t + 1 >= 6, t >= 5
+    want = [-torch.log(1 - (p[t] - 0.5 * p[t - 3]).abs()) for t in range(5, 9)]
+    got = ul.ditto_loss(logits, rows, spans, 0.5, 2)
+    assert got.item() == pytest.approx(torch.stack(want).mean().item(), rel=1e-5)
+    got1 = ul.ditto_loss(logits, rows, spans, 0.5, 1)  # every repetition after the first
+    want1 = [-torch.log(1 - (p[t] - 0.5 * p[t - 3]).abs()) for t in range(3, 9)]
+    assert got1.item() == pytest.approx(torch.stack(want1).mean().item(), rel=1e-5)
+    r, m = ul.ditto_batch(np.arange(1, 500), 4, 40, np.random.default_rng(0))
+    for row, span in zip(r, m, strict=True):
+        n = min(int(span), 40 - int(span))
+        assert torch.equal(row[span : span + n], row[:n]) and 8 <= span <= 32

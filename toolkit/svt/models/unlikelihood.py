@@ -57,6 +57,9 @@ class UnlikelihoodConfig:
     free_repeats: int = 1  # see repeat_mask
     ul_weight: float = 0.5
     token_weight: float = 0.0  # token-level unlikelihood on the likelihood windows (previous tokens, not gold)
+    ditto_weight: float = 0.0  # DITTO's pseudo-repetition loss (Xu et al. 2022) instead of, or beside, the above
+    ditto_lambda: float = 0.5  # each repetition's probability pushed towards lambda x the previous one's
+    ditto_first: int = 2  # the first repetition penalised (0-based: 2 leaves the first copy free)
     # the likelihood windows as the target's last stage (``target-context``) draws them: with a
     # shorter context or longer repeated spans the induction gate falls by 0.2 in 100 steps of
     # likelihood alone (measured), so the stage would unlearn copying whatever its penalty does
@@ -152,6 +155,11 @@ def ul_step(model, opt, stream: np.ndarray, cfg: UnlikelihoodConfig, rng: np.ran
     opt.zero_grad(set_to_none=True)
     (cfg.ul_weight * ul).backward()
     # the likelihood gradient is added to the unlikelihood one already accumulated
+    if cfg.ditto_weight > 0:
+        rows, spans = ditto_batch(stream, cfg.batch, cfg.prompt_len + cfg.new_tokens, rng)
+        rows = rows.to(device)
+        dl = ditto_loss(model(input_ids=rows[:, :-1]).logits, rows, spans, cfg.ditto_lambda, cfg.ditto_first)
+        (cfg.ditto_weight * dl).backward()
     mle = _accumulating_step(model, opt, window_batch(stream, mle_cfg, rng, vocab).to(device), cfg.token_weight)
     return {"ul": ul.item(), "mle": mle.item(), "candidates": mask.float().mean().item()}
 
@@ -166,6 +174,33 @@ def previous_token_candidates(batch: torch.Tensor, vocab: int) -> torch.Tensor:
     seen = seen.cummax(1).values
     seen.scatter_(2, y.unsqueeze(-1), False)
     return seen
+
+
+def ditto_batch(stream: np.ndarray, batch: int, length: int, rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """DITTO's pseudo-repetitive rows: a span of 8-32 training-stream tokens repeated to fill
+    ``length`` tokens; returns the rows and each row's span length."""
+    spans = rng.integers(8, 33, size=batch)
+    rows = []
+    for m in spans:
+        s = int(rng.integers(0, len(stream) - m))
+        rows.append(np.resize(stream[s : s + m], length))
+    return torch.from_numpy(np.stack(rows).astype(np.int64)), torch.from_numpy(spans.astype(np.int64))
+
+
+def ditto_loss(logits: torch.Tensor, rows: torch.Tensor, spans: torch.Tensor, lam: float, first: int) -> torch.Tensor:
+    """``-log(1 - |p_r - lam * p_{r-1}|)`` over the tokens of repetitions ``r >= first``, where
+    ``p_r`` is the probability of a token in repetition r and ``p_{r-1}`` (no gradient) that of the
+    same token one repetition earlier. ``logits[:, t]`` predicts ``rows[:, t + 1]``."""
+    p = logits.float().softmax(-1).gather(-1, rows[:, 1:].unsqueeze(-1)).squeeze(-1)  # [B, T]
+    T = p.shape[1]
+    t = torch.arange(T, device=p.device)[None, :]
+    m = spans[:, None].to(p.device)
+    prev = (t - m).clamp(min=0)
+    rep = (t + 1) // m  # the repetition the predicted token belongs to
+    mask = (rep >= first) & (t - m >= 0)
+    target = lam * p.gather(1, prev).detach()
+    loss = -torch.log((1 - (p - target).abs()).clamp(min=1e-6))
+    return (loss * mask).sum() / mask.sum().clamp(min=1)
 
 
 def _accumulating_step(model, opt, batch: torch.Tensor, token_weight: float = 0.0) -> torch.Tensor:
