@@ -1057,6 +1057,12 @@ MUTANTS = [
       "    seen.scatter_(2, y.unsqueeze(-1), False)\n", "", ("tests/models/test_unlikelihood.py",)),
     M("ditto-previous-repetition-shifted", "built-in pair", "models/unlikelihood.py",
       "prev = (t - m).clamp(min=0)", "prev = (t - m + 1).clamp(min=0)", ("tests/models/test_unlikelihood.py",)),
+    # issue 53: a checkpoint that does not fill its model
+    M("load-missing-weights-ignored", "reliability", "models/loading.py",
+      'for key, what in (("missing_keys", ', 'for key, what in (("missing", ', ("tests/models/test_loading.py",)),
+    M("load-unexpected-weights-ignored", "reliability", "models/loading.py",
+      '("unexpected_keys", "in the weights but not in the model")', '("unexpected", "in the weights but not in the model")',
+      ("tests/models/test_loading.py",)),
     M("cache-kwarg-always-cache", "hidden-state drafters", "collect/kv_cache.py",
       'return "past_key_values" if "past_key_values" in params and "cache" not in params else "cache"',
       'return "cache"',

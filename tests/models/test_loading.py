@@ -46,3 +46,41 @@ def test_device_and_dtype_checks():
     assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
     with pytest.raises(ModelLoadError, match="dtype"):
         resolve_dtype("float8", torch.device("cpu"))
+
+
+def _copy(models_dir, tmp_path, name="target"):
+    dst = tmp_path / name
+    shutil.copytree(models_dir / name, dst)
+    return dst
+
+
+def test_a_config_claiming_more_layers_than_the_weights_hold_is_refused(tmp_path, models_dir):
+    target = _copy(models_dir, tmp_path)
+    cfg = json.loads((target / "config.json").read_text())
+    cfg["num_hidden_layers"] += 1  # transformers would give the fifth layer random weights
+    (target / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadError, match=r"target checkpoint .* 9 missing from the weights .*model\.layers\.4\."):
+        load_pair(target, models_dir / "draft-small", device="cpu")
+
+
+def test_weights_the_model_does_not_have_are_refused(tmp_path, models_dir):
+    from safetensors.torch import load_file, save_file
+
+    draft = _copy(models_dir, tmp_path, "draft-small")
+    state = load_file(draft / "model.safetensors")
+    state["model.layers.7.mlp.up_proj.weight"] = torch.zeros(2, 2, dtype=torch.bfloat16)
+    save_file(state, draft / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ModelLoadError, match=r"draft checkpoint .* 1 in the weights but not in the model"):
+        load_pair(models_dir / "target", draft, device="cpu")
+
+
+def test_a_head_without_its_architecture_is_not_loaded_as_a_random_model(tmp_path, models_dir):
+    """An EAGLE-3 directory whose config lost `architectures` is no head to svt; loaded as a plain
+    Llama model, none of its weights fit: refused, not run with random layers."""
+    head = _copy(models_dir, tmp_path, "eagle3")
+    cfg = json.loads((head / "config.json").read_text())
+    cfg["architectures"] = ["LlamaForCausalLM"]
+    (head / "config.json").write_text(json.dumps(cfg))
+    shutil.copy(models_dir / "target" / "tokenizer.json", head / "tokenizer.json")
+    with pytest.raises(ModelLoadError, match="does not match its config.json"):
+        load_pair(models_dir / "target", head, device="cpu")

@@ -126,12 +126,30 @@ def load_causal_lm(path: Path, role: str, dev: torch.device, dt: torch.dtype, at
     from transformers import AutoModelForCausalLM
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=dt, local_files_only=True, attn_implementation=attn_implementation
+        model, info = AutoModelForCausalLM.from_pretrained(
+            path, dtype=dt, local_files_only=True, attn_implementation=attn_implementation, output_loading_info=True
         )
     except Exception as exc:
         raise ModelLoadError(f"Could not load the {role} model from {str(path)!r}: {exc}") from None
+    check_loading_info(info, role, path)
     return model.to(dev).eval()
+
+
+def check_loading_info(info: dict, role: str, path: Path) -> None:
+    """A checkpoint that does not fill its model exactly is refused: transformers would initialise
+    missing weights at random (a config claiming more layers than the weights hold) and drop
+    unexpected ones (another architecture's weights), and the run would be filed under the
+    directory's weights hash as if it were that model."""
+    problems = []
+    for key, what in (("missing_keys", "missing from the weights (they would be random)"),
+                      ("unexpected_keys", "in the weights but not in the model"),
+                      ("mismatched_keys", "of another shape than the config says")):
+        keys = sorted(str(k) for k in (info.get(key) or ()))
+        if keys:
+            problems.append(f"{len(keys)} {what}: {', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''}")
+    if problems:
+        raise ModelLoadError(f"The {role} checkpoint {str(path)!r} does not match its config.json: "
+                             + "; ".join(problems) + ".")
 
 
 def load_pair(target_path: str | Path, draft_path: str | Path, *, device: str = "auto",
