@@ -1063,6 +1063,8 @@ MUTANTS = [
     M("load-unexpected-weights-ignored", "reliability", "models/loading.py",
       '("unexpected_keys", "in the weights but not in the model")', '("unexpected", "in the weights but not in the model")',
       ("tests/models/test_loading.py",)),
+    M("tree-replay-drops-cost-warnings", "reliability", "report/trees.py",
+      '"warnings": list(table.measurement.get("warnings", []))}', '"warnings": []}', ("tests/report/test_trees.py",)),
     M("cache-kwarg-always-cache", "hidden-state drafters", "collect/kv_cache.py",
       'return "past_key_values" if "past_key_values" in params and "cache" not in params else "cache"',
       'return "cache"',

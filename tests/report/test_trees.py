@@ -127,6 +127,26 @@ def test_a_cost_table_that_does_not_cover_the_replay_is_flagged(greedy_trees, tm
                                               "settings": {"n_bins": 10}})
     full = evaluate([greedy_trees], EvaluateOptions(costs=str(COSTS)))["trees"]
     assert full["costs"]["beyond_table"] == []  # a roofline model covers any size
+    assert "unreliable" not in tree_markdown({"trees": t, "svt_version": "x", "created": "y",
+                                              "settings": {"n_bins": 10}})
+
+
+def test_a_tree_replay_on_a_flagged_cost_table_says_so(greedy_trees, tmp_path):
+    """As the chain replay does: the report, its text and its console table name a cost profile
+    made on a busy machine."""
+    import yaml
+
+    from svt.report.trees_text import tree_console
+
+    small = {"kind": "measured", "drafter": "autoregressive", "description": "busy",
+             "draft_ms": {1: {1: 1.0, 2: 2.0}, 2: {1: 1.5, 2: 3.0}}, "verify_ms": {1: 2.0, 2: 2.5},
+             "measurement": {"warnings": ["the machine's load (3.7) was above its 2 cores"]}}
+    (tmp_path / "busy.yaml").write_text(yaml.safe_dump(small))
+    report = {"trees": evaluate([greedy_trees], EvaluateOptions(costs=str(tmp_path / "busy.yaml")))["trees"],
+              "svt_version": "x", "created": "y", "settings": {"n_bins": 10}}
+    assert report["trees"]["costs"]["warnings"] == ["the machine's load (3.7) was above its 2 cores"]
+    assert "**The cost table is unreliable** (the machine's load (3.7)" in tree_markdown(report)
+    assert any("UNRELIABLE" in str(t.title) for t in tree_console(report))
 
 
 def test_nodes_and_steps_must_agree(greedy_trees, tmp_path):

@@ -380,6 +380,7 @@ def tree_report(runs: list, opts, infos: list[dict], metas: list[dict]) -> dict:
 
             table = load_costs(Path(opts.costs))
             report["trees"]["costs"] = {"path": opts.costs, "kind": table.kind, "fingerprint": table.fingerprint(),
-                                        "beyond_table": beyond_table(table, rows)}
+                                        "beyond_table": beyond_table(table, rows),
+                                        "warnings": list(table.measurement.get("warnings", []))}
             report["trees"]["end_to_end"] = end_to_end(rows, table)
     return report

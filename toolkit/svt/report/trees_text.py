@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from svt.report.text import add_row, fmt, md_table, new_table
+from svt.report.text import add_row, cost_warnings, fmt, md_table, new_table
 
 DEPTH_HEAD = ["depth", "nodes", "verified", "accepted", "accepted given tried", "match rate", "mean q_token",
               "mean path prob"]
@@ -129,7 +129,7 @@ def tree_markdown(report: dict) -> str:
                   "one per level over the nodes it expands (read as one-token passes of batch x nodes rows), one "
                   "target pass over every row's pending token and tree, at each policy's mean tree shape. The best of each policy per concurrency by tokens/s; `Pareto`: on the "
                   "throughput-interactivity frontier of all non-oracle rows (report.json has every row).\n",
-                  md_table(E2E_HEAD, _e2e_rows(t)) + "\n"]
+                  *cost_warnings(t["costs"]), md_table(E2E_HEAD, _e2e_rows(t)) + "\n"]
         beyond = (t["costs"] or {}).get("beyond_table") or []
         if beyond:
             lines.append("**The cost table does not cover this replay**: " + "; ".join(beyond) + ". Those costs are "
@@ -145,7 +145,9 @@ def tree_console(report: dict) -> list:
                               ("acceptance by depth", DEPTH_HEAD, _depth_rows(t)),
                               ("calibration of node and path predictors", CAL_HEAD, _cal_rows(t)),
                               ("tree policies (greedy replay)", REPLAY_HEAD, _replay_rows(t)),
-                              ("end to end: the best of each policy per concurrency", E2E_HEAD, _e2e_rows(t))):
+                              ("end to end: the best of each policy per concurrency"
+                               + (", UNRELIABLE costs" if (t.get("costs") or {}).get("warnings") else ""),
+                               E2E_HEAD, _e2e_rows(t))):
         if not rows:
             continue
         table = new_table(*head, title=title)
