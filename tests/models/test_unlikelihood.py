@@ -5,7 +5,6 @@ resuming, and the refusal that keeps the weights from before the stage."""
 from __future__ import annotations
 
 import json
-from collections import Counter
 from dataclasses import replace
 
 import numpy as np
@@ -157,10 +156,6 @@ def test_overrides_are_typed_and_unknown_fields_are_one_message():
         ul.overrides(["ngram=x"])
 
 
-def test_counter_import_is_used():  # guards the module's own counting helper against shadowing
-    assert ul.Counter is Counter
-
-
 def test_the_recipe_runs_the_stage_once_and_loads_it_when_done(stream, tmp_path):
     from svt.models.recipe import scaled_unlikelihood, unlikelihood_stage
 
@@ -207,3 +202,11 @@ def test_ditto_penalises_each_repetition_against_half_the_previous_ones_probabil
     for row, span in zip(r, m, strict=True):
         n = min(int(span), 40 - int(span))
         assert torch.equal(row[span : span + n], row[:n]) and 8 <= span <= 32
+
+
+def test_the_standalone_stage_refuses_a_missing_record_or_target_in_one_line(tmp_path, models_dir):
+    with pytest.raises(SystemExit, match="not the pair's training record"):
+        ul.main(["--out", str(tmp_path), "--target", str(models_dir / "target"), "--trial"])
+    (tmp_path / "training.json").write_text((models_dir / "training.json").read_text())
+    with pytest.raises(SystemExit, match="no model.safetensors"):
+        ul.main(["--out", str(tmp_path), "--target", str(tmp_path / "nowhere"), "--trial"])

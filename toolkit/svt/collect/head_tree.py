@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from svt.collect.sampling import process_probs
+from svt.trees.level_mask import level_mask
 
 
 class HeadTreeScorer:
@@ -84,13 +85,8 @@ class HeadTreeScorer:
     def __call__(self, paths: list[tuple[int, ...]]) -> np.ndarray:
         new = list(dict.fromkeys(p for p in paths if p not in self.q))
         if new:
-            n, c = self.length, self.context
-            allow = np.zeros((len(new), n + len(new)), dtype=bool)
-            allow[:, :c] = True
-            for i, path in enumerate(new):
-                for j in range(1, len(path)):
-                    allow[i, self.slot[path[:j]]] = True
-                allow[i, n + i] = True
+            n = self.length
+            allow = level_mask(new, self.slot, n, self.context)
             feat = torch.stack([self.h[p[:-1]] for p in new])
             o = self._forward([p[-1] for p in new], feat, [self.root_pos + len(p) for p in new], allow)
             probs = self._probs(o.logits[0])

@@ -24,6 +24,7 @@ from svt.collect.kv_cache import cache_kwarg
 from svt.collect.sampling import process_probs
 from svt.trees import DraftTree, grow_dynamic, grow_static, verify_greedy, verify_sampling
 from svt.trees.draws import Draws
+from svt.trees.level_mask import level_mask
 
 
 @dataclass(frozen=True)
@@ -149,12 +150,7 @@ class DraftScorer:
                 self.lm.crop(self.context)
         elif new:
             n, c = self.lm.length, self.context
-            allow = np.zeros((len(new), n + len(new)), dtype=bool)
-            allow[:, :c] = True
-            for i, path in enumerate(new):
-                for j in range(1, len(path)):
-                    allow[i, self.slot[path[:j]]] = True
-                allow[i, n + i] = True
+            allow = level_mask(new, self.slot, n, c)
             logits = self.lm.forward([p[-1] for p in new], [c - 1 + len(p) for p in new], allow)
             for i, (path, q) in enumerate(zip(new, self._probs(logits), strict=True)):
                 self.q[path], self.slot[path] = q, n + i

@@ -106,21 +106,35 @@ def unlikelihood_stage(model, stream, held, cfg: UnlikelihoodConfig, folder: Pat
                        log=print) -> dict:
     """:func:`svt.models.unlikelihood.run_stage` as a recipe stage: a finished one (its
     ``result.json`` and model in FOLDER) is loaded instead of trained again."""
-    done = folder / "result.json"
-    if done.is_file():
-        result = json.loads(done.read_text())
-        if result["config"] != asdict(cfg):
-            raise SystemExit(f"{folder} was made with another stage config; remove it to train it again.")
-        model.load_state_dict(torch.load(folder / "model.pt", weights_only=True))
+    result = _finished(model, folder, cfg)
+    if result is not None:
         log(f"[target-unlikelihood] done earlier: {'accepted' if result['accepted'] else 'refused'}", flush=True)
         return result
     result = run_unlikelihood(model, stream, held, cfg, folder, vocab=vocab, eos=eos, log=log)
+    _finish(model, folder, result)
+    return result
+
+
+def _finished(model, folder: Path, cfg) -> dict | None:
+    """A finished stage's result (its weights loaded into ``model``), or None; a stage made with
+    another config is refused."""
+    done = folder / "result.json"
+    if not done.is_file():
+        return None
+    result = json.loads(done.read_text())
+    if result["config"] != asdict(cfg):
+        raise SystemExit(f"{folder} was made with another stage config; remove it to train it again.")
+    model.load_state_dict(torch.load(folder / "model.pt", weights_only=True))
+    return result
+
+
+def _finish(model, folder: Path, result: dict) -> None:
+    """A stage's weights and ``result.json``, each written beside and swapped in."""
     torch.save(model.state_dict(), folder / "model.pt.tmp")
     (folder / "model.pt.tmp").replace(folder / "model.pt")
     tmp = folder / "result.json.tmp"
     tmp.write_text(json.dumps(result, indent=1) + "\n")
-    tmp.replace(done)
-    return result
+    tmp.replace(folder / "result.json")
 
 
 def run_stages(model, stages, stream, work: Path, *, vocab: int, bos: int, teacher=None, log=print) -> list[dict]:
@@ -129,22 +143,14 @@ def run_stages(model, stages, stream, work: Path, *, vocab: int, bos: int, teach
     results = []
     for name, cfg in stages:
         folder = work / name
-        done = folder / "result.json"
-        if done.is_file():
-            result = json.loads(done.read_text())
-            if result["config"] != asdict(cfg):
-                raise SystemExit(f"{folder} was made with another stage config; remove it to train it again.")
-            model.load_state_dict(torch.load(folder / "model.pt", weights_only=True))
+        result = _finished(model, folder, cfg)
+        if result is not None:
             log(f"[{name}] done earlier: {result['tokens']:,} tokens", flush=True)
         else:
             log(f"[{name}] {cfg}", flush=True)
             result = {"stage": name, **run_phase(model, stream, cfg, folder, vocab=vocab, bos=bos, teacher=teacher,
                                                  log=log)}
-            torch.save(model.state_dict(), folder / "model.pt.tmp")
-            (folder / "model.pt.tmp").replace(folder / "model.pt")
-            tmp = folder / "result.json.tmp"
-            tmp.write_text(json.dumps(result, indent=1) + "\n")
-            tmp.replace(done)
+            _finish(model, folder, result)
         results.append(result)
     return results
 

@@ -342,10 +342,15 @@ def main(argv: list[str] | None = None) -> None:
 
     args = _parse(argv)
     torch.set_num_threads(args.threads)
-    training = json.loads((args.out / "training.json").read_text())
-    factor = float(training["models"]["target"]["sharpen"])
+    try:
+        training = json.loads((args.out / "training.json").read_text())
+        factor, seed = float(training["models"]["target"]["sharpen"]), int(training["seed"])
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise SystemExit(f"{args.out}/training.json: not the pair's training record ({exc}).") from None
+    if not (args.target / "model.safetensors").is_file():
+        raise SystemExit(f"--target {args.target}: no model.safetensors there.")
     source_id = weights_hash(args.target)
-    tok, stream, held, _ = prepare_data(training["seed"])
+    tok, stream, held, _ = prepare_data(seed)
     eos, vocab = tok.token_to_id(EOS), tok.get_vocab_size()
     model = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32)
     with torch.no_grad():
