@@ -68,3 +68,20 @@ def reseal(run_dir) -> None:
         if files:
             record_shards(meta, t, files)
     write_meta(run_dir, meta)
+
+
+def steps_agreeing(drafts, steps):
+    """``steps`` with ``accepted``, ``kept`` and ``explored`` recomputed from ``drafts``' labels (a
+    test that fabricates labels keeps the run's tables agreeing, as the run validator requires):
+    accepted = drafts labelled 1, kept = drafts labelled, plus one never-verified draft is not kept."""
+    import polars as pl
+
+    g = drafts.group_by("request", "step").agg((pl.col("label") == 1).sum().alias("_a"),
+                                               pl.col("label").is_not_null().sum().alias("_l"),
+                                               (pl.col("label") == 0).sum().alias("_r"))
+    s = steps.join(g, on=["request", "step"], how="left", maintain_order="left")
+    # a step with a rejection verified through it (kept as before); one without kept only what was accepted
+    kept = pl.when(pl.col("_r") > 0).then(pl.max_horizontal(pl.col("kept"), pl.col("_l"))).otherwise(pl.col("_a"))
+    return s.with_columns(pl.col("_a").cast(pl.Int16).alias("accepted"), kept.cast(pl.Int16).alias("kept"),
+                          pl.min_horizontal(pl.col("emitted"), pl.col("_a") + 1).cast(pl.Int16).alias("emitted")
+                          ).with_columns((pl.col("kept") == pl.col("drafted")).alias("explored")).drop("_a", "_l", "_r")

@@ -14,7 +14,7 @@ from svt.errors import ConfigError, DataError
 from svt.fit import Fitter, fit_runs, get_fitter
 from svt.fit.logistic import design, fit_newton
 
-from ..conftest import reseal
+from ..conftest import reseal, steps_agreeing
 
 
 @pytest.mark.parametrize("per_position_slope", [False, True])
@@ -148,8 +148,8 @@ def test_one_class_and_empty_data_are_refused(small_run, tmp_path):
     drafts = run.scan("drafts").with_columns(
         pl.when(pl.col("label").is_not_null()).then(pl.lit(1, pl.Int8)).alias("label")).collect()
     write_shard(path, "drafts", 0, drafts)
-    for t in ("steps", "requests"):
-        write_shard(path, t, 0, run.scan(t).collect())
+    write_shard(path, "steps", 0, steps_agreeing(drafts, run.scan("steps").collect()))
+    write_shard(path, "requests", 0, run.scan("requests").collect())
     reseal(path)
     with pytest.raises(DataError, match="Only one class"):
         fit_runs([path], "irls-online")

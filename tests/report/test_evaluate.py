@@ -13,7 +13,7 @@ from svt.errors import DataError
 from svt.report import EvaluateOptions, evaluate
 from svt.traces import open_run, write_meta, write_shard
 
-from ..conftest import reseal
+from ..conftest import reseal, steps_agreeing
 
 REQUIRED = ("lossless", "auc", "log_loss", "ece", "brier", "mean_pred", "accept_rate", "n")
 
@@ -83,9 +83,10 @@ def test_no_labelled_drafts_is_an_error(small_run, tmp_path):
     run = open_run(small_run)
     path = tmp_path / "nolabels"
     write_meta(path, run.meta)
-    write_shard(path, "drafts", 0, run.scan("drafts").with_columns(pl.lit(None, pl.Int8).alias("label")).collect())
-    for t in ("steps", "requests"):
-        write_shard(path, t, 0, run.scan(t).collect())
+    drafts = run.scan("drafts").with_columns(pl.lit(None, pl.Int8).alias("label")).collect()
+    write_shard(path, "drafts", 0, drafts)
+    write_shard(path, "steps", 0, steps_agreeing(drafts, run.scan("steps").collect()))
+    write_shard(path, "requests", 0, run.scan("requests").collect())
     reseal(path)
     with pytest.raises(DataError, match="No labelled drafts"):
         evaluate([path])

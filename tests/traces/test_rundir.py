@@ -3,7 +3,7 @@ is complete; an error or a Ctrl-C inside leaves the old run as it was and no sta
 
 import pytest
 
-from svt.traces.rundir import staged_run, staging_path, swap_table
+from svt.traces.rundir import staging_path, swap_table, writing
 
 
 def _old_run(tmp_path):
@@ -15,7 +15,7 @@ def _old_run(tmp_path):
 
 def test_a_completed_staged_run_replaces_the_old_one(tmp_path):
     out = _old_run(tmp_path)
-    with staged_run(out) as stage:
+    with writing(out, overwrite=True) as stage:
         assert stage == staging_path(out) and stage.is_dir() is False
         stage.mkdir()
         (stage / "run.json").write_text("new")
@@ -28,7 +28,7 @@ def test_a_completed_staged_run_replaces_the_old_one(tmp_path):
 def test_an_interrupted_staged_run_leaves_the_old_one(tmp_path, interruption):
     out = _old_run(tmp_path)
     with pytest.raises(interruption):
-        with staged_run(out) as stage:
+        with writing(out, overwrite=True) as stage:
             stage.mkdir()
             (stage / "run.json").write_text("half")
             raise interruption

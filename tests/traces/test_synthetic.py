@@ -72,18 +72,21 @@ def test_an_output_inside_the_source_run_and_a_run_without_labels_are_refused(sm
     r = _run(src, src / "drafts" / "x", "--labelled", "100")
     assert r.returncode == 2 and "inside the source run" in r.stderr and "Traceback" not in r.stderr
     assert sorted(p.name for p in (src / "drafts").iterdir()) == before
-    # a run whose steps never drafted: nothing to resample, said in one line
+    # a run whose steps verified no draft (its tables agreeing on it): nothing to resample, said in one line
     empty = tmp_path / "empty"
     shutil.copytree(small_run, empty)
     from svt.traces.io import record_shards, write_meta
 
-    parts = sorted((empty / "drafts").glob("part-*.parquet"))
     import polars as pl
 
-    for p in parts:
-        pl.read_parquet(p).head(0).write_parquet(p)
     meta = json.loads((empty / "run.json").read_text())
-    record_shards(meta, "drafts", parts)
+    for table, change in (("drafts", [pl.lit(None, pl.Int8).alias("label")]),
+                          ("steps", [pl.lit(0, pl.Int16).alias(c) for c in ("accepted", "kept")]
+                           + [pl.lit(1, pl.Int16).alias("emitted"), pl.lit(False).alias("explored")])):
+        parts = sorted((empty / table).glob("part-*.parquet"))
+        for p in parts:
+            pl.read_parquet(p).with_columns(change).write_parquet(p)
+        record_shards(meta, table, parts)
     write_meta(empty, meta)
     r = _run(empty, tmp_path / "out", "--labelled", "100")
     assert r.returncode == 2 and "no labelled drafts" in r.stderr and "Traceback" not in r.stderr

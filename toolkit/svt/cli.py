@@ -148,15 +148,16 @@ def _reading_notes(run_dir) -> None:
     from svt.traces.io import read_meta
 
     try:
-        reading = read_meta(run_dir).get("workload_reading") or {}
+        meta = read_meta(run_dir)
     except SvtError:
         return
+    reading = meta.get("workload_reading") or {}
     skipped = {n: c for n, c in (reading.get("skipped_no_reference") or {}).items() if c}
     if skipped:
         _say("skipped prompts without a usable reference: " + ", ".join(f"{n} {c:,}" for n, c in skipped.items()))
     if reading.get("repeated_requests"):
-        _say(f"{reading['repeated_requests']:,} requests repeat a row (repeat: true): their answers are already "
-             "in the suffix cache's global tree")
+        _say(f"{reading['repeated_requests']:,} requests repeat a row (repeat: true)"
+             + (": their answers are already in the suffix cache's global tree" if meta.get("cache") else ""))
 
 
 def _collect_config(config: Path, set_: list[str] | None, **flags):
@@ -363,6 +364,9 @@ def evaluate(
              "the replay of the same fit (pass it with --fit) and --costs.")] = None,
     high_yield: Annotated[int, typer.Option(
         help="Yield predictors: a cache draft is high-yield when its accepted length is >= this.")] = 6,
+    score_unverified: Annotated[bool, typer.Option(
+        help="Score a fit on requests svt cannot show it did not train on (a run without tokens, short "
+             "requests); refused by default, and said in the fit's description when given.")] = False,
     reference_run: Annotated[Path | None, typer.Option(
         help="A reference run of the same prompts (`--engine reference`): its cache statistics go beside "
              "this run's in the realism table.")] = None,
@@ -395,25 +399,25 @@ def evaluate(
                                             replay_bootstrap=replay_bootstrap)
         from svt.report.render import check_report_out
 
-        check_report_out(out_dir, overwrite=overwrite)
+        check_report_out(out_dir, overwrite=overwrite)  # fails fast, before any run is read
     except SvtError as exc:
         raise _fail(exc) from None
     opts = EvaluateOptions(features=list(feature or DEFAULT_FEATURES), feature_module=feature_module,
                            n_bins=bins, bootstrap=bootstrap, seed=seed, by=by, replay_bootstrap=replay_bootstrap,
                            fits=[str(f) for f in fit or []], costs=str(costs) if costs else None,
                            live=str(live) if live else None, high_yield=high_yield,
-                           reference_run=str(reference_run) if reference_run else None)
-    from svt.fileio import output_lock
-
-    try:
-        with output_lock(out_dir):  # one writer per report folder
-            report = build(runs, opts)
-            json_path, md_path = write_report(report, out_dir)
-    except SvtError as exc:
-        raise _fail(exc) from None
+                           reference_run=str(reference_run) if reference_run else None,
+                           score_unverified=score_unverified)
+    from svt.fileio import writing
     from svt.report.compare import remove_stale
 
-    remove_stale(out_dir)  # a regression report beside the old report.json no longer applies
+    try:  # one writer per report folder, its checks repeated while it is held
+        with writing(out_dir, lambda: check_report_out(out_dir, overwrite=overwrite)):
+            report = build(runs, opts)
+            json_path, md_path = write_report(report, out_dir)
+            remove_stale(out_dir)  # a regression report beside the old report.json no longer applies
+    except SvtError as exc:
+        raise _fail(exc) from None
     for item in evaluate_tables(report):
         out.print(item)
     _say(f"wrote {json_path} and {md_path}")

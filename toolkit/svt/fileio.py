@@ -210,6 +210,21 @@ def output_lock(out: str | Path) -> Iterator[None]:
         fh.close()
 
 
+@contextlib.contextmanager
+def writing(out: str | Path, check: Callable[[], Any] | None = None) -> Iterator[Any]:
+    """Own ``out`` from its check to its last write: take the output lock, then run ``check`` (the
+    writer's refusals: an existing output without ``--overwrite``, a folder that is not a run, an
+    overlap with an input) *while holding it*, and yield what ``check`` returns. A check made before
+    the lock is a race (two writers to one new ``out`` both find it empty, both write, one's result
+    is lost): every writer of an output goes through here, so the order cannot be got wrong.
+
+        with writing(out, lambda: check_fit_out(out, overwrite)):
+            ...  # write out
+    """
+    with output_lock(out):
+        yield check() if check is not None else None
+
+
 def write_text_atomic(path: str | Path, text: str, *, fsync: bool = False) -> Path:
     """``path.write_text(text)``, atomically (see :func:`atomic_path`)."""
     with atomic_path(path, fsync=fsync) as tmp:

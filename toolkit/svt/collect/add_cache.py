@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from svt.collect.cache_run import build_cache_drafts
+from svt.collect.cache_run import build_cache_drafts, check_cacheable
 from svt.collect.reference_run import recache_reference
 from svt.config import CacheOptions, build_section
 from svt.errors import ModelLoadError
+from svt.fileio import writing
 from svt.models.loading import load_pair, weights_hash
 from svt.traces.io import read_meta
 
@@ -18,8 +19,19 @@ def add_cache_to_run(run_dir: str | Path, overrides: dict | None = None, *, devi
     """``svt cache RUN``: build the cache table of an existing greedy run with the models recorded
     in its run.json (their weights hashes must match), options = defaults + ``overrides``."""
     run_dir = Path(run_dir)
-    meta = read_meta(run_dir)
     options = build_section(CacheOptions, {k: v for k, v in (overrides or {}).items()}, prefix="cache.").validate()
+    with writing(run_dir, lambda: _cacheable(run_dir)) as meta:  # no other svt command writes the run meanwhile
+        return _add_cache(run_dir, meta, options, device, target, draft)
+
+
+def _cacheable(run_dir: Path) -> dict:
+    """The run's run.json, once the run is found to take cache drafts (checked while it is held)."""
+    meta = read_meta(run_dir)
+    check_cacheable(run_dir, meta)
+    return meta
+
+
+def _add_cache(run_dir: Path, meta: dict, options: CacheOptions, device: str, target, draft) -> dict:
     if meta.get("engine") == "reference":
         return recache_reference(run_dir, options, device, target=target, draft=draft)
     models = meta.get("models") or {}

@@ -147,7 +147,7 @@ def build_cache_drafts(run_dir: str | Path, options: CacheOptions, draft_model, 
     run = open_run(run_dir, deep=False, tables=["requests", "steps"])
     meta = run.meta
     reference = meta.get("engine") == "reference"
-    _check_cacheable(run_dir, meta)
+    check_cacheable(run_dir, meta)
     k = int(meta["k"])
     bs = int((meta.get("config") or {}).get("batch_size", 1) or 1)
     requests = run.scan("requests").sort("request").collect()
@@ -211,7 +211,7 @@ def build_cache_drafts(run_dir: str | Path, options: CacheOptions, draft_model, 
     return entry
 
 
-def _check_cacheable(run_dir: Path, meta: dict) -> None:
+def check_cacheable(run_dir: Path, meta: dict) -> None:
     """Cache drafts are replayed on a complete, whole, greedy run of svt's engine (or a reference run)."""
     if meta.get("engine", "svt") not in ("svt", "reference"):
         raise DataError(f"{run_dir}: a {meta['engine']} run. `svt cache` replays SuffixDecoding in the server "
@@ -224,6 +224,11 @@ def _check_cacheable(run_dir: Path, meta: dict) -> None:
                           f"{(meta.get('sampling') or {}).get('temperature')}.")
     if meta.get("av"):
         raise ConfigError(f"{run_dir}: collected with live AV; cache drafts need a plain greedy run.")
+    if isinstance(meta.get("tree"), dict):
+        raise ConfigError(f"{run_dir}: a tree run (draft trees, `tree_drafts`). Its report and fits read the tree "
+                          "nodes, never cache tables, so cache drafts written here would be ignored by `svt "
+                          "evaluate` and refused by the yield fits. Run `svt cache` on a greedy chain run of the "
+                          "same pair instead (`trees: null` in the collect config).")
     if isinstance(meta.get("shard"), dict):
         raise ConfigError(f"{run_dir}: a shard ({meta['shard'].get('index')}/{meta['shard'].get('count')}). "
                           "A shard's global suffix tree holds only its own responses, so its cache drafts are "

@@ -123,11 +123,11 @@ def collect_reference(cfg: CollectConfig, out: str | Path, *, config_path=None, 
     """Write a reference run: requests (the reference as output), cache drafts, no model drafts."""
     from svt.collect.cache_run import build_cache_drafts
     from svt.models.loading import check_model_dir, load_tokenizer, weights_hash
-    from svt.traces.rundir import finish_run, prepare_dir, staged_run
+    from svt.traces.rundir import finish_run, prepare_dir, writing
 
     final = Path(out)
     config = to_dict(cfg)
-    prepare_dir(final, resume=False, overwrite=overwrite, config=config)
+    prepare_dir(final, resume=False, overwrite=overwrite, config=config)  # fails fast; again while held
     workloads = load_workloads(cfg.workloads, cfg.requests, config_path, turns=cfg.turns, repeat=cfg.repeat,
                                need_reference=True, on_missing_reference=cfg.on_missing_reference)
     prompts = workloads.prompts
@@ -151,7 +151,8 @@ def collect_reference(cfg: CollectConfig, out: str | Path, *, config_path=None, 
     # always written beside --out and moved in when complete: a run killed midway leaves --out as it was
     # (an old run, an empty folder or nothing); a reference run is quick to redo, so it has no --resume
     t0 = time.time()
-    with staged_run(final) as run_dir:
+    with writing(final, overwrite=overwrite,
+                 check=lambda: prepare_dir(final, resume=False, overwrite=overwrite, config=config)) as run_dir:
         _write_requests(run_dir, cfg, config, prompts, ids, refs, cut, workloads, target_path, tok,
                         drafter, weights_hash(target_path))
         summary = finish_run(run_dir, read_meta(run_dir), 0.0, resumed=0)

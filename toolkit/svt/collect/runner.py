@@ -21,7 +21,7 @@ from svt.collect.engines import CollectOptions, Engine
 from svt.collect.plan import CollectPlan, batch_seed, plan_collection
 from svt.config import CollectConfig
 from svt.errors import ConfigError
-from svt.fileio import output_lock
+from svt.fileio import writing
 from svt.signals import sigterm_unwinds
 from svt.traces.io import remove_partial, write_meta
 from svt.traces.rundir import RunSummary, commit_batch, completed_batches, finish_run, swap_in
@@ -42,13 +42,15 @@ class SvtEngine(Engine):
 def run_plan(cfg: CollectConfig, out: Path, options: CollectOptions, body) -> RunSummary:
     """Plan, run ``body(plan)`` into the plan's folder, swap an overwrite in; an interrupted
     overwrite leaves the old run untouched and no partial new one."""
-    with output_lock(out):  # one writer per output: a second collect to it is refused before it plans
-        return _run_locked(cfg, out, options, body)
+    def plan() -> CollectPlan:  # the output's checks (empty, --resume, --overwrite) run while it is held
+        return plan_collection(cfg, out, config_path=options.config_path, resume=options.resume,
+                               overwrite=options.overwrite, progress=options.progress, shard=options.shard)
+
+    with writing(out, plan) as planned:  # one writer per output: a second collect is refused before it plans
+        return _run_locked(planned, body)
 
 
-def _run_locked(cfg: CollectConfig, out: Path, options: CollectOptions, body) -> RunSummary:
-    plan = plan_collection(cfg, out, config_path=options.config_path, resume=options.resume,
-                           overwrite=options.overwrite, progress=options.progress, shard=options.shard)
+def _run_locked(plan: CollectPlan, body) -> RunSummary:
     try:
         with sigterm_unwinds():  # a `kill` unwinds through the cleanup below
             summary = body(plan)

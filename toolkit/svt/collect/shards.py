@@ -64,7 +64,7 @@ SAME = ("schema_version", "config", "sampling", "k", "workload_sha256", "seed", 
 def merge_shards(parts: list[str | Path], out: str | Path, *, overwrite: bool = False, link: bool = False) -> dict:
     """Merge the shard runs ``parts`` into the run ``out``; return its run.json. The merged run is
     written beside ``out`` and renamed into place when complete and verified."""
-    from svt.traces.rundir import staged_run
+    from svt.traces.rundir import check_run_out, writing
 
     parts = [Path(p) for p in parts]
     if len({p.resolve() for p in parts}) != len(parts):
@@ -110,19 +110,9 @@ def merge_shards(parts: list[str | Path], out: str | Path, *, overwrite: bool = 
         raise ConfigError(f"The shards hold batches {batches}, not 0..{metas[0]['batches'] - 1} once each.")
 
     final = Path(out)
-    for p in parts:  # the output must not replace (or sit inside) one of its own inputs
-        a, b = final.resolve(), p.resolve()
-        if a == b or b in a.parents or a in b.parents:
-            raise ConfigError(f"--out {final} overlaps the shard {p}; write the merged run elsewhere.")
-    if final.exists() and not final.is_dir():
-        raise ConfigError(f"--out {final} is a file; expected a run directory to write.")
-    if final.exists() and (not final.is_dir() or any(final.iterdir())):
-        if not overwrite:
-            raise ConfigError(f"{final} exists and is not empty; pass --overwrite to replace it.")
-        if not (final / "run.json").is_file():
-            raise ConfigError(f"{final} holds no run.json; --overwrite only replaces a run directory.")
-    final.parent.mkdir(parents=True, exist_ok=True)
-    with staged_run(final) as stage:  # an existing run is replaced only when the new one is complete
+    inputs = {f"the shard #{i + 1}": p for i, p in enumerate(parts)}  # the output must not replace (or sit inside) an input
+    check_run_out(final, overwrite, inputs)  # fails fast; checked again while the output is held
+    with writing(final, overwrite=overwrite, inputs=inputs) as stage:  # replaced only when complete
         merged = _write_merged(parts, metas, stage, link)
         open_run(stage, deep=True).require_complete()  # the merged run reads back, records and all
     return merged

@@ -21,7 +21,10 @@ from svt.traces.rundir import RunSummary, commit_batch, completed_batches, finis
 from svt.traces.schema import TABLES
 
 ATTENTION = {"mask": "one forward per tree with a 4D tree attention mask",
-             "paths": "one chain forward per root-to-leaf path (the model takes no tree mask; same distributions)",
+             "paths": "one chain forward per root-to-leaf path (the model's attention takes no tree mask; same "
+                      "distributions)",
+             "paths-chosen": "one chain forward per root-to-leaf path (chosen by the config's `tree.attention: paths`; "
+                             "same distributions as a tree mask)",
              "head": "a hidden-state head: one forward per tree level, each node a slot that reads its parent's "
                      "output feature and attends to the verified prefix and its ancestors (EAGLE-2/3 growth)"}
 VERIFY = {"greedy": "greedy: the deepest path whose every token is the target's argmax",
@@ -45,6 +48,12 @@ def tree_shape(tree: TreeConfig) -> TreeShape:
     return TreeShape(top_m=tree.top_m, depth=tree.depth, nodes=tree.nodes)
 
 
+def _attention(model, wanted: str) -> str:
+    """How ``model`` scores a tree, in words: a chosen ``paths`` is not a model without tree masks."""
+    how = tree_attention(model, wanted)
+    return ATTENTION["paths-chosen" if how == "paths" and wanted == "paths" else how]
+
+
 def _tree_meta(plan: CollectPlan) -> dict:
     cfg, tree = plan.cfg, plan.cfg.tree
     greedy = cfg.temperature == 0
@@ -58,8 +67,8 @@ def _tree_meta(plan: CollectPlan) -> dict:
         "tree": {"shape": "static" if tree.widths is not None else "dynamic (EAGLE-2)",
                  "widths": tree.widths, "top_m": tree.top_m, "depth": tree.max_depth, "nodes": tree.size(),
                  "proposals": tree.proposals, "verify": VERIFY["greedy" if greedy else "sampling"],
-                 "attention": {"target": ATTENTION[tree_attention(plan.pair.target, tree.attention)],
-                               "draft": ATTENTION[tree_attention(plan.pair.draft, tree.attention)]
+                 "attention": {"target": _attention(plan.pair.target, tree.attention),
+                               "draft": _attention(plan.pair.draft, tree.attention)
                                if plan.pair.draft_kind == "model" else ATTENTION["head"]},
                  "note": "one request at a time; steps.drafted is the tree's size, steps.accepted the accepted "
                          "path's length"},

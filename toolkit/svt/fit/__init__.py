@@ -19,7 +19,6 @@ reads one back.
 from __future__ import annotations
 
 import datetime as dt
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,15 +43,31 @@ from svt.fit.files import check_fit_out, fit_outs, name_fits  # noqa: F401  (re-
 from svt.fit import calibrators, head, irls_online, logistic, tree_logistic, tree_yield, yield_models  # noqa: E402, F401  isort: skip
 from svt.fit.irls_online import PRESETS, IRLSOnline, OnlineOptions  # noqa: E402  isort: skip
 from svt.traces.identity import (  # noqa: E402  isort: skip
-    MIN_SIGNATURE_STEPS,
-    import_source,
-    model_pair,
     request_signatures,
     run_identity,
     run_record,
-    same_data,
 )
 from svt.traces.io import open_run, open_runs  # noqa: E402  isort: skip
+from svt.fit.held_out import check_pair, evaluation_mask, scoring_unverified, split_mask, training_tokens  # noqa: E402, F401  isort: skip
+
+
+def no_drafts(runs: list, where: pl.Expr | None = None) -> DataError:
+    """Why there is nothing to fit on, naming each run and what it holds instead of chain drafts."""
+    from svt.traces.io import read_meta
+
+    said = []
+    for path in runs:
+        meta = read_meta(path)
+        if isinstance(meta.get("tree"), dict):
+            said.append(f"{path} is a tree run: its drafts are tree nodes (`tree_drafts`), fitted with "
+                        "--model tree-logistic")
+        elif meta.get("engine") == "reference":
+            said.append(f"{path} is a reference run: it has no model drafts, only cache drafts, fitted with "
+                        "--model yield-mlp, yield-linear or yield-gbm")
+        else:
+            said.append(f"{path} ({meta.get('engine', 'svt')} run) holds no labelled chain drafts")
+    return DataError("No drafts to fit on" + (" after the filter" if where is not None else "") + ": "
+                     + "; ".join(said) + ".")
 
 
 def load_drafts_for_fit(runs: list[str | Path], where: pl.Expr | None = None) -> tuple[pl.DataFrame, list[dict]]:
@@ -72,7 +87,7 @@ def load_drafts_for_fit(runs: list[str | Path], where: pl.Expr | None = None) ->
         lf = lf.filter(where)
     drafts = lf.sort("_run", "_batch", "step", "request", "position").collect()
     if drafts.height == 0:
-        raise DataError("No drafts to fit on" + (" after the filter." if where is not None else "."))
+        raise no_drafts(runs, where)
     drafts = drafts.with_columns(pl.struct("_run", "_batch", "step").rank("dense").cast(pl.Int64).sub(1)
                                  .alias("decode_step"))
     return drafts, infos
@@ -146,21 +161,8 @@ def replay_arrays(runs: list[str | Path], feature: str, where: pl.Expr | None = 
         if at != expected:
             raise DataError(f"A shard's drafts changed while they were read ({at} labelled so far, {expected} counted).")
     if n == 0:
-        raise DataError("No drafts to fit on" + (" after the filter." if where is not None else "."))
+        raise no_drafts(runs, where)
     return out, infos, k
-
-
-def split_mask(drafts: pl.DataFrame, test_fraction: float, seed: int) -> np.ndarray:
-    """True for rows of held-out requests: a seeded permutation of the (run, request) pairs."""
-    if not 0 <= test_fraction < 1:
-        raise ConfigError(f"Expected `test_fraction` in [0, 1), but got {test_fraction}.")
-    keys = drafts.select("_run", "request").unique().sort("_run", "request")
-    rng = np.random.default_rng(seed)
-    n_test = int(round(test_fraction * keys.height))
-    test = np.zeros(keys.height, dtype=bool)
-    test[rng.permutation(keys.height)[:n_test]] = True
-    keys = keys.with_columns(pl.Series("_test", test))
-    return drafts.join(keys, on=["_run", "request"], how="left", maintain_order="left")["_test"].to_numpy()
 
 
 def _labelled(drafts: pl.DataFrame) -> pl.DataFrame:
@@ -378,6 +380,8 @@ def _fit_runs(runs, cls, est, test_fraction: float, seed: int, where) -> Fitter:
                      # and how to know them in a run that does not say where it came from (an
                      # import of an export of the training run): their acceptance sequences
                      **({"train_request_signatures": t.signatures} if t.signatures is not None else {}),
+                     # and their tokens, which identify short requests too (where the runs hold them)
+                     **training_tokens([Path(r) for r in runs], t.requests),
                      **t.stats,
                      "evaluation": "held-out requests" if test_fraction > 0 else
                      "none held out (--test-fraction 0): only runs it was not trained on are scored"}
@@ -385,169 +389,6 @@ def _fit_runs(runs, cls, est, test_fraction: float, seed: int, where) -> Fitter:
         est.training_["cache_options"] = [open_run(r, deep=False, tables=["requests"]).meta.get("cache", {})
                                           .get("options") for r in runs]
     return est
-
-
-def _seen(fit: Fitter, run_ids: list, paths: list | None) -> list[tuple[int | None, list[int] | None]]:
-    """For each evaluated run, the index of the fit's training run it is (by run id, by the svt
-    run an import was exported from, or by equal data for a re-collection under another id), else
-    None; and for an import of a training run's export, the source request of each of its requests."""
-    trained = (fit.training_ or {}).get("runs", [])
-    out = []
-    for i, rid in enumerate(run_ids):
-        hit = next((j for j, t in enumerate(trained) if rid is not None and t.get("run_id") == rid), None)
-        requests = None
-        if hit is None and paths is not None:
-            run = open_run(paths[i], deep=False)
-            try:
-                src = import_source(run.meta)
-            except ValueError as exc:
-                raise DataError(f"{paths[i]}: {exc}: the run's record of its source is damaged "
-                                "(import it again from the export).") from None
-            n = (run.meta.get("counts") or {}).get("requests")
-            if src is not None and isinstance(n, int) and len(src[1]) != n:
-                raise DataError(f"{paths[i]}: `import.svt_source.requests` has {len(src[1])} entries for {n} "
-                                "requests: the run's record of its source is damaged (import it again).")
-            if src is not None:
-                hit = next((j for j, t in enumerate(trained) if t.get("run_id") == src[0]), None)
-                requests = src[1] if hit is not None else None
-            if hit is None and any(isinstance(t.get("data"), dict) for t in trained):
-                ident = run_identity(run)
-                hit = next((j for j, t in enumerate(trained) if same_data(t.get("data"), ident)[0]), None)
-        out.append((hit, requests))
-    return out
-
-
-def _repeated_requests(fit: Fitter, drafts: pl.DataFrame, paths: list | None, notes: list | None) -> np.ndarray:
-    """Rows of runs the fit has not seen by id or data whose request repeats one of its training
-    requests step for step (see ``svt.traces.identity.request_signatures``): such a run is the
-    fit's training data under another id (e.g. an import of a hand-written export), refused when
-    most of its long requests are; a few repeated requests are left out of the scoring."""
-    sigs = (fit.training_ or {}).get("train_request_signatures")
-    if not sigs or fit.table != "drafts":
-        return np.zeros(drafts.height, dtype=bool)
-    found = request_signatures(drafts.select("_run", "request", "step", "label"))
-    found = found.with_columns(pl.col("signature").is_in(list(sigs)).alias("_rep"))
-    per_run = found.group_by("_run").agg(pl.len().alias("n"), pl.col("_rep").sum().alias("m")).sort("_run")
-    for r in per_run.iter_rows(named=True):
-        if r["m"] >= 3 and r["m"] >= 0.5 * r["n"]:
-            where = str(paths[r["_run"]]) if paths is not None else f"run {r['_run'] + 1}"
-            raise DataError(
-                f"{where}: {r['m']} of its {r['n']} requests of {MIN_SIGNATURE_STEPS}+ verified steps repeat the "
-                f"{fit.name} fit's training requests step for step (the same drafts verified and accepted at every "
-                "step): it holds the fit's training data under another run id (a copy or import of its training "
-                "run, or the run an import it was trained on came from), and scoring it would score the fit on what "
-                "it learned from. Evaluate the fit on the run it was trained on (its held-out requests) or on new "
-                "data; an import of `svt export`'s file of the training run itself carries the source's request "
-                "ids and is scored on the held-out requests only.")
-    rep = found.filter("_rep").select(pl.col("_run").cast(pl.Int64), pl.col("request").cast(pl.Int64),
-                                      pl.lit(True).alias("_t"))
-    if rep.height and notes is not None:
-        notes.append(f"{rep.height} request(s) left out: they repeat its training requests step for step")
-    keys = drafts.select(pl.col("_run").cast(pl.Int64), pl.col("request").cast(pl.Int64))
-    return keys.join(rep, on=["_run", "request"], how="left", maintain_order="left")["_t"].fill_null(False).to_numpy()
-
-
-def check_pair(fit: Fitter, paths: list) -> None:
-    """A yield fit predicts the model drafter's yield against the cache's: it applies only to runs
-    of the model pair it was trained on (acceptance fits may be studied on another pair)."""
-    if fit.target != "yield":
-        return
-    pairs = {json.dumps(t.get("pair"), sort_keys=True) for t in (fit.training_ or {}).get("runs", [])
-             if t.get("pair")}
-    for p in paths:
-        pair = json.dumps(model_pair(open_run(p, deep=False).meta), sort_keys=True)
-        if pairs and pair not in pairs:
-            raise DataError(f"The {fit.name} fit was trained on runs of another model pair "
-                            f"({', '.join(sorted(pairs))}) than {p} ({pair}); its yields would be another "
-                            "drafter's. Fit it on runs of this pair.")
-
-
-def evaluation_mask(fit: Fitter, drafts: pl.DataFrame, run_ids: list[str | None],
-                    paths: list | None = None, notes: list[str] | None = None) -> np.ndarray:
-    """Rows on which a fit may be scored: all rows for online fits (prequential) and for runs the
-    fit was not trained on; the held-out requests of its own training runs otherwise. ``paths``
-    (the runs' directories) let a re-collection of a training run be recognised by its data, and an
-    import of its export by the source ids the export carried; ``notes`` gets a sentence for
-    requests left out because they repeat training requests under another run id."""
-    if paths is not None:
-        check_pair(fit, paths)
-    if fit.online:
-        return np.ones(drafts.height, dtype=bool)
-    seen = _seen(fit, run_ids, paths)
-    index = [s for s, _ in seen]
-    if all(s is None for s in index):
-        return ~_repeated_requests(fit, drafts, paths, notes)
-    training = fit.training_
-    if index != list(range(len(training["runs"]))):
-        raise DataError("Evaluate an offline fit on exactly the runs it was trained on (for its held-out "
-                        "split) or on runs it has never seen; "
-                        + ", ".join(f"run {i + 1} is its training run {s + 1}" for i, s in enumerate(index)
-                                    if s is not None) + ".")
-    keys = drafts.select(pl.col("_run").cast(pl.Int64), pl.col("request").cast(pl.Int64))
-    keys = _source_requests(keys, seen, paths)
-    ids = training.get("train_request_ids")
-    if ids is not None and any(m is not None for _, m in seen):
-        _check_source_map(fit, drafts, keys, ids, seen, paths)
-    if ids is not None:  # every request the fit did not train on
-        trained_keys = pl.DataFrame(ids, schema={"_run": pl.Int64, "request": pl.Int64}, orient="row")
-        return ~keys.join(trained_keys.with_columns(pl.lit(True).alias("_t")), on=["_run", "request"], how="left",
-                          maintain_order="left")["_t"].fill_null(False).to_numpy()
-    if any(m is not None for _, m in seen):
-        raise DataError("This fit (from an older svt) does not list its training requests, so an import of its "
-                        "training run cannot be split; evaluate it on the training run itself, or fit again.")
-    return split_mask(drafts, training["test_fraction"], training["split_seed"])
-
-
-def _check_source_map(fit: Fitter, drafts: pl.DataFrame, keys: pl.DataFrame, ids: list, seen: list,
-                      paths: list | None) -> None:
-    """An import's source map against its data: every request it maps to a training request must
-    repeat that training request step for step, and none it maps to a held-out one may (a map
-    reversed, shifted, or naming the training run over other data would score training requests
-    as held out, or held-out ones not at all)."""
-    sigs = (fit.training_ or {}).get("train_request_signatures")
-    if sigs is None:
-        return
-    mapped = [i for i, (_, m) in enumerate(seen) if m is not None]
-    frame = drafts.select(pl.col("_run").cast(pl.Int64), pl.col("request").cast(pl.Int64), "step", "label")
-    frame = frame.with_columns(keys["request"].alias("_src")).filter(pl.col("_run").is_in(mapped))
-    found = request_signatures(frame.drop("_src"))
-    if found.height == 0:
-        return
-    src = frame.select("_run", "request", "_src").unique()
-    trained = pl.DataFrame(ids, schema={"_run": pl.Int64, "_src": pl.Int64}, orient="row").with_columns(
-        pl.lit(True).alias("_trained"))
-    found = (found.join(src, on=["_run", "request"], how="left")
-             .join(trained, on=["_run", "_src"], how="left")
-             .with_columns(pl.col("_trained").fill_null(False), pl.col("signature").is_in(list(sigs)).alias("_rep")))
-    bad = found.filter(pl.col("_trained") != pl.col("_rep")).sort("_run", "request")
-    if bad.height:
-        r = bad.row(0, named=True)
-        where = str(paths[r["_run"]]) if paths is not None else f"run {r['_run'] + 1}"
-        how = ("is mapped to training request {src} but does not repeat any training request"
-               if r["_trained"] else "is mapped to held-out request {src} but repeats a training request step for step")
-        raise DataError(f"{where}: request {r['request']} " + how.format(src=r["_src"]) + f" ({bad.height} such of "
-                        f"{found.height} requests): run.json's `import.svt_source` does not describe this data, so "
-                        "which requests the fit trained on is unknown. Import the export again, or evaluate on the "
-                        "training run itself.")
-
-
-def _source_requests(keys: pl.DataFrame, seen: list, paths: list | None) -> pl.DataFrame:
-    """``keys`` (_run, request) with each import's requests renamed to its source run's (the map
-    its run.json holds); a request the map does not cover is a damaged run.json, not a guess."""
-    maps = [pl.DataFrame({"_run": i, "request": range(len(m)), "_src": m},
-                         schema={"_run": pl.Int64, "request": pl.Int64, "_src": pl.Int64})
-            for i, (_, m) in enumerate(seen) if m is not None]
-    if not maps:
-        return keys
-    mapped = [i for i, (_, m) in enumerate(seen) if m is not None]
-    keys = keys.join(pl.concat(maps), on=["_run", "request"], how="left", maintain_order="left")
-    lost = keys.filter(pl.col("_run").is_in(mapped) & pl.col("_src").is_null())
-    if lost.height:
-        r = lost.row(0, named=True)
-        where = str(paths[r["_run"]]) if paths is not None else f"run {r['_run'] + 1}"
-        raise DataError(f"{where}: request {r['request']} is not in run.json's `import.svt_source.requests` "
-                        f"({len(seen[r['_run']][1])} entries): the run's record of its source is damaged.")
-    return keys.select("_run", pl.coalesce("_src", "request").alias("request"))
 
 
 def live_confidence(fit: Fitter):

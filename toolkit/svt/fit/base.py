@@ -23,7 +23,7 @@ import polars as pl
 
 from svt.errors import ConfigError, DataError, SvtError
 from svt.features import get_feature
-from svt.fileio import json_text, read_json, write_text_atomic
+from svt.fileio import json_text, read_json, write_text_atomic, writing
 from svt.fit.files import check_fit_out, training_problem
 
 
@@ -135,11 +135,12 @@ class Fitter:
         """Write the fit file (and what the fitter keeps beside it, e.g. a head's safetensors); the
         JSON is written to a temporary name and renamed, so a reader never sees half a file. An
         existing file is replaced only when it is an svt fit (and ``overwrite``)."""
-        path = check_fit_out(path, overwrite)
-        data = self.record()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        data.update(self.save_extra(path))
-        self.file_ = write_text_atomic(path, json_text(data))
+        path = Path(path)
+        with writing(path, lambda: check_fit_out(path, overwrite)):  # checked while the output is held
+            data = self.record()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            data.update(self.save_extra(path))
+            self.file_ = write_text_atomic(path, json_text(data))
         return self.file_
 
     @classmethod

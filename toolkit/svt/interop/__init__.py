@@ -47,10 +47,11 @@ def import_trace(fmt: str, path: str | Path, out: str | Path, *, mapping: str | 
     path, out = Path(path), Path(out)
     if mapping is not None and not importer.takes_mapping:
         raise ConfigError(f"`{fmt}` takes no --mapping (only `table` does).")
-    check_run_out(out, overwrite, {"the trace": path, **({"--mapping": Path(mapping)} if mapping else {})})
+    inputs = {"the trace": path, **({"--mapping": Path(mapping)} if mapping else {})}
+    check_run_out(out, overwrite, inputs)  # fails fast; checked again while the output is held
     imported = importer.read(path, read_mapping(Path(mapping)) if mapping is not None else None)
     check_tables(imported, str(path))
-    return write_imported(imported, out, source_path=path, fmt=fmt)
+    return write_imported(imported, out, source_path=path, fmt=fmt, overwrite=overwrite, inputs=inputs)
 
 
 __all__ = ["IMPORTERS", "ImportFormatError", "Imported", "Importer", "get_importer", "import_trace"]

@@ -24,7 +24,7 @@ from svt import __version__
 from svt.errors import ConfigError, DataError
 from svt.fileio import file_sha256
 from svt.traces.io import open_run, write_meta
-from svt.traces.rundir import RunSummary, commit_batch, finish_run, staged_run
+from svt.traces.rundir import RunSummary, commit_batch, finish_run, writing
 from svt.traces.schema import SCHEMA_VERSION, TABLES
 
 Q_COLUMNS = ("q_max", "q_sampled", "q_entropy", "q_margin")
@@ -224,9 +224,11 @@ def _name(imported: Imported, request: int) -> str:
     return repr(names[request]) if names is not None and 0 <= request < len(names) else str(request)
 
 
-def write_imported(imported: Imported, out: Path, *, source_path: Path, fmt: str) -> RunSummary:
+def write_imported(imported: Imported, out: Path, *, source_path: Path, fmt: str, overwrite: bool = False,
+                   inputs: dict[str, Path] | None = None) -> RunSummary:
     """Write the run directory (beside ``out``, swapped in when complete: nothing is written on
-    an error) with ``run.json`` saying where the data came from and what it lacks."""
+    an error) with ``run.json`` saying where the data came from and what it lacks. ``out`` is
+    checked (``overwrite``, overlap with ``inputs``) while its lock is held."""
     import time
 
     t0 = time.time()
@@ -249,7 +251,7 @@ def write_imported(imported: Imported, out: Path, *, source_path: Path, fmt: str
         "drafter_kinds": [imported.drafter], "av": None, "workloads": {w: str(source_path) for w in workloads},
         "seed": None, "batches": 1,
     }
-    with staged_run(out) as run_dir:
+    with writing(out, overwrite=overwrite, inputs=inputs) as run_dir:
         run_dir.mkdir(parents=True, exist_ok=True)
         write_meta(run_dir, meta)
         commit_batch(run_dir, meta, 0, {"drafts": imported.drafts, "steps": imported.steps,

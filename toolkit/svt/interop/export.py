@@ -22,7 +22,7 @@ from pathlib import Path
 import polars as pl
 
 from svt.errors import ConfigError, DataError
-from svt.fileio import atomic_path, json_text, read_json, write_text_atomic
+from svt.fileio import atomic_path, json_text, read_json, write_text_atomic, writing
 from svt.metrics.specs import METRICS, names
 from svt.metrics.tables import acceptance_by_position
 from svt.traces.io import open_run
@@ -290,10 +290,11 @@ def export(kind: str, source: str | Path, out: str | Path, *, overwrite: bool = 
         raise ConfigError(f"Unknown export {kind!r}; known: {', '.join(wants)}.")
     if suffix not in wants[kind]:
         raise ConfigError(f"`{kind}` writes {' or '.join(wants[kind])}, but --out is {out.name!r}.")
-    _check_out(source, out, overwrite)
+    _check_out(source, out, overwrite)  # fails fast; checked again while the output is held
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        return _write(kind, source, out, suffix)
+        with writing(out, lambda: _check_out(source, out, overwrite)):
+            return _write(kind, source, out, suffix)
     except OSError as exc:
         raise ConfigError(f"Cannot write {out}: {exc.strerror or exc}.") from None
 

@@ -83,3 +83,46 @@ def induction_gate(model, *, vocab: int, bos: int, length: int = 30, n: int = 64
 
 def passes(gate: dict) -> bool:
     return gate["top1"] >= GATE_TOP1 and gate["cross_entropy"] <= GATE_CE
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m svt.models.induction MODEL_DIR``: the gate of a saved causal LM, printed as JSON
+    (exit 1 when it fails the gate). ``--unsharpen F`` divides the final norm by F first (the tiny
+    target is saved sharpened; its ``training.json`` records F as ``models.target.sharpen``)."""
+    import argparse
+    import json
+    from pathlib import Path
+
+    p = argparse.ArgumentParser(prog="python -m svt.models.induction", description=main.__doc__)
+    p.add_argument("model", type=Path, help="a Hugging Face causal LM folder (config.json, weights, tokenizer)")
+    p.add_argument("--unsharpen", type=float, default=None, help="divide the final norm by this factor first")
+    p.add_argument("--length", type=int, default=30)
+    p.add_argument("--samples", type=int, default=64)
+    p.add_argument("--seed", type=int, default=1234)
+    args = p.parse_args(argv)
+    if not (args.model / "config.json").is_file():
+        p.error(f"{args.model}: not a model folder (no config.json)")
+    if args.length < 2 or args.samples < 1 or (args.unsharpen is not None and not args.unsharpen > 0):
+        p.error("expected --length >= 2, --samples >= 1 and --unsharpen > 0")
+    from svt.errors import SvtError
+    from svt.models.loading import load_causal_lm, load_tokenizer
+
+    try:
+        model = load_causal_lm(args.model, "model", torch.device("cpu"), torch.float32)
+        tok = load_tokenizer(args.model)
+    except SvtError as exc:
+        p.exit(2, f"error: {exc}\n")
+    if args.unsharpen is not None:
+        with torch.no_grad():
+            model.model.norm.weight.div_(args.unsharpen)
+    bos = tok.eos_token_id if tok.eos_token_id is not None else 0
+    g = induction_gate(model, vocab=int(model.config.vocab_size), bos=bos, length=args.length, n=args.samples,
+                       seed=args.seed)
+    g = {k: v for k, v in g.items() if k != "induction_score"} | {"passes": passes(g), "gate": {
+        "top1_at_least": GATE_TOP1, "cross_entropy_at_most": GATE_CE}}
+    print(json.dumps(g, indent=2, default=float))
+    raise SystemExit(0 if g["passes"] else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -50,6 +50,9 @@ def load_report(path: str | Path, what: str = "Report") -> dict:
     if path.is_dir():
         path = path / "report.json"
     rep = read_json(path, what)
+    if isinstance(rep, dict) and rep.get("kind") == "trees" and isinstance(rep.get("trees"), dict):
+        raise ConfigError(f"{path}: an svt report of a tree run (`kind: trees`). `svt compare` judges reports "
+                          "of chain runs only; tree reports are not compared yet (read their report.md side by side).")
     if not isinstance(rep, dict) or not isinstance(rep.get("features"), dict) or not isinstance(rep.get("runs"), list):
         raise ConfigError(f"{path}: not an svt evaluation report (no 'features' and 'runs').")
     # a report of runs without model drafts (reference runs) has no features: its yield and HVD rows

@@ -26,6 +26,13 @@ def evaluate(runs: list[str | Path], opts: EvaluateOptions | None = None) -> dic
     losslessness audit hold the drafts in memory.
     """
     opts = opts or EvaluateOptions()
+    from svt.fit import scoring_unverified
+
+    with scoring_unverified(opts.score_unverified):  # fits scored on requests svt cannot show were held out
+        return _evaluate(runs, opts)
+
+
+def _evaluate(runs: list[str | Path], opts: EvaluateOptions) -> dict:
     ctx = _context([Path(r) for r in runs], opts)
     if isinstance(ctx, dict):  # runs without model drafts: the cache-only report
         return ctx
@@ -36,7 +43,8 @@ def evaluate(runs: list[str | Path], opts: EvaluateOptions | None = None) -> dic
         "runs": ctx.infos,
         "settings": {"features": opts.features, "n_bins": opts.n_bins, "bootstrap": opts.bootstrap,
                      "seed": opts.seed, "by": opts.by, "labels": "hard labels (label not null)",
-                     "soft_labels": list(SOFT_LABELS)},
+                     "soft_labels": list(SOFT_LABELS),
+                     **({"score_unverified": True} if opts.score_unverified else {})},
     }
     for section in SECTIONS:
         report.update(section.compute(ctx, report))

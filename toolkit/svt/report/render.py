@@ -31,7 +31,7 @@ def to_markdown(report: dict) -> str:
              "need a probability (features marked *probability: no* need a fitted predictor); AUC "
              "needs both classes. ECE: 10 equal-width bins; ece_mass: 10 equal-mass bins. Brackets: 95% request-level bootstrap "
              "intervals. " + DIRECTION_NOTE + "\n"]
-    lines += reading_lines(report)
+    lines += reading_lines(report) + fit_lines(report)
     for r in report["runs"]:
         imp = r.get("import")
         if imp:  # an imported trace: where it came from and what it cannot give
@@ -65,6 +65,23 @@ def _cache_only_markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def fit_lines(report: dict) -> list[str]:
+    """Each fitted predictor in the report, with what it was scored on (held-out requests, requests
+    left out, requests scored unverified)."""
+    out = []
+    for name, f in (report.get("features") or {}).items():
+        desc = f.get("description") or ""
+        if desc.startswith("fitted predictor "):
+            out.append(f"- `{name}`: {desc}\n")
+    if not out:
+        return []
+    head = "Fitted predictors:\n"
+    if (report.get("settings") or {}).get("score_unverified"):
+        head = ("Fitted predictors (**--score-unverified**: requests whose held-out status svt could not verify are "
+                "scored; a fit's figures may include its own training requests):\n")
+    return [head, *out]
+
+
 def reading_lines(report: dict) -> list[str]:
     """How each run's workloads were read (run.json's ``workload_reading``): chat turns, rows
     skipped for want of a reference, and requests that repeat a row (their answers were already in
@@ -86,8 +103,10 @@ def reading_lines(report: dict) -> list[str]:
         if skipped:
             parts.append("skipped for want of a reference: " + ", ".join(f"{n} {c:,}" for n, c in skipped.items()))
         if w.get("repeated_requests"):
-            parts.append(f"**{w['repeated_requests']:,} requests repeat a row** (`repeat: true`): their answers were "
-                         "already in the suffix cache's global tree, which raises its yield")
+            cached = (r.get("counts") or {}).get("cache_drafts")
+            parts.append(f"**{w['repeated_requests']:,} requests repeat a row** (`repeat: true`)"
+                         + (": their answers were already in the suffix cache's global tree, which raises its yield"
+                            if cached else ""))
         out.append(f"{who}Workloads: " + "; ".join(parts) + ".\n")
     return out
 

@@ -40,6 +40,7 @@ class EvaluateOptions:
     high_yield: int = 6  # yield predictors: "high yield" is oracle_accepted >= this
     in_memory: bool = False  # hold the drafts in memory (they are anyway when a section needs it)
     reference_run: str | None = None  # a reference run of the same prompts: its cache statistics in the realism table
+    score_unverified: bool = False  # score a fit on requests svt cannot show it did not train on (said in the report)
 
 
 @dataclass

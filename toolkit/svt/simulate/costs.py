@@ -138,6 +138,34 @@ def _interp(x, xs, ys):
     return np.maximum(out, 0.0)
 
 
+def _numbers(table, name: str, key: str, path: Path, leaf: bool = True) -> dict:
+    """``table`` (a mapping of integer ``key`` to numbers, or to mappings when not ``leaf``) with
+    integer keys and float values; the first entry that is not names itself in the error."""
+    if isinstance(table, dict) and not table:
+        raise ConfigError(f"{path}: `{name}` must not be empty (a mapping of {key} to {'numbers' if leaf else 'mappings'}).")
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: a measured table needs `{name}[{key}]{'' if leaf else '[k]'}`, a mapping of {key} to "
+                          f"{'numbers' if leaf else 'mappings'}; got {_describe(table)}.")
+    out = {}
+    for k, v in table.items():
+        if isinstance(k, str) and k.strip().isdigit():  # a quoted key ("4": 2.1)
+            k = int(k)
+        if isinstance(k, bool) or not isinstance(k, int):
+            raise ConfigError(f"{path}: `{name}` has the key {k!r}; its keys are {key} counts (integers).")
+        if leaf and (isinstance(v, bool) or not isinstance(v, int | float)):
+            raise ConfigError(f"{path}: expected `{name}[{k}]` to be a number of milliseconds, but got {_describe(v)}.")
+        out[k] = float(v) if leaf else v
+    return out
+
+
+def _describe(v) -> str:
+    if isinstance(v, dict):
+        return "an empty mapping" if not v else "a mapping"
+    if isinstance(v, list):
+        return f"a list of {len(v)}"
+    return "nothing" if v is None else repr(v)
+
+
 def load_costs(path: str | Path) -> CostTable:
     path = Path(path)
     data = read_yaml(path, "Cost table")
@@ -147,12 +175,9 @@ def load_costs(path: str | Path) -> CostTable:
     if drafter not in ("autoregressive", "parallel"):
         raise ConfigError(f"{path}: expected `drafter` autoregressive or parallel, but got {drafter!r}.")
     if data["kind"] == "measured":
-        try:
-            draft = {int(b): {int(k): float(v) for k, v in row.items()} for b, row in data["draft_ms"].items()}
-            verify = {int(t): float(v) for t, v in data["verify_ms"].items()}
-        except (KeyError, AttributeError, TypeError, ValueError):
-            raise ConfigError(f"{path}: a measured table needs `draft_ms[batch][k]` and "
-                              "`verify_ms[tokens]` mappings of numbers.") from None
+        draft = {b: _numbers(row, f"draft_ms[{b}]", "k", path)
+                 for b, row in _numbers(data.get("draft_ms"), "draft_ms", "batch", path, leaf=False).items()}
+        verify = _numbers(data.get("verify_ms"), "verify_ms", "tokens", path)
         if not draft or not verify or any(not row for row in draft.values()):
             raise ConfigError(f"{path}: `draft_ms` and `verify_ms` must not be empty.")
         for b, row in draft.items():

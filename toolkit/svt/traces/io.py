@@ -14,6 +14,7 @@ import polars as pl
 
 from svt.errors import ConfigError, DataError, SchemaError
 from svt.fileio import atomic_path, json_text, parse_json, write_text_atomic
+from svt.traces.derived import check_derived, row_checks
 from svt.traces.schema import SCHEMA_VERSION, TABLES, TableSchema, get_table
 
 RUN_META = "run.json"
@@ -191,6 +192,8 @@ def check_shard_values(path: Path, spec: TableSchema, lacks: frozenset[str] = fr
             checks.append((pl.col(col) < 0).sum().alias(f"nonneg:{col}"))
         for col in ("score", "lookup_ms", "hist_yield_mean", "hist_yield_max"):
             checks.append((~pl.col(col).is_finite() | (pl.col(col) < 0)).sum().alias(f"nonneg:{col}"))
+    derived = {f"derived:{col}": what for col, _, what in row_checks(spec.name)}
+    checks += [expr.alias(f"derived:{col}") for col, expr, _ in row_checks(spec.name)]
     row = lf.select(checks).collect().row(0, named=True)
     if spec.name in ("tree_drafts", "cache_trees") and not any(row.values()):
         row = tree_structure(lf, ("request", "step") if spec.name == "tree_drafts" else ("request", "decode_pos"))
@@ -211,6 +214,7 @@ def check_shard_values(path: Path, spec: TableSchema, lacks: frozenset[str] = fr
             "path": "labels that are not one accepted path (two accepted siblings, or a label below a node "
                     "that was not accepted)",
             "lack": "values, but run.json says the run's source lacks this column",
+            "derived": derived.get(key, ""),
         }[kind]
         raise SchemaError(f"{path}: column `{col}` has {n} bad value(s): {what}.")
 
@@ -365,6 +369,8 @@ def open_run(path: str | Path, *, deep: bool = True, tables: list[str] | None = 
         if (top is not None and "config" in meta and not meta.get("hvd") and meta.get("engine", "svt") == "svt"
                 and top != meta["k"] - 1):
             raise SchemaError(f"{path}: run.json says K = {meta['k']}, but the drafts stop at position {top}.")
+    if deep:
+        check_derived(run)
     return run
 
     # (runs without shard records are read; `Run.verified` says whether their shards were checked)

@@ -9,14 +9,15 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 
 from svt.errors import ConfigError
-from svt.fileio import output_lock
+from svt.fileio import writing as locked_output
 from svt.traces.io import (
     SHARD_RE,
     forget_shards,
@@ -124,15 +125,20 @@ def swap_in(staged: Path, out: Path) -> None:
 
 
 @contextlib.contextmanager
-def staged_run(out: Path) -> Iterator[Path]:
-    """Write a run into a staging folder beside ``out`` (yielded, empty); when the block ends
-    without an error, the staged run replaces ``out``. On an error, a Ctrl-C or a SIGTERM turned
-    into an exception, the staging folder is removed and ``out`` is as it was.
+def writing(out: Path, *, overwrite: bool, inputs: dict[str, Path] | None = None,
+            check: Callable[[], Any] | None = None) -> Iterator[Path]:
+    """Own the run directory ``out`` from its check to its swap: take the output lock, check ``out``
+    while holding it (``check`` if given, else :func:`check_run_out` with ``overwrite`` and
+    ``inputs``), write the run into a staging folder beside it (yielded, empty) and, when the block
+    ends without an error, swap it in. On an error, a Ctrl-C or a SIGTERM turned into an exception,
+    the staging folder is removed and ``out`` is as it was. Every writer of a whole run goes through
+    here, so no writer can check before it locks.
 
-        with staged_run(out) as stage:
+        with writing(out, overwrite=overwrite) as stage:
             ...  # write the run into stage; raise to abandon it
     """
-    with output_lock(out):  # one writer: a second is refused before it touches the staging folder
+    out = Path(out)
+    with locked_output(out, (lambda: check_run_out(out, overwrite, inputs)) if check is None else check):
         stage = staging_path(out)
         shutil.rmtree(stage, ignore_errors=True)  # a killed writer's leftovers (nobody holds the lock)
         try:

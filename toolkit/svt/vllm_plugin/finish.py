@@ -205,7 +205,7 @@ def finish_spool(trace_dir: str | Path, out: str | Path, *, overwrite: bool = Fa
     ``strict``: a model-drafter verification the plugin could not pair with its proposal is an
     error (else it is counted in run.json). ``verify(staged_run)`` runs on the finished run before
     it replaces ``out``; an exception from it leaves ``out`` as it was."""
-    out = check_out(trace_dir, out, overwrite)
+    out = check_out(trace_dir, out, overwrite)  # fails fast; checked again while the output is held
     tables, facts, status = read_spool(trace_dir)
     reqs = _check_spool(trace_dir, tables, facts, status)
     check_values(tables, trace_dir)
@@ -237,9 +237,9 @@ def finish_spool(trace_dir: str | Path, out: str | Path, *, overwrite: bool = Fa
                         "from (a step the drafter did not run, e.g. past max_model_len); the trace would miss "
                         "them, so no run is written.")
 
-    from svt.traces.rundir import staged_run
+    from svt.traces.rundir import writing
 
-    with staged_run(out) as staged:
+    with writing(out, overwrite=overwrite, inputs={"the trace directory": Path(trace_dir)}) as staged:
         try:
             run_meta = _write(staged, kept, drafts, steps, facts, status, dropped, k, meta or {}, cache, draft)
         except SchemaError as exc:

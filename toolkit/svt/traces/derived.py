@@ -1,0 +1,151 @@
+"""Columns that follow from other columns, checked when a run is read.
+
+Every table of a run holds some figures twice: a step's ``accepted`` is also the number of its
+drafts labelled 1, a draft's ``q_sampled`` is one of the probabilities ``q_max`` bounds, a tree
+node's accepted path is also its step's ``accepted``. Each table alone can pass its own checks while
+the two copies disagree, and then two report tables disagree, or a replay realises more than the run
+did. What is checked:
+
+- within a row (every shard, with the value checks): ``q_sampled``, ``q_margin`` <= ``q_max`` and
+  ``p_sampled`` <= ``p_max`` (drafts); ``q_token`` <= ``q_max`` and ``path_prob`` <= ``q_token``
+  (tree nodes: a path's probability is a product of its nodes' ``q_token``); ``accepted`` <=
+  ``kept`` <= ``drafted``, ``emitted`` <= ``accepted`` + 1 and ``explored`` = (``kept`` =
+  ``drafted``) (steps);
+- across the drafts and steps of a chain run, per step: as many drafts as ``drafted``, one per
+  position; the drafts labelled 1 are positions 0 .. ``accepted`` - 1; at most one labelled 0, at
+  position ``accepted``, exactly when ``accepted`` < ``kept``; a step without drafts drafted none;
+- across the nodes and steps of a tree run, per step: as many nodes as ``drafted``, ``accepted``
+  nodes labelled 1; under greedy verification a verified node is accepted exactly when it is the
+  target's argmax (``label`` = ``match``).
+
+Shards are compared pair by pair where the tables' shards pair by name (every svt writer: one shard
+per batch and table), so the check holds one shard's steps in memory at a time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+
+from svt.errors import SchemaError
+
+# float32 values computed from one distribution: a bound may be met exactly, never passed by more
+# than rounding
+_REL, _ABS = 1e-5, 1e-7
+
+
+def _above(a: str, b: str) -> pl.Expr:
+    return (pl.col(a) > pl.col(b) * (1 + _REL) + _ABS).sum()
+
+
+def row_checks(table: str) -> list[tuple[str, pl.Expr, str]]:
+    """(column, count of rows breaking it, what is wrong) for the within-row checks of ``table``."""
+    if table == "drafts":
+        return [("q_sampled", _above("q_sampled", "q_max"), "above `q_max` (the largest probability of its distribution)"),
+                ("q_margin", _above("q_margin", "q_max"), "above `q_max` (a margin below the largest probability)"),
+                ("p_sampled", _above("p_sampled", "p_max"), "above `p_max` (the largest probability of its distribution)")]
+    if table == "tree_drafts":
+        return [("q_token", _above("q_token", "q_max"), "above `q_max` (the largest probability of its distribution)"),
+                ("path_prob", _above("path_prob", "q_token"), "above `q_token` (a path's probability is the product "
+                                                              "of its nodes' `q_token`)")]
+    if table == "steps":
+        return [("accepted", (pl.col("accepted") > pl.col("kept")).sum(), "above `kept` (a trimmed draft is never accepted)"),
+                ("kept", (pl.col("kept") > pl.col("drafted")).sum(), "above `drafted`"),
+                ("emitted", (pl.col("emitted") > pl.col("accepted") + 1).sum(),
+                 "above `accepted` + 1 (a step emits its accepted drafts and one token of the target's)"),
+                ("explored", (pl.col("explored") != (pl.col("kept") == pl.col("drafted"))).sum(),
+                 "not (`kept` = `drafted`): a step is explored when it verified every draft")]
+    return []
+
+
+def _paired(run, a: str, b: str) -> list[tuple[pl.LazyFrame, pl.LazyFrame]] | None:
+    """The shards of tables ``a`` and ``b`` paired by name, or None when they do not pair."""
+    fa, fb = run.shards.get(a) or [], run.shards.get(b) or []
+    if [f.name for f in fa] != [f.name for f in fb]:
+        return None
+    pa, pb = run.parts(a), run.parts(b)
+    return list(zip(pa, pb, strict=True))
+
+
+def _chain_problem(drafts: pl.LazyFrame, steps: pl.LazyFrame) -> str | None:
+    g = drafts.group_by("request", "step").agg(
+        pl.len().alias("_n"), pl.col("position").n_unique().alias("_u"),
+        (pl.col("label") == 1).sum().alias("_a"), (pl.col("label") == 0).sum().alias("_r"),
+        pl.col("position").filter(pl.col("label") == 1).max().alias("_amax"),
+        pl.col("position").filter(pl.col("label") == 0).min().alias("_rpos"))
+    s = steps.select("request", "step", "drafted", "accepted", "kept")
+    j = g.join(s, on=["request", "step"], how="full", coalesce=True)
+    a, kept = pl.col("accepted").cast(pl.Int64), pl.col("kept").cast(pl.Int64)
+    checks = [
+        (pl.col("drafted").is_null(), "drafts of a step the steps table does not hold"),
+        (pl.col("_n").is_null() & (pl.col("drafted") > 0), "a step with `drafted` > 0 but no drafts"),
+        (pl.col("_n") != pl.col("drafted").cast(pl.Int64), "a number of drafts other than the step's `drafted`"),
+        (pl.col("_u") != pl.col("_n"), "two drafts at one position"),
+        (pl.col("_a") != a, "a number of drafts labelled 1 other than the step's `accepted`"),
+        ((pl.col("_a") > 0) & (pl.col("_amax") != pl.col("_a") - 1),
+         "drafts labelled 1 that are not positions 0 .. accepted - 1"),
+        (pl.col("_r") > 1, "more than one draft labelled 0 (verification stops at the first rejection)"),
+        ((pl.col("_r") == 1) & (pl.col("_rpos") != a), "a rejected draft at a position other than `accepted`"),
+        (pl.col("_r").cast(pl.Int64) != (a < kept).cast(pl.Int64),
+         "a rejected draft missing (accepted < kept) or present (accepted = kept)"),
+    ]
+    return _first(j, checks)
+
+
+def _tree_problem(nodes: pl.LazyFrame, steps: pl.LazyFrame, greedy: bool) -> str | None:
+    if greedy:
+        bad = nodes.filter(pl.col("label").is_not_null() & (pl.col("label") != pl.col("match")))
+        row = bad.select("request", "step", "node", "label", "match").head(1).collect()
+        if row.height:
+            r = row.row(0, named=True)
+            return (f"request {r['request']} step {r['step']}: node {r['node']} is labelled {r['label']} but its "
+                    f"`match` is {r['match']}; under greedy verification a verified node is accepted exactly when "
+                    "it is the target's argmax")
+    g = nodes.group_by("request", "step").agg(pl.len().alias("_n"), (pl.col("label") == 1).sum().alias("_a"))
+    j = g.join(steps.select("request", "step", "drafted", "accepted"), on=["request", "step"], how="full",
+               coalesce=True)
+    return _first(j, [
+        (pl.col("drafted").is_null(), "tree nodes of a step the steps table does not hold"),
+        (pl.col("_n").is_null() & (pl.col("drafted") > 0), "a step with `drafted` > 0 but no tree nodes"),
+        (pl.col("_n") != pl.col("drafted").cast(pl.Int64), "a number of tree nodes other than the step's `drafted`"),
+        (pl.col("_a") != pl.col("accepted").cast(pl.Int64),
+         "an accepted path (nodes labelled 1) whose length is not the step's `accepted`"),
+    ])
+
+
+def _first(j: pl.LazyFrame, checks: list[tuple[pl.Expr, str]]) -> str | None:
+    counts = j.select([c.fill_null(False).sum().alias(str(i)) for i, (c, _) in enumerate(checks)]).collect().row(0)
+    for n, (cond, what) in zip(counts, checks, strict=True):
+        if n:
+            r = j.filter(cond.fill_null(False)).select("request", "step").head(1).collect().row(0)
+            return f"{n} step(s) with {what} (first: request {r[0]} step {r[1]})"
+    return None
+
+
+def check_derived(run) -> None:
+    """The cross-table checks of an opened run (see the module docstring); one SchemaError naming
+    the run, the check and the first step that fails it."""
+    meta = run.meta
+    if not run.has("steps"):
+        return
+    if isinstance(meta.get("tree"), dict):
+        if not run.has("tree_drafts"):
+            return
+        greedy = bool((meta.get("sampling") or {}).get("greedy"))
+
+        def problem(a, b):
+            return _tree_problem(a, b, greedy)
+        table = "tree_drafts"
+    else:
+        if not run.has("drafts") or "label" in run.lacks("drafts"):
+            return
+        problem, table = _chain_problem, "drafts"
+    found = None
+    pairs = _paired(run, table, "steps")
+    if pairs is not None:
+        found = next((p for p in (problem(a, b) for a, b in pairs) if p), None)
+    if pairs is None or found:  # a step split over shards reads whole before it is called wrong
+        found = problem(run.scan(table), run.scan("steps"))
+    if found:
+        raise SchemaError(f"{Path(run.path)}: the {table} and steps tables disagree: {found}.")
