@@ -248,7 +248,7 @@ def test_a_singular_online_fit_is_one_line(small_run, tmp_path):
     shutil.copytree(small_run, run)
     parts = sorted((run / "drafts").glob("part-*.parquet"))
     for p in parts:
-        pl.read_parquet(p).with_columns(pl.lit(0.5).cast(pl.Float32).alias("q_max")).write_parquet(p)
+        pl.read_parquet(p).with_columns(pl.lit(1.0).cast(pl.Float32).alias("q_max")).write_parquet(p)
     meta = json.loads((run / "run.json").read_text())
     record_shards(meta, "drafts", parts)
     write_meta(run, meta)

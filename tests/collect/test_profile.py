@@ -146,3 +146,48 @@ def test_a_short_verify_forward_is_timed_over_enough_forwards_to_outlast_the_sch
     # the prefill, then for each of the K + 1 = 2 token counts: one warm-up and 2 repeats x 16
     assert len(calls) == 1 + 2 * (1 + 2 * 16)
     assert table.verify_ms == pytest.approx({1: 0.5, 2: 0.5}, rel=1e-9)
+
+
+def test_more_threads_than_cores_flags_the_profile_whatever_the_load():
+    """The load check subtracted the profiler's own threads: with more threads than cores it could
+    never fire. Such a profile is now flagged (its times include oversubscription)."""
+    from svt.collect.profile import measurement_block
+
+    over = {"load_1min": 0.3, "cores": 2, "threads": 8}
+    for load in (0.3, 9.5):  # quiet, or others busy: either way not the machine's figures
+        m = measurement_block(5, {"draft": {1: 0.05}, "verify": {}}, {"draft": [], "verify": []}, over,
+                              {**over, "load_1min": load})
+        assert not m["reliable"] and "8 threads on 2 cores" in m["warnings"][0], m
+    at = {"load_1min": 0.3, "cores": 2, "threads": 2}  # at the cores: reliable when quiet
+    assert measurement_block(5, {"draft": {}, "verify": {}}, {"draft": [], "verify": []}, at, at)["reliable"]
+
+
+class _Clock:
+    """``time.perf_counter`` for the profiler: every reading advances by ``step`` ms times a factor
+    drawn from ``noise`` (1 for a steady clock)."""
+
+    def __init__(self, noise: float, seed: int = 0):
+        self.t, self.noise, self.rng = 100.0, noise, np.random.default_rng(seed)
+
+    def __call__(self) -> float:
+        self.t += 1e-3 * (float(self.rng.lognormal(0.0, self.noise)) if self.noise else 1.0)
+        return self.t
+
+
+@pytest.mark.parametrize("noise", [0.0, 1.0])
+def test_the_spread_is_over_the_repeats_of_one_cell(tiny_pair, monkeypatch, noise):
+    """The spread warning is the interquartile range of one cell's repeats over their median: a
+    steady clock gives none (cumulative draft times grow with k, which is no noise), a noisy one
+    gives it in both tables."""
+    import svt.collect.profile as profile
+
+    quiet = {"load_1min": 0.0, "cores": 2, "threads": 2}
+    monkeypatch.setattr(profile, "machine_load", lambda: quiet)
+    monkeypatch.setattr(profile.time, "perf_counter", _Clock(noise))
+    m = profile_pair(tiny_pair.target, tiny_pair.draft, k=3, batches=(1, 2), context=8, repeats=9).measurement
+    if noise == 0.0:
+        assert m["reliable"] and m["max_spread"] == {"draft": 0.0, "verify": 0.0}, m
+    else:
+        assert not m["reliable"] and m["max_spread"]["draft"] > 0.4 and m["max_spread"]["verify"] > 0.25, m
+        assert any("draft times' interquartile range" in w for w in m["warnings"])
+        assert any("verify times' interquartile range" in w for w in m["warnings"])

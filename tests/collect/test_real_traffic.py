@@ -202,3 +202,35 @@ def test_shipped_configs_load_from_any_directory(tmp_path, monkeypatch):
         for w in cfg.workloads:
             assert resolve_workload(w, path).is_file()
     assert os.getcwd() == str(tmp_path)
+
+
+@pytest.mark.parametrize("prompt_tokens", [150, 151])
+def test_the_position_limit_is_checked_at_the_boundary(tmp_path, models_dir, prompt_tokens):
+    """A request needs prompt + max_new_tokens + K + 1 positions: exactly the model's limit runs,
+    one more is refused (the check was only ever tested far from the limit)."""
+    draft = _short_model(tmp_path, models_dir, "draft-small", 170)
+    base = {"target": str(models_dir / "target"), "draft": str(draft), "requests": 1,
+            "workloads": [str(ROOT / "data" / "workloads" / "code.jsonl")], "max_new_tokens": 16, "k": 3,
+            "device": "cpu", "max_prompt_tokens": prompt_tokens}
+    if prompt_tokens == 150:
+        collect(load_collect_config(None, base=base), tmp_path / "run", progress=False)
+        assert read_meta(tmp_path / "run")["status"] == "complete"
+        return
+    with pytest.raises(ConfigError, match=r"1 request\(s\) need more positions .*max_position_embeddings 170\): "
+                                          r".*code.jsonl:1 needs 171"):
+        collect(load_collect_config(None, base=base), tmp_path / "run", progress=False)
+
+
+@pytest.mark.parametrize("reference_tokens", [10, 11])
+def test_a_reference_run_checks_the_targets_positions_too(tmp_path, models_dir, reference_tokens):
+    """A stand-in drafter makes no forward, but the text stands for what the target served: it must
+    fit the target's positions, as a teacher-forced draft run of the same text must fit the draft's."""
+    target = _short_model(tmp_path, models_dir, "target", 160)
+    cfg = _ref_cfg([str(ROOT / "data" / "workloads" / "code.jsonl")], target=str(target), requests=1,
+                   max_prompt_tokens=150, max_new_tokens=reference_tokens)
+    if reference_tokens == 10:
+        collect(cfg, tmp_path / "ref", progress=False)
+        return
+    with pytest.raises(ConfigError, match=r"need more positions than the target allows .*needs 161"):
+        collect(cfg, tmp_path / "ref", progress=False)
+    assert not (tmp_path / "ref").exists()

@@ -291,9 +291,10 @@ def _perturbed_copy(run, out, rel=1e-7, seed=0):
     parts = sorted((out / "drafts").glob("part-*.parquet"))
     for part in parts:
         df = pl.read_parquet(part)
+        shared = pl.Series(1.0 - rel * rng.random(df.height))  # q_max keeps bounding q_sampled and q_margin
         df = df.with_columns(*(
-            (pl.col(c) * pl.Series(1.0 - rel * rng.random(df.height))).cast(df.schema[c]).alias(c)
-            for c in ("q_max", "q_sampled", "q_entropy")))
+            (pl.col(c) * (shared if c != "q_entropy" else pl.Series(1.0 - rel * rng.random(df.height))))
+            .cast(df.schema[c]).alias(c) for c in ("q_max", "q_sampled", "q_margin", "q_entropy")))
         df.write_parquet(part)
     meta = open_run(out, deep=False).meta
     record_shards(meta, "drafts", parts)

@@ -105,9 +105,11 @@ def test_streamed_report_of_a_censored_run_keeps_labels_with_their_rows(small_ru
     meta["av"] = {"fit": "none.json"}
     parts = sorted((run / "steps").glob("part-*.parquet"))
     rng = np.random.default_rng(0)
-    for p in parts:
+    for p in parts:  # about 30 % of the steps with a rejection trimmed after it, as live AV would
         st = pl.read_parquet(p)
-        st.with_columns(pl.Series("explored", rng.random(st.height) < 0.7)).write_parquet(p)
+        trim = pl.Series(rng.random(st.height) >= 0.7) & (st["accepted"] + 1 < st["drafted"])
+        st.with_columns(pl.when(trim).then(pl.col("accepted") + 1).otherwise(pl.col("kept")).cast(pl.Int16).alias("kept"),
+                        (~trim).alias("explored")).write_parquet(p)
     record_shards(meta, "steps", parts)
     write_meta(run, meta)
     streamed = evaluate([run])

@@ -11,7 +11,7 @@ from sklearn.metrics import roc_auc_score
 
 from svt.collect import collect
 from svt.config import load_collect_config
-from svt.errors import DataError
+from svt.errors import DataError, SchemaError
 from svt.report import EvaluateOptions, evaluate
 from svt.report.trees_text import tree_markdown
 from svt.simulate.costs import load_costs
@@ -158,10 +158,10 @@ def test_nodes_and_steps_must_agree(greedy_trees, tmp_path):
     shutil.copytree(greedy_trees, bad)
     shard = sorted((bad / "steps").glob("*.parquet"))[0]
     frame = pl.read_parquet(shard)
-    frame.with_columns(pl.when(pl.col("step") == 0).then(pl.col("drafted") + 1).otherwise(pl.col("drafted"))
-                       .alias("drafted")).write_parquet(shard)
+    frame.with_columns(*(pl.when(pl.col("step") == 0).then(pl.col(c) + 1).otherwise(pl.col(c)).alias(c)
+                         for c in ("drafted", "kept"))).write_parquet(shard)
     reseal(bad)
-    with pytest.raises(DataError, match="do not agree"):
+    with pytest.raises(SchemaError, match="tree_drafts and steps tables disagree: .* tree nodes other than"):
         evaluate([bad], EvaluateOptions())
 
 

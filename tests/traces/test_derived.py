@@ -64,7 +64,7 @@ CHAIN = [
     ("drafts", _set("label", lambda f: _first_row(f, pl.col("label") == 0), pl.lit(None, pl.Int8)),
      "a rejected draft missing"),
     ("drafts", _move_accept, "not positions 0 .. accepted - 1"),
-    ("drafts", lambda f: pl.concat([f, f.head(1)]), "other than the step's `drafted`"),
+    ("drafts", lambda f: pl.concat([f, f.head(1)]), "outside [`kept`, `drafted`]"),
     ("drafts", lambda f: f.with_columns(pl.when(_first_row(f, pl.col("position") == 1)).then(0)
                                          .otherwise(pl.col("position")).cast(pl.Int16).alias("position")),
      "two drafts at one position"),

@@ -75,9 +75,9 @@ def test_an_output_inside_the_source_run_and_a_run_without_labels_are_refused(sm
     # a run whose steps verified no draft (its tables agreeing on it): nothing to resample, said in one line
     empty = tmp_path / "empty"
     shutil.copytree(small_run, empty)
-    from svt.traces.io import record_shards, write_meta
-
     import polars as pl
+
+    from svt.traces.io import record_shards, write_meta
 
     meta = json.loads((empty / "run.json").read_text())
     for table, change in (("drafts", [pl.lit(None, pl.Int8).alias("label")]),

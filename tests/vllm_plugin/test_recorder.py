@@ -29,11 +29,13 @@ def _engine(rec: Recorder, requests=4, steps=5, seed=0, aborted=(), unfinished=(
     for _ in range(steps):
         ids = rng.integers(1, 100, (requests, K))
         q = rng.random((requests, K, 4)).astype(np.float32)
+        q[..., 0] = q[..., [0, 1, 3]].max(axis=-1)  # q_max bounds q_margin and q_sampled, as a distribution's do
         rec.proposed(names, ids, q, draft_ms=1.0)
         # the last request gets only 2 of its 3 drafts verified (the scheduler trimmed one)
         num = [K] * (requests - 1) + [2]
         flat = np.concatenate([ids[i, :n] for i, n in enumerate(num)])
         p = rng.random((sum(num), 4)).astype(np.float32)
+        p[:, 1] = p[:, :2].max(axis=1)  # p_max bounds p_sampled
         sampled = np.full((requests, K + 1), PLACEHOLDER)
         for i, (r, n) in enumerate(zip(names, num, strict=True)):
             a = int(rng.integers(0, n + 1))

@@ -122,8 +122,14 @@ def collect(
 def _collect_summary(cfg, summary) -> None:
     """What `svt collect` prints of the run it wrote."""
     if cfg.engine == "reference":
+        from svt.traces.io import read_meta
+
+        drafter = read_meta(summary.run_dir).get("drafter") or {}
+        how = {"model": f"the draft {drafter.get('path')} teacher-forced on the reference labels its cache drafts",
+               "stand-in": "a stand-in drafter's draws label its cache drafts"}.get(
+            drafter.get("kind"), "cache drafts only")
         _say(f"wrote {summary.run_dir}: {summary.requests} requests, {summary.output_tokens:,} reference "
-             f"tokens (no model drafts: a reference run) in {summary.seconds:.1f} s")
+             f"tokens (a reference run: no target forward, no acceptance labels; {how}) in {summary.seconds:.1f} s")
         _reading_notes(summary.run_dir)
         return
     if cfg.tree is not None:
@@ -155,6 +161,14 @@ def _reading_notes(run_dir) -> None:
     skipped = {n: c for n, c in (reading.get("skipped_no_reference") or {}).items() if c}
     if skipped:
         _say("skipped prompts without a usable reference: " + ", ".join(f"{n} {c:,}" for n, c in skipped.items()))
+    long = {n: c for n, c in (reading.get("skipped_long_head") or {}).items() if c}
+    if long:
+        _say("skipped prompts whose head is longer than max_prompt_tokens (on_long_head: skip): "
+             + ", ".join(f"{n} {c:,}" for n, c in long.items()))
+    opening = {n: c for n, c in (reading.get("assistant_turns_without_prompt") or {}).items() if c}
+    if opening:
+        _say("assistant turns that open a conversation (nothing before them to prompt with; not requests): "
+             + ", ".join(f"{n} {c:,}" for n, c in opening.items()))
     if reading.get("repeated_requests"):
         _say(f"{reading['repeated_requests']:,} requests repeat a row (repeat: true)"
              + (": their answers are already in the suffix cache's global tree" if meta.get("cache") else ""))
@@ -396,20 +410,17 @@ def evaluate(
     try:
         tolerances, base = _evaluate_checks(out_dir, bins=bins, bootstrap=bootstrap, high_yield=high_yield,
                                             live=live, costs=costs, tolerance=tolerance, baseline=baseline,
-                                            replay_bootstrap=replay_bootstrap)
-        from svt.report.render import check_report_out
-
-        check_report_out(out_dir, overwrite=overwrite)  # fails fast, before any run is read
+                                            replay_bootstrap=replay_bootstrap, overwrite=overwrite)
     except SvtError as exc:
         raise _fail(exc) from None
+    paths = {"costs": costs, "live": live, "reference_run": reference_run}
     opts = EvaluateOptions(features=list(feature or DEFAULT_FEATURES), feature_module=feature_module,
                            n_bins=bins, bootstrap=bootstrap, seed=seed, by=by, replay_bootstrap=replay_bootstrap,
-                           fits=[str(f) for f in fit or []], costs=str(costs) if costs else None,
-                           live=str(live) if live else None, high_yield=high_yield,
-                           reference_run=str(reference_run) if reference_run else None,
-                           score_unverified=score_unverified)
+                           fits=[str(f) for f in fit or []], high_yield=high_yield, score_unverified=score_unverified,
+                           **{k: str(v) if v else None for k, v in paths.items()})
     from svt.fileio import writing
     from svt.report.compare import remove_stale
+    from svt.report.render import check_report_out
 
     try:  # one writer per report folder, its checks repeated while it is held
         with writing(out_dir, lambda: check_report_out(out_dir, overwrite=overwrite)):
@@ -427,9 +438,12 @@ def evaluate(
 
 
 def _evaluate_checks(out_dir: Path, *, bins, bootstrap, high_yield, live, costs, tolerance, baseline,
-                     replay_bootstrap) -> tuple[dict, dict | None]:
+                     replay_bootstrap, overwrite) -> tuple[dict, dict | None]:
     """The option checks of `svt evaluate`, before any run is read; the tolerances and the baseline."""
     from svt.report.compare import load_report
+    from svt.report.render import check_report_out
+
+    check_report_out(out_dir, overwrite=overwrite)  # fails fast; checked again while the output is held
     from svt.report.judge import parse_tolerances
 
     if bins < 1 or bootstrap < 0 or high_yield < 1:

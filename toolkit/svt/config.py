@@ -223,7 +223,9 @@ class CollectConfig:
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda[:N]
     dtype: str = "auto"  # auto (float32 on CPU, bfloat16 on CUDA) | float32 | bfloat16 | float16
-    max_prompt_tokens: int = 512  # longer prompts keep their last tokens
+    max_prompt_tokens: int = 512  # longer prompts keep their head (template opening, tools, system) and last tokens
+    on_long_head: str = "error"  # a prompt whose head alone exceeds max_prompt_tokens: error (every such row
+    #                              named) | skip (left out, counted in run.json's workload_reading)
     log: LogConfig = field(default_factory=LogConfig)
     av: AVConfig | None = None
     # SuffixDecoding cache drafts (greedy runs): `true` for the defaults, or a mapping of options
@@ -240,6 +242,7 @@ class CollectConfig:
         _check(self.turns in ("last", "all"), "turns", "last or all", self.turns)
         _check(self.on_missing_reference in ("skip", "error"), "on_missing_reference", "skip or error",
                self.on_missing_reference)
+        _check(self.on_long_head in ("skip", "error"), "on_long_head", "skip or error", self.on_long_head)
         for i, w in enumerate(self.workloads):
             _check_workload_entry(w, f"workloads[{i}]")
         _check(self.max_new_tokens >= 1, "max_new_tokens", "an integer >= 1", self.max_new_tokens)

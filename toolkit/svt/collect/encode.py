@@ -28,7 +28,7 @@ import json
 from dataclasses import dataclass, replace
 
 from svt.collect.chat import plain_head, plain_prompt
-from svt.collect.workloads import Prompt
+from svt.collect.workloads import Prompt, WorkloadSet
 from svt.errors import ConfigError
 
 
@@ -111,6 +111,17 @@ def _check_calls(prompt: Prompt, text: str, what: str) -> None:
                                   "svt's plain rendering keeps them).")
 
 
+class LongHead(ConfigError):
+    """A prompt whose head (template opening, tools, system turns) alone exceeds max_prompt_tokens:
+    no cut keeps it whole."""
+
+    def __init__(self, prompt: Prompt, head: int, limit: int):
+        self.prompt, self.head, self.limit = prompt, head, limit
+        super().__init__(f"{prompt.where}: the prompt's head (the template's opening, tools and system turns) takes "
+                         f"{head} tokens, more than max_prompt_tokens = {limit}; raise it, or the prompt would lose "
+                         "its system turn.")
+
+
 def encode(prompt: Prompt, tokenizer, max_prompt_tokens: int, max_new_tokens: int) -> Encoded:
     """A prompt's token ids (cut to ``max_prompt_tokens``) and its reference's (to ``max_new_tokens``)."""
     if prompt.messages is None:
@@ -150,9 +161,7 @@ def encode(prompt: Prompt, tokenizer, max_prompt_tokens: int, max_new_tokens: in
                               f"{max_prompt_tokens}, and where its head (the template's opening, tools and system "
                               "turns) ends cannot be located, so a cut could drop it; raise max_prompt_tokens.")
         if keep >= max_prompt_tokens:
-            raise ConfigError(f"{prompt.where}: the prompt's head (the template's opening, tools and system turns) "
-                              f"takes {keep} tokens, more than max_prompt_tokens = {max_prompt_tokens}; raise it, "
-                              "or the prompt would lose its system turn.")
+            raise LongHead(prompt, keep, max_prompt_tokens)
         ids = ids[:keep] + ids[len(ids) - (max_prompt_tokens - keep):]
     if ref is None:
         return Encoded(ids, None)
@@ -172,7 +181,50 @@ def _plain_reference(prompt: Prompt, tokenizer) -> list[int] | None:
 
 
 def encode_all(prompts: list[Prompt], tokenizer, max_prompt_tokens: int, max_new_tokens: int) -> list[Encoded]:
-    return [encode(p, tokenizer, max_prompt_tokens, max_new_tokens) for p in prompts]
+    """Every prompt encoded; prompts whose head exceeds ``max_prompt_tokens`` are named in one error."""
+    out, long = [], []
+    for p in prompts:
+        try:
+            out.append(encode(p, tokenizer, max_prompt_tokens, max_new_tokens))
+        except LongHead as exc:
+            long.append(exc)
+    if long:
+        raise _long_heads(long)
+    return out
+
+
+def _long_heads(long: list[LongHead]) -> ConfigError:
+    rows = list(dict.fromkeys(f"{e.prompt.where} ({e.head})" for e in long))
+    return ConfigError(f"{len(long)} prompt(s) have a head (the template's opening, tools and system turns) longer "
+                       f"than max_prompt_tokens = {long[0].limit} tokens, so no cut keeps their system turn: "
+                       f"{'; '.join(rows[:8])}{f'; and {len(rows) - 8} more' if len(rows) > 8 else ''}. Raise "
+                       "max_prompt_tokens, or set `on_long_head: skip` to leave them out (counted in run.json).")
+
+
+def encode_workloads(workloads: WorkloadSet, tokenizer, max_prompt_tokens: int, max_new_tokens: int,
+                     on_long_head: str = "error") -> list[Encoded]:
+    """:func:`encode_all` over a collection's prompts. With ``on_long_head: skip`` the prompts whose
+    head exceeds ``max_prompt_tokens`` are removed from ``workloads.prompts`` and counted per
+    workload in ``workloads.reading["skipped_long_head"]``; the prompts that stay keep their order."""
+    if on_long_head != "skip":
+        return encode_all(workloads.prompts, tokenizer, max_prompt_tokens, max_new_tokens)
+    kept, out, skipped = [], [], dict.fromkeys(workloads.names, 0)
+    for p in workloads.prompts:
+        try:
+            out.append(encode(p, tokenizer, max_prompt_tokens, max_new_tokens))
+            kept.append(p)
+        except LongHead:
+            skipped[p.workload.split("/", 1)[0]] += 1  # a workload's label may add /category
+    if not kept:
+        raise ConfigError(f"Every prompt's head is longer than max_prompt_tokens = {max_prompt_tokens}: nothing "
+                          "is left to run. Raise max_prompt_tokens.")
+    workloads.prompts = kept
+    reading = workloads.reading
+    reading["skipped_long_head"] = skipped
+    reading["requests"] = len(kept)
+    if isinstance(reading.get("requests_per_workload"), dict):
+        reading["requests_per_workload"] = {n: c - skipped.get(n, 0) for n, c in reading["requests_per_workload"].items()}
+    return out
 
 
 def encode_prompt(prompt: Prompt, tokenizer, max_tokens: int) -> list[int]:

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from svt import __version__
-from svt.collect.encode import check_positions, encode_all, position_limit
+from svt.collect.encode import check_positions, encode_workloads, position_limit
 from svt.collect.engine import LiveAV
 from svt.collect.workloads import WorkloadSet, load_workloads
 from svt.config import CollectConfig, resolve_path, to_dict
@@ -136,8 +136,8 @@ def plan_collection(cfg: CollectConfig, out: Path, *, config_path: Path | None, 
         from svt.fit import Fitter
 
         yield_scorer(Fitter.load(resolve_path(cfg.hvd.fit, config_path)))
+    encoded = encode_workloads(workloads, pair.tokenizer, cfg.max_prompt_tokens, cfg.max_new_tokens, cfg.on_long_head)
     prompts = workloads.prompts
-    encoded = encode_all(prompts, pair.tokenizer, cfg.max_prompt_tokens, cfg.max_new_tokens)
     ids = [e.prompt_ids for e in encoded]
     refs = {i: e.reference_ids for i, e in enumerate(encoded) if e.reference_ids is not None}
     limits = [n for n in (position_limit(pair.target_path), position_limit(pair.draft_path)) if n is not None]

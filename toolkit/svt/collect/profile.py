@@ -150,10 +150,14 @@ def measurement_block(repeats: int, spreads: dict[str, dict], falls: dict[str, l
     for what, found in falls.items():
         if found:
             warnings.append(f"{what} time falls as the batch grows ({'; '.join(found[:3])})")
-    # the load average lags and counts this process's own threads: what the others added at the end
-    others = after["load_1min"] - after["threads"]
-    if others > before["cores"] / 2:  # NaN (no load average) compares False
-        warnings.append(f"other processes kept {others:.1f} of the machine's {before['cores']} cores busy")
+    if before["threads"] > before["cores"]:  # its own load is then anywhere up to its threads
+        warnings.append(f"{before['threads']} threads on {before['cores']} cores: the times include threads waiting "
+                        "for each other, and other processes' load cannot be told from this one's (profile with "
+                        "--threads at most the cores)")
+    else:  # the load average lags and counts this process's own threads: what the others added at the end
+        others = after["load_1min"] - after["threads"]
+        if others > before["cores"] / 2:  # NaN (no load average) compares False
+            warnings.append(f"other processes kept {others:.1f} of the machine's {before['cores']} cores busy")
     return {"repeats": repeats, "threads": before["threads"], "cores": before["cores"],
             "load_1min_before": before["load_1min"], "load_1min_after": after["load_1min"],
             "max_spread": {k: round(v, 3) for k, v in worst.items()}, "warnings": warnings,

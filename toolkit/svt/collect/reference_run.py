@@ -31,7 +31,7 @@ import polars as pl
 
 from svt import __version__
 from svt.collect.cache_run import teacher_forced_model_yields
-from svt.collect.encode import check_positions, encode_all, position_limit
+from svt.collect.encode import check_positions, encode_workloads, position_limit
 from svt.collect.engines import CollectOptions, Engine
 from svt.collect.workloads import load_workloads
 from svt.config import CacheOptions, CollectConfig, StandInConfig, resolve_path, to_dict
@@ -130,19 +130,23 @@ def collect_reference(cfg: CollectConfig, out: str | Path, *, config_path=None, 
     prepare_dir(final, resume=False, overwrite=overwrite, config=config)  # fails fast; again while held
     workloads = load_workloads(cfg.workloads, cfg.requests, config_path, turns=cfg.turns, repeat=cfg.repeat,
                                need_reference=True, on_missing_reference=cfg.on_missing_reference)
-    prompts = workloads.prompts
     target_path = resolve_path(cfg.target, config_path).resolve()
     check_model_dir(target_path, "target (its tokenizer)")
     tok = load_tokenizer(target_path)
-    encoded = encode_all(prompts, tok, cfg.max_prompt_tokens, cfg.max_new_tokens)
+    encoded = encode_workloads(workloads, tok, cfg.max_prompt_tokens, cfg.max_new_tokens, cfg.on_long_head)
+    prompts = workloads.prompts
     ids = [e.prompt_ids for e in encoded]
     refs = [e.reference_ids for e in encoded]
     cut = [e.cut for e in encoded]
     stand_in = None if cfg.stand_in is None else stand_in_accept(cfg.stand_in, cfg.k, config_path)[1]
     draft_path = None if cfg.draft is None else resolve_path(cfg.draft, config_path).resolve()
-    if draft_path is not None:  # the draft is teacher-forced on prompt + reference
-        check_positions(prompts, [len(x) + len(r) for x, r in zip(ids, refs, strict=True)],
-                        position_limit(draft_path), "the draft",
+    # the text stands for what the target served: it must fit the target (and a teacher-forced draft)
+    lengths = [len(x) + len(r) for x, r in zip(ids, refs, strict=True)]
+    limits = [(position_limit(target_path), "the target")]
+    if draft_path is not None:
+        limits.append((position_limit(draft_path), "the draft"))
+    for limit, what in limits:
+        check_positions(prompts, lengths, limit, what,
                         "Lower `max_prompt_tokens` or `max_new_tokens` (the reference's tokens kept).")
     model_yields, draft_model, drafter = _drafter(None if draft_path is None else str(draft_path), stand_in, cfg.k,
                                                   cfg.seed, tok, cfg.device, cfg.dtype, target_path)

@@ -79,8 +79,10 @@ def _path_rule(name: str, config_path) -> str:
     return f" (a relative path in a config is read from the config's folder, {str(Path(config_path).parent)!r})."
 
 
-def read_workload(path: Path, turns: str = "last") -> list[Prompt]:
-    """Read one JSONL (or Parquet) workload; a bad line is an error naming the file and line."""
+def read_workload(path: Path, turns: str = "last", counts: dict | None = None) -> list[Prompt]:
+    """Read one JSONL (or Parquet) workload; a bad line is an error naming the file and line.
+    ``counts`` gets ``assistant_turns_without_prompt``: with ``turns: all``, the assistant turns
+    that open a conversation (nothing before them to prompt with), which are no requests."""
     if turns not in TURNS:
         raise ConfigError(f"Expected `turns` to be last or all, but got {turns!r}.")
     name = path.stem
@@ -88,7 +90,9 @@ def read_workload(path: Path, turns: str = "last") -> list[Prompt]:
         rows = [(f"{path} record {i + 1}", obj) for i, obj in enumerate(_parquet_rows(path))]
     else:  # JSON Lines, or a JSON list of objects (ShareGPT's layout)
         rows = list(json_objects(path))
-    prompts = [p for i, (where, obj) in enumerate(rows) for p in _row(obj, name, where, turns, i)]
+    counts = {} if counts is None else counts
+    counts.setdefault("assistant_turns_without_prompt", 0)
+    prompts = [p for i, (where, obj) in enumerate(rows) for p in _row(obj, name, where, turns, i, counts)]
     if not rows:
         raise ConfigError(f"{path}: the workload holds no prompts.")
     return prompts
@@ -103,14 +107,14 @@ def _parquet_rows(path: Path) -> list[dict]:
         raise ConfigError(f"{path}: not a readable Parquet file ({type(exc).__name__}).") from None
 
 
-def _row(obj: dict, name: str, where: str, turns: str, row: int) -> list[Prompt]:
+def _row(obj: dict, name: str, where: str, turns: str, row: int, counts: dict) -> list[Prompt]:
     category = obj.get("category")
     label = f"{name}/{category}" if isinstance(category, str) and category else name
     if "turns" in obj and "messages" not in obj:
         return [_question(obj, label, where, row)]
     if "conversations" in obj and "messages" not in obj:
-        return _chat(sharegpt_messages(obj["conversations"], where), obj, label, where, turns, row)
-    return _record(obj, label, where, turns, row)
+        return _chat(sharegpt_messages(obj["conversations"], where), obj, label, where, turns, row, counts)
+    return _record(obj, label, where, turns, row, counts)
 
 
 def _question(obj: dict, label: str, where: str, row: int) -> Prompt:
@@ -129,7 +133,7 @@ def _question(obj: dict, label: str, where: str, row: int) -> Prompt:
                   answer=answer, row=row)
 
 
-def _record(obj: dict, name: str, where: str, turns: str, row: int) -> list[Prompt]:
+def _record(obj: dict, name: str, where: str, turns: str, row: int, counts: dict) -> list[Prompt]:
     refs = [k for k in REFERENCE_KEYS if k in obj]
     if len(refs) > 1:
         raise ConfigError(f"{where}: give the reference once, but the row has {' and '.join(refs)}.")
@@ -148,13 +152,14 @@ def _record(obj: dict, name: str, where: str, turns: str, row: int) -> list[Prom
                 raise ConfigError(f"{where}: the record ends with an assistant turn and also has `{refs[0]}`; "
                                   "give the reference once.")
             msgs = (*msgs, Message("assistant", reference))
-        return _chat(msgs, obj, name, where, turns, row)
+        return _chat(msgs, obj, name, where, turns, row, counts)
     raise ConfigError(
         f"{where}: expected a non-empty string `prompt` or a list `messages`, but got keys {sorted(obj)}."
     )
 
 
-def _chat(msgs: tuple[Message, ...], obj: dict, name: str, where: str, turns: str, row: int) -> list[Prompt]:
+def _chat(msgs: tuple[Message, ...], obj: dict, name: str, where: str, turns: str, row: int,
+          counts: dict) -> list[Prompt]:
     """One prompt per answered assistant turn (``all``) or for the last one (``last``; a record
     that does not end with the assistant is a prompt without reference)."""
     tools = parse_tools(obj.get("tools"), where)
@@ -167,6 +172,7 @@ def _chat(msgs: tuple[Message, ...], obj: dict, name: str, where: str, turns: st
     # as with `last`, an assistant turn is a request when any message comes before it
     out = [_answered(name, msgs[:i], m, f"{where} turn {i + 1}", tools, row)
            for i, m in enumerate(msgs) if m.role == "assistant" and i > 0]
+    counts["assistant_turns_without_prompt"] += msgs[0].role == "assistant"  # counted, never dropped unsaid
     if msgs[-1].role != "assistant":  # the conversation waits for an answer: a prompt without reference
         out.append(Prompt(name, None, msgs, None, f"{where} after turn {len(msgs)} (unanswered)", tools=tools,
                           row=row))
@@ -250,7 +256,8 @@ def load_workloads(workloads: list, requests: int | None, config_path: str | Pat
     names = [p.stem for p in paths]
     if len(set(names)) != len(names):
         raise ConfigError(f"Workload names must be distinct, but got {names}.")
-    read = [read_workload(p, t) for p, (_, t) in zip(paths, entries, strict=True)]
+    counts = [{} for _ in paths]
+    read = [read_workload(p, t, c) for p, (_, t), c in zip(paths, entries, counts, strict=True)]
     skipped = {}
     if need_reference:
         if on_missing_reference == "error":
@@ -273,7 +280,10 @@ def load_workloads(workloads: list, requests: int | None, config_path: str | Pat
     reading = {"turns": {n: t for n, (_, t) in zip(names, entries, strict=True)},
                "prompts": {n: len(w) for n, w in zip(names, read, strict=True)},
                "requests": len(prompts), "requests_per_workload": taken, "repeat": repeat,
-               "repeated_requests": repeated}
+               "repeated_requests": repeated,
+               **({"assistant_turns_without_prompt": {n: c["assistant_turns_without_prompt"] for n, c in
+                                                      zip(names, counts, strict=True)}}
+                  if any(c["assistant_turns_without_prompt"] for c in counts) else {})}
     if need_reference:
         reading["on_missing_reference"] = on_missing_reference
         reading["skipped_no_reference"] = skipped

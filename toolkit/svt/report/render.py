@@ -102,6 +102,14 @@ def reading_lines(report: dict) -> list[str]:
         skipped = {n: c for n, c in (w.get("skipped_no_reference") or {}).items() if c}
         if skipped:
             parts.append("skipped for want of a reference: " + ", ".join(f"{n} {c:,}" for n, c in skipped.items()))
+        long = {n: c for n, c in (w.get("skipped_long_head") or {}).items() if c}
+        if long:
+            parts.append("skipped for a head longer than max_prompt_tokens (`on_long_head: skip`): "
+                         + ", ".join(f"{n} {c:,}" for n, c in long.items()))
+        opening = {n: c for n, c in (w.get("assistant_turns_without_prompt") or {}).items() if c}
+        if opening:
+            parts.append("assistant turns that open a conversation, not requests (nothing before them): "
+                         + ", ".join(f"{n} {c:,}" for n, c in opening.items()))
         if w.get("repeated_requests"):
             cached = (r.get("counts") or {}).get("cache_drafts")
             parts.append(f"**{w['repeated_requests']:,} requests repeat a row** (`repeat: true`)"

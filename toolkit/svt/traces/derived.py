@@ -11,8 +11,8 @@ did. What is checked:
   (tree nodes: a path's probability is a product of its nodes' ``q_token``); ``accepted`` <=
   ``kept`` <= ``drafted``, ``emitted`` <= ``accepted`` + 1 and ``explored`` = (``kept`` =
   ``drafted``) (steps);
-- across the drafts and steps of a chain run, per step: as many drafts as ``drafted``, one per
-  position; the drafts labelled 1 are positions 0 .. ``accepted`` - 1; at most one labelled 0, at
+- across the drafts and steps of a chain run, per step: between ``kept`` and ``drafted`` drafts (svt
+  logs every draft, vLLM's spool the verified ones), one per position; the drafts labelled 1 are positions 0 .. ``accepted`` - 1; at most one labelled 0, at
   position ``accepted``, exactly when ``accepted`` < ``kept``; a step without drafts drafted none;
 - across the nodes and steps of a tree run, per step: as many nodes as ``drafted``, ``accepted``
   nodes labelled 1; under greedy verification a verified node is accepted exactly when it is the
@@ -68,7 +68,9 @@ def _paired(run, a: str, b: str) -> list[tuple[pl.LazyFrame, pl.LazyFrame]] | No
     return list(zip(pa, pb, strict=True))
 
 
-def _chain_problem(drafts: pl.LazyFrame, steps: pl.LazyFrame) -> str | None:
+def _chain_problem(drafts: pl.LazyFrame, steps: pl.LazyFrame, stepless: bool = False) -> str | None:
+    """``stepless``: steps may verify what no drafts row holds, and a model draft's rows stop at its
+    first rejection (a live HVD run: cache drafts are verified too)."""
     g = drafts.group_by("request", "step").agg(
         pl.len().alias("_n"), pl.col("position").n_unique().alias("_u"),
         (pl.col("label") == 1).sum().alias("_a"), (pl.col("label") == 0).sum().alias("_r"),
@@ -79,8 +81,11 @@ def _chain_problem(drafts: pl.LazyFrame, steps: pl.LazyFrame) -> str | None:
     a, kept = pl.col("accepted").cast(pl.Int64), pl.col("kept").cast(pl.Int64)
     checks = [
         (pl.col("drafted").is_null(), "drafts of a step the steps table does not hold"),
-        (pl.col("_n").is_null() & (pl.col("drafted") > 0), "a step with `drafted` > 0 but no drafts"),
-        (pl.col("_n") != pl.col("drafted").cast(pl.Int64), "a number of drafts other than the step's `drafted`"),
+        (pl.col("_n").is_null() & (pl.col("kept") > 0) & pl.lit(not stepless), "a step with `kept` > 0 but no drafts"),
+        # svt's engine logs every draft (trimmed ones unlabelled); vLLM's spool only the verified ones
+        # (a live HVD run logs a model draft's rows up to its first rejection only)
+        (((pl.col("_n") < kept) & pl.lit(not stepless)) | (pl.col("_n") > pl.col("drafted").cast(pl.Int64)),
+         "a number of drafts outside [`kept`, `drafted`]"),
         (pl.col("_u") != pl.col("_n"), "two drafts at one position"),
         (pl.col("_a") != a, "a number of drafts labelled 1 other than the step's `accepted`"),
         ((pl.col("_a") > 0) & (pl.col("_amax") != pl.col("_a") - 1),
@@ -140,7 +145,11 @@ def check_derived(run) -> None:
     else:
         if not run.has("drafts") or "label" in run.lacks("drafts"):
             return
-        problem, table = _chain_problem, "drafts"
+        stepless = bool(meta.get("hvd"))  # live HVD verifies cache drafts too: steps without model drafts
+
+        def problem(a, b):
+            return _chain_problem(a, b, stepless)
+        table = "drafts"
     found = None
     pairs = _paired(run, table, "steps")
     if pairs is not None:

@@ -49,7 +49,7 @@ def request_seed(seed: int, request: int) -> int:
 
 def collect_vllm(cfg, out: str | Path, *, config_path=None, overwrite: bool = False, progress: bool = True):
     """Run the config's workloads through vLLM with tracing on; write the run ``out``."""
-    from svt.collect.encode import check_positions, encode_all, position_limit
+    from svt.collect.encode import check_positions, encode_workloads, position_limit
     from svt.collect.workloads import load_workloads
     from svt.config import resolve_path, to_dict
 
@@ -64,7 +64,9 @@ def collect_vllm(cfg, out: str | Path, *, config_path=None, overwrite: bool = Fa
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(target))
-    ids = [e.prompt_ids for e in encode_all(prompts, tok, cfg.max_prompt_tokens, cfg.max_new_tokens)]
+    encoded = encode_workloads(workloads, tok, cfg.max_prompt_tokens, cfg.max_new_tokens, cfg.on_long_head)
+    prompts = workloads.prompts  # less the prompts whose head is too long (on_long_head: skip)
+    ids = [e.prompt_ids for e in encoded]
     limits = [n for n in (position_limit(target), position_limit(draft)) if n is not None]
     check_positions(prompts, [len(x) + cfg.max_new_tokens + cfg.k + 1 for x in ids], min(limits, default=None),
                     "the target or the draft", "Lower `max_prompt_tokens` or `max_new_tokens`.")
