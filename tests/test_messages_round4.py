@@ -117,3 +117,60 @@ def test_a_cost_tables_bad_entry_is_named(tmp_path, edit, named):
     bad.write_text(yaml.safe_dump(table))
     with pytest.raises(ConfigError, match=named.replace("[", r"\[").replace("]", r"\]")):
         load_costs(bad)
+
+
+def test_a_resume_refuses_a_model_whose_config_changed(tmp_path, models_dir):
+    """A head's taps, rope and norms live in its config.json: equal weights with another config
+    draft differently, so one run must not mix them (the weights hash alone let it)."""
+    import shutil
+    from types import SimpleNamespace
+
+    from svt.collect.plan import check_resume_inputs
+    from svt.models.loading import config_hash
+
+    head = tmp_path / "eagle3"
+    shutil.copytree(models_dir / "eagle3", head)
+    before = config_hash(head)
+    cfg = json.loads((head / "config.json").read_text())
+    (head / "config.json").write_text(json.dumps({**cfg, "transformers_version": "9.9.9"}, indent=4))
+    assert config_hash(head) == before  # the writer's version and the layout are not the model
+    (head / "config.json").write_text(json.dumps({**cfg, "eagle_aux_hidden_state_layer_ids": [0, 1, 2]}))
+    assert config_hash(head) != before
+    old = {"models": {"draft": {"weights_sha256_16": "w", "config_sha256_16": before}}}
+    now = SimpleNamespace(identity=lambda: {"target": {"weights_sha256_16": "t"},
+                                            "draft": {"weights_sha256_16": "w", "config_sha256_16": config_hash(head)}})
+    with pytest.raises(ConfigError, match="the draft model's config.json changed since the run started"):
+        check_resume_inputs(tmp_path / "run", old, now, {})
+    check_resume_inputs(tmp_path / "run", {"models": {"draft": {"weights_sha256_16": "w"}}}, now, {})  # older runs
+
+
+def test_a_run_interrupted_before_its_first_batch_says_so(small_run, tmp_path):
+    from svt.errors import SchemaError
+    from svt.traces.io import open_run, read_meta, write_meta
+
+    meta = {**read_meta(small_run), "status": "running", "shards": {}}
+    (tmp_path / "run").mkdir()
+    write_meta(tmp_path / "run", meta)
+    with pytest.raises(SchemaError, match="interrupted before its first batch was written .* --resume"):
+        open_run(tmp_path / "run")
+
+
+def test_cache_opportunity_counts_by_hand():
+    """Every column of the cache-opportunity table on six positions (the model drafter's yield at
+    the same positions as the cache's, as the report says: it was averaged over all positions)."""
+    import polars as pl
+
+    from svt.report.hvd import cache_opportunity
+
+    rows = pl.DataFrame({"workload": ["w"] * 6, "draft_len": [0, 3, 0, 5, 2, 4],
+                         "oracle_accepted": [0, 3, 0, 0, 1, 4], "model_accepted": [4, 2, 4, 1, 0, 3],
+                         "from_global": [False, True, False, False, True, False]})
+    c = cache_opportunity(rows, high_yield=3)["all"]
+    assert (c["positions"], c["with_draft"]) == (6, 4) and c["draft_share"] == pytest.approx(4 / 6)
+    assert c["mean_draft_len"] == pytest.approx(14 / 4) and c["mean_yield"] == pytest.approx(8 / 4)
+    assert c["zero_yield_share"] == pytest.approx(1 / 4)
+    assert c["mean_model_yield"] == pytest.approx((2 + 1 + 0 + 3) / 4)  # where the cache drafted
+    assert c["mean_model_yield_all_positions"] == pytest.approx(14 / 6)
+    assert c["high_yield_share"] == pytest.approx(2 / 4) and c["high_yield_token_share"] == pytest.approx(7 / 8)
+    assert c["top10_token_share"] == pytest.approx(4 / 8)  # the top 10 % of 4 drafts: one draft, yield 4
+    assert c["from_global_share"] == pytest.approx(2 / 4) and c["yield_histogram"] == [1, 1, 0, 1, 1]

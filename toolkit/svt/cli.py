@@ -195,8 +195,10 @@ def _profile_costs(cfg, config: Path, out_dir: Path, batches: str | None, *, ove
     table = profile_pair(pair.target, pair.draft, k=cfg.k, batches=parse_batches(batches),
                          progress=None if quiet else lambda b: _say(f"profiled batch {b}"),
                          verify_tokens=None if cfg.tree is None else cfg.tree.size() + 1)
-    write_costs(table, out_dir, {"models": {k: v["path"] for k, v in pair.identity().items()
-                                            if isinstance(v, dict) and "path" in v}})
+    ident = pair.identity()
+    write_costs(table, out_dir, {"models": {**{k: v["path"] for k, v in ident.items() if isinstance(v, dict) and "path" in v},
+                                            "weights": {k: v["weights_sha256_16"] for k, v in ident.items()
+                                                        if isinstance(v, dict) and "weights_sha256_16" in v}}})
     for w in table.measurement.get("warnings", []):
         err.print(f"[yellow]warning:[/] the cost table may not be the machine's: {w}. Its replays will say "
                   "so; profile again on a quiet machine.")
@@ -443,7 +445,6 @@ def _evaluate_checks(out_dir: Path, *, bins, bootstrap, high_yield, live, costs,
     from svt.report.compare import load_report
     from svt.report.render import check_report_out
 
-    check_report_out(out_dir, overwrite=overwrite)  # fails fast; checked again while the output is held
     from svt.report.judge import parse_tolerances
 
     if bins < 1 or bootstrap < 0 or high_yield < 1:
@@ -460,6 +461,7 @@ def _evaluate_checks(out_dir: Path, *, bins, bootstrap, high_yield, live, costs,
     if base is not None and Path(base["_path"]).resolve() == (out_dir / "report.json").resolve():
         raise ConfigError(f"--baseline {baseline} is the report this command writes (--out {out_dir}); "
                           "write the new report elsewhere, or keep a copy of the baseline.")
+    check_report_out(out_dir, overwrite=overwrite)  # fails fast; checked again while the output is held
     return tolerances, base
 
 

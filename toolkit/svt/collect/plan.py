@@ -70,7 +70,7 @@ class CollectPlan:
 
 
 def check_resume_inputs(out: Path, old_meta: dict, pair, workload_hashes: dict[str, str]) -> None:
-    """A resumed run must use the same models (weights hashes) and prompt files (content hashes)
+    """A resumed run must use the same models (weights and config.json hashes) and prompt files (content hashes)
     as the session that started it: otherwise one run would mix two experiments."""
     now = pair.identity()
     for role in ("target", "draft"):
@@ -78,6 +78,11 @@ def check_resume_inputs(out: Path, old_meta: dict, pair, workload_hashes: dict[s
         if was and was != now[role]["weights_sha256_16"]:
             raise ConfigError(f"Cannot resume {str(out)!r}: the {role} model's weights changed since the run "
                               f"started (hash {now[role]['weights_sha256_16']} vs {was}). Use --overwrite.")
+        was = (old_meta.get("models") or {}).get(role, {}).get("config_sha256_16")
+        if was and was != now[role].get("config_sha256_16"):  # a head's taps, rope, norms: another drafter
+            raise ConfigError(f"Cannot resume {str(out)!r}: the {role} model's config.json changed since the run "
+                              f"started (hash {now[role].get('config_sha256_16')} vs {was}); one run would mix two "
+                              "models. Use --overwrite.")
     was = old_meta.get("workload_sha256") or {}
     for name, h in workload_hashes.items():
         if name in was and was[name] != h:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,20 @@ def weights_hash(path: Path) -> str:
             for block in iter(lambda: fh.read(1 << 20), b""):
                 h.update(block)
     return h.hexdigest()[:16]
+
+
+def config_hash(path: Path) -> str | None:
+    """sha256 of a model's config.json as parsed (key order and the writer's transformers version
+    left out), first 16 hex digits; None when it cannot be read. A head's taps, rope and norms live
+    there, so two heads with equal weights and another config draft differently."""
+    try:
+        cfg = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(cfg, dict):
+        return None
+    cfg = {k: v for k, v in cfg.items() if k not in ("transformers_version", "_name_or_path")}
+    return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def check_model_dir(path: Path, role: str) -> None:
@@ -76,12 +91,14 @@ class ModelPair:
                if not (self.draft_kind != "model" and self.draft.shared_embedding and n.startswith("embed_tokens"))
                and not n.startswith("shared_head.head")]
         draft = {"path": str(self.draft_path), "weights_sha256_16": weights_hash(self.draft_path),
+                 "config_sha256_16": config_hash(self.draft_path),
                  "parameters": sum(p.numel() for p in own), "kind": self.draft_kind}
         if self.draft_kind != "model":
             draft["aux_layer_ids"] = list(self.draft.cfg.aux_layer_ids)
             draft["draft_vocab_size"] = self.draft.cfg.draft_vocab_size
         return {
             "target": {"path": str(self.target_path), "weights_sha256_16": weights_hash(self.target_path),
+                       "config_sha256_16": config_hash(self.target_path),
                        "parameters": sum(p.numel() for p in self.target.parameters())},
             "draft": draft,
             "tokenizer": {"path": str(self.target_path), "vocab_size": len(self.tokenizer)},

@@ -31,7 +31,9 @@ def cache_opportunity(rows: pl.DataFrame, high_yield: int) -> dict:
             "mean_draft_len": float(drafted["draft_len"].mean()) if drafted.height else float("nan"),
             "mean_yield": float(y.mean()) if y.size else float("nan"),
             "zero_yield_share": float(np.mean(y == 0)) if y.size else float("nan"),
-            "mean_model_yield": float(part["model_accepted"].mean()) if part.height else float("nan"),
+            # at the same positions as the cache yield (those with a cache draft), as the report says
+            "mean_model_yield": float(drafted["model_accepted"].mean()) if drafted.height else float("nan"),
+            "mean_model_yield_all_positions": float(part["model_accepted"].mean()) if part.height else float("nan"),
             "yield_histogram": np.bincount(y, minlength=1).tolist() if y.size else [],
             "high_yield_share": float(np.mean(y >= high_yield)) if y.size else float("nan"),
             "high_yield_token_share": float(y[y >= high_yield].sum() / total) if total else float("nan"),

@@ -382,7 +382,7 @@ def _live_run(opts: EvaluateOptions, feats: list[Feature]) -> dict:
                     "replay applies the same predictor and costs to the complete trace"}
 
 
-def simulation(drafts: pl.DataFrame, feats: list[Feature], opts: EvaluateOptions) -> dict:
+def simulation(drafts: pl.DataFrame, feats: list[Feature], opts: EvaluateOptions, metas: list[dict] | None = None) -> dict:
     """AV replay with every lossless probability score as a predictor, on the requests all of them
     may be scored on (held-out requests when an offline fit is among them)."""
     from svt.simulate import build_trace, load_costs, replay
@@ -416,7 +416,8 @@ def simulation(drafts: pl.DataFrame, feats: list[Feature], opts: EvaluateOptions
     return {"live_check": live, "rules": _rule_audit(trace, costs, preds, points, concurrency),
             "costs": {"path": str(opts.costs), "kind": costs.kind, "drafter": costs.drafter,
                       "description": costs.description.strip(), "fingerprint": costs.fingerprint(),
-                      "warnings": list(costs.measurement.get("warnings", []))},
+                      "warnings": list(costs.measurement.get("warnings", [])) + costs.pair_problems(metas or []),
+                      "beyond_table": costs.beyond(trace.k, concurrency, int(np.unique(trace.request).size))},
             "requests": int(trace.request.max()) + 1, "request_steps": int(trace.a.size),
             "k": trace.k, "predictors": [f.name for f in preds], "points": points}
 
@@ -438,7 +439,7 @@ def _rule_audit(trace, costs, preds: list[Feature], points: list[dict], concurre
             by = {p["policy"]: p for p in points if p["concurrency"] == B}
             lossless, engine = by[f"AV {name}"]["throughput"], by[f"AV {name} [engine rule]"]["throughput"]
             row["throughput_convex"], row["throughput_engine"] = lossless, engine
-            row["throughput_given_up"] = 1 - lossless / engine
+            row["throughput_given_up"] = 1 - lossless / engine if engine > 0 else None  # a degenerate table
         rows.append(row)
     return rows
 

@@ -14,6 +14,7 @@ pass (the Adaptive Verification source, "Limitations").
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +36,8 @@ class CostTable:
     # how sure a measured table is (svt collect --profile-costs): repeats, spread, machine load,
     # the cores and threads, and ``warnings`` (non-empty: the figures may not be the machine's)
     measurement: dict = field(default_factory=dict)
+    # measured tables: the models profiled (paths, and weights hashes when svt wrote the table)
+    models: dict = field(default_factory=dict)
 
     def fingerprint(self) -> str:
         """SHA-256 (16 hex digits) of the numbers that define the table (not its description): two
@@ -46,6 +49,30 @@ class CostTable:
                 "draft_ms": {str(b): {str(k): v for k, v in sorted(row.items())} for b, row in sorted(self.draft_ms.items())},
                 "verify_ms": {str(t): v for t, v in sorted(self.verify_ms.items())}}
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+
+    def pair_problems(self, metas: list[dict]) -> list[str]:
+        """Why this measured table does not time the runs' pair (``metas``: their run.json): a
+        table svt profiled records its models' weights hashes; another target or draft is named."""
+        weights = (self.models or {}).get("weights") or {}
+        out = []
+        for m in metas:
+            for role in ("target", "draft"):
+                a, b = weights.get(role), ((m.get("models") or {}).get(role) or {}).get("weights_sha256_16")
+                if a and b and a != b:
+                    out.append(f"it was profiled on another {role} (weights {a}) than the run's ({b})")
+        return list(dict.fromkeys(out))
+
+    def beyond(self, k: int, concurrency, requests: int) -> list[str]:
+        """Where a chain replay reads a measured table beyond what it measured (extrapolated)."""
+        if self.kind != "measured":
+            return []
+        b = min(max(concurrency), requests)  # a replay batches at most the run's requests
+        out = []
+        if b * (k + 1) > max(self.verify_ms):
+            out.append(f"verify_ms up to {max(self.verify_ms)} tokens, the replay needs {b * (k + 1)}")
+        if b > max(self.draft_ms):
+            out.append(f"draft_ms up to batch {max(self.draft_ms)}, the replay needs {b}")
+        return out
 
     def _roofline(self, who: str, tokens) -> np.ndarray:
         m = self.model[who]
@@ -147,11 +174,14 @@ def _numbers(table, name: str, key: str, path: Path, leaf: bool = True) -> dict:
         raise ConfigError(f"{path}: a measured table needs `{name}[{key}]{'' if leaf else '[k]'}`, a mapping of {key} to "
                           f"{'numbers' if leaf else 'mappings'}; got {_describe(table)}.")
     out = {}
-    for k, v in table.items():
-        if isinstance(k, str) and k.strip().isdigit():  # a quoted key ("4": 2.1)
+    for raw, v in table.items():
+        k = raw
+        if isinstance(k, str) and re.fullmatch(r"\s*[0-9]+\s*", k):  # a quoted key ("4": 2.1), ASCII digits only
             k = int(k)
         if isinstance(k, bool) or not isinstance(k, int):
             raise ConfigError(f"{path}: `{name}` has the key {k!r}; its keys are {key} counts (integers).")
+        if k in out:
+            raise ConfigError(f"{path}: `{name}` gives {key} {k} twice (keys {k!r} and {raw!r}); keep one.")
         if leaf and (isinstance(v, bool) or not isinstance(v, int | float)):
             raise ConfigError(f"{path}: expected `{name}[{k}]` to be a number of milliseconds, but got {_describe(v)}.")
         out[k] = float(v) if leaf else v
@@ -185,6 +215,12 @@ def load_costs(path: str | Path) -> CostTable:
                 raise ConfigError(f"{path}: `draft_ms` keys (batch, k) must be >= 1, but got batch {b}, k {sorted(row)}.")
             for k, v in row.items():
                 _positive(v, f"draft_ms[{b}][{k}]", path)
+            ks = sorted(row)
+            falls = next(((a, c) for a, c in zip(ks, ks[1:], strict=False) if row[c] < row[a]), None)
+            if falls:  # cumulative time over k drafts: a profile's medians never fall, a typo does
+                raise ConfigError(f"{path}: `draft_ms[{b}][{falls[1]}]` = {row[falls[1]]} is below `draft_ms[{b}]"
+                                  f"[{falls[0]}]` = {row[falls[0]]}; draft_ms is the time of k drafts in all, so it "
+                                  "cannot fall as k grows.")
         for t, v in verify.items():
             if t < 1:
                 raise ConfigError(f"{path}: `verify_ms` keys (tokens) must be >= 1, but got {t}.")
@@ -192,8 +228,18 @@ def load_costs(path: str | Path) -> CostTable:
         measurement = data.get("measurement") or {}
         if not isinstance(measurement, dict) or not isinstance(measurement.get("warnings", []), list):
             raise ConfigError(f"{path}: `measurement` must be a mapping whose `warnings` is a list.")
-        return CostTable("measured", drafter, data.get("description", ""), draft, verify, measurement=measurement)
+        if measurement.get("reliable") is False and not measurement.get("warnings"):
+            measurement = {**measurement, "warnings": ["the table says it is not reliable (`measurement.reliable: "
+                                                       "false`) and gives no reason"]}
+        models = data.get("models") if isinstance(data.get("models"), dict) else {}
+        return CostTable("measured", drafter, data.get("description", ""), draft, verify, measurement=measurement,
+                         models=models)
     model = data.get("model") or {}
+    bools = [f"model.{k}" for k, v in model.items() if isinstance(v, bool)] + [
+        f"model.{who}.{k}" for who in ("target", "drafter") if isinstance(model.get(who), dict)
+        for k, v in model[who].items() if isinstance(v, bool)]
+    if bools:  # YAML reads yes/on/true as booleans: never a number of bytes or seconds
+        raise ConfigError(f"{path}: `{bools[0]}` is a boolean; a roofline model needs numbers there.")
     try:  # YAML 1.1 reads 3.35e12 as a string: numbers are converted here, once
         model = {"bandwidth_bytes_per_s": float(model["bandwidth_bytes_per_s"]),
                  "peak_flops": float(model["peak_flops"]),

@@ -351,6 +351,10 @@ def open_run(path: str | Path, *, deep: bool = True, tables: list[str] | None = 
                               "move it out of the run directory.")
         files = list_shards(path, name)
         if spec.required and not files:
+            if meta.get("status") == "running":
+                raise SchemaError(f"{path}: the run's collection was interrupted before its first batch was written "
+                                  "(status running, no shards yet); continue it with `svt collect CONFIG --out "
+                                  f"{path} --resume`, or start again with --overwrite.")
             raise SchemaError(f"{path / name}: no shards; every run needs a `{name}` table.")
         for f in files:
             check_shard_schema(f, spec)

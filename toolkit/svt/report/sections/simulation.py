@@ -4,6 +4,8 @@ table, and a live-AV run checked against its replay."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from svt.report.judge import costs_match, judge, keyed, metric_value, missing_row
 from svt.report.scoring import simulation
 from svt.report.sections.base import Judging, ReportContext, Section
@@ -15,8 +17,12 @@ class Simulation(Section):
 
     def compute(self, ctx: ReportContext, report: dict) -> dict:
         live_hvd = any(i["experiment"]["engine"] == "svt live HVD" for i in ctx.infos)
-        return {"simulation": simulation(ctx.drafts, ctx.feats, ctx.opts) if ctx.opts.costs and not live_hvd
-                else None}
+        if not ctx.opts.costs or live_hvd:
+            return {"simulation": None}
+        from svt.traces.io import read_meta
+
+        metas = [read_meta(Path(i["path"])) for i in ctx.infos if i.get("path")]
+        return {"simulation": simulation(ctx.drafts, ctx.feats, ctx.opts, metas)}
 
     def markdown(self, report: dict) -> list[str]:
         sim = report.get("simulation")
@@ -26,7 +32,7 @@ class Simulation(Section):
         lines += ["## End to end: Adaptive Verification replay\n",
                   f"Costs: `{sim['costs']['path']}` ({sim['costs']['kind']}; {sim['costs']['drafter']} drafter). "
                   f"{sim['costs']['description']}\n",
-                  *cost_warnings(sim["costs"]),
+                  *cost_warnings(sim["costs"]), *_beyond_lines(sim),
                   f"{sim['requests']} requests, {sim['request_steps']:,} request-steps, K = {sim['k']}. Policies: "
                   "fixed draft lengths, AV at K with each predictor, and an oracle that knows the accepted "
                   "runs (an upper bound on throughput). Interactivity = tokens/s per request; throughput = "
@@ -56,7 +62,8 @@ class Simulation(Section):
                                f"{r['engine_flip']['flips']}/{r['engine_flip']['decisions']}",
                                f"{r['convex_flip']['flips']}/{r['convex_flip']['decisions']}",
                                fmt(r["throughput_convex"], 1), fmt(r["throughput_engine"], 1),
-                               f"{100 * r['throughput_given_up']:.2f} %"] for r in rules]), ""]
+                               "—" if r["throughput_given_up"] is None else f"{100 * r['throughput_given_up']:.2f} %"]
+                              for r in rules]), ""]
         live = sim.get("live_check")
         if live:
             lines += ["### Live check\n",
@@ -108,3 +115,17 @@ def _replay_rows(base, now, tolerances, skipped, paired=False):
                 rows.append({**judge(m, "simulation", base, metric_value(q.get(m), m), cis[0], tolerances, cis[1]),
                              "section": "AV replay", "item": policy, "where": f"B={conc}"})
     return rows
+
+
+def _beyond_lines(sim: dict) -> list[str]:
+    """What the chain replay read past its cost table, and concurrency above the run's requests."""
+    out = []
+    beyond = sim["costs"].get("beyond_table") or []
+    if beyond:
+        out.append("**The cost table does not cover this replay**: " + "; ".join(beyond) + ". Those costs are "
+                   "extrapolated linearly; profile with larger `--profile-batches`.\n")
+    top = max((p["concurrency"] for p in sim["points"]), default=0)
+    if top > sim["requests"]:
+        out.append(f"The run has {sim['requests']} requests: rows with B above {sim['requests']} replay batches of "
+                   f"{sim['requests']} (they repeat the B = {sim['requests']} figures, or the largest B below).\n")
+    return out
