@@ -123,3 +123,23 @@ def test_a_source_map_over_short_requests_without_tokens_is_not_trusted(small_ru
     with pytest.raises(DataError, match="that an import's source map names cannot be checked"):
         _scored(run, fit)
     assert _scored(run, fit, score_unverified=True)["n"] > 0
+
+
+def test_a_prompt_rendered_otherwise_still_repeats_its_training_output(small_run, fit, tmp_path):
+    """Found by a probe: a BOS token added to every prompt (another tool's tokenizer) made every
+    training request look new; the output alone still names it."""
+    rows = [_bare(r) for r in _records(small_run, tmp_path, "vllm-steps")]
+    for r in rows:
+        r["prompt_token_ids"] = [1, *r["prompt_token_ids"]]
+    run = _import(rows, tmp_path, "vllm-steps")
+    with pytest.raises(DataError, match="repeat the logistic fit's training requests"):
+        _scored(run, fit)
+
+
+def test_damaged_token_signatures_are_refused(fit, tmp_path):
+    from svt.fit.files import training_problem
+
+    t = json.loads(fit.read_text())["training"]
+    assert training_problem(t) is None and t["train_output_signatures"]
+    assert "train_output_signatures" in training_problem({**t, "train_output_signatures": ["xyz"]})
+    assert "train_requests_without_tokens" in training_problem({**t, "train_requests_without_tokens": -1})

@@ -74,7 +74,13 @@ CHAIN = [
      "`p_sampled` has 1 bad value(s): above `p_max`"),
     ("steps", _set("kept", lambda f: _first_row(f), pl.col("drafted") + 1), "`kept` has 1 bad value(s): above `drafted`"),
     ("steps", _set("emitted", lambda f: _first_row(f), pl.col("accepted") + 2), "`emitted` has 1 bad value(s)"),
-    ("steps", _set("explored", lambda f: _first_row(f), pl.lit(False)), "`explored` has 1 bad value(s)"),
+    ("steps", _set("kept", lambda f: _first_row(f, pl.col("accepted") + 1 < pl.col("drafted")), pl.col("drafted") - 1),
+     "`explored` has 1 bad value(s)"),  # a step that kept fewer drafts than it drafted, said to be explored
+    ("drafts", _set("accept_prob", lambda f: _first_row(f, pl.col("label") == 1), pl.col("accept_prob") * 0.5),
+     "other than min(1, p_sampled / q_sampled)"),
+    ("drafts", lambda f: f.with_columns(pl.when(_first_row(f, pl.col("position") == 0)).then(pl.lit("other"))
+                                         .otherwise(pl.col("workload")).alias("workload")),
+     "is workload 'other' in drafts"),
     ("steps", lambda f: f.filter(~_first_row(f)), "drafts of a step the steps table does not hold"),
 ]
 
@@ -110,6 +116,8 @@ TREE = [
      "`q_token` has 1 bad value(s): above `q_max`"),
     ("tree_drafts", _set("path_prob", lambda f: _first_row(f, pl.col("q_token") < 0.9), pl.col("q_token") + 0.05),
      "`path_prob` has 1 bad value(s)"),
+    ("tree_drafts", _set("path_prob", lambda f: _first_row(f, pl.col("depth") == 1), pl.col("path_prob") * 0.5),
+     "whose `path_prob` is not their parent's times their `q_token`"),
 ]
 
 

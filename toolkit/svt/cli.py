@@ -443,9 +443,8 @@ def _evaluate_checks(out_dir: Path, *, bins, bootstrap, high_yield, live, costs,
                      replay_bootstrap, overwrite) -> tuple[dict, dict | None]:
     """The option checks of `svt evaluate`, before any run is read; the tolerances and the baseline."""
     from svt.report.compare import load_report
-    from svt.report.render import check_report_out
-
     from svt.report.judge import parse_tolerances
+    from svt.report.render import check_report_out
 
     if bins < 1 or bootstrap < 0 or high_yield < 1:
         raise ConfigError(f"Expected --bins >= 1, --bootstrap >= 0 and --high-yield >= 1, but got "

@@ -117,12 +117,43 @@ def read_json(path: str | Path, what: str) -> Any:
         raise ConfigError(f"{path}: {exc}") from None
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a mapping that gives one key twice (PyYAML keeps the last one
+    silently: a config or cost table with a pasted row would be read as another file)."""
+
+
+def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen = {}
+    for key_node, _ in node.value:  # the keys written here (a `<<` merge may be overridden: not twice)
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = loader.construct_object(key_node, deep=deep)
+        try:
+            hash(key)
+        except TypeError:
+            continue  # an unhashable key: the base constructor says so
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                "while constructing a mapping", node.start_mark, f"found the key {key!r} twice (first {seen[key]})",
+                key_node.start_mark)
+        seen[key] = f"line {key_node.start_mark.line + 1}"
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
+def load_yaml_text(text: str) -> Any:
+    """``yaml.safe_load``, but a key given twice in one mapping is an error."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506  (a SafeLoader subclass)
+
+
 def read_yaml(path: str | Path, what: str) -> Any:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{what} {str(path)!r} not found.")
     try:
-        return yaml.safe_load(path.read_text())
+        return load_yaml_text(path.read_text())
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: not valid YAML ({exc}).") from None
 
@@ -169,7 +200,7 @@ def output_lock(out: str | Path) -> Iterator[None]:
 
     out = Path(out)
     if out.is_symlink():  # a swap would replace the link by a folder and leave the old target beside it
-        raise ConfigError(f"--out {out} is a symbolic link (to {os.readlink(out)}); pass the folder it points to.")
+        raise ConfigError(f"--out {out} is a symbolic link (to {os.readlink(out)}); pass the path it points to.")
     host = next((p for p in out.resolve().parents if (p / "run.json").is_file()), None)
     if host is not None:  # a run's folders hold its tables only: anything else breaks it
         raise ConfigError(f"--out {out} is inside the run {host}; write it outside any run directory.")

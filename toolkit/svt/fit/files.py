@@ -109,10 +109,13 @@ def training_problem(t) -> str | None:
     if ids is not None and not (isinstance(ids, list) and all(
             isinstance(x, list) and len(x) == 2 and all(_int(v) for v in x) and x[0] < len(runs) for x in ids)):
         return "`training.train_request_ids` is not a list of [run index, request id] pairs of integers"
-    sigs = t.get("train_request_signatures")
-    if sigs is not None and not (isinstance(sigs, list) and all(
-            isinstance(x, str) and len(x) == 16 and all(c in "0123456789abcdef" for c in x) for x in sigs)):
-        return "`training.train_request_signatures` is not a list of 16-hex-digit request signatures"
+    for key in ("train_request_signatures", "train_token_signatures", "train_output_signatures"):
+        sigs = t.get(key)
+        if sigs is not None and not (isinstance(sigs, list) and all(
+                isinstance(x, str) and len(x) == 16 and all(c in "0123456789abcdef" for c in x) for x in sigs)):
+            return f"`training.{key}` is not a list of 16-hex-digit request signatures"
+    if "train_requests_without_tokens" in t and not _int(t["train_requests_without_tokens"]):
+        return "`training.train_requests_without_tokens` is not a count (an integer >= 0)"
     return None
 
 

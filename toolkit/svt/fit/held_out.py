@@ -95,21 +95,30 @@ def scoring_unverified(on: bool = True) -> Iterator[None]:
         SCORE_UNVERIFIED.reset(token)
 
 
+SIGNATURES = {"_run": pl.Int64, "request": pl.Int64, "tokens": pl.String, "output": pl.String}
+MIN_OUTPUT_TOKENS = 8  # an output this long identifies its request (a shorter one, "Yes.", may not)
+
+
 def token_signatures(paths: list, keys: pl.DataFrame | None = None) -> pl.DataFrame:
-    """``_run``, ``request`` and ``tokens`` (16 hex digits of the prompt and output token ids; null
-    where the run does not hold them: an import whose source lacks them) for every request of the
-    runs ``paths``, or of ``keys`` (``_run``, ``request``) only."""
+    """``_run``, ``request``, ``tokens`` (16 hex digits of the prompt and output token ids; null
+    where the run does not hold them: an import whose source lacks them) and ``output`` (of the
+    output ids alone, when there are at least ``MIN_OUTPUT_TOKENS``) for every request of the runs
+    ``paths``, or of ``keys`` (``_run``, ``request``) only."""
     frames = []
     for i, p in enumerate(paths):
         run = open_run(p, deep=False, tables=["requests"])
         lacks = set(run.lacks("requests"))
         r = run.scan("requests").select("request", "prompt_ids", "output_ids").collect()
+        pairs = list(zip(r["prompt_ids"].to_list(), r["output_ids"].to_list(), strict=True))
         sig = [None if lacks & {"prompt_ids", "output_ids"} or a is None or b is None or (len(a) == 0 and len(b) == 0)
-               else _digest(a, b) for a, b in zip(r["prompt_ids"].to_list(), r["output_ids"].to_list(), strict=True)]
-        frames.append(pl.DataFrame({"_run": [i] * r.height, "request": r["request"].to_list(), "tokens": sig},
-                                   schema={"_run": pl.Int64, "request": pl.Int64, "tokens": pl.String}))
-    out = pl.concat(frames) if frames else pl.DataFrame(schema={"_run": pl.Int64, "request": pl.Int64,
-                                                                "tokens": pl.String})
+               else _digest(a, b) for a, b in pairs]
+        # the output alone: another tool's tokenizer may render the prompt otherwise (a BOS, a template)
+        # while the model's output is the same tokens
+        out_sig = [None if "output_ids" in lacks or b is None or len(b) < MIN_OUTPUT_TOKENS else _digest([], b)
+                   for _, b in pairs]
+        frames.append(pl.DataFrame({"_run": [i] * r.height, "request": r["request"].to_list(), "tokens": sig,
+                                    "output": out_sig}, schema=SIGNATURES))
+    out = pl.concat(frames) if frames else pl.DataFrame(schema=SIGNATURES)
     if keys is not None:
         out = keys.select(pl.col("_run").cast(pl.Int64), pl.col("request").cast(pl.Int64)).join(
             out, on=["_run", "request"], how="left")
@@ -130,6 +139,7 @@ def training_tokens(paths: list, train: pl.DataFrame) -> dict:
     training data)."""
     sigs = token_signatures(paths, train.select("_run", "request").unique())
     return {"train_token_signatures": sorted(sigs["tokens"].drop_nulls().unique().to_list()),
+            "train_output_signatures": sorted(sigs["output"].drop_nulls().unique().to_list()),
             "train_requests_without_tokens": int(sigs["tokens"].null_count())}
 
 
@@ -143,9 +153,11 @@ def _evidence(fit: Fitter, drafts: pl.DataFrame, paths: list | None) -> pl.DataF
         pl.lit(False).alias("_rep"), pl.lit(False).alias("_known"))
     tok = t.get("train_token_signatures")
     if tok is not None and t.get("train_requests_without_tokens") == 0 and paths is not None:
+        outs = list(t.get("train_output_signatures") or [])
         ev = ev.join(token_signatures(paths, ev), on=["_run", "request"], how="left").with_columns(
-            (pl.col("_rep") | pl.col("tokens").is_in(list(tok)).fill_null(False)).alias("_rep"),
-            (pl.col("_known") | pl.col("tokens").is_not_null()).alias("_known")).drop("tokens")
+            (pl.col("_rep") | pl.col("tokens").is_in(list(tok)).fill_null(False)
+             | pl.col("output").is_in(outs).fill_null(False)).alias("_rep"),
+            (pl.col("_known") | pl.col("tokens").is_not_null()).alias("_known")).drop("tokens", "output")
     acc = t.get("train_request_signatures")
     if acc is not None and fit.table == "drafts" and {"step", "label"} <= set(drafts.columns):
         found = request_signatures(drafts.select(pl.col("_run").cast(pl.Int64), pl.col("request").cast(pl.Int64),

@@ -22,7 +22,7 @@ import polars as pl
 
 from svt import __version__
 from svt.errors import ConfigError, DataError
-from svt.fileio import file_sha256
+from svt.fileio import file_sha256, load_yaml_text
 from svt.traces.io import open_run, write_meta
 from svt.traces.rundir import RunSummary, commit_batch, finish_run, writing
 from svt.traces.schema import SCHEMA_VERSION, TABLES
@@ -277,7 +277,7 @@ def read_mapping(path: Path | None) -> dict | None:
     if not Path(path).is_file():
         raise ConfigError(f"--mapping {path}: not found.")
     try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        data = load_yaml_text(Path(path).read_text(encoding="utf-8"))
     except UnicodeDecodeError:
         raise ConfigError(f"--mapping {path}: not UTF-8 text.") from None
     except yaml.YAMLError as exc:

@@ -72,6 +72,8 @@ class CostTable:
             out.append(f"verify_ms up to {max(self.verify_ms)} tokens, the replay needs {b * (k + 1)}")
         if b > max(self.draft_ms):
             out.append(f"draft_ms up to batch {max(self.draft_ms)}, the replay needs {b}")
+        if min(concurrency) < min(self.draft_ms):
+            out.append(f"draft_ms from batch {min(self.draft_ms)}, the replay needs {min(concurrency)}")
         return out
 
     def _roofline(self, who: str, tokens) -> np.ndarray:
@@ -196,11 +198,20 @@ def _describe(v) -> str:
     return "nothing" if v is None else repr(v)
 
 
+COMMON = {"kind", "drafter", "description"}
+KEYS = {"measured": COMMON | {"draft_ms", "verify_ms", "measurement", "models", "context", "machine"},
+        "roofline": COMMON | {"model", "models"}}
+
+
 def load_costs(path: str | Path) -> CostTable:
     path = Path(path)
     data = read_yaml(path, "Cost table")
     if not isinstance(data, dict) or data.get("kind") not in ("measured", "roofline"):
         raise ConfigError(f"{path}: expected `kind: measured` or `kind: roofline`.")
+    unknown = sorted(set(data) - KEYS[data["kind"]])
+    if unknown:  # a typo (`verify_mss`) would leave the table without what it meant to say
+        raise ConfigError(f"{path}: unknown key(s) {', '.join(map(repr, unknown))} in a {data['kind']} table; "
+                          f"known: {', '.join(sorted(KEYS[data['kind']]))}.")
     drafter = data.get("drafter", "autoregressive")
     if drafter not in ("autoregressive", "parallel"):
         raise ConfigError(f"{path}: expected `drafter` autoregressive or parallel, but got {drafter!r}.")

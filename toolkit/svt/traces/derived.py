@@ -9,8 +9,8 @@ did. What is checked:
 - within a row (every shard, with the value checks): ``q_sampled``, ``q_margin`` <= ``q_max`` and
   ``p_sampled`` <= ``p_max`` (drafts); ``q_token`` <= ``q_max`` and ``path_prob`` <= ``q_token``
   (tree nodes: a path's probability is a product of its nodes' ``q_token``); ``accepted`` <=
-  ``kept`` <= ``drafted``, ``emitted`` <= ``accepted`` + 1 and ``explored`` = (``kept`` =
-  ``drafted``) (steps);
+  ``kept`` <= ``drafted``, ``emitted`` <= ``accepted`` + 1 and ``explored`` only where ``kept`` =
+  ``drafted`` (steps; live AV may keep every draft without exploring);
 - across the drafts and steps of a chain run, per step: between ``kept`` and ``drafted`` drafts (svt
   logs every draft, vLLM's spool the verified ones), one per position; the drafts labelled 1 are positions 0 .. ``accepted`` - 1; at most one labelled 0, at
   position ``accepted``, exactly when ``accepted`` < ``kept``; a step without drafts drafted none;
@@ -54,8 +54,8 @@ def row_checks(table: str) -> list[tuple[str, pl.Expr, str]]:
                 ("kept", (pl.col("kept") > pl.col("drafted")).sum(), "above `drafted`"),
                 ("emitted", (pl.col("emitted") > pl.col("accepted") + 1).sum(),
                  "above `accepted` + 1 (a step emits its accepted drafts and one token of the target's)"),
-                ("explored", (pl.col("explored") != (pl.col("kept") == pl.col("drafted"))).sum(),
-                 "not (`kept` = `drafted`): a step is explored when it verified every draft")]
+                ("explored", (pl.col("explored") & (pl.col("kept") != pl.col("drafted"))).sum(),
+                 "true where `kept` < `drafted`: an explored step verifies every draft")]
     return []
 
 
@@ -128,19 +128,80 @@ def _first(j: pl.LazyFrame, checks: list[tuple[pl.Expr, str]]) -> str | None:
     return None
 
 
+def _acceptance_problem(drafts: pl.LazyFrame, greedy: bool | None) -> str | None:
+    """A draft's acceptance probability against its label and, where run.json says how the run
+    verified, against the rule that defines it: min(1, p_sampled / q_sampled) under sampling, 1
+    exactly when the label is 1 under greedy verification."""
+    ap = pl.col("accept_prob")
+    checks = [((pl.col("label") == 1) & (ap == 0), "a draft accepted with an acceptance probability of 0")]
+    if greedy is None:
+        pass
+    elif greedy:
+        checks.append((pl.col("label").is_not_null() & (ap != pl.col("label").cast(pl.Float32)),
+                       "under greedy verification an `accept_prob` other than its label (1: the target's argmax)"))
+    else:
+        rule = pl.min_horizontal(pl.lit(1.0), pl.col("p_sampled") / pl.col("q_sampled"))
+        checks.append(((ap - rule).abs() > 1e-5 + 1e-5 * rule, "an `accept_prob` other than min(1, p_sampled / "
+                                                                 "q_sampled), the speculative sampling rule"))
+    counts = drafts.select([c.fill_null(False).sum().alias(str(i)) for i, (c, _) in enumerate(checks)]).collect().row(0)
+    for n, (cond, what) in zip(counts, checks, strict=True):
+        if n:
+            r = drafts.filter(cond.fill_null(False)).select("request", "step", "position").head(1).collect().row(0)
+            return f"{n} draft(s) with {what} (first: request {r[0]} step {r[1]} position {r[2]})"
+    return None
+
+
+def _path_problem(nodes: pl.LazyFrame) -> str | None:
+    """A tree node's ``path_prob`` is its parent's times its own ``q_token`` (``q_token`` at depth 0)."""
+    parents = nodes.select("request", "step", pl.col("node").alias("parent"), pl.col("path_prob").alias("_pp"))
+    j = nodes.join(parents, on=["request", "step", "parent"], how="left").with_columns(
+        pl.when(pl.col("parent") < 0).then(pl.col("q_token").cast(pl.Float64))
+        .otherwise(pl.col("_pp").cast(pl.Float64) * pl.col("q_token").cast(pl.Float64)).alias("_want"))
+    bad = j.filter((pl.col("path_prob").cast(pl.Float64) - pl.col("_want")).abs() > 1e-5 * pl.col("_want") + 1e-7)
+    row = bad.select(pl.len(), pl.col("request").first(), pl.col("step").first(), pl.col("node").first()).collect().row(0)
+    if row[0]:
+        return (f"{row[0]} tree node(s) whose `path_prob` is not their parent's times their `q_token` (first: request "
+                f"{row[1]} step {row[2]} node {row[3]})")
+    return None
+
+
+def _workload_problem(run) -> str | None:
+    """A request's workload is one in the requests table and in its drafts."""
+    table = "tree_drafts" if run.has("tree_drafts") else "drafts"
+    if not run.has(table) or not run.has("requests"):
+        return None
+    d = run.scan(table).select("request", "workload").unique()
+    r = run.scan("requests").select("request", pl.col("workload").alias("_rw"))
+    bad = d.join(r, on="request", how="left").filter(pl.col("_rw").is_null() | (pl.col("_rw") != pl.col("workload")))
+    row = bad.select(pl.len(), pl.col("request").first(), pl.col("workload").first(), pl.col("_rw").first()).collect().row(0)
+    if row[0]:
+        return (f"the {table} and requests tables disagree: request {row[1]} is workload {row[2]!r} in {table} and "
+                f"{row[3]!r} in requests ({row[0]} such (request, workload) pairs)")
+    return None
+
+
 def check_derived(run) -> None:
     """The cross-table checks of an opened run (see the module docstring); one SchemaError naming
     the run, the check and the first step that fails it."""
     meta = run.meta
+    said = (meta.get("sampling") or {}).get("greedy")
+    greedy = said if isinstance(said, bool) else None  # a run that does not say is held to the label check only
+    lacks = set(run.lacks("drafts")) if run.has("drafts") else set()
+    found = _workload_problem(run)
+    if not found and run.has("drafts") and not lacks & {"accept_prob", "p_sampled", "q_sampled", "label"}:
+        found = _acceptance_problem(run.scan("drafts"), greedy)
+    if not found and run.has("tree_drafts"):
+        found = _path_problem(run.scan("tree_drafts"))
+    if found:
+        raise SchemaError(f"{Path(run.path)}: {found}.")
     if not run.has("steps"):
         return
     if isinstance(meta.get("tree"), dict):
         if not run.has("tree_drafts"):
             return
-        greedy = bool((meta.get("sampling") or {}).get("greedy"))
 
         def problem(a, b):
-            return _tree_problem(a, b, greedy)
+            return _tree_problem(a, b, bool(greedy))
         table = "tree_drafts"
     else:
         if not run.has("drafts") or "label" in run.lacks("drafts"):

@@ -126,6 +126,7 @@ def _beyond_lines(sim: dict) -> list[str]:
                    "extrapolated linearly; profile with larger `--profile-batches`.\n")
     top = max((p["concurrency"] for p in sim["points"]), default=0)
     if top > sim["requests"]:
-        out.append(f"The run has {sim['requests']} requests: rows with B above {sim['requests']} replay batches of "
-                   f"{sim['requests']} (they repeat the B = {sim['requests']} figures, or the largest B below).\n")
+        out.append(f"The replay holds {sim['requests']} requests (those every predictor may be scored on): rows "
+                   f"with B above {sim['requests']} replay batches of {sim['requests']} (they repeat the figures of "
+                   "the largest B at or below it).\n")
     return out
