@@ -36,6 +36,8 @@ def _engine(rec: Recorder, requests=4, steps=5, seed=0, aborted=(), unfinished=(
         flat = np.concatenate([ids[i, :n] for i, n in enumerate(num)])
         p = rng.random((sum(num), 4)).astype(np.float32)
         p[:, 1] = p[:, :2].max(axis=1)  # p_max bounds p_sampled
+        q_sampled = np.concatenate([q[i, :n, 3] for i, n in enumerate(num)])
+        p[:, 2] = np.minimum(1.0, p[:, 0] / q_sampled)  # the rejection sampler's acceptance probability
         sampled = np.full((requests, K + 1), PLACEHOLDER)
         for i, (r, n) in enumerate(zip(names, num, strict=True)):
             a = int(rng.integers(0, n + 1))
@@ -312,7 +314,9 @@ def test_steps_after_the_output_ended_are_dropped(tmp_path):
     out = [5]
     for step in range(3):
         rec.proposed(["a"], np.array([[1, 2, 3]]), np.full((1, K, 4), 0.5), 1.0)
-        rec.verified(["a"], [K], np.array([1, 2, 3]), np.full((K, 4), 0.5), np.array([[1, 2, -1, -1]]), 1.0)
+        p = np.full((K, 4), 0.5)
+        p[:, 2] = p[:, 3] = [1.0, 0.0, 0.0]  # greedy: acceptance is the 0/1 argmax agreement (draft 1 accepted)
+        rec.verified(["a"], [K], np.array([1, 2, 3]), p, np.array([[1, 2, -1, -1]]), 1.0)
         if step < 2:
             out += [1, 2]
     rec.finished("a", [9], out, "length", 0.0, 1.0)  # the third step came after the end

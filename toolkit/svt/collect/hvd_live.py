@@ -114,6 +114,10 @@ def decode_hvd(target, draft, prompt: list[int], *, request: int, k: int, max_ne
         if source == "model":
             p = process_probs(tl[:k], 0.0, 1.0)
             f = draft_features(torch.stack(qs)[None], p[None], torch.tensor([x], device=p.device))
+            # greedy verification: acceptance is argmax agreement, the soft labels its 0/1 outcome (as the
+            # chain engine logs them; min(1, p/q) of unscaled softmaxes is no acceptance probability here)
+            agree = torch.tensor([[float(x[i] == g[i]) for i in range(k)]], device=p.device)
+            f["accept_prob"], f["accept_prob_expected"] = agree, agree
             for i in range(min(k, a + 1)):  # labelled up to and including the first rejection
                 log.drafts.append({"request": request, "step": step, "position": i, "token": x[i],
                                    "label": int(i < a), **{n: float(v[0, i]) for n, v in f.items()}})

@@ -187,7 +187,8 @@ def check_derived(run) -> None:
     said = (meta.get("sampling") or {}).get("greedy")
     greedy = said if isinstance(said, bool) else None  # a run that does not say is held to the label check only
     lacks = set(run.lacks("drafts")) if run.has("drafts") else set()
-    found = _workload_problem(run)
+    # a synthetic run's requests are steps drawn from many source requests: their drafts keep their own workloads
+    found = None if meta.get("synthetic") else _workload_problem(run)
     if not found and run.has("drafts") and not lacks & {"accept_prob", "p_sampled", "q_sampled", "label"}:
         found = _acceptance_problem(run.scan("drafts"), greedy)
     if not found and run.has("tree_drafts"):
