@@ -692,6 +692,19 @@ def plot(
 
     Example: [bold]svt plot reliability reports/demo --out reports/demo/reliability.png[/]
     """
+    import warnings
+
+    from svt import plots
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always", plots.UnreadableFigure)
+        _plot(kind, input_path, out_path, fit, link, vmax)
+    for w in seen:
+        if issubclass(w.category, plots.UnreadableFigure):
+            err.print(f"[yellow]warning:[/] {w.message}")
+
+
+def _plot(kind, input_path, out_path, fit, link, vmax) -> None:
     from svt import plots
     from svt.report.render import link_figures
 

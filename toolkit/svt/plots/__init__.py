@@ -16,7 +16,7 @@ import numpy as np
 from svt.errors import ConfigError, DataError
 from svt.fileio import read_json
 from svt.plots.hvd import hvd, hvd_map, yield_pr
-from svt.plots.style import COLORS, add_caption, figure_axes
+from svt.plots.style import add_caption, figure_axes, palette
 from svt.plots.trees import tree_budget, tree_calibration
 from svt.report.text import shown
 
@@ -33,12 +33,13 @@ def reliability(report: dict, ax=None):
         raise DataError("The report has no probability score to draw a reliability diagram for.")
     fig, ax = figure_axes(ax)
     ax.plot([0, 1], [0, 1], color="0.6", lw=1, ls="--", label="perfect calibration")
+    colors = palette(len(feats))
     for i, (name, f) in enumerate(feats.items()):
         r = f["curves"]["reliability"]
         c = np.asarray(r["count"], dtype=float)
-        ax.plot(r["mean_pred"], r["rate"], "-", color=COLORS[i % 10], lw=1.2,
+        ax.plot(r["mean_pred"], r["rate"], "-", color=colors[i], lw=1.2,
                 label=f"{name} (ECE {f['ece']:.3f})")
-        ax.scatter(r["mean_pred"], r["rate"], s=20 + 200 * c / c.max(), color=COLORS[i % 10], alpha=0.7)
+        ax.scatter(r["mean_pred"], r["rate"], s=20 + 200 * c / c.max(), color=colors[i], alpha=0.7)
     ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="predicted acceptance probability (bin mean)",
            ylabel="observed acceptance rate", title="Reliability (hard labels; marker area ~ drafts per bin)")
     ax.legend(fontsize=7, loc="upper left")
@@ -52,12 +53,12 @@ def roc(report: dict, ax=None):
         raise DataError("The report has no feature with a ROC curve to draw.")
     fig, ax = figure_axes(ax)
     ax.plot([0, 1], [0, 1], color="0.6", lw=1, ls="--", label="chance")
-    for i, (name, f) in enumerate(report["features"].items()):
-        r = f.get("curves", {}).get("roc")
-        if not r or f.get("auc") is None:
-            continue
+    drawn = [(n, f) for n, f in report["features"].items() if f.get("curves", {}).get("roc") and f.get("auc") is not None]
+    colors = palette(len(drawn))
+    for i, (name, f) in enumerate(drawn):
+        r = f["curves"]["roc"]
         ls = "-" if f["lossless"] else ":"
-        ax.plot(r["fpr"], r["tpr"], ls, color=COLORS[i % 10], lw=1.3,
+        ax.plot(r["fpr"], r["tpr"], ls, color=colors[i], lw=1.3,
                 label=f"{shown(name, f)} (AUC {f['auc']:.3f}{'' if f['lossless'] else ', lossy'})")
     ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="false positive rate (rejected drafts ranked above the cut)",
            ylabel="true positive rate (accepted drafts)", title="ROC of acceptance scores (dotted: lossy features)")
@@ -73,20 +74,24 @@ def per_position(report: dict, ax=None):
     else:
         fig, a1, a2 = ax.figure, ax, ax.twinx()
     feats = report["features"]
+    if not feats:
+        raise DataError("The report has no acceptance feature to draw by position (a run without model drafts).")
     positions = sorted({int(p) for f in feats.values() for p in f["per_position"]})
     n = max(1, len(feats))
+    colors = palette(n)
     width = 0.8 / n
     lowest = 0.4
     for i, (name, f) in enumerate(feats.items()):
         vals = [f["per_position"].get(str(p), f["per_position"].get(p, {})).get("auc") for p in positions]
         vals = [np.nan if v is None else v for v in vals]
         lowest = min([lowest, *(v - 0.05 for v in vals if not np.isnan(v))])
-        a1.bar(np.arange(len(positions)) + (i - (n - 1) / 2) * width, vals, width, color=COLORS[i % 10],
+        a1.bar(np.arange(len(positions)) + (i - (n - 1) / 2) * width, vals, width, color=colors[i],
                label=shown(name, f), hatch="" if f["lossless"] else "//")
     a1.axhline(0.5, color="0.5", lw=0.8, ls="--")
     a1.set(xticks=range(len(positions)), xticklabels=positions, xlabel="draft position (0-based)",
            ylabel="AUC", ylim=(max(0.0, lowest), 1.0), title="AUC by draft position (hatched: lossy)")
-    a1.legend(fontsize=6, ncol=2, loc="upper left")
+    # below the bars, not over them: a dozen predictors' entries would cover the first positions
+    a1.legend(fontsize=6, ncol=min(4, n), loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
     acc = report["acceptance"]["by_position"]
     x = [r["position"] for r in acc]
     a2.plot(x, [r["conditional"] for r in acc], "o-", label="conditional (accepted / verified)")
@@ -108,7 +113,7 @@ def pareto(report: dict, ax=None):
     # would only double every AV curve
     pts = [p for p in sim["points"] if "[engine rule]" not in p["policy"]]
     policies = list(dict.fromkeys(p["policy"] for p in pts))
-    colors = plt.get_cmap("tab20").colors if len(policies) > 10 else COLORS
+    colors = palette(len(policies))
     for i, pol in enumerate(policies):
         mine = [p for p in pts if p["policy"] == pol]
         style = {"marker": "*", "ms": 9} if pol == "oracle" else ({"marker": "D", "ms": 5} if pol.startswith("AV")
@@ -125,8 +130,8 @@ def pareto(report: dict, ax=None):
                         xytext=(3, 3), textcoords="offset points")
     ax.set(xscale="linear", yscale="log", xlabel="interactivity (tokens/s per request)",
            ylabel="throughput (tokens/s, all requests)",
-           title=f"Throughput vs interactivity, B = 1..64 ({sim['costs']['kind']} costs"
-                 f"{'; UNRELIABLE: measured on a busy or noisy machine' if sim['costs'].get('warnings') else ''})")
+           title=f"Throughput vs interactivity, B = 1..64 ({sim['costs']['kind']} costs)"
+                 f"{chr(10) + 'UNRELIABLE cost table: see the report' if sim['costs'].get('warnings') else ''}")
     ax.legend(fontsize=6, ncol=2)
     add_caption(fig, report, f"   costs: {Path(sim['costs']['path']).name} ({sim['costs']['kind']})")
     return fig
@@ -145,11 +150,12 @@ def coefficients(fit, ax=None):
     cyc = [e["cycle"] for e in path]
     slope = np.array([np.atleast_1d(e["slope"]) for e in path])
     inter = np.array([e["intercepts"] for e in path])
-    for j in range(slope.shape[1]):
-        ax.plot(cyc, slope[:, j], color="k", lw=1.6 if slope.shape[1] == 1 else 1,
+    for j in range(slope.shape[1]):  # several slopes: coloured like their intercepts, dashed
+        ax.plot(cyc, slope[:, j], color="k" if slope.shape[1] == 1 else palette(slope.shape[1] + 1)[j + 1],
+                ls="-" if slope.shape[1] == 1 else "--", lw=1.6 if slope.shape[1] == 1 else 1,
                 label="slope" if slope.shape[1] == 1 else f"slope, position {j}")
     for j in range(inter.shape[1]):
-        ax.plot(cyc, inter[:, j], color=COLORS[j % 10], lw=1, label=f"intercept, position {j}")
+        ax.plot(cyc, inter[:, j], color=palette(inter.shape[1] + 1)[j + 1], lw=1, label=f"intercept, position {j}")
     o = fit.get("options", {})
     ax.set(xlabel=f"refit cycle ({o.get('cycle_steps')} decode steps each)", ylabel="coefficient",
            title=f"irls-online on {fit.get('feature')}: coefficient path (damping c = {o.get('damping')})")
@@ -164,7 +170,9 @@ def coefficients(fit, ax=None):
 def features(report: dict, ax=None):
     """The feature table as a dot plot: AUC overall and excluding the first position."""
     feats = report["features"]
-    fig, ax = figure_axes(ax, (7.2, 0.9 + 0.38 * len(feats)))
+    if not feats:
+        raise DataError("The report has no acceptance feature to draw (a run without model drafts).")
+    fig, ax = figure_axes(ax, (7.2, 1.6 + 0.38 * len(feats)))
     names = list(feats)[::-1]
     y = np.arange(len(names))
     ax.scatter([np.nan if feats[n]["auc"] is None else feats[n]["auc"] for n in names], y, color="k",
@@ -237,11 +245,23 @@ def read_input(path: str | Path):
     return read_json(path, "Report or fit file (a report directory, report.json or a fit file)")
 
 
+class UnreadableFigure(UserWarning):
+    """A figure a reader would stumble on (see :mod:`svt.plots.readability`)."""
+
+
 def save(fig, out: str | Path) -> Path:
+    """Write ``fig`` (``.png`` or ``.svg``) after a reader's look: each problem it finds (text cut
+    off, two series drawn alike, a legend over the data) is an ``UnreadableFigure`` warning."""
+    import warnings
+
+    from svt.plots.readability import problems
+
     out = Path(out)
     if out.suffix.lower() not in (".png", ".svg"):
         raise ConfigError(f"Expected an output file ending in .png or .svg, but got {out.name!r}.")
     out.parent.mkdir(parents=True, exist_ok=True)
+    for problem in problems(fig):
+        warnings.warn(f"{out.name}: {problem}", UnreadableFigure, stacklevel=2)
     fig.savefig(out, dpi=150)
     plt.close(fig)
     return out

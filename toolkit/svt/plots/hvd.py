@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from svt.errors import DataError
-from svt.plots.style import COLORS, add_caption, figure_axes
+from svt.plots.style import add_caption, figure_axes, palette
 
 
 def hvd(report: dict, ax=None):
@@ -39,7 +39,7 @@ def hvd(report: dict, ax=None):
         for i, p in enumerate(preds):
             pts = sorted((r["tau"], r["speedup_vs_greedy"]) for r in rows
                           if r.get("predictor") == p and r["tau"] is not None and math.isfinite(r["tau"]))
-            a.plot(*zip(*pts, strict=True), "-o", ms=3, lw=1.2, color=COLORS[i % len(COLORS)], label=f"HVD {p}")
+            a.plot(*zip(*pts, strict=True), "-o", ms=3, lw=1.2, color=palette(len(preds))[i], label=f"HVD {p}")
         for pol, style in (("model-only", ("k", "--")), ("cache-only", ("0.45", ":")), ("oracle-switch", ("C3", "-."))):
             v = next(r["speedup_vs_greedy"] for r in rows if r["policy"] == pol)
             a.axhline(v, color=style[0], ls=style[1], lw=1, label=pol + (" (bound)" if pol == "oracle-switch" else ""))
@@ -68,7 +68,7 @@ def yield_pr(report: dict, ax=None):
         c = b.get("pr_curve") or {}
         if not c:
             continue
-        color = COLORS[i % len(COLORS)]
+        color = palette(len(yl["predictors"]))[i]
         ls = ":" if b.get("kind") == "rule" else "-"
         ap = b.get("average_precision")
         ax.plot(c["recall"], c["precision"], ls, color=color, lw=1.3,
@@ -100,6 +100,12 @@ def hvd_map(report: dict, ax=None, vmax: float | None = None):
         raise DataError(f"--vmax must be a positive number of percent, but got {vmax!r}.")
     strengths = sorted({r["strength"] for r in rows})
     groups = [g for g in dict.fromkeys(r["group"] for r in rows) if g != "all"] + ["all"]
+    # workload rows scored on too few requests in every cell say nothing a reader can use: the `all`
+    # row alone is drawn then, and the caption says why
+    thin = [g for g in groups[:-1] if all(r.get("requests", FEW) < FEW for r in rows if r["group"] == g)]
+    dropped = len(thin) == len(groups) - 1 and len(groups) > 1 and any(r["group"] == "all" for r in rows)
+    if dropped:
+        groups, rows = ["all"], [r for r in rows if r["group"] == "all"]
     grid = np.full((len(groups), len(strengths)), np.nan)
     cells = {}
     for r in rows:
@@ -138,6 +144,8 @@ def hvd_map(report: dict, ax=None, vmax: float | None = None):
         notes.append("(gain): interval spans 0")
     if few:
         notes.append(f"hatched: < {FEW} scored requests")
+    if dropped:
+        notes.append(f"per-workload rows left out: each cell < {FEW} scored requests")
     add_caption(fig, report, f"   {Path(costs.get('path', '')).name} costs; τ chosen on other requests; "
                              + "; ".join(notes))
     return fig

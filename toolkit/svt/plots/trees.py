@@ -7,7 +7,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from svt.errors import DataError
-from svt.plots.style import COLORS, add_caption, figure_axes
+from svt.plots.style import COLORS, add_caption, figure_axes, palette
 
 POLICY_STYLE = {"chain": ("o", "-"), "static": ("s", ":"), "path-prob": ("^", "-"), "predictor": ("v", "--"),
                 "oracle": ("*", ":")}
@@ -25,11 +25,12 @@ def tree_budget(report: dict, ax=None):
     if not t.get("replay"):
         raise DataError("The tree report has no policy replay (a sampling run): collect with temperature 0.")
     fig, ax = figure_axes(ax)
-    for i, policy in enumerate(dict.fromkeys(r["policy"] for r in t["replay"])):
+    policies = list(dict.fromkeys(r["policy"] for r in t["replay"]))
+    for i, policy in enumerate(policies):
         rows = sorted((r for r in t["replay"] if r["policy"] == policy), key=lambda r: r["nodes_per_step"])
         marker, line = POLICY_STYLE.get(policy, ("o", "-"))
         ax.plot([r["nodes_per_step"] for r in rows], [r["accepted_per_step"] for r in rows], marker=marker,
-                linestyle=line, color=COLORS[i % len(COLORS)], label=policy)
+                linestyle=line, color=palette(len(policies))[i], label=policy)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("nodes verified per step (tree size)")
     ax.set_ylabel("accepted tokens per step")
