@@ -112,15 +112,7 @@ def decode_hvd(target, draft, prompt: list[int], *, request: int, k: int, max_ne
             a += 1
         new = x[:a] + [g[a]]
         if source == "model":
-            p = process_probs(tl[:k], 0.0, 1.0)
-            f = draft_features(torch.stack(qs)[None], p[None], torch.tensor([x], device=p.device))
-            # greedy verification: acceptance is argmax agreement, the soft labels its 0/1 outcome (as the
-            # chain engine logs them; min(1, p/q) of unscaled softmaxes is no acceptance probability here)
-            agree = torch.tensor([[float(x[i] == g[i]) for i in range(k)]], device=p.device)
-            f["accept_prob"], f["accept_prob_expected"] = agree, agree
-            for i in range(min(k, a + 1)):  # labelled up to and including the first rejection
-                log.drafts.append({"request": request, "step": step, "position": i, "token": x[i],
-                                   "label": int(i < a), **{n: float(v[0, i]) for n, v in f.items()}})
+            log.drafts += _model_rows(request, step, x, g, qs, tl[:k], a)
         tm.crop(n_ctx + a)
         dm.crop(min(dm.length, n_ctx + a))
         room = max_new_tokens - t
@@ -157,3 +149,16 @@ def yield_scorer(fit):
         return float(fit.predict(frame)[0])
 
     return score
+
+
+def _model_rows(request: int, step: int, x: list[int], g: list[int], qs: list, target_logits, a: int) -> list[dict]:
+    """The drafts rows of a model cycle: labelled up to and including the first rejection, the soft
+    labels the 0/1 argmax agreement of greedy verification (as the chain engine logs them; min(1, p/q)
+    of unscaled softmaxes is no acceptance probability here)."""
+    k = len(x)
+    p = process_probs(target_logits, 0.0, 1.0)
+    f = draft_features(torch.stack(qs)[None], p[None], torch.tensor([x], device=p.device))
+    agree = torch.tensor([[float(x[i] == g[i]) for i in range(k)]], device=p.device)
+    f["accept_prob"], f["accept_prob_expected"] = agree, agree
+    return [{"request": request, "step": step, "position": i, "token": x[i], "label": int(i < a),
+             **{n: float(v[0, i]) for n, v in f.items()}} for i in range(min(k, a + 1))]

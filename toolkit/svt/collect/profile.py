@@ -140,16 +140,25 @@ def falls_with_batch(times: dict[int, float], spread: dict[int, float]) -> list[
 
 
 def measurement_block(repeats: int, spreads: dict[str, dict], falls: dict[str, list[str]],
-                      before: dict, after: dict) -> dict:
-    """``CostTable.measurement``: what the figures rest on, and the warnings (see the module)."""
-    warnings = []
+                      before: dict, after: dict, fit: dict | None = None) -> dict:
+    """``CostTable.measurement``: what the figures rest on, and the warnings (see the module). With
+    ``fit`` (the cost model's record, :mod:`svt.collect.cost_fit`) the table is the fitted one and is
+    judged by the fit (its residuals, its repeats) and the machine's load; the raw cells' spreads
+    and falls are kept as information (``raw_notes``)."""
+    warnings, notes = [], []
     worst = {what: max(s.values(), default=0.0) for what, s in spreads.items()}
     for what, w in worst.items():
         if w > SPREAD_WARN:
-            warnings.append(f"{what} times' interquartile range reaches {w:.0%} of their median over {repeats} repeats")
+            notes.append(f"{what} times' interquartile range reaches {w:.0%} of their median over {repeats} repeats")
     for what, found in falls.items():
         if found:
-            warnings.append(f"{what} time falls as the batch grows ({'; '.join(found[:3])})")
+            notes.append(f"{what} time falls as the batch grows ({'; '.join(found[:3])})")
+    if fit is None:
+        warnings += notes
+    else:
+        from svt.collect.cost_fit import fit_warnings
+
+        warnings += fit_warnings(fit)
     if before["threads"] > before["cores"]:  # its own load is then anywhere up to its threads
         warnings.append(f"{before['threads']} threads on {before['cores']} cores: the times include threads waiting "
                         "for each other, and other processes' load cannot be told from this one's (profile with "
@@ -161,7 +170,8 @@ def measurement_block(repeats: int, spreads: dict[str, dict], falls: dict[str, l
     return {"repeats": repeats, "threads": before["threads"], "cores": before["cores"],
             "load_1min_before": before["load_1min"], "load_1min_after": after["load_1min"],
             "max_spread": {k: round(v, 3) for k, v in worst.items()}, "warnings": warnings,
-            "reliable": not warnings}
+            "reliable": not warnings,
+            **({"fit": fit, "raw_notes": notes} if fit is not None else {})}
 
 
 @torch.inference_mode()
@@ -176,6 +186,8 @@ def profile_pair(target, draft, *, k: int, batches=DEFAULT_BATCHES, context: int
     verify: dict[int, list[float]] = defaultdict(list)
     spread = {"draft": {}, "verify": {}}
     verify_by_batch: dict[int, dict[int, tuple[float, float]]] = defaultdict(dict)  # m -> batch -> (ms, spread)
+    draft_raw: dict[int, np.ndarray] = {}  # every repeat, for the cost model
+    verify_raw: dict[tuple[int, int], list[float]] = {}
     head = is_head(draft)
     for b in batches:
         cache = _prefill_head(draft, b, context, device) if head else _prefill(draft, b, context, device)
@@ -194,6 +206,7 @@ def profile_pair(target, draft, *, k: int, batches=DEFAULT_BATCHES, context: int
                 runs.append(times)
         med = np.median(np.array(runs), axis=0)
         draft_ms[b] = {j + 1: float(med[j]) for j in range(k)}
+        draft_raw[b] = np.array(runs)
         spread["draft"][b] = _spread(np.array(runs)[:, -1])
         cache = _prefill(target, b, context, device)
         for m in range(1, (verify_tokens or k + 1) + 1):
@@ -213,6 +226,7 @@ def profile_pair(target, draft, *, k: int, batches=DEFAULT_BATCHES, context: int
                 else:  # from the warm-up: enough forwards per sample that one lasts SAMPLE_MS
                     inner = min(MAX_INNER, max(1, math.ceil(SAMPLE_MS / max(t * 1e3, 1e-3))))
             verify[b * m].append(float(np.median(samples)))
+            verify_raw[(b, m)] = list(samples)
             spread["verify"][(b, m)] = _spread(samples)
             verify_by_batch[m][b] = (float(np.median(samples)), spread["verify"][(b, m)])
         if progress is not None:
@@ -220,7 +234,11 @@ def profile_pair(target, draft, *, k: int, batches=DEFAULT_BATCHES, context: int
     falls = {"draft": falls_with_batch({b: row[k] for b, row in draft_ms.items()}, spread["draft"]),
              "verify": [f"{m} tokens a row: {f}" for m, row in verify_by_batch.items()
                         for f in falls_with_batch({b: v[0] for b, v in row.items()}, {b: v[1] for b, v in row.items()})]}
-    block = measurement_block(repeats, spread, falls, before, machine_load())
+    from svt.collect.cost_fit import fit_costs
+
+    draft_fit, verify_fit, record = fit_costs(draft_raw, verify_raw)
+    block = measurement_block(repeats, spread, falls, before, machine_load(), fit=record)
     return CostTable("measured", "autoregressive",
-                     f"measured on {device} with context {context}, median of {repeats} repeats",
-                     draft_ms, {t: float(np.mean(v)) for t, v in sorted(verify.items())}, measurement=block)
+                     f"measured on {device} with context {context}, {repeats} repeats a cell, fitted: "
+                     f"{record['model']} (raw medians under measurement.fit)",
+                     draft_fit, verify_fit, measurement=block)
