@@ -128,8 +128,8 @@ def test_a_source_map_over_short_requests_without_tokens_is_not_trusted(small_ru
 def test_a_prompt_rendered_otherwise_still_repeats_its_training_output(small_run, fit, tmp_path):
     """Found by a probe: a BOS token added to every prompt (another tool's tokenizer) made every
     training request look new; the output alone still names it."""
-    rows = [_bare(r) for r in _records(small_run, tmp_path, "vllm-steps")]
-    for r in rows:
+    rows = [_bare(_short(r, "vllm-steps")) for r in _records(small_run, tmp_path, "vllm-steps")]
+    for r in rows:  # short (no acceptance signature) and the prompt rendered otherwise: the output names it
         r["prompt_token_ids"] = [1, *r["prompt_token_ids"]]
     run = _import(rows, tmp_path, "vllm-steps")
     with pytest.raises(DataError, match="repeat the logistic fit's training requests"):
