@@ -117,7 +117,8 @@ def fit_warnings(record: dict) -> list[str]:
     out = []
     if record["max_residual"] > MAX_RESIDUAL:
         out.append(f"the cost model misses a measured cell by {record['max_residual']:.0%} (more than "
-                   f"{MAX_RESIDUAL:.0%}): the times do not follow one monotone curve, as on a busy machine")
+                   f"{MAX_RESIDUAL:.0%}): the times do not follow the model, as on a busy machine, or a cost "
+                   "depends on more than the model's inputs (measurement.fit.residuals says which cells)")
     if record["repeats"] < MIN_REPEATS:
         out.append(f"{record['repeats']} repeats per cell, fewer than {MIN_REPEATS}: too few to fit")
     return out
