@@ -134,12 +134,10 @@ def _acceptance_problem(drafts: pl.LazyFrame, greedy: bool | None) -> str | None
     exactly when the label is 1 under greedy verification."""
     ap = pl.col("accept_prob")
     checks = [((pl.col("label") == 1) & (ap == 0), "a draft accepted with an acceptance probability of 0")]
-    if greedy is None:
-        pass
-    elif greedy:
+    if greedy:
         checks.append((pl.col("label").is_not_null() & (ap != pl.col("label").cast(pl.Float32)),
                        "under greedy verification an `accept_prob` other than its label (1: the target's argmax)"))
-    else:
+    elif greedy is False:
         rule = pl.min_horizontal(pl.lit(1.0), pl.col("p_sampled") / pl.col("q_sampled"))
         checks.append(((ap - rule).abs() > 1e-5 + 1e-5 * rule, "an `accept_prob` other than min(1, p_sampled / "
                                                                  "q_sampled), the speculative sampling rule"))
