@@ -11,14 +11,16 @@ def test_profile_writes_a_loadable_measured_table(tiny_pair, tmp_path):
     assert all(v > 0 for row in table.draft_ms.values() for v in row.values())
     # drafting k tokens is k sequential forwards: cumulative times grow with k
     assert table.draft_ms[4][3] > table.draft_ms[4][1]
-    assert sorted(table.verify_ms) == [1, 2, 3, 4, 8, 12, 16]
+    assert {b: sorted(row) for b, row in table.verify_rows_ms.items()} == {1: [1, 2, 3, 4], 4: [1, 2, 3, 4]}
     loaded = load_costs(write_costs(table, tmp_path / "c.yaml"))
     assert loaded.kind == "measured"
     assert np.isclose(loaded.draft(4, 3), table.draft_ms[4][3], rtol=1e-3)
-    # the file holds the measured values (4 decimals), not a smoothed copy
-    for t, ms in table.verify_ms.items():
-        assert loaded.verify_ms[t] == round(ms, 4)
-    assert all(v > 0 for v in table.verify_ms.values())
+    # the file holds the fitted values (4 decimals), read back at (rows, tokens)
+    for b, row in table.verify_rows_ms.items():
+        for m, ms in row.items():
+            assert loaded.verify_rows_ms[b][m] == round(ms, 4)
+            assert float(loaded.verify(b * m, rows=b)) == pytest.approx(round(ms, 4), rel=1e-12)
+    assert all(v > 0 for row in table.verify_rows_ms.values() for v in row.values())
 
 
 def test_the_table_says_how_sure_it_is_and_reads_back(tiny_pair, tmp_path):
@@ -145,7 +147,7 @@ def test_a_short_verify_forward_is_timed_over_enough_forwards_to_outlast_the_sch
     assert prof.SAMPLE_MS / 0.5 > prof.MAX_INNER == 16
     # the prefill, then for each of the K + 1 = 2 token counts: one warm-up and 2 repeats x 16
     assert len(calls) == 1 + 2 * (1 + 2 * 16)
-    assert table.verify_ms == pytest.approx({1: 0.5, 2: 0.5}, rel=1e-9)
+    assert table.verify_rows_ms[1] == pytest.approx({1: 0.5, 2: 0.5}, rel=1e-9)
 
 
 def test_more_threads_than_cores_flags_the_profile_whatever_the_load():

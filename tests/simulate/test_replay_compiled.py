@@ -22,6 +22,14 @@ def bumpy_costs(drafter: str = "autoregressive") -> CostTable:
     return CostTable("measured", drafter, "bumpy", draft, verify)
 
 
+def surface_costs() -> CostTable:
+    """A fitted table's shape: verify time over (rows, tokens a row), where rows cost on their own
+    (each reads its KV cache) and the widths between rows are interpolated."""
+    draft = {b: {k: 0.3 * k * (1 + 0.05 * b) for k in range(1, 7)} for b in (1, 3, 8, 64)}
+    rows = {b: {m: 1.5 + 0.2 * b + 0.05 * b * m + (0.8 if m >= 3 else 0.0) for m in range(1, 8)} for b in (1, 2, 5, 16)}
+    return CostTable("measured", "autoregressive", "surface", draft, {}, verify_rows_ms=rows)
+
+
 def random_trace(rng: np.random.Generator, n_req: int, K: int, ties: bool) -> StepTrace:
     req, step, a = [], [], []
     for r in range(n_req):
@@ -49,9 +57,9 @@ def _assert_same(trace, costs, concurrency=(1, 2, 3, 8, 64)):
 
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 10**6), n_req=st.integers(1, 30), K=st.integers(1, 6), ties=st.booleans(),
-       table=st.sampled_from(["bumpy", "bumpy-parallel", "h100"]))
+       table=st.sampled_from(["bumpy", "bumpy-parallel", "h100", "surface"]))
 def test_compiled_replay_equals_the_reference(seed, n_req, K, ties, table):
-    costs = {"bumpy": bumpy_costs(), "bumpy-parallel": bumpy_costs("parallel"),
+    costs = {"bumpy": bumpy_costs(), "bumpy-parallel": bumpy_costs("parallel"), "surface": surface_costs(),
              "h100": load_costs(COSTS / "h100-llama8b-eagle.yaml")}[table]
     _assert_same(random_trace(np.random.default_rng(seed), n_req, K, ties), costs)
 

@@ -3,64 +3,83 @@
 One noisy cell of raw medians moved the replay's budget rule, and made the whole table look
 unreliable on a quiet machine. What the replay reads is now a monotone, physically shaped fit:
 
-- **verify**: time as a function of the tokens of one target forward (rows x tokens a row), fitted
-  by isotonic regression (non-decreasing in tokens: more tokens never cost less) over every repeat
-  of every cell, each repeat weighted equally;
-- **draft**: per batch, the time of k drafts is an affine function of k (a fixed part, the first
-  draft's extra work included, plus a per-draft step), fitted by non-negative least squares over the
-  repeats; the fixed part and the step are then made non-decreasing in the batch (isotonic in the
-  batch, weighted by repeats), so a larger batch never drafts faster.
+- **verify**: time as a function of the rows of one target forward and the tokens a row, fitted by
+  bivariate isotonic regression (non-decreasing in both: more rows or more tokens never cost less)
+  of the cells' medians (one slow repeat, a scheduler tick, moves no cell), weighted by repeats. Rows matter on their own, not only
+  through the tokens: each row reads its own KV cache, so 64 rows of 1 token cost more than 16
+  rows of 4 (10.6 against 6.2 ms on the demo's CPU pair); a model in total tokens alone missed
+  those cells by 35 %;
+- **draft**: the cumulative time of k drafts for a batch, fitted the same way over (batch, k): a
+  larger batch never drafts faster, and k + 1 drafts never take less than k. (An affine model in k
+  with each part made monotone in the batch was tried first: the first draft, a catch-up forward
+  over k + 1 slots for a hidden-state head, sits 5-8 % off the line, and making the two parts
+  monotone separately lifted a whole batch row 15 % above its measurements.)
 
-Beside the fitted table go the raw medians, each cell's relative residual (median / fit - 1), and a
-bootstrap interval of every fitted value (repeats resampled within each cell, the fit redone). The
-profile is unreliable when the *fit* is: a residual above ``MAX_RESIDUAL``, or fewer than
-``MIN_REPEATS`` repeats per cell (a busy machine is judged by its load, as before), not when one
-raw cell is noisy.
+Beside the fitted table go the raw medians, each cell's relative residual (median / fit - 1), a
+bootstrap interval of every fitted value (repeats resampled within each cell, the fit redone), and
+``REPLICATES`` of those refits whole: the replays run again on each, so a figure carries the
+interval the cost model's uncertainty puts on it. The
+profile is unreliable when the *fit* is: a residual above ``MAX_RESIDUAL`` (the times are not
+monotone beyond the noise), a fitted value whose 95 % interval reaches further than
+``MAX_UNCERTAINTY`` of it on either side (the repeats scatter too much to pin the cost down), or
+fewer than ``MIN_REPEATS`` repeats per cell (a busy machine is also judged by its load), not when
+one raw cell is noisy.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from scipy.optimize import nnls
-from sklearn.isotonic import IsotonicRegression
+from scipy.optimize import isotonic_regression
 
 MAX_RESIDUAL = 0.10  # a cell's median off the fit by more than this share: the fit does not describe it
+MAX_UNCERTAINTY = 0.10  # a fitted value's 95 % interval half-width over the value above this: too uncertain
 MIN_REPEATS = 5
 BOOTSTRAP = 200
+REPLICATES = 40  # bootstrap refits kept in the table: the replays re-run on each for the cost interval
 
 
-def fit_verify(samples: dict[tuple[int, int], list[float]]) -> dict[int, float]:
-    """``samples[(batch, tokens a row)]``: repeats in ms -> fitted ms per total tokens (batch x
-    tokens), non-decreasing."""
-    xs, ys = [], []
-    for (b, m), s in samples.items():
-        xs += [b * m] * len(s)
-        ys += list(s)
-    iso = IsotonicRegression(increasing=True, out_of_bounds="clip").fit(np.asarray(xs, float), np.asarray(ys, float))
-    totals = sorted({b * m for b, m in samples})
-    return {t: float(v) for t, v in zip(totals, iso.predict(np.asarray(totals, float)), strict=True)}
+def bimonotone(y: np.ndarray, w: np.ndarray, *, tol: float = 1e-12, max_iter: int = 10_000) -> np.ndarray:
+    """The weighted least-squares fit to the grid ``y`` [rows, cols] that is non-decreasing along
+    both axes: Dykstra's alternating projections onto the two cones (each a weighted isotonic
+    regression per row, then per column, in the same weighted norm), to convergence."""
+    x, p, q = y.astype(float), np.zeros_like(y, float), np.zeros_like(y, float)
+    for _ in range(max_iter):
+        a = x + p
+        z = np.array([isotonic_regression(a[i], weights=w[i]).x for i in range(a.shape[0])])
+        p = a - z
+        b = z + q
+        new = np.array([isotonic_regression(b[:, j], weights=w[:, j]).x for j in range(b.shape[1])]).T
+        q = b - new
+        if np.max(np.abs(new - x)) <= tol * max(1.0, float(np.max(np.abs(new)))):
+            return new
+        x = new
+    return x
 
 
-def _affine(runs: np.ndarray) -> tuple[float, float]:
-    """(fixed part, per-draft step), both >= 0, of cumulative draft times ``runs`` [repeats, k]."""
-    reps, k = runs.shape
-    ks = np.tile(np.arange(1, k + 1, dtype=float), reps)
-    a = np.column_stack([np.ones_like(ks), ks])
-    coef, _ = nnls(a, runs.reshape(-1).astype(float))
-    return float(coef[0]), float(coef[1])
+def fit_verify(samples: dict[tuple[int, int], list[float]]) -> dict[int, dict[int, float]]:
+    """``samples[(batch, tokens a row)]``: repeats in ms (a full grid) -> fitted
+    ``verify[batch][tokens a row]``, non-decreasing in both: the weighted least-squares fit to the
+    cells' medians, each weighted by its repeats."""
+    batches = sorted({b for b, _ in samples})
+    widths = sorted({m for _, m in samples})
+    missing = [(b, m) for b in batches for m in widths if (b, m) not in samples]
+    if missing:
+        raise ValueError(f"the verify profile is not a full grid: no repeats at (batch, tokens a row) {missing[:3]}")
+    y = np.array([[np.median(samples[(b, m)]) for m in widths] for b in batches])  # one slow repeat moves no cell
+    w = np.array([[len(samples[(b, m)]) for m in widths] for b in batches], float)
+    z = bimonotone(y, w)
+    return {b: {m: float(z[i, j]) for j, m in enumerate(widths)} for i, b in enumerate(batches)}
 
 
 def fit_draft(samples: dict[int, np.ndarray]) -> dict[int, dict[int, float]]:
     """``samples[batch]``: cumulative ms after each of k drafts, one row per repeat -> fitted
-    ``draft_ms[batch][k]``: affine in k per batch, both parts non-decreasing in the batch."""
+    ``draft_ms[batch][k]``, non-decreasing in the batch and in k: the weighted least-squares fit to
+    the cells' medians, each weighted by its repeats (as :func:`fit_verify`)."""
     batches = sorted(samples)
-    parts = np.array([_affine(np.asarray(samples[b], float)) for b in batches])
-    w = np.array([len(samples[b]) for b in batches], float)
-    x = np.asarray(batches, float)
-    fixed = IsotonicRegression(increasing=True).fit(x, parts[:, 0], sample_weight=w).predict(x)
-    step = IsotonicRegression(increasing=True).fit(x, parts[:, 1], sample_weight=w).predict(x)
-    k = np.asarray(samples[batches[0]]).shape[1]
-    return {b: {j: float(f + s * j) for j in range(1, k + 1)} for b, f, s in zip(batches, fixed, step, strict=True)}
+    y = np.array([np.median(np.asarray(samples[b], float), axis=0) for b in batches])
+    w = np.array([[len(samples[b])] * y.shape[1] for b in batches], float)
+    z = bimonotone(y, w)
+    return {b: {j + 1: float(z[i, j]) for j in range(z.shape[1])} for i, b in enumerate(batches)}
 
 
 def _resample(samples: dict, rng: np.random.Generator) -> dict:
@@ -71,43 +90,67 @@ def _resample(samples: dict, rng: np.random.Generator) -> dict:
     return out
 
 
+def _round(x: float) -> float:
+    return round(float(x), 4)
+
+
+def _interval(draws) -> list[float]:
+    return [_round(np.percentile(draws, 2.5)), _round(np.percentile(draws, 97.5))]
+
+
+def _half_width(draws, value: float) -> float:
+    """The larger distance from a fitted value to its 95 % interval's ends, over the value."""
+    if not draws or value <= 0:
+        return 0.0
+    lo, hi = np.percentile(draws, [2.5, 97.5])
+    return float(max(value - lo, hi - value) / value)
+
+
 def fit_costs(draft: dict[int, np.ndarray], verify: dict[tuple[int, int], list[float]], *, seed: int = 0,
-              bootstrap: int = BOOTSTRAP) -> tuple[dict, dict, dict]:
-    """The fitted ``draft_ms`` and ``verify_ms`` of a profile's repeats, and the fit's record:
-    raw medians, relative residuals (per cell and the largest), 95 % bootstrap intervals of the
-    fitted values, and the repeats."""
+              bootstrap: int = BOOTSTRAP, replicates: int = REPLICATES) -> tuple[dict, dict, dict]:
+    """The fitted ``draft_ms[batch][k]`` and ``verify[batch][tokens a row]`` of a profile's repeats,
+    and the fit's record: raw medians, relative residuals (per cell and the largest), 95 %
+    bootstrap intervals of the fitted values, the first ``replicates`` bootstrap refits (whole
+    tables, for the replays' cost intervals) and the repeats."""
     draft_fit, verify_fit = fit_draft(draft), fit_verify(verify)
     raw_draft = {b: {j + 1: float(v) for j, v in enumerate(np.median(np.asarray(r, float), axis=0))}
                  for b, r in draft.items()}
-    raw_verify: dict[int, list[float]] = {}
-    for (b, m), s in verify.items():
-        raw_verify.setdefault(b * m, []).append(float(np.median(s)))
+    raw_verify: dict[int, dict[int, float]] = {}
+    for (b, m), s in sorted(verify.items()):
+        raw_verify.setdefault(b, {})[m] = float(np.median(s))
     res_draft = {b: {j: raw_draft[b][j] / draft_fit[b][j] - 1 for j in row} for b, row in draft_fit.items()}
-    res_verify = {f"{b}x{m}": float(np.median(s)) / verify_fit[b * m] - 1 for (b, m), s in verify.items()}
+    res_verify = {b: {m: raw_verify[b][m] / verify_fit[b][m] - 1 for m in row} for b, row in verify_fit.items()}
     rng = np.random.default_rng(seed)
     boot_d = {b: {j: [] for j in row} for b, row in draft_fit.items()}
-    boot_v = {t: [] for t in verify_fit}
-    for _ in range(bootstrap):
+    boot_v = {b: {m: [] for m in row} for b, row in verify_fit.items()}
+    kept = []
+    for i in range(bootstrap):
         d, v = fit_draft(_resample(draft, rng)), fit_verify(_resample(verify, rng))
         for b, row in d.items():
             for j, x in row.items():
                 boot_d[b][j].append(x)
-        for t, x in v.items():
-            boot_v[t].append(x)
-    worst = max([abs(x) for row in res_draft.values() for x in row.values()] + [abs(x) for x in res_verify.values()],
-                default=0.0)
+        for b, row in v.items():
+            for m, x in row.items():
+                boot_v[b][m].append(x)
+        if i < replicates:
+            kept.append({"draft_ms": {b: {j: _round(x) for j, x in row.items()} for b, row in d.items()},
+                         "verify_rows_ms": {b: {m: _round(x) for m, x in row.items()} for b, row in v.items()}})
+    cells = [x for row in res_draft.values() for x in row.values()] + [x for row in res_verify.values()
+                                                                      for x in row.values()]
     record = {
-        "model": "verify: isotonic in the tokens of a forward; draft: affine in k per batch, non-decreasing in batch",
+        "model": "verify: isotonic in rows and in tokens a row; draft: isotonic in batch and in k (cumulative)",
         "repeats": min([len(r) for r in draft.values()] + [len(s) for s in verify.values()], default=0),
-        "max_residual": round(float(worst), 4),
-        "raw_draft_ms": {b: {j: round(x, 4) for j, x in row.items()} for b, row in raw_draft.items()},
-        "raw_verify_ms": {t: round(float(np.mean(v)), 4) for t, v in sorted(raw_verify.items())},
-        "residuals": {"draft": {b: {j: round(x, 4) for j, x in row.items()} for b, row in res_draft.items()},
-                      "verify": {k: round(x, 4) for k, x in res_verify.items()}},
-        "interval95": {"draft": {b: {j: [round(float(np.percentile(x, 2.5)), 4), round(float(np.percentile(x, 97.5)), 4)]
-                                     for j, x in row.items()} for b, row in boot_d.items()},
-                       "verify": {t: [round(float(np.percentile(x, 2.5)), 4), round(float(np.percentile(x, 97.5)), 4)]
-                                  for t, x in boot_v.items()}},
+        "max_residual": _round(max((abs(x) for x in cells), default=0.0)),
+        "max_uncertainty": _round(max([_half_width(boot_d[b][j], x) for b, row in draft_fit.items() for j, x in row.items()]
+                                      + [_half_width(boot_v[b][m], x) for b, row in verify_fit.items()
+                                         for m, x in row.items()], default=0.0)),
+        "raw_draft_ms": {b: {j: _round(x) for j, x in row.items()} for b, row in raw_draft.items()},
+        "raw_verify_rows_ms": {b: {m: _round(x) for m, x in row.items()} for b, row in raw_verify.items()},
+        "residuals": {"draft": {b: {j: _round(x) for j, x in row.items()} for b, row in res_draft.items()},
+                      "verify": {b: {m: _round(x) for m, x in row.items()} for b, row in res_verify.items()}},
+        "interval95": {"draft": {b: {j: _interval(x) for j, x in row.items()} for b, row in boot_d.items()},
+                       "verify": {b: {m: _interval(x) for m, x in row.items()} for b, row in boot_v.items()}},
+        "replicates": kept,
     }
     return draft_fit, verify_fit, record
 
@@ -119,6 +162,10 @@ def fit_warnings(record: dict) -> list[str]:
         out.append(f"the cost model misses a measured cell by {record['max_residual']:.0%} (more than "
                    f"{MAX_RESIDUAL:.0%}): the times do not follow the model, as on a busy machine, or a cost "
                    "depends on more than the model's inputs (measurement.fit.residuals says which cells)")
+    if record.get("max_uncertainty", 0.0) > MAX_UNCERTAINTY:
+        out.append(f"the cost model's 95 % interval reaches {record['max_uncertainty']:.0%} from a fitted value (more "
+                   f"than {MAX_UNCERTAINTY:.0%}): the repeats scatter too much to pin the costs down, as on a busy "
+                   "machine (measurement.fit.interval95 says which cells)")
     if record["repeats"] < MIN_REPEATS:
         out.append(f"{record['repeats']} repeats per cell, fewer than {MIN_REPEATS}: too few to fit")
     return out

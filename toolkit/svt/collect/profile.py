@@ -2,8 +2,9 @@
 
 ``draft_ms[batch][k]``: the drafter proposing k tokens (k sequential one-token forwards) for a batch
 of requests (a hidden-state head: the fusion of the target's taps and a catch-up forward of k + 1
-slots for the first draft, then one-slot forwards, as the engine drafts); ``verify_ms[tokens]``: one target forward over that many new tokens in a batch (rows x
-tokens per row). Each figure is the median of timed repeats after a discarded warm-up, over a
+slots for the first draft, then one-slot forwards, as the engine drafts);
+``verify_rows_ms[rows][tokens a row]``: one target forward over that many rows of new tokens. The
+table holds the cost model fitted to the repeats (:mod:`svt.collect.cost_fit`). Each figure is the median of timed repeats after a discarded warm-up, over a
 KV cache holding ``context`` tokens per row (cropped back after every repeat).
 
 How sure the table is goes with it (``CostTable.measurement``): each entry's spread over its repeats
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections import defaultdict
 
 import numpy as np
 import torch
@@ -102,6 +102,8 @@ DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 # the mercy of one scheduler tick (IQRs of 40 % on a quiet 2-core machine), ten of them are not
 SAMPLE_MS = 10.0
 MAX_INNER = 16
+REPEATS = 15  # timed repeats a cell: enough, mostly, for the cost model's bootstrap interval to pin each cost
+EXTRA_ROUNDS = 2  # then the cells still uncertain are measured again, REPEATS more each round
 
 
 def parse_batches(text: str | None) -> tuple[int, ...]:
@@ -175,70 +177,113 @@ def measurement_block(repeats: int, spreads: dict[str, dict], falls: dict[str, l
 
 
 @torch.inference_mode()
+def _draft_runs(draft, b: int, k: int, repeats: int, context: int, device) -> np.ndarray:
+    """Cumulative ms after each of ``k`` drafts at batch ``b``, one row per repeat (after a warm-up)."""
+    head = is_head(draft)
+    cache = _prefill_head(draft, b, context, device) if head else _prefill(draft, b, context, device)
+    tok = torch.full((b, 1), 11, device=device)
+    runs = []
+    for rep in range(repeats + 1):  # the first is a warm-up
+        _sync(device)
+        times = _head_draft_times(draft, cache, b, k, context, device) if head else []
+        t0 = time.perf_counter()
+        for _ in range(0 if head else k):
+            draft(input_ids=tok, use_cache=True, **{cache_kwarg(draft): cache})
+            _sync(device)
+            times.append((time.perf_counter() - t0) * 1e3)
+        _reset(cache, context)
+        if rep:
+            runs.append(times)
+    return np.array(runs)
+
+
+@torch.inference_mode()
+def _verify_runs(target, b: int, widths, repeats: int, context: int, device) -> dict[int, list[float]]:
+    """For each number of tokens a row in ``widths``: ``repeats`` samples (ms) of one target forward
+    over ``b`` rows, each the mean of enough forwards to last ``SAMPLE_MS`` (counted at the warm-up)."""
+    cache = _prefill(target, b, context, device)
+    out = {}
+    for m in widths:
+        ids = torch.full((b, m), 11, device=device)
+        samples, inner = [], 1
+        for rep in range(repeats + 1):
+            t = 0.0
+            for _ in range(inner):
+                _sync(device)
+                t0 = time.perf_counter()
+                target(input_ids=ids, use_cache=True, **{cache_kwarg(target): cache})
+                _sync(device)
+                t += time.perf_counter() - t0
+                _reset(cache, context)
+            if rep:
+                samples.append(t * 1e3 / inner)
+            else:  # from the warm-up: enough forwards per sample that one lasts SAMPLE_MS
+                inner = min(MAX_INNER, max(1, math.ceil(SAMPLE_MS / max(t * 1e3, 1e-3))))
+        out[m] = samples
+    return out
+
+
+def _uncertain_cells(draft_fit: dict, verify_fit: dict, record: dict) -> tuple[list[int], dict[int, list[int]]]:
+    """The draft batches and verify (rows, tokens a row) cells the fit does not pin down: a fitted
+    value whose 95 % interval reaches further than MAX_UNCERTAINTY from it, or a median further than
+    MAX_RESIDUAL from the fit (a stretch of the machine busy while that cell ran): the cells to
+    measure again. Their new repeats join the old, so a disturbed stretch is outvoted, not erased."""
+    from svt.collect.cost_fit import MAX_RESIDUAL, MAX_UNCERTAINTY
+
+    def off(lo_hi, value, residual):
+        return max(value - lo_hi[0], lo_hi[1] - value) > MAX_UNCERTAINTY * value or abs(residual) > MAX_RESIDUAL
+
+    iv, res = record["interval95"], record["residuals"]
+    draft = [b for b, row in iv["draft"].items()
+             if any(off(x, draft_fit[b][j], res["draft"][b][j]) for j, x in row.items())]
+    verify = {b: [m for m, x in row.items() if off(x, verify_fit[b][m], res["verify"][b][m])]
+              for b, row in iv["verify"].items()}
+    return draft, {b: ms for b, ms in verify.items() if ms}
+
+
+@torch.inference_mode()
 def profile_pair(target, draft, *, k: int, batches=DEFAULT_BATCHES, context: int = 128,
-                 repeats: int = 5, progress=None, verify_tokens: int | None = None) -> CostTable:
+                 repeats: int = REPEATS, progress=None, verify_tokens: int | None = None) -> CostTable:
     """The pair's cost table (see the module), with how sure it is in ``measurement``. Verification
     is timed for 1 to ``verify_tokens`` tokens a row (default ``k + 1``; a tree config passes its
-    size + 1: a tree of n nodes is verified in one forward over n + 1 tokens a row)."""
-    device = next(target.parameters()).device
-    before = machine_load()
-    draft_ms: dict[int, dict[int, float]] = {}
-    verify: dict[int, list[float]] = defaultdict(list)
-    spread = {"draft": {}, "verify": {}}
-    verify_by_batch: dict[int, dict[int, tuple[float, float]]] = defaultdict(dict)  # m -> batch -> (ms, spread)
-    draft_raw: dict[int, np.ndarray] = {}  # every repeat, for the cost model
-    verify_raw: dict[tuple[int, int], list[float]] = {}
-    head = is_head(draft)
-    for b in batches:
-        cache = _prefill_head(draft, b, context, device) if head else _prefill(draft, b, context, device)
-        tok = torch.full((b, 1), 11, device=device)
-        runs = []
-        for rep in range(repeats + 1):  # the first is a warm-up
-            _sync(device)
-            times = _head_draft_times(draft, cache, b, k, context, device) if head else []
-            t0 = time.perf_counter()
-            for _ in range(0 if head else k):
-                draft(input_ids=tok, use_cache=True, **{cache_kwarg(draft): cache})
-                _sync(device)
-                times.append((time.perf_counter() - t0) * 1e3)
-            _reset(cache, context)
-            if rep:
-                runs.append(times)
-        med = np.median(np.array(runs), axis=0)
-        draft_ms[b] = {j + 1: float(med[j]) for j in range(k)}
-        draft_raw[b] = np.array(runs)
-        spread["draft"][b] = _spread(np.array(runs)[:, -1])
-        cache = _prefill(target, b, context, device)
-        for m in range(1, (verify_tokens or k + 1) + 1):
-            ids = torch.full((b, m), 11, device=device)
-            samples, inner = [], 1
-            for rep in range(repeats + 1):
-                t = 0.0
-                for _ in range(inner):
-                    _sync(device)
-                    t0 = time.perf_counter()
-                    target(input_ids=ids, use_cache=True, **{cache_kwarg(target): cache})
-                    _sync(device)
-                    t += time.perf_counter() - t0
-                    _reset(cache, context)
-                if rep:
-                    samples.append(t * 1e3 / inner)
-                else:  # from the warm-up: enough forwards per sample that one lasts SAMPLE_MS
-                    inner = min(MAX_INNER, max(1, math.ceil(SAMPLE_MS / max(t * 1e3, 1e-3))))
-            verify[b * m].append(float(np.median(samples)))
-            verify_raw[(b, m)] = list(samples)
-            spread["verify"][(b, m)] = _spread(samples)
-            verify_by_batch[m][b] = (float(np.median(samples)), spread["verify"][(b, m)])
-        if progress is not None:
-            progress(b)
-    falls = {"draft": falls_with_batch({b: row[k] for b, row in draft_ms.items()}, spread["draft"]),
-             "verify": [f"{m} tokens a row: {f}" for m, row in verify_by_batch.items()
-                        for f in falls_with_batch({b: v[0] for b, v in row.items()}, {b: v[1] for b, v in row.items()})]}
+    size + 1: a tree of n nodes is verified in one forward over n + 1 tokens a row). Cells the fit
+    does not pin down (:func:`_uncertain_cells`) are measured again, ``repeats`` more each time, up
+    to ``EXTRA_ROUNDS`` times; the fit is judged after, on every repeat."""
     from svt.collect.cost_fit import fit_costs
 
+    device = next(target.parameters()).device
+    before = machine_load()
+    widths = range(1, (verify_tokens or k + 1) + 1)
+    draft_raw: dict[int, np.ndarray] = {}  # every repeat, for the cost model
+    verify_raw: dict[tuple[int, int], list[float]] = {}
+    for b in batches:
+        draft_raw[b] = _draft_runs(draft, b, k, repeats, context, device)
+        for m, samples in _verify_runs(target, b, widths, repeats, context, device).items():
+            verify_raw[(b, m)] = samples
+        if progress is not None:
+            progress(b)
+    remeasured = []
+    for _ in range(EXTRA_ROUNDS):
+        again_d, again_v = _uncertain_cells(*fit_costs(draft_raw, verify_raw, replicates=0))
+        off = len(again_d) * k + sum(len(ms) for ms in again_v.values())
+        if not off or off > (len(draft_raw) * k + len(verify_raw)) / 2:
+            break  # nothing to redo, or most of the grid: the machine, not a stretch of it (flagged below)
+        remeasured.append({"draft": again_d, "verify": {b: list(ms) for b, ms in again_v.items()}})
+        for b in again_d:
+            draft_raw[b] = np.concatenate([draft_raw[b], _draft_runs(draft, b, k, repeats, context, device)])
+        for b, ms in again_v.items():
+            for m, samples in _verify_runs(target, b, ms, repeats, context, device).items():
+                verify_raw[(b, m)] += samples
+    spread = {"draft": {b: _spread(r[:, -1]) for b, r in draft_raw.items()},
+              "verify": {key: _spread(s) for key, s in verify_raw.items()}}
+    falls = {"draft": falls_with_batch({b: float(np.median(r[:, -1])) for b, r in draft_raw.items()}, spread["draft"]),
+             "verify": [f"{m} tokens a row: {f}" for m in widths
+                        for f in falls_with_batch({b: float(np.median(verify_raw[(b, m)])) for b in batches},
+                                                  {b: spread["verify"][(b, m)] for b in batches})]}
     draft_fit, verify_fit, record = fit_costs(draft_raw, verify_raw)
+    record["remeasured"] = remeasured
     block = measurement_block(repeats, spread, falls, before, machine_load(), fit=record)
     return CostTable("measured", "autoregressive",
-                     f"measured on {device} with context {context}, {repeats} repeats a cell, fitted: "
-                     f"{record['model']} (raw medians under measurement.fit)",
-                     draft_fit, verify_fit, measurement=block)
+                     f"measured on {device} with context {context}, {repeats} repeats a cell (more where the fit "
+                     f"was uncertain), fitted: {record['model']} (raw medians under measurement.fit)",
+                     draft_fit, {}, measurement=block, verify_rows_ms=verify_fit)

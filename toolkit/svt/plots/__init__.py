@@ -121,6 +121,7 @@ def pareto(report: dict, ax=None):
         ax.plot([p["interactivity"] for p in mine], [p["throughput"] for p in mine], "-" if pol != "oracle" else ":",
                 color=colors[i % len(colors)], lw=1, label=pol + (" (upper bound)" if pol == "oracle" else ""),
                 **style)
+        _whiskers(ax, mine, colors[i % len(colors)])
     front = sorted((p for p in pts if p["pareto"]), key=lambda p: p["interactivity"])
     ax.plot([p["interactivity"] for p in front], [p["throughput"] for p in front], color="k", lw=5,
             alpha=0.2, label="Pareto frontier (deployable policies)", zorder=0)
@@ -133,8 +134,25 @@ def pareto(report: dict, ax=None):
            title=f"Throughput vs interactivity, B = 1..64 ({sim['costs']['kind']} costs)"
                  f"{chr(10) + 'UNRELIABLE cost table: see the report' if sim['costs'].get('warnings') else ''}")
     ax.legend(fontsize=6, ncol=2)
-    add_caption(fig, report, f"   costs: {Path(sim['costs']['path']).name} ({sim['costs']['kind']})")
+    refits = sim.get("cost_refits") or 0
+    add_caption(fig, report, f"   costs: {Path(sim['costs']['path']).name} ({sim['costs']['kind']})"
+                + (f"; whiskers: 95 % over {refits} refits of the cost model" if refits else ""))
     return fig
+
+
+def _whiskers(ax, points: list[dict], color) -> None:
+    """The cost model's 95 % range of each point (``cost_ci95``), both axes, where the report has it."""
+    pts = [p for p in points if (p.get("cost_ci95") or {}).get("throughput") and p["cost_ci95"].get("interactivity")]
+    if not pts:
+        return
+    x = np.array([p["interactivity"] for p in pts])
+    y = np.array([p["throughput"] for p in pts])
+    xe = np.array([[p["interactivity"] - p["cost_ci95"]["interactivity"][0],
+                    p["cost_ci95"]["interactivity"][1] - p["interactivity"]] for p in pts]).T
+    ye = np.array([[p["throughput"] - p["cost_ci95"]["throughput"][0],
+                    p["cost_ci95"]["throughput"][1] - p["throughput"]] for p in pts]).T
+    ax.errorbar(x, y, xerr=np.maximum(xe, 0), yerr=np.maximum(ye, 0), fmt="none", ecolor=color, elinewidth=0.8,
+                capsize=2, alpha=0.7)
 
 
 def coefficients(fit, ax=None):

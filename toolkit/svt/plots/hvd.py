@@ -40,9 +40,18 @@ def hvd(report: dict, ax=None):
             pts = sorted((r["tau"], r["speedup_vs_greedy"]) for r in rows
                           if r.get("predictor") == p and r["tau"] is not None and math.isfinite(r["tau"]))
             a.plot(*zip(*pts, strict=True), "-o", ms=3, lw=1.2, color=palette(len(preds))[i], label=f"HVD {p}")
+            band = sorted((r["tau"], *r["cost_ci95"]["speedup_vs_greedy"]) for r in rows
+                          if r.get("predictor") == p and r["tau"] is not None and math.isfinite(r["tau"])
+                          and (r.get("cost_ci95") or {}).get("speedup_vs_greedy"))
+            if band:  # the cost model's 95 % range (its bootstrap refits)
+                a.fill_between(*zip(*band, strict=True), color=palette(len(preds))[i], alpha=0.18, lw=0)
         for pol, style in (("model-only", ("k", "--")), ("cache-only", ("0.45", ":")), ("oracle-switch", ("C3", "-."))):
-            v = next(r["speedup_vs_greedy"] for r in rows if r["policy"] == pol)
-            a.axhline(v, color=style[0], ls=style[1], lw=1, label=pol + (" (bound)" if pol == "oracle-switch" else ""))
+            row = next(r for r in rows if r["policy"] == pol)
+            a.axhline(row["speedup_vs_greedy"], color=style[0], ls=style[1], lw=1,
+                      label=pol + (" (bound)" if pol == "oracle-switch" else ""))
+            ci = (row.get("cost_ci95") or {}).get("speedup_vs_greedy")
+            if ci:
+                a.axhspan(*ci, color=style[0], alpha=0.08, lw=0)
         a.axhline(1.0, color="0.8", lw=0.8)
         a.set(title=f"{g}", xlabel="τ (cache draft verified when predicted yield > τ)")
         a.grid(alpha=0.3)
@@ -53,7 +62,8 @@ def hvd(report: dict, ax=None):
                  f"{Path(sim['costs']['path']).name}"
                  f"{'; UNRELIABLE: measured on a busy or noisy machine' if sim['costs'].get('warnings') else ''})",
                  fontsize=9)
-    add_caption(fig, report)
+    add_caption(fig, report, f"   bands: 95 % over {sim['cost_refits']} refits of the cost model"
+                if sim.get("cost_refits") else "")
     return fig
 
 

@@ -191,12 +191,15 @@ def _hvd_report(runs: list[Path], fit_paths: list[str], run_ids: list, *, costs_
         lives = [m["hvd"] for m in (open_run(r, deep=False, tables=["requests"]).meta for r in runs) if m.get("hvd")]
         taus = tuple(sorted({*TAUS, *(float(v["tau"]) for v in lives)}))
         points = replay_hvd(reqs, per_pred, k, costs, taus)
+        from svt.simulate.hvd import cost_intervals
+
+        refits = cost_intervals(reqs, per_pred, k, costs, taus, points)
         report["hvd_map"], report["two_sided"] = _sweeps(rows, preds, keys, k, costs, seed)
         report["hvd"] = {"costs": {"path": str(costs_path), "kind": costs.kind, "fingerprint": costs.fingerprint(),
                                    "warnings": list(costs.measurement.get("warnings", []))},
                          "k": k, "requests": len(reqs),
                          "coverage": coverage,
-                         "batch_size": 1, "collected_batch_size": batch_sizes, "rows": points,
+                         "batch_size": 1, "collected_batch_size": batch_sizes, "rows": points, "cost_refits": refits,
                          "best": best_tau(points),
                          "note": "each request replayed at batch 1; the global tree's timing follows the collection's "
                                  f"batches of {'/'.join(map(str, batch_sizes))}; τ chosen on the replayed requests "

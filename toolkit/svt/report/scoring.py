@@ -407,6 +407,9 @@ def simulation(drafts: pl.DataFrame, feats: list[Feature], opts: EvaluateOptions
         from svt.simulate.av import replay_intervals
 
         replay_intervals(trace, costs, points, n=opts.replay_bootstrap, seed=opts.seed, engine_rule=True)
+    from svt.simulate.av import cost_intervals
+
+    refits = cost_intervals(trace, costs, points)  # the cost model's uncertainty, when the table keeps its refits
     if live:
         suffix = " [engine rule]" if live["rule"] == "engine" else ""
         rep = next(p for p in points if p["policy"] == f"AV {live['predictor']}{suffix}"
@@ -419,7 +422,7 @@ def simulation(drafts: pl.DataFrame, feats: list[Feature], opts: EvaluateOptions
                       "warnings": list(costs.measurement.get("warnings", [])) + costs.pair_problems(metas or []),
                       "beyond_table": costs.beyond(trace.k, concurrency, int(np.unique(trace.request).size))},
             "requests": int(trace.request.max()) + 1, "request_steps": int(trace.a.size),
-            "k": trace.k, "predictors": [f.name for f in preds], "points": points}
+            "k": trace.k, "predictors": [f.name for f in preds], "points": points, "cost_refits": refits}
 
 
 def _rule_audit(trace, costs, preds: list[Feature], points: list[dict], concurrency) -> list[dict]:

@@ -225,7 +225,7 @@ def step_ms(costs, batch: int, nodes_by_depth: list[float], expanded_by_depth: l
     every row's pending token and nodes."""
     levels = ([1.0] + [m for m in expanded_by_depth if m > 0]) if any(nodes_by_depth) else []
     draft = sum(costs.draft(max(1, round(batch * m)), 1) for m in levels)
-    verify = float(costs.verify(np.array([batch * (1.0 + sum(nodes_by_depth))]))[0])
+    verify = float(costs.verify(np.array([batch * (1.0 + sum(nodes_by_depth))]), rows=batch)[0])
     return draft, verify
 
 
@@ -235,9 +235,7 @@ def beyond_table(costs, rows: list[dict]) -> list[str]:
         return []
     need_verify = max(CONCURRENCY) * (1 + max(r["nodes_per_step"] for r in rows))
     need_rows = max(CONCURRENCY) * max((max(r["expanded_by_depth"], default=0) for r in rows), default=0)
-    out = []
-    if need_verify > max(costs.verify_ms):
-        out.append(f"verify_ms up to {max(costs.verify_ms)} tokens, the replay needs {need_verify:.0f}")
+    out = costs.verify_reach(max(CONCURRENCY), need_verify)
     if need_rows > max(costs.draft_ms):
         out.append(f"draft_ms up to batch {max(costs.draft_ms)}, the replay needs {need_rows:.0f} rows a level")
     return out

@@ -84,7 +84,7 @@ def _fixed(k: int, trace, costs):
         n = len(rows)
         kept = min(k, trace.k)
         tokens = np.minimum(trace.a[rows], kept) + 1
-        return tokens, costs.draft(n, kept) + float(costs.verify(n + n * kept))
+        return tokens, costs.draft(n, kept) + float(costs.verify(n + n * kept, rows=n))
     return per_step
 
 
@@ -95,7 +95,7 @@ def _av(name: str, trace, costs, rule: str = "convex"):
         n = len(rows)
         kept = av_keep(conf[rows], costs, rule)
         tokens = np.minimum(trace.a[rows], kept) + 1
-        return tokens, costs.draft(n, trace.k) + float(costs.verify(n + kept.sum()))
+        return tokens, costs.draft(n, trace.k) + float(costs.verify(n + kept.sum(), rows=n))
     return per_step
 
 
@@ -139,7 +139,7 @@ def _av_length(name: str, trace, costs):
         drafted = np.where(np.arange(trace.k)[None, :] < lengths[:, None], c, 0.0)
         kept = np.minimum(av_keep(drafted, costs, "convex"), lengths)
         tokens = np.minimum(trace.a[rows], kept) + 1
-        return tokens, costs.draft(n, int(lengths.max())) + float(costs.verify(n + kept.sum()))
+        return tokens, costs.draft(n, int(lengths.max())) + float(costs.verify(n + kept.sum(), rows=n))
     return per_step
 
 
@@ -151,7 +151,7 @@ def _oracle_options(rows, trace, costs):
         bmax = int(np.minimum(trace.a[rows], k).sum())
         b = np.arange(bmax + 1)
         opts_tok.append(n + b)
-        opts_time.append(costs.draft(n, k) + costs.verify(n + b))
+        opts_time.append(costs.draft(n, k) + costs.verify(n + b, rows=n))
     return np.concatenate(opts_tok).astype(np.float64), np.concatenate(opts_time)
 
 
@@ -268,6 +268,47 @@ def replay_intervals(trace: StepTrace, costs: CostTable, points: list[dict], *, 
                 if half > 1e-9 * abs(p[m]):  # a point no draw moves (fixed K=0 at B=1): its tolerance applies
                     ci[m] = [max(0.0, p[m] - half), p[m] + half]
         p["ci95"] = ci
+
+
+def _vs_best_fixed(points: list[dict]) -> dict[tuple, float]:
+    """Each point's throughput over the best fixed draft length's at the same concurrency."""
+    best: dict[int, float] = {}
+    for p in points:
+        if p["policy"].startswith("fixed K="):
+            best[p["concurrency"]] = max(best.get(p["concurrency"], 0.0), p["throughput"])
+    return {(p["policy"], p["concurrency"]): p["throughput"] / best[p["concurrency"]] if best.get(p["concurrency"])
+            else float("nan") for p in points}
+
+
+def cost_intervals(trace: StepTrace, costs: CostTable, points: list[dict], *, engine_rule: bool = False) -> int:
+    """Add ``cost_ci95`` to each replay point: the 2.5 and 97.5 percentiles of its throughput, its
+    interactivity and its throughput over the best fixed draft length at the same concurrency
+    (``vs_best_fixed``), over replays on the cost model's bootstrap refits
+    (``CostTable.replicates``). The ratio is paired (one refit prices both policies), so it says
+    whether a gain survives the uncertainty of the costs. Returns how many refits were replayed
+    (0: the table keeps none, nothing added)."""
+    reps = costs.replicates()
+    if len(reps) < 2:
+        return 0
+    concurrency = tuple(sorted({int(p["concurrency"]) for p in points}))
+    draws: dict[tuple, list[float]] = {}
+    for rep in reps:
+        got = replay(trace, rep, concurrency=concurrency, engine_rule=engine_rule)
+        ratio = _vs_best_fixed(got)
+        for q in got:
+            key = (q["policy"], q["concurrency"])
+            for m, v in (("throughput", q["throughput"]), ("interactivity", q["interactivity"]),
+                         ("vs_best_fixed", ratio[key])):
+                draws.setdefault((*key, m), []).append(v)
+    for p in points:
+        ci = {}
+        for m in ("throughput", "interactivity", "vs_best_fixed"):
+            v = draws.get((p["policy"], p["concurrency"], m))
+            if v is not None and np.isfinite(v).all():
+                ci[m] = [float(np.percentile(v, 2.5)), float(np.percentile(v, 97.5))]
+        if ci:
+            p["cost_ci95"] = ci
+    return len(reps)
 
 
 def mark_pareto(points: list[dict]) -> None:

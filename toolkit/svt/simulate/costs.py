@@ -2,8 +2,10 @@
 
 Two kinds of file (YAML):
 
-- ``kind: measured`` — ``draft_ms[batch][k]`` and ``verify_ms[tokens]`` tables written by
-  ``svt collect --profile-costs`` (medians of timed repeats on a real pair and device);
+- ``kind: measured`` — ``draft_ms[batch][k]`` and ``verify_rows_ms[rows][tokens a row]`` written by
+  ``svt collect --profile-costs`` (a monotone fit to timed repeats on a real pair and device,
+  :mod:`svt.collect.cost_fit`), or a hand-written ``verify_ms[tokens]`` in total tokens alone
+  (older tables; the rows of the forward are then not modelled);
 - ``kind: roofline`` — a **model**, not a measurement: a forward pass over t tokens takes
   max(weight bytes / memory bandwidth, 2 * params * t / peak FLOP/s) + a fixed overhead, for the
   target and the drafter; the file names where its constants come from.
@@ -38,6 +40,8 @@ class CostTable:
     measurement: dict = field(default_factory=dict)
     # measured tables: the models profiled (paths, and weights hashes when svt wrote the table)
     models: dict = field(default_factory=dict)
+    # measured: [rows][tokens a row], the fitted surface (replaces verify_ms when present)
+    verify_rows_ms: dict[int, dict[int, float]] = field(default_factory=dict)
 
     def fingerprint(self) -> str:
         """SHA-256 (16 hex digits) of the numbers that define the table (not its description): two
@@ -48,6 +52,9 @@ class CostTable:
         body = {"kind": self.kind, "drafter": self.drafter, "model": self.model,
                 "draft_ms": {str(b): {str(k): v for k, v in sorted(row.items())} for b, row in sorted(self.draft_ms.items())},
                 "verify_ms": {str(t): v for t, v in sorted(self.verify_ms.items())}}
+        if self.verify_rows_ms:
+            body["verify_rows_ms"] = {str(b): {str(m): v for m, v in sorted(row.items())}
+                                      for b, row in sorted(self.verify_rows_ms.items())}
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
     def pair_problems(self, metas: list[dict]) -> list[str]:
@@ -67,13 +74,37 @@ class CostTable:
         if self.kind != "measured":
             return []
         b = min(max(concurrency), requests)  # a replay batches at most the run's requests
-        out = []
-        if b * (k + 1) > max(self.verify_ms):
-            out.append(f"verify_ms up to {max(self.verify_ms)} tokens, the replay needs {b * (k + 1)}")
+        out = self.verify_reach(b, b * (k + 1))
         if b > max(self.draft_ms):
             out.append(f"draft_ms up to batch {max(self.draft_ms)}, the replay needs {b}")
         if min(concurrency) < min(self.draft_ms):
             out.append(f"draft_ms from batch {min(self.draft_ms)}, the replay needs {min(concurrency)}")
+        return out
+
+    def verify_reach(self, rows: float, tokens: float) -> list[str]:
+        """Where a verify of ``tokens`` over ``rows`` reads a measured table past what it measured."""
+        if self.kind != "measured":
+            return []
+        if not self.verify_rows_ms:
+            top = max(self.verify_ms)
+            return [f"verify_ms up to {top} tokens, the replay needs {tokens:.0f}"] if tokens > top else []
+        out = []
+        widest = min(max(row) for row in self.verify_rows_ms.values())
+        if tokens / max(rows, 1) > widest:
+            out.append(f"verify_rows_ms up to {widest} tokens a row, the replay needs {tokens / max(rows, 1):.3g}")
+        if rows > max(self.verify_rows_ms):
+            out.append(f"verify_rows_ms up to {max(self.verify_rows_ms)} rows, the replay needs {rows:.0f}")
+        return out
+
+    def replicates(self) -> list[CostTable]:
+        """The cost model's bootstrap refits (``measurement.fit.replicates``) as tables: a replay run
+        on each gives the interval the fit's uncertainty puts on its figures (empty: none kept)."""
+        out = []
+        for rep in ((self.measurement or {}).get("fit") or {}).get("replicates") or []:
+            out.append(CostTable("measured", self.drafter, draft_ms={int(b): {int(k): float(v) for k, v in row.items()}
+                                                                     for b, row in rep["draft_ms"].items()},
+                                 verify_rows_ms={int(b): {int(m): float(v) for m, v in row.items()}
+                                                 for b, row in rep["verify_rows_ms"].items()}))
         return out
 
     def _roofline(self, who: str, tokens) -> np.ndarray:
@@ -83,19 +114,29 @@ class CostTable:
         compute = 2.0 * m["params"] * t / self.model["peak_flops"]
         return (np.maximum(mem, compute) + m["overhead_s"]) * 1e3
 
-    def verify(self, tokens) -> np.ndarray:
-        """Milliseconds to verify ``tokens`` tokens in one target forward (vectorised)."""
+    def verify(self, tokens, rows=None) -> np.ndarray:
+        """Milliseconds to verify ``tokens`` tokens over ``rows`` rows in one target forward
+        (vectorised over ``tokens``). ``rows`` is needed by a fitted surface (``verify_rows_ms``);
+        a roofline and a table in total tokens alone do not model it."""
         if isinstance(tokens, (int, np.integer)):  # the replays walk cycle by cycle: one count at a time
             cache = self.__dict__.setdefault("_verify_cache", {})
-            t = int(tokens)
-            if t not in cache:
-                cache[t] = self._verify(np.asarray(t, dtype=np.float64))
-            return cache[t]
-        return self._verify(np.asarray(tokens, dtype=np.float64))
+            key = (int(tokens), None if rows is None else int(rows))
+            if key not in cache:
+                cache[key] = self._verify(np.asarray(key[0], dtype=np.float64), rows)
+            return cache[key]
+        return self._verify(np.asarray(tokens, dtype=np.float64), rows)
 
-    def _verify(self, t: np.ndarray) -> np.ndarray:
+    def _verify(self, t: np.ndarray, rows) -> np.ndarray:
         if self.kind == "roofline":
             return self._roofline("target", t)
+        if self.verify_rows_ms:
+            if rows is None:
+                raise ValueError("this cost table's verify time depends on the rows of the forward: pass rows=")
+            if "_surface" not in self.__dict__:
+                from svt.simulate.surface import VerifySurface
+
+                self._surface = VerifySurface(self.verify_rows_ms)
+            return self._surface(t, rows)
         if "_verify_xy" not in self.__dict__:
             xs = np.array(sorted(self.verify_ms))
             # timing noise can make a measured table dip; more tokens never take less time
@@ -190,6 +231,36 @@ def _numbers(table, name: str, key: str, path: Path, leaf: bool = True) -> dict:
     return out
 
 
+def _check_replicates(measurement: dict, path: Path) -> None:
+    """The fit's bootstrap refits, when kept, are whole tables: each read as the table itself is."""
+    fit = measurement.get("fit")
+    reps = fit.get("replicates") if isinstance(fit, dict) else None
+    if reps is None:
+        return
+    if not isinstance(reps, list):
+        raise ConfigError(f"{path}: `measurement.fit.replicates` must be a list of tables; got {_describe(reps)}.")
+    for i, rep in enumerate(reps):
+        if not isinstance(rep, dict) or set(rep) != {"draft_ms", "verify_rows_ms"}:
+            raise ConfigError(f"{path}: `measurement.fit.replicates[{i}]` must hold `draft_ms` and `verify_rows_ms`.")
+        for b, row in _numbers(rep["draft_ms"], f"replicates[{i}].draft_ms", "batch", path, leaf=False).items():
+            for k, v in _numbers(row, f"replicates[{i}].draft_ms[{b}]", "k", path).items():
+                _positive(v, f"replicates[{i}].draft_ms[{b}][{k}]", path)
+        _verify_rows({"verify_rows_ms": rep["verify_rows_ms"]}, path)
+
+
+def _verify_rows(data: dict, path: Path) -> dict[int, dict[int, float]]:
+    """``verify_rows_ms[rows][tokens a row]``: integer keys >= 1, positive milliseconds."""
+    out = {b: _numbers(row, f"verify_rows_ms[{b}]", "tokens a row", path)
+           for b, row in _numbers(data["verify_rows_ms"], "verify_rows_ms", "rows", path, leaf=False).items()}
+    for b, row in out.items():
+        if b < 1 or any(m < 1 for m in row):
+            raise ConfigError(f"{path}: `verify_rows_ms` keys (rows, tokens a row) must be >= 1, but got rows {b}, "
+                              f"tokens {sorted(row)}.")
+        for m, v in row.items():
+            _positive(v, f"verify_rows_ms[{b}][{m}]", path)
+    return out
+
+
 def _describe(v) -> str:
     if isinstance(v, dict):
         return "an empty mapping" if not v else "a mapping"
@@ -199,7 +270,7 @@ def _describe(v) -> str:
 
 
 COMMON = {"kind", "drafter", "description"}
-KEYS = {"measured": COMMON | {"draft_ms", "verify_ms", "measurement", "models", "context", "machine"},
+KEYS = {"measured": COMMON | {"draft_ms", "verify_ms", "verify_rows_ms", "measurement", "models", "context", "machine"},
         "roofline": COMMON | {"model", "models"}}
 
 
@@ -218,9 +289,13 @@ def load_costs(path: str | Path) -> CostTable:
     if data["kind"] == "measured":
         draft = {b: _numbers(row, f"draft_ms[{b}]", "k", path)
                  for b, row in _numbers(data.get("draft_ms"), "draft_ms", "batch", path, leaf=False).items()}
-        verify = _numbers(data.get("verify_ms"), "verify_ms", "tokens", path)
-        if not draft or not verify or any(not row for row in draft.values()):
-            raise ConfigError(f"{path}: `draft_ms` and `verify_ms` must not be empty.")
+        if ("verify_ms" in data) == ("verify_rows_ms" in data):
+            raise ConfigError(f"{path}: a measured table needs exactly one of `verify_ms[tokens]` (total tokens "
+                              "alone) and `verify_rows_ms[rows][tokens a row]` (what --profile-costs writes).")
+        rows_ms = _verify_rows(data, path) if "verify_rows_ms" in data else {}
+        verify = _numbers(data.get("verify_ms"), "verify_ms", "tokens", path) if "verify_ms" in data else {}
+        if not draft or any(not row for row in draft.values()):
+            raise ConfigError(f"{path}: `draft_ms` must not be empty.")
         for b, row in draft.items():
             if b < 1 or any(k < 1 for k in row):
                 raise ConfigError(f"{path}: `draft_ms` keys (batch, k) must be >= 1, but got batch {b}, k {sorted(row)}.")
@@ -239,12 +314,13 @@ def load_costs(path: str | Path) -> CostTable:
         measurement = data.get("measurement") or {}
         if not isinstance(measurement, dict) or not isinstance(measurement.get("warnings", []), list):
             raise ConfigError(f"{path}: `measurement` must be a mapping whose `warnings` is a list.")
+        _check_replicates(measurement, path)
         if measurement.get("reliable") is False and not measurement.get("warnings"):
             measurement = {**measurement, "warnings": ["the table says it is not reliable (`measurement.reliable: "
                                                        "false`) and gives no reason"]}
         models = data.get("models") if isinstance(data.get("models"), dict) else {}
         return CostTable("measured", drafter, data.get("description", ""), draft, verify, measurement=measurement,
-                         models=models)
+                         models=models, verify_rows_ms=rows_ms)
     model = data.get("model") or {}
     bools = [f"model.{k}" for k, v in model.items() if isinstance(v, bool)] + [
         f"model.{who}.{k}" for who in ("target", "drafter") if isinstance(model.get(who), dict)
@@ -285,7 +361,8 @@ def write_costs(table: CostTable, path: str | Path, extra: dict | None = None) -
     data = {"kind": table.kind, "drafter": table.drafter, "description": table.description,
             **(extra or {}),
             "draft_ms": {b: {k: round(v, 4) for k, v in row.items()} for b, row in table.draft_ms.items()},
-            "verify_ms": {t: round(v, 4) for t, v in table.verify_ms.items()}}
+            **({"verify_rows_ms": {b: {m: round(v, 4) for m, v in row.items()} for b, row in table.verify_rows_ms.items()}}
+               if table.verify_rows_ms else {"verify_ms": {t: round(v, 4) for t, v in table.verify_ms.items()}})}
     if table.measurement:
         data["measurement"] = table.measurement
     return write_text_atomic(path, yaml.safe_dump(data, sort_keys=False))

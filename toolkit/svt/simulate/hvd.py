@@ -68,14 +68,14 @@ def walk(req: HVDRequest, use_cache: np.ndarray | None, k: int, costs: CostTable
     res = WalkResult(tokens=n)
     if use_cache is None:
         res.cycles = n
-        res.ms = float(costs.verify(1)) * n
+        res.ms = float(costs.verify(1, rows=1)) * n
         return res
-    model_ms = costs.draft(1, k) + float(costs.verify(1 + k))
+    model_ms = costs.draft(1, k) + float(costs.verify(1 + k, rows=1))
     t = 0
     while t < n:
         if use_cache[t]:
             a = int(req.cache_yield[t])
-            res.ms += float(costs.verify(1 + int(req.draft_len[t])))
+            res.ms += float(costs.verify(1 + int(req.draft_len[t]), rows=1))
             res.cache_cycles += 1
         else:
             a = int(req.model_yield[t])
@@ -91,8 +91,8 @@ def walk(req: HVDRequest, use_cache: np.ndarray | None, k: int, costs: CostTable
 def oracle_walk(req: HVDRequest, k: int, costs: CostTable) -> WalkResult:
     """The switch that knows both yields: minimal total time over every per-cycle choice."""
     n = req.draft_len.size
-    model_ms = costs.draft(1, k) + float(costs.verify(1 + k))
-    cache_ms = costs.verify(1 + req.draft_len.astype(np.int64)) + req.lookup_ms
+    model_ms = costs.draft(1, k) + float(costs.verify(1 + k, rows=1))
+    cache_ms = costs.verify(1 + req.draft_len.astype(np.int64), rows=1) + req.lookup_ms
     best = np.zeros(n + 1)
     choice = np.zeros(n, dtype=bool)
     for t in range(n - 1, -1, -1):
@@ -148,6 +148,31 @@ def replay_hvd(requests: list[HVDRequest], predictions: dict[str, list[np.ndarra
     return rows
 
 
+def cost_intervals(requests: list[HVDRequest], predictions: dict[str, list[np.ndarray]], k: int, costs: CostTable,
+                   taus: tuple[float, ...], rows: list[dict]) -> int:
+    """Add ``cost_ci95`` to each row of :func:`replay_hvd`: the 2.5 and 97.5 percentiles of its
+    speed-ups against greedy decoding and against model-only drafting over replays on the cost
+    model's bootstrap refits (``CostTable.replicates``; each refit prices both sides of a ratio).
+    Returns how many refits were replayed (0: the table keeps none)."""
+    reps = costs.replicates()
+    if len(reps) < 2:
+        return 0
+    draws: dict[tuple, list[float]] = {}
+    for rep in reps:
+        for r in replay_hvd(requests, predictions, k, rep, taus):
+            for m in ("speedup_vs_greedy", "speedup_vs_model"):
+                draws.setdefault((r["policy"], r["group"], m), []).append(r[m])
+    for r in rows:
+        ci = {}
+        for m in ("speedup_vs_greedy", "speedup_vs_model"):
+            v = draws.get((r["policy"], r["group"], m))
+            if v is not None and np.isfinite(v).all():
+                ci[m] = [float(np.percentile(v, 2.5)), float(np.percentile(v, 97.5))]
+        if ci:
+            r["cost_ci95"] = ci
+    return len(reps)
+
+
 def best_tau(rows: list[dict]) -> list[dict]:
     """Per predictor and group, the τ with the least simulated time (chosen on the replayed
     requests themselves: an optimistic choice; pick τ on other requests to deploy it)."""
@@ -160,4 +185,5 @@ def best_tau(rows: list[dict]) -> list[dict]:
             out[key] = r
     return [{"predictor": p, "group": g, "tau": r["tau"], "cycles_per_1000": r["cycles_per_1000"],
              "speedup_vs_greedy": r["speedup_vs_greedy"], "speedup_vs_model": r["speedup_vs_model"],
-             "cache_share": r["cache_share"]} for (p, g), r in out.items()]
+             "cache_share": r["cache_share"], **({"cost_ci95": r["cost_ci95"]} if r.get("cost_ci95") else {})}
+            for (p, g), r in out.items()]

@@ -198,12 +198,12 @@ def two_sided(reqs: list[HVDRequest], preds: list[np.ndarray], cache_cols: list[
     yc = np.concatenate([reqs[i].model_yield for i in split.choose]).astype(np.float64)
     reg = HistGradientBoostingRegressor(max_iter=100, random_state=seed).fit(Xc, yc)
     pm = [np.clip(reg.predict(x), 0, k) for x in X]
-    model_ms = costs.draft(1, k) + float(costs.verify(1 + k))
+    model_ms = costs.draft(1, k) + float(costs.verify(1 + k, rows=1))
 
     def use_cache(i, margin):
         r = reqs[i]
         yc_hat = np.minimum(np.maximum(preds[i], 0.0), r.draft_len)
-        cache_rate = (yc_hat + 1) / (costs.verify(1 + r.draft_len.astype(np.int64)) + r.lookup_ms)
+        cache_rate = (yc_hat + 1) / (costs.verify(1 + r.draft_len.astype(np.int64), rows=1) + r.lookup_ms)
         model_rate = (pm[i] + 1) / (model_ms + r.lookup_ms)
         return (r.draft_len > 0) & (cache_rate > margin * model_rate)
 

@@ -40,7 +40,7 @@ def _layout(trace: StepTrace, B: int) -> _Layout:
 @dataclass
 class _Tables:
     draft: np.ndarray  # [n_max + 1, K + 1]: draft(n, k)
-    verify: np.ndarray  # [n_max (K + 1) + 1]: verify(t) as measured
+    verify: np.ndarray  # [n_max + 1, n_max (K + 1) + 1]: verify(t) over n rows, as measured
     convex: tuple[np.ndarray, np.ndarray]  # curves and offsets by n (convex minorants)
     raw: tuple[np.ndarray, np.ndarray]  # the same as measured
 
@@ -59,7 +59,9 @@ def _tables(costs: CostTable, n_max: int, K: int) -> _Tables:
     for n in range(1, n_max + 1):
         for k in range(K + 1):
             draft[n, k] = costs.draft(n, k)
-    verify = np.asarray(costs.verify(np.arange(n_max * (K + 1) + 1)), dtype=np.float64)
+    verify = np.zeros((n_max + 1, n_max * (K + 1) + 1))
+    for n in range(1, n_max + 1):
+        verify[n] = costs.verify(np.arange(n_max * (K + 1) + 1), rows=n)
     return _Tables(draft, verify, _curves(costs, n_max, K, True), _curves(costs, n_max, K, False))
 
 
@@ -88,7 +90,7 @@ def replay_points(trace: StepTrace, costs: CostTable, B: int, engine_rule: bool)
     points = []
     for k in range(K + 1):  # fixed K=k
         tokens = (np.minimum(lay.a, k) + 1).astype(np.float64)
-        ms = tab.draft[sizes, k] + tab.verify[sizes + sizes * k]
+        ms = tab.draft[sizes, k] + tab.verify[sizes, sizes + sizes * k]
         points.append(_point(f"fixed K={k}", B, lay, tokens, ms, n_req))
 
     # each predictor's confidences in step order, gathered once for its three policies
@@ -99,7 +101,7 @@ def replay_points(trace: StepTrace, costs: CostTable, B: int, engine_rule: bool)
         kept = np.zeros(lay.rows.size, dtype=np.int64)
         rk.av_kept(gathered[name], lay.starts, curves[0], curves[1], draft_k, kept)
         tokens = (np.minimum(lay.a, kept) + 1).astype(np.float64)
-        return tokens, tab.draft[sizes, K] + tab.verify[sizes + np.add.reduceat(kept, lay.starts[:-1])]
+        return tokens, tab.draft[sizes, K] + tab.verify[sizes, sizes + np.add.reduceat(kept, lay.starts[:-1])]
 
     names = list(trace.confidence)
     for name in names:
@@ -116,7 +118,7 @@ def replay_points(trace: StepTrace, costs: CostTable, B: int, engine_rule: bool)
         rk.av_length_kept(conf, lay.starts, lengths, tab.convex[0], tab.convex[1], draft_k, kept)
         tokens = (np.minimum(lay.a, kept) + 1).astype(np.float64)
         longest = np.maximum.reduceat(lengths, lay.starts[:-1])
-        ms = tab.draft[sizes, longest] + tab.verify[sizes + np.add.reduceat(kept, lay.starts[:-1])]
+        ms = tab.draft[sizes, longest] + tab.verify[sizes, sizes + np.add.reduceat(kept, lay.starts[:-1])]
         points.append(_point(f"AV+length {name}", B, lay, tokens, ms, n_req))
     tokens = np.zeros(lay.rows.size)
     ms = np.zeros(sizes.size)

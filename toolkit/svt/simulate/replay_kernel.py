@@ -6,7 +6,7 @@ of arrays already gathered in that order (``conf`` ``[R, K]``, ``a`` ``[R]``), a
 ``n = starts[g + 1] - starts[g]``. Costs come as tables indexed by the batch size ``n``:
 ``curves[off[n] : off[n] + n K + 1]`` is the verify-cost curve over a step's token range
 ``n .. n (K + 1)`` (as measured, or its convex minorant), ``draft[n, k]`` the draft cost of k
-tokens, ``verify[t]`` the measured verify cost of t tokens. The arithmetic is that of the numpy
+tokens, ``verify[n, t]`` the measured verify cost of t tokens over n rows. The arithmetic is that of the numpy
 definitions in :mod:`svt.simulate.av`, operation for operation (sequential sums and products, the
 same tie rules), so the replay gives the same numbers bit for bit; tests hold the two together.
 """
@@ -116,13 +116,13 @@ def _oracle_best(a, starts, draft, verify, K, lam, pick_k, pick_b):
             d = draft[n, k]
             for b in range(bmax + 1):
                 t = float(n + b)
-                m = d + verify[n + b]
+                m = d + verify[n, n + b]
                 val = t - lam * m
                 if val > best:
                     best, bk, bb = val, k, b
         pick_k[g], pick_b[g] = bk, bb
         tok_sum += float(n + bb)
-        time_sum += draft[n, bk] + verify[n + bb]
+        time_sum += draft[n, bk] + verify[n, n + bb]
     return tok_sum, time_sum
 
 
@@ -147,4 +147,4 @@ def oracle_steps(a, starts, draft, verify, K, iters, tokens, ms):
         for i in range(n):
             tokens[lo + i] = 1.0 + min(a[lo + i], max(0, b - before))
             before += a[lo + i]
-        ms[g] = draft[n, pick_k[g]] + verify[n + b]
+        ms[g] = draft[n, pick_k[g]] + verify[n, n + b]

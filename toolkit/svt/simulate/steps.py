@@ -59,6 +59,6 @@ def verify_curve(costs: CostTable, n: int, width: int, convex: bool) -> np.ndarr
     cache = costs.__dict__.setdefault("_curves", {})
     key = (n, width, convex)
     if key not in cache:
-        v = np.asarray(costs.verify(n + np.arange(width + 1)), dtype=np.float64)
+        v = np.asarray(costs.verify(n + np.arange(width + 1), rows=n), dtype=np.float64)
         cache[key] = convex_minorant(v) if convex else v
     return cache[key]

@@ -134,16 +134,19 @@ def hvd_markdown(report: dict) -> list[str]:
                   "length); the oracle switch knows both yields (a bound). Best τ is chosen on these same "
                   "requests (optimistic).\n",
                   *cost_warnings(sim["costs"]),
+                  *_refit_note(sim),
                   md_table(["group", "policy", "cycles / 1000 tok", "tokens / cycle", "cache cycles",
-                          "speed-up vs greedy", "vs model-only"],
+                          "speed-up vs greedy", "vs model-only", *_ci_head(sim)],
                          [[r["group"], r["policy"], fmt(r["cycles_per_1000"], 1), fmt(r["mean_accepted_length"], 3),
-                           fmt(r["cache_share"], 3), fmt(r["speedup_vs_greedy"], 3), fmt(r["speedup_vs_model"], 3)]
+                           fmt(r["cache_share"], 3), fmt(r["speedup_vs_greedy"], 3), fmt(r["speedup_vs_model"], 3),
+                           *_ci_cells(sim, r)]
                           for r in sim["rows"] if "predictor" not in r]), "",
                   "### Best τ per predictor\n",
                   md_table(["group", "predictor", "τ", "cycles / 1000 tok", "cache cycles", "speed-up vs greedy",
-                          "vs model-only"],
+                          "vs model-only", *_ci_head(sim)],
                          [[b["group"], b["predictor"], fmt(b["tau"]), fmt(b["cycles_per_1000"], 1),
-                           fmt(b["cache_share"], 3), fmt(b["speedup_vs_greedy"], 3), fmt(b["speedup_vs_model"], 3)]
+                           fmt(b["cache_share"], 3), fmt(b["speedup_vs_greedy"], 3), fmt(b["speedup_vs_model"], 3),
+                           *_ci_cells(sim, b)]
                           for b in sim["best"]]), ""]
         lc = sim.get("live_check")
         if lc:
@@ -152,6 +155,26 @@ def hvd_markdown(report: dict) -> list[str]:
                       f"({lc['live_cycles_per_1000']:.1f} per 1000 tokens) live against **{lc['replayed_cycles']}** "
                       f"replayed on its own trace: {'equal' if lc['equal'] else 'DIFFERENT'}.\n"]
     return lines
+
+
+def _ci_head(sim: dict) -> list[str]:
+    return ["vs greedy 95 % (cost fit)", "vs model-only 95 % (cost fit)"] if sim.get("cost_refits") else []
+
+
+def _ci_cells(sim: dict, row: dict) -> list[str]:
+    if not sim.get("cost_refits"):
+        return []
+    ci = row.get("cost_ci95") or {}
+    return ["—" if not ci.get(m) else f"[{fmt(ci[m][0], 3)}, {fmt(ci[m][1], 3)}]"
+            for m in ("speedup_vs_greedy", "speedup_vs_model")]
+
+
+def _refit_note(sim: dict) -> list[str]:
+    if not sim.get("cost_refits"):
+        return []
+    return [f"Ranges: 2.5 and 97.5 percentiles of each speed-up over replays on {sim['cost_refits']} bootstrap refits "
+            "of the cost model (each refit prices both sides of the ratio); a speed-up whose range holds 1 is "
+            "not shown by these costs.\n"]
 
 
 def map_markdown(report: dict) -> list[str]:

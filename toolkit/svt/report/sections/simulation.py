@@ -39,11 +39,7 @@ class Simulation(Section):
                   "tokens/s in all; Pareto = no other policy's point is better on both (the oracle is left "
                   "out of that comparison). The replay ignores trimming's feedback "
                   "on later states.\n",
-                  md_table(["policy", "B", "tokens/step", "step ms", "interactivity", "throughput", "Pareto"],
-                         [[p["policy"], str(p["concurrency"]), fmt(p["tokens_per_step"], 3), fmt(p["step_ms"], 2),
-                           fmt(p["interactivity"], 1), fmt(p["throughput"], 1),
-                           "bound" if p["pareto"] is None else ("yes" if p["pareto"] else "")]
-                          for p in sim["points"]]), ""]
+                  *_refit_lines(sim), _points_table(sim), ""]
         rules = sim.get("rules")
         if rules and any("engine_flip" in r for r in rules):
             lines += ["### Is the budget rule lossless on this cost table?\n",
@@ -115,6 +111,40 @@ def _replay_rows(base, now, tolerances, skipped, paired=False):
                 rows.append({**judge(m, "simulation", base, metric_value(q.get(m), m), cis[0], tolerances, cis[1]),
                              "section": "AV replay", "item": policy, "where": f"B={conc}"})
     return rows
+
+
+def _span(ci, digits: int) -> str:
+    return "—" if not ci else f"[{fmt(ci[0], digits)}, {fmt(ci[1], digits)}]"
+
+
+def _points_table(sim: dict) -> str:
+    """The replay's points; with the cost model's refits, each point's 95 % range over them and its
+    throughput over the best fixed draft length's, paired (a gain whose range holds 1 is not shown)."""
+    refits = sim.get("cost_refits") or 0
+    head = ["policy", "B", "tokens/step", "step ms", "interactivity", "throughput", "Pareto"]
+    if refits:
+        head += ["throughput 95 % (cost fit)", "x best fixed K (95 %, cost fit)"]
+    rows = []
+    for p in sim["points"]:
+        row = [p["policy"], str(p["concurrency"]), fmt(p["tokens_per_step"], 3), fmt(p["step_ms"], 2),
+               fmt(p["interactivity"], 1), fmt(p["throughput"], 1),
+               "bound" if p["pareto"] is None else ("yes" if p["pareto"] else "")]
+        if refits:
+            ci = p.get("cost_ci95") or {}
+            row += [_span(ci.get("throughput"), 1), _span(ci.get("vs_best_fixed"), 3)]
+        rows.append(row)
+    return md_table(head, rows)
+
+
+def _refit_lines(sim: dict) -> list[str]:
+    refits = sim.get("cost_refits") or 0
+    if not refits:
+        return []
+    return [f"The cost model's uncertainty: every policy is replayed again on {refits} bootstrap refits of the cost "
+            "fit (the profile's repeats resampled, the model refitted). The ranges are the 2.5 and 97.5 percentiles "
+            "over those replays; `x best fixed K` is the policy's throughput over the best fixed draft length's at "
+            "the same B, priced by the same refit each time, so a gain whose range lies above 1 holds whatever the "
+            "costs' noise. The ranges do not include the requests' own sampling noise (`--replay-bootstrap`).\n"]
 
 
 def _beyond_lines(sim: dict) -> list[str]:

@@ -1,0 +1,111 @@
+"""The cost model's uncertainty carried into the replays: every AV and HVD policy replayed again on
+the fit's bootstrap refits, each point given its 95 % range, and the gains paired (one refit prices
+both sides). A refit equal to the table gives a range of one point; refits that move the costs
+move the ranges; a table without refits adds nothing."""
+
+import json
+
+import numpy as np
+import pytest
+
+from svt.simulate import replay
+from svt.simulate.av import cost_intervals
+from svt.simulate.costs import CostTable
+
+GRID = {1: {1: 2.0, 2: 2.1, 3: 2.3, 4: 2.6}, 4: {1: 2.6, 2: 3.1, 3: 3.8, 4: 4.6}, 16: {1: 5.0, 2: 7.0, 3: 9.5, 4: 12.0}}
+DRAFT = {b: {k: 0.4 * k * (1 + 0.05 * b) for k in range(1, 4)} for b in (1, 4, 16)}
+
+
+def _table(verify_scales=(), draft_scales=()) -> CostTable:
+    reps = [{"draft_ms": {b: {k: v * d for k, v in row.items()} for b, row in DRAFT.items()},
+             "verify_rows_ms": {b: {m: v * s for m, v in row.items()} for b, row in GRID.items()}}
+            for s, d in zip(verify_scales, draft_scales, strict=True)]
+    return CostTable("measured", draft_ms=DRAFT, verify_rows_ms=GRID, measurement={"fit": {"replicates": reps}})
+
+
+def _trace():
+    from tests.simulate.test_replay_compiled import random_trace
+
+    return random_trace(np.random.default_rng(3), 20, 3, ties=False)
+
+
+def test_refits_equal_to_the_table_give_ranges_of_one_point():
+    trace, costs = _trace(), _table((1.0, 1.0, 1.0), (1.0, 1.0, 1.0))
+    points = replay(trace, costs, concurrency=(1, 4))
+    assert cost_intervals(trace, costs, points) == 3
+    for p in points:
+        for m in ("throughput", "interactivity"):
+            assert p["cost_ci95"][m] == pytest.approx([p[m], p[m]], rel=1e-12)
+
+
+def test_refits_that_move_the_costs_move_the_ranges_and_the_gains_are_paired():
+    trace = _trace()
+    scales = np.linspace(0.8, 1.25, 9)
+    costs = _table(scales, scales[::-1])  # verify dearer while drafting is cheaper, and back
+    points = replay(trace, costs, concurrency=(1, 4, 16))
+    cost_intervals(trace, costs, points)
+    for p in points:
+        lo, hi = p["cost_ci95"]["throughput"]
+        assert lo < p["throughput"] < hi or p["policy"] == "fixed K=0" and lo <= p["throughput"] <= hi
+    for b in (1, 4, 16):
+        fixed = [p for p in points if p["concurrency"] == b and p["policy"].startswith("fixed")]
+        # under every refit one fixed length is the best: its ratio's upper end is exactly 1
+        assert max(p["cost_ci95"]["vs_best_fixed"][1] for p in fixed) == pytest.approx(1.0)
+        assert all(p["cost_ci95"]["vs_best_fixed"][1] <= 1.0 + 1e-12 for p in fixed)
+
+
+def test_a_table_without_refits_adds_nothing():
+    trace = _trace()
+    costs = CostTable("measured", draft_ms=DRAFT, verify_rows_ms=GRID)
+    points = replay(trace, costs, concurrency=(1,))
+    assert cost_intervals(trace, costs, points) == 0 and not any("cost_ci95" in p for p in points)
+
+
+def test_hvd_speedups_get_their_cost_ranges():
+    from svt.simulate.hvd import HVDRequest, cost_intervals as hvd_intervals, replay_hvd
+
+    rng = np.random.default_rng(0)
+    reqs, preds = [], {"score": []}
+    for w in ("a", "b"):
+        for _ in range(4):
+            n = 30
+            reqs.append(HVDRequest(w, rng.integers(0, 6, n), rng.integers(0, 4, n), rng.integers(0, 3, n),
+                                   np.full(n, 0.05)))
+            preds["score"].append(rng.uniform(0, 4, n))
+    scales = np.linspace(0.7, 1.4, 7)
+    costs = _table(scales, np.ones_like(scales))  # verify dearer or cheaper, drafting the same
+    rows = replay_hvd(reqs, preds, 3, costs, (0.5, 1.5))
+    assert hvd_intervals(reqs, preds, 3, costs, (0.5, 1.5), rows) == 7
+    moved = [r for r in rows if r["policy"] == "model-only" and r["group"] == "all"][0]["cost_ci95"]["speedup_vs_greedy"]
+    assert moved[0] < moved[1]
+    greedy = [r for r in rows if r["policy"] == "greedy"][0]["cost_ci95"]["speedup_vs_greedy"]
+    assert greedy == pytest.approx([1.0, 1.0])
+
+
+def test_the_report_and_the_pareto_figure_carry_the_ranges(tiny_pair, small_run, tmp_path):
+    """End to end: a profiled table keeps its refits; evaluate replays on them; report.md has the
+    range columns; the Pareto figure draws whiskers and passes the readability checks."""
+    from typer.testing import CliRunner
+
+    from svt.cli import app
+    from svt.collect.profile import profile_pair
+    from svt.plots import PLOTS
+    from svt.plots.readability import problems
+    from svt.simulate.costs import write_costs
+
+    k = json.loads((small_run / "run.json").read_text())["k"]
+    table = profile_pair(tiny_pair.target, tiny_pair.draft, k=k, batches=(1, 8), context=16, repeats=3)
+    assert len(table.replicates()) == 40
+    costs = write_costs(table, tmp_path / "c.yaml")
+    r = CliRunner().invoke(app, ["evaluate", str(small_run), "--out", str(tmp_path / "rep"), "--feature", "q_max",
+                                 "--costs", str(costs)])
+    assert r.exit_code == 0, r.output
+    report = json.loads((tmp_path / "rep" / "report.json").read_text())
+    assert report["simulation"]["cost_refits"] == 40
+    assert all("cost_ci95" in p for p in report["simulation"]["points"] if "[engine rule]" not in p["policy"])
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "x best fixed K (95 %, cost fit)" in md and "40 bootstrap refits" in md
+    fig = PLOTS["pareto"](report)
+    assert any(type(c).__name__ == "ErrorbarContainer" for c in fig.axes[0].containers)
+    assert "40 refits of the cost model" in fig._supxlabel.get_text().replace("\n", " ")
+    assert problems(fig) == []
