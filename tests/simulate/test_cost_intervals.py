@@ -62,7 +62,8 @@ def test_a_table_without_refits_adds_nothing():
 
 
 def test_hvd_speedups_get_their_cost_ranges():
-    from svt.simulate.hvd import HVDRequest, cost_intervals as hvd_intervals, replay_hvd
+    from svt.simulate.hvd import HVDRequest, replay_hvd
+    from svt.simulate.hvd import cost_intervals as hvd_intervals
 
     rng = np.random.default_rng(0)
     reqs, preds = [], {"score": []}

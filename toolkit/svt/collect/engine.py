@@ -100,8 +100,10 @@ class _Cache:
 
     def __init__(self, model, batch: int, device):
         from svt.collect.kv_cache import cache_kwarg, growing_cache
+        from svt.models.lean import lean_forward
 
         self.model = model
+        self.run = lean_forward(model) or model  # the same arithmetic without transformers' per-call machinery
         self.cache = growing_cache(model.config)
         self.cache_key = cache_kwarg(model)  # `cache` or `past_key_values`, as this transformers names it
         self.mask = torch.zeros((batch, 0), dtype=torch.long, device=device)
@@ -112,7 +114,7 @@ class _Cache:
         ``extra`` goes to the model (a hidden-state head's ``features``)."""
         pos = self.live[:, None] + (new_mask.cumsum(1) - 1).clamp(min=0)
         self.mask = torch.cat([self.mask, new_mask], 1)
-        out = self.model(
+        out = self.run(
             input_ids=ids,
             attention_mask=self.mask,
             position_ids=pos,

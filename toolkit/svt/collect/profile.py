@@ -39,6 +39,13 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
+def _forward(model):
+    """The forward the collector runs ``model`` with (:mod:`svt.models.lean` where it applies)."""
+    from svt.models.lean import lean_forward
+
+    return lean_forward(model) or model
+
+
 def _reset(cache, context: int) -> None:
     """Drop everything after the first ``context`` slots (transformers 5: crop takes -count)."""
     extra = cache.get_seq_length() - context
@@ -53,7 +60,7 @@ def _prefill(model, batch: int, context: int, device):
     cache = growing_cache(model.config)  # as the collector's: appends write in place
     ids = torch.randint(10, model.config.vocab_size, (batch, context), device=device,
                         generator=torch.Generator(device=device).manual_seed(0))
-    model(input_ids=ids, use_cache=True, **{cache_kwarg(model): cache})
+    _forward(model)(input_ids=ids, use_cache=True, **{cache_kwarg(model): cache})
     return cache
 
 
@@ -180,6 +187,7 @@ def measurement_block(repeats: int, spreads: dict[str, dict], falls: dict[str, l
 def _draft_runs(draft, b: int, k: int, repeats: int, context: int, device) -> np.ndarray:
     """Cumulative ms after each of ``k`` drafts at batch ``b``, one row per repeat (after a warm-up)."""
     head = is_head(draft)
+    run = _forward(draft)
     cache = _prefill_head(draft, b, context, device) if head else _prefill(draft, b, context, device)
     tok = torch.full((b, 1), 11, device=device)
     runs = []
@@ -188,7 +196,7 @@ def _draft_runs(draft, b: int, k: int, repeats: int, context: int, device) -> np
         times = _head_draft_times(draft, cache, b, k, context, device) if head else []
         t0 = time.perf_counter()
         for _ in range(0 if head else k):
-            draft(input_ids=tok, use_cache=True, **{cache_kwarg(draft): cache})
+            run(input_ids=tok, use_cache=True, **{cache_kwarg(draft): cache})
             _sync(device)
             times.append((time.perf_counter() - t0) * 1e3)
         _reset(cache, context)
@@ -202,6 +210,7 @@ def _verify_runs(target, b: int, widths, repeats: int, context: int, device) -> 
     """For each number of tokens a row in ``widths``: ``repeats`` samples (ms) of one target forward
     over ``b`` rows, each the mean of enough forwards to last ``SAMPLE_MS`` (counted at the warm-up)."""
     cache = _prefill(target, b, context, device)
+    run = _forward(target)
     out = {}
     for m in widths:
         ids = torch.full((b, m), 11, device=device)
@@ -211,7 +220,7 @@ def _verify_runs(target, b: int, widths, repeats: int, context: int, device) -> 
             for _ in range(inner):
                 _sync(device)
                 t0 = time.perf_counter()
-                target(input_ids=ids, use_cache=True, **{cache_kwarg(target): cache})
+                run(input_ids=ids, use_cache=True, **{cache_kwarg(target): cache})
                 _sync(device)
                 t += time.perf_counter() - t0
                 _reset(cache, context)

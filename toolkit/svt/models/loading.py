@@ -90,16 +90,20 @@ class ModelPair:
         own = [p for n, p in self.draft.named_parameters()
                if not (self.draft_kind != "model" and self.draft.shared_embedding and n.startswith("embed_tokens"))
                and not n.startswith("shared_head.head")]
+        from svt.models.lean import forward_name
+
         draft = {"path": str(self.draft_path), "weights_sha256_16": weights_hash(self.draft_path),
                  "config_sha256_16": config_hash(self.draft_path),
-                 "parameters": sum(p.numel() for p in own), "kind": self.draft_kind}
+                 "parameters": sum(p.numel() for p in own), "kind": self.draft_kind,
+                 "forward": forward_name(self.draft)}
         if self.draft_kind != "model":
             draft["aux_layer_ids"] = list(self.draft.cfg.aux_layer_ids)
             draft["draft_vocab_size"] = self.draft.cfg.draft_vocab_size
         return {
             "target": {"path": str(self.target_path), "weights_sha256_16": weights_hash(self.target_path),
                        "config_sha256_16": config_hash(self.target_path),
-                       "parameters": sum(p.numel() for p in self.target.parameters())},
+                       "parameters": sum(p.numel() for p in self.target.parameters()),
+                       "forward": forward_name(self.target)},
             "draft": draft,
             "tokenizer": {"path": str(self.target_path), "vocab_size": len(self.tokenizer)},
             "dtype": str(self.dtype).removeprefix("torch."),
