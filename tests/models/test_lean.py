@@ -138,3 +138,11 @@ def test_the_mask_is_causal_over_slots_and_never_leaves_a_query_nothing():
     assert got == [[[1, 0, 1, 1, 0], [1, 0, 1, 1, 1]],
                    [[1, 1, 1, 1, 0], [1, 1, 1, 0, 1]],
                    [[0, 0, 0, 1, 0], [0, 0, 0, 0, 1]]]
+
+
+def test_an_argument_it_does_not_take_is_refused_not_ignored(tiny_pair):
+    from svt.collect.kv_cache import growing_cache
+
+    lean = lean_forward(tiny_pair.draft)
+    with pytest.raises(TypeError, match="logits_to_keep"):
+        lean(input_ids=torch.tensor([[5, 6]]), cache=growing_cache(tiny_pair.draft.config), logits_to_keep=1)

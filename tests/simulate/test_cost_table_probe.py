@@ -83,8 +83,15 @@ def test_the_replay_says_where_it_reads_past_the_table(small_run, tmp_path):
 
 
 def test_a_table_so_slow_that_throughput_is_zero_is_no_traceback(small_run, tmp_path):
+    """A measured table that slow is refused (no step takes 1e308 ms); a roofline model with absurd
+    constants still loads, and its zero throughputs give a dash, not a ZeroDivisionError."""
     k = json.loads((small_run / "run.json").read_text())["k"]
     table = {**GOOD, "draft_ms": {1: {j: 1e308 for j in range(1, k + 1)}}, "verify_ms": {1: 1e308}}
-    rep = evaluate([small_run], EvaluateOptions(features=["q_max"], costs=str(_write(tmp_path, table))))
+    with pytest.raises(ConfigError, match="at most"):
+        load_costs(_write(tmp_path, table, "measured.yaml"))
+    huge = {"params": 1e300, "weight_bytes": 1e300, "overhead_s": 0.0}
+    roof = {"kind": "roofline", "model": {"bandwidth_bytes_per_s": 1e-300, "peak_flops": 1e-300,
+                                          "target": huge, "drafter": huge}}
+    rep = evaluate([small_run], EvaluateOptions(features=["q_max"], costs=str(_write(tmp_path, roof))))
     assert any(r["throughput_given_up"] is None for r in rep["simulation"]["rules"])
     assert "—" in to_markdown(rep)

@@ -18,8 +18,10 @@ is causal over cache slots and the 2D padding mask, and each query also sees its
 every row masks (a hole the engine will never unmask) then attends to itself instead of to nothing,
 so its keys and values stay finite; no real query ever sees it. ``hidden_states``, when asked for,
 is transformers' tuple: the embeddings, each layer's input after the first, and the final norm's
-output. Tests hold the logits and every hidden state equal to transformers' on the built-in models
-(float32: bit for bit here), through caches with holes, compaction and rows leaving.
+output. Tests hold the logits and every hidden state equal to transformers' to 1e-6 in float32 (bit for
+bit for the built-in models on this CPU; grouped heads differ in the last bits), through caches with
+holes, compaction and rows leaving. The layers are taken when the lean forward is first built: change
+``num_hidden_layers`` after that and build a new model.
 
 Only configurations whose forward is exactly this are taken (:func:`why_not_lean` says why not
 otherwise, and the engine then calls the model itself): a ``LlamaForCausalLM`` with SDPA attention,
@@ -86,7 +88,9 @@ class LeanLlama:
         return self.model.parameters()
 
     def __call__(self, input_ids, attention_mask=None, position_ids=None, past_key_values=None, cache=None,
-                 use_cache=True, output_hidden_states=False, **unused) -> LeanOutput:
+                 use_cache=True, output_hidden_states=False, **other) -> LeanOutput:
+        if other:  # e.g. logits_to_keep: never ignored in silence
+            raise TypeError(f"the lean forward does not take {', '.join(sorted(other))}; call the model itself")
         cache = cache if cache is not None else past_key_values
         if cache is None:
             raise ValueError("the lean forward appends to a cache: pass cache= (or past_key_values=)")
