@@ -17,7 +17,7 @@ setup: $(VENV)/.svt-installed $(VENV)/.svt-kernels
 $(VENV)/.svt-installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q "$(TORCH_SPEC)"
-	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q -e '.[dev,cluster]'
 	touch $@
 
 # svt's numba kernels are compiled once per checkout (a cache beside their source, ~30 s on 2 cores),

@@ -21,7 +21,7 @@ LAYERS = {
     "features": 2, "metrics": 2, "models": 2, "trees": 2,
     "simulate": 3, "fit": 3, "collect": 3,
     "vllm_plugin": 4,
-    "report": 5, "plots": 5, "interop": 5,
+    "report": 5, "plots": 5, "interop": 5, "distributed": 5,
     "cli": 6, "warmup": 6, "pair": 6,
 }
 MAX_LINES = 80

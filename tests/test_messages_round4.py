@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from svt.cli import app
 from svt.errors import ConfigError
-from svt.simulate.costs import load_costs
+from svt.simulate.cost_files import load_costs
 
 ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()

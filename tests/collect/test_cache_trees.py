@@ -182,7 +182,7 @@ def test_report_figures_by_hand(greedy_run, tmp_path):
 
     from svt.fit.yield_data import load_cache_drafts_for_fit, load_cache_trees
     from svt.report.cache_trees import cache_tree_report
-    from svt.simulate.costs import load_costs
+    from svt.simulate.cost_files import load_costs
 
     rows, _ = load_cache_drafts_for_fit([greedy_run], with_empty=True)
     costs = load_costs("configs/costs/h100-llama8b-eagle.yaml")

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from svt.collect.cost_fit import MAX_RESIDUAL, bimonotone, fit_costs, fit_warnings
-from svt.simulate.costs import load_costs, write_costs
+from svt.simulate.cost_files import load_costs, write_costs
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 K = 5

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from svt.collect.profile import profile_pair
-from svt.simulate.costs import load_costs, write_costs
+from svt.simulate.cost_files import load_costs, write_costs
 
 
 def test_profile_writes_a_loadable_measured_table(tiny_pair, tmp_path):

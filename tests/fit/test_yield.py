@@ -163,7 +163,7 @@ def test_report_replay_of_a_rule_equals_an_independent_walk(greedy_run):
     integer rule: many predictions equal τ exactly, which must not verify the cache)."""
     from svt.fit.yield_data import load_cache_drafts_for_fit
     from svt.report import EvaluateOptions, evaluate
-    from svt.simulate.costs import load_costs
+    from svt.simulate.cost_files import load_costs
     from svt.simulate.hvd import HVDRequest, walk
 
     rep = evaluate([greedy_run], EvaluateOptions(features=["q_max"], costs=str(COSTS)))

@@ -14,7 +14,7 @@ from svt.config import load_collect_config
 from svt.errors import DataError, SchemaError
 from svt.report import EvaluateOptions, evaluate
 from svt.report.trees_text import tree_markdown
-from svt.simulate.costs import load_costs
+from svt.simulate.cost_files import load_costs
 from svt.traces.io import open_run
 from tests.conftest import ROOT
 

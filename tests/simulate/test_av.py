@@ -7,7 +7,8 @@ import pytest
 
 from svt.simulate import StepTrace, replay
 from svt.simulate.av import av_keep, mark_pareto
-from svt.simulate.costs import CostTable, load_costs
+from svt.simulate.cost_files import load_costs
+from svt.simulate.costs import CostTable
 
 COSTS = Path(__file__).resolve().parents[2] / "configs" / "costs"
 

@@ -92,7 +92,7 @@ def test_the_report_and_the_pareto_figure_carry_the_ranges(tiny_pair, small_run,
     from svt.collect.profile import profile_pair
     from svt.plots import PLOTS
     from svt.plots.readability import problems
-    from svt.simulate.costs import write_costs
+    from svt.simulate.cost_files import write_costs
 
     k = json.loads((small_run / "run.json").read_text())["k"]
     table = profile_pair(tiny_pair.target, tiny_pair.draft, k=k, batches=(1, 8), context=16, repeats=3)

@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from svt.errors import ConfigError
-from svt.simulate.costs import CostTable, load_costs, write_costs
+from svt.simulate.cost_files import load_costs, write_costs
+from svt.simulate.costs import CostTable
 
 GRID = {1: {1: 2.0, 2: 2.2}, 4: {1: 3.0, 2: 4.0}}
 DRAFT = {1: {1: 0.5, 2: 1.0}, 4: {1: 0.8, 2: 1.5}}

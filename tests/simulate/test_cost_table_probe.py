@@ -12,7 +12,7 @@ import yaml
 from svt.errors import ConfigError
 from svt.report import EvaluateOptions, evaluate
 from svt.report.render import to_markdown
-from svt.simulate.costs import load_costs
+from svt.simulate.cost_files import load_costs
 from tests.conftest import ROOT
 
 GOOD = {"kind": "measured", "draft_ms": {1: {1: 1.0, 2: 2.0, 3: 3.0, 4: 4.0}, 8: {1: 1.5, 2: 3.0, 3: 4.5, 4: 6.0}},

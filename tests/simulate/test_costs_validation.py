@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from svt.errors import ConfigError
-from svt.simulate.costs import load_costs
+from svt.simulate.cost_files import load_costs
 
 GOOD = {"kind": "measured", "draft_ms": {1: {1: 1.0, 2: 2.0, 3: 3.0}, 8: {1: 1.5, 2: 3.0, 3: 4.5}},
         "verify_ms": {1: 5.0, 4: 6.0, 32: 9.0}}

@@ -21,7 +21,7 @@ from svt.simulate.stand_in import stand_in_yields
 
 @pytest.fixture
 def costs():
-    from svt.simulate.costs import load_costs
+    from svt.simulate.cost_files import load_costs
 
     return load_costs(Path(__file__).resolve().parents[2] / "configs" / "costs" / "h100-llama8b-eagle.yaml")
 

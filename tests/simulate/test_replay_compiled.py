@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from svt.simulate import StepTrace, replay
 from svt.simulate.av import resample_requests
-from svt.simulate.costs import CostTable, load_costs
+from svt.simulate.cost_files import load_costs
+from svt.simulate.costs import CostTable
 
 COSTS = Path(__file__).resolve().parents[2] / "configs" / "costs"
 

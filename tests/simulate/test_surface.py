@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from svt.errors import ConfigError
-from svt.simulate.costs import CostTable, load_costs, write_costs
+from svt.simulate.cost_files import load_costs, write_costs
+from svt.simulate.costs import CostTable
 from svt.simulate.surface import VerifySurface
 
 GRID = {1: {1: 2.0, 2: 2.2, 4: 2.6}, 4: {1: 3.0, 2: 4.0, 4: 5.5}, 16: {1: 7.0, 2: 9.0, 4: 14.0}}

@@ -187,7 +187,7 @@ def _profile_costs(cfg, config: Path, out_dir: Path, batches: str | None, *, ove
     from svt.collect.profile import parse_batches, profile_pair
     from svt.config import resolve_path
     from svt.models import load_pair
-    from svt.simulate.costs import check_costs_out, write_costs
+    from svt.simulate.cost_files import check_costs_out, write_costs
 
     check_costs_out(out_dir, overwrite=overwrite)  # before the minutes of profiling
     pair = load_pair(resolve_path(cfg.target, config), resolve_path(cfg.draft, config),
@@ -393,6 +393,10 @@ def evaluate(
         help="With --baseline: METRIC=VALUE or SCOPE.METRIC=VALUE (e.g. auc=0.005, per_position.auc=0.02); "
              "overrides the baseline's bootstrap interval for that metric.")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace the report already in --out.")] = False,
+    cluster: Annotated[str | None, typer.Option(
+        help="Compute the features table on a cluster: local:N starts N workers here, an address (tcp://host:8786) "
+             "joins a running scheduler. One run; exact AUCs and counts (docs: Scale).")] = None,
+    cluster_engine: Annotated[str, typer.Option(help="The distributed engine for --cluster.")] = "dask",
 ) -> None:
     """Score acceptance features: AUC, log-loss, ECE, Brier, per position and excluding the first,
     soft labels, expected-length calibration and the losslessness bias of trimming. On greedy runs
@@ -403,12 +407,21 @@ def evaluate(
     HVD:     [bold]svt evaluate runs/greedy --out reports/hvd --fit fits/yield-mlp.json --costs costs.yaml[/]
     Real text: [bold]svt evaluate runs/ref --out reports/ref --costs costs.yaml[/] (a reference run: the
     HVD map across drafter strengths, the two-sided switch, the document's checks)
+    Cluster: [bold]svt evaluate runs/big --out reports/big --cluster local:2[/] (the features table, exact AUCs)
+    \f
+    Long because typer declares each option as a parameter; the body is the checks, one call and the writing.
     """
     from svt.features import DEFAULT_FEATURES
     from svt.report import EvaluateOptions, write_report
     from svt.report import evaluate as build
     from svt.report.console import evaluate_tables
 
+    if cluster is not None:
+        _evaluate_on_cluster(runs, out_dir, list(feature or DEFAULT_FEATURES), cluster, cluster_engine, overwrite=overwrite,
+                             bins=bins, by=by, bootstrap=bootstrap, fits=fit, costs=costs, live=live,
+                             reference_run=reference_run, baseline=baseline, feature_module=feature_module,
+                             replay_bootstrap=replay_bootstrap, score_unverified=score_unverified)
+        return
     try:
         tolerances, base = _evaluate_checks(out_dir, bins=bins, bootstrap=bootstrap, high_yield=high_yield,
                                             live=live, costs=costs, tolerance=tolerance, baseline=baseline,
@@ -437,6 +450,21 @@ def evaluate(
     if base is not None:
         report["_path"] = str(json_path)
         _regression(base, report, tolerances, out_dir)
+
+
+def _evaluate_on_cluster(runs: list[Path], out_dir: Path, features: list[str], cluster: str, engine: str, *,
+                         overwrite: bool, bins: int, **asked) -> None:
+    from svt.distributed.report import check_cluster_options, cluster_report, write_cluster_report
+    from svt.fileio import writing
+    from svt.report.render import check_report_out
+
+    try:
+        check_cluster_options(runs, bins, **asked)
+        with writing(out_dir, lambda: check_report_out(out_dir, overwrite=overwrite)):
+            json_path, md_path = write_cluster_report(cluster_report(runs[0], features, cluster, engine), out_dir)
+    except SvtError as exc:
+        raise _fail(exc) from None
+    _say(f"wrote {json_path} and {md_path}")
 
 
 def _evaluate_checks(out_dir: Path, *, bins, bootstrap, high_yield, live, costs, tolerance, baseline,

@@ -95,7 +95,7 @@ def live_policy(cfg: CollectConfig, config_path: Path | None, resume: bool) -> t
     if cfg.av is None:
         return None, None
     from svt.fit import Fitter, live_confidence
-    from svt.simulate.costs import load_costs
+    from svt.simulate.cost_files import load_costs
 
     fit = Fitter.load(resolve_path(cfg.av.fit, config_path))
     confidence = live_confidence(fit)  # a lossless feature, a known model

@@ -122,7 +122,7 @@ def hvd_report(runs: list[Path], fit_paths: list[str], run_ids: list, *, costs_p
                             "together, or redo the others with `svt cache RUN --set tree=true`.")
         from svt.fit.yield_data import load_cache_drafts_for_fit
         from svt.report.cache_trees import cache_tree_report
-        from svt.simulate.costs import load_costs
+        from svt.simulate.cost_files import load_costs
 
         rows, _ = load_cache_drafts_for_fit(runs, with_empty=True)
         k = open_run(runs[0], deep=False, tables=["requests"]).meta["k"]
@@ -174,7 +174,7 @@ def _hvd_report(runs: list[Path], fit_paths: list[str], run_ids: list, *, costs_
                                        for i, n in enumerate(names)}
     report = {"cache": cache_opportunity(rows, high_yield), "yield": out_yield, "hvd": None}
     if costs_path:
-        from svt.simulate.costs import load_costs
+        from svt.simulate.cost_files import load_costs
         from svt.simulate.hvd import HVDRequest, best_tau, replay_hvd
 
         costs = load_costs(costs_path)

@@ -374,7 +374,7 @@ def tree_report(runs: list, opts, infos: list[dict], metas: list[dict]) -> dict:
         rows = replay_policies(nodes, predicted, (metas[0].get("tree") or {}).get("widths"), fitted)
         report["trees"]["replay"] = rows
         if opts.costs:
-            from svt.simulate.costs import load_costs
+            from svt.simulate.cost_files import load_costs
 
             table = load_costs(Path(opts.costs))
             report["trees"]["costs"] = {"path": opts.costs, "kind": table.kind, "fingerprint": table.fingerprint(),

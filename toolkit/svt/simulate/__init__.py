@@ -7,7 +7,8 @@ import polars as pl
 
 from svt.errors import DataError
 from svt.simulate.av import CONCURRENCY, StepTrace, mark_pareto, replay
-from svt.simulate.costs import CostTable, load_costs
+from svt.simulate.cost_files import load_costs
+from svt.simulate.costs import CostTable
 
 
 def build_trace(drafts: pl.DataFrame, confidences: dict[str, str], keys=("_run", "request")) -> StepTrace:

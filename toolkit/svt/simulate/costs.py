@@ -199,6 +199,3 @@ def _interp(x, xs, ys):
         out = np.where(x > xs[-1], ys[-1] + slope * (x - xs[-1]), out)
     return np.maximum(out, 0.0)
 
-
-# the file formats (read with every check, written atomically): svt.simulate.cost_files
-from svt.simulate.cost_files import check_costs_out, load_costs, write_costs  # noqa: E402, F401

@@ -1,0 +1,62 @@
+"""``svt evaluate RUN --cluster local:2`` on a real dask cluster against the single-machine report
+of the same run: identical counts and acceptance, AUCs equal (exact after the refining pass, bound
+0), float sums to 1e-12; options it cannot compute are refused naming each; bad specs are one
+clear message."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from svt.cli import app
+from svt.distributed.engines import parse_cluster
+from svt.errors import ConfigError
+from svt.report import EvaluateOptions, evaluate
+
+FEATURES = ["q_max", "logit_qmax", "entropy", "margin"]
+
+
+@pytest.fixture(scope="module")
+def cluster_report(small_run, tmp_path_factory):
+    out = tmp_path_factory.mktemp("cluster")
+    args = ["evaluate", str(small_run), "--out", str(out), "--cluster", "local:2"]
+    for f in FEATURES:
+        args += ["--feature", f]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    return json.loads((out / "report.json").read_text()), (out / "report.md").read_text()
+
+
+def test_the_cluster_report_equals_the_single_machine_one(cluster_report, small_run):
+    got, md = cluster_report
+    ref = evaluate([small_run], EvaluateOptions(features=FEATURES))["features"]
+    assert got["cluster"]["workers"] == 2 and got["cluster"]["shards"] >= 1
+    for name in FEATURES:
+        g, r = got["features"][name], ref[name]
+        scopes = [(g, r), (g["excluding_first"], r["excluding_first"]),
+                  *[(g["per_position"][str(j)], r["per_position"][j]) for j in r["per_position"]]]
+        for a, b in scopes:
+            assert a["n"] == b["n"] and a["accept_rate"] == pytest.approx(b["accept_rate"], abs=1e-15)
+            assert a["auc"] == pytest.approx(b["auc"], abs=1e-12) and a["auc_bound"] == 0.0
+            for m in ("log_loss", "brier", "mean_pred", "ece"):
+                if b.get(m) is not None and a.get(m) is not None:
+                    assert a[m] == pytest.approx(b[m], rel=1e-12, abs=1e-15), (name, m)
+        assert (g.get("log_loss") is None) == (not r["probability"])
+    assert "## q_max" in md and "AUC bound" in md
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--by", "workload"], "--by"),
+    (["--bootstrap", "10"], "--bootstrap"),
+    (["--bins", "20"], "--bins other than 10"),
+])
+def test_what_the_cluster_does_not_compute_is_refused_by_name(small_run, tmp_path, args, words):
+    r = CliRunner().invoke(app, ["evaluate", str(small_run), "--out", str(tmp_path / "r"), "--cluster", "local:1", *args])
+    assert r.exit_code != 0 and words in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "r" / "report.json").exists()
+
+
+@pytest.mark.parametrize("spec", ["local:0", "local:x", "myhost:8786"])
+def test_a_bad_cluster_spec_is_one_message(spec):
+    with pytest.raises(ConfigError, match="--cluster"):
+        parse_cluster(spec)

@@ -1,0 +1,50 @@
+"""The engine interface, its registry and the ``--cluster`` spec (see :mod:`svt.distributed.engines`)."""
+
+from __future__ import annotations
+
+from svt.errors import ConfigError
+
+ENGINES: dict[str, type] = {}
+
+
+class Engine:
+    """``map(fn, items, *args)`` runs ``fn(item, *args)`` on the workers and returns the results in
+    the items' order; ``workers`` is how many there are; ``close()`` stops what ``start`` started."""
+
+    name = ""
+
+    def map(self, fn, items: list, *args) -> list:
+        raise NotImplementedError
+
+    @property
+    def workers(self) -> int:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def register(cls: type) -> type:
+    ENGINES[cls.name] = cls
+    return cls
+
+
+def parse_cluster(spec: str) -> tuple[int | None, str | None]:
+    """``local:N`` -> (N, None); an address (``tcp://host:port``) -> (None, address)."""
+    if spec.startswith("local:"):
+        try:
+            n = int(spec.removeprefix("local:"))
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise ConfigError(f"Expected --cluster local:N with N >= 1 workers, but got {spec!r}.")
+        return n, None
+    if "://" not in spec:
+        raise ConfigError(f"Expected --cluster local:N or a scheduler address such as tcp://host:8786, but got {spec!r}.")
+    return None, spec

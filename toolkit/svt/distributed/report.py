@@ -1,0 +1,74 @@
+"""``svt evaluate RUN --cluster ...``: the report a cluster computes (the features table, see
+:mod:`svt.distributed.evaluate`), written as report.json and report.md beside what it leaves out."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from svt.errors import ConfigError
+
+#: single-machine sections --cluster does not compute yet: the option that asks for each
+NOT_ON_CLUSTER = {"by": "--by (per-value tables)", "bootstrap": "--bootstrap (intervals)", "fits": "--fit (fitted predictors)",
+                  "costs": "--costs (the AV and HVD replays)", "live": "--live", "reference_run": "--reference-run",
+                  "baseline": "--baseline (the regression report)", "feature_module": "--feature-module",
+                  "replay_bootstrap": "--replay-bootstrap", "score_unverified": "--score-unverified"}
+
+
+def check_cluster_options(runs: list, bins: int, **asked) -> None:
+    """One clear refusal naming every section --cluster cannot compute that the command asks for."""
+    wanted = [NOT_ON_CLUSTER[k] for k, v in asked.items() if v and k in NOT_ON_CLUSTER]
+    if len(runs) != 1:
+        wanted.insert(0, "several runs side by side")
+    if bins != 10:
+        wanted.append("--bins other than 10")
+    if wanted:
+        raise ConfigError(f"--cluster computes the features table of one run (overall, excluding the first position, "
+                          f"per position); it does not compute {', '.join(wanted)} yet: run those on one machine "
+                          "(without --cluster).")
+
+
+def cluster_report(run: Path, features: list[str], cluster: str, engine: str = "dask") -> dict:
+    from svt import __version__
+    from svt.distributed.engines import start
+    from svt.distributed.evaluate import features_table
+
+    t0 = time.perf_counter()
+    with start(cluster, engine) as eng:
+        body = features_table(run, features, eng)
+    return {"report_schema": "svt-cluster-1", "svt_version": __version__, "run": str(run),
+            "cluster": {"engine": engine, "spec": cluster, "workers": body.pop("workers"), "shards": body.pop("shards"),
+                        "seconds": round(time.perf_counter() - t0, 3), "refined_bins": body.pop("refined_bins")},
+            "exact": "counts, acceptance and AUC (two passes; auc_bound is what could remain, 0 after the refining "
+                     "pass); log-loss, Brier, mean prediction and ECE (10 equal-width bins) are sums merged in "
+                     "another order than on one machine: equal to rounding",
+            "not_computed": "equal-mass ECE, ROC curves, bootstrap intervals, fits, --by tables, replays",
+            **body}
+
+
+def to_markdown(report: dict) -> str:
+    from svt.report.text import fmt, md_table
+
+    c = report["cluster"]
+    lines = [f"# svt report (cluster): {report['run']}\n",
+             f"Computed on a {c['engine']} cluster ({c['spec']}: {c['workers']} workers, {c['shards']} drafts shards, "
+             f"{c['seconds']} s). Exact: {report['exact']}. Not computed here: {report['not_computed']}.\n"]
+    for name, f in report["features"].items():
+        rows = [["all", f], ["excluding first", f["excluding_first"]],
+                *[[f"position {j}", b] for j, b in f["per_position"].items()]]
+        lines += [f"## {name}\n", md_table(
+            ["scope", "drafts", "acceptance", "AUC", "AUC bound", "log-loss", "Brier", "ECE"],
+            [[s, fmt(b["n"]), fmt(b["accept_rate"], 4), fmt(b["auc"], 4), f"{b['auc_bound']:.1e}",
+              fmt(b.get("log_loss"), 4), fmt(b.get("brier"), 4), fmt(b.get("ece"), 4)] for s, b in rows]), ""]
+    return "\n".join(lines)
+
+
+def write_cluster_report(report: dict, out_dir: Path) -> tuple[Path, Path]:
+    import json
+
+    from svt.fileio import write_text_atomic
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    j = write_text_atomic(out_dir / "report.json", json.dumps(report, indent=1, default=float))
+    m = write_text_atomic(out_dir / "report.md", to_markdown(report))
+    return j, m
