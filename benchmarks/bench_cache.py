@@ -33,7 +33,7 @@ from svt.collect.cache_run import cache_rows_for_batch
 from svt.config import CacheOptions
 from svt.features.char_classes import char_class_table
 from svt.models import load_pair
-from svt.simulate.costs import load_costs
+from svt.simulate.cost_files import load_costs
 from svt.simulate.hvd import HVDRequest, replay_hvd
 from svt.traces import open_run
 
