@@ -60,3 +60,9 @@ def test_what_the_cluster_does_not_compute_is_refused_by_name(small_run, tmp_pat
 def test_a_bad_cluster_spec_is_one_message(spec):
     with pytest.raises(ConfigError, match="--cluster"):
         parse_cluster(spec)
+
+
+def test_the_report_says_each_workers_peak_memory(cluster_report):
+    got, md = cluster_report
+    peaks = got["cluster"]["worker_peak_gib"]
+    assert len(peaks) == 2 and all(0.05 < p < 16 for p in peaks) and "peak memory per worker" in md

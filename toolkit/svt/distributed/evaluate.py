@@ -122,6 +122,7 @@ def features_table(run_path: str | Path, feature_names: list[str], engine, *, to
                      "excluding_first": _block(t, EXCLUDING_FIRST, r.get(EXCLUDING_FIRST)),
                      "per_position": {str(j): _block(t, j, r.get(j)) for j in range(k) if t.n[j]}}
     return {"features": out, "shards": len(shards), "workers": engine.workers, "ece_bins": ECE_BINS,
+            "worker_peak_gib": [round(x, 3) for x in engine.peak_memory()],
             "refined_bins": {name: {str(g): int(b.size) for g, b in sel.items()} for name, sel in selected.items()}}
 
 

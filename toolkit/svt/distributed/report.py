@@ -38,6 +38,7 @@ def cluster_report(run: Path, features: list[str], cluster: str, engine: str = "
         body = features_table(run, features, eng)
     return {"report_schema": "svt-cluster-1", "svt_version": __version__, "run": str(run),
             "cluster": {"engine": engine, "spec": cluster, "workers": body.pop("workers"), "shards": body.pop("shards"),
+                        "worker_peak_gib": body.pop("worker_peak_gib"),
                         "seconds": round(time.perf_counter() - t0, 3), "refined_bins": body.pop("refined_bins")},
             "exact": "counts, acceptance and AUC (two passes; auc_bound is what could remain, 0 after the refining "
                      "pass); log-loss, Brier, mean prediction and ECE (10 equal-width bins) are sums merged in "
@@ -52,7 +53,7 @@ def to_markdown(report: dict) -> str:
     c = report["cluster"]
     lines = [f"# svt report (cluster): {report['run']}\n",
              f"Computed on a {c['engine']} cluster ({c['spec']}: {c['workers']} workers, {c['shards']} drafts shards, "
-             f"{c['seconds']} s). Exact: {report['exact']}. Not computed here: {report['not_computed']}.\n"]
+             f"{c['seconds']} s; peak memory per worker {', '.join(f'{x:.2f}' for x in c['worker_peak_gib'])} GiB). Exact: {report['exact']}. Not computed here: {report['not_computed']}.\n"]
     for name, f in report["features"].items():
         rows = [["all", f], ["excluding first", f["excluding_first"]],
                 *[[f"position {j}", b] for j, b in f["per_position"].items()]]

@@ -9,7 +9,8 @@ ENGINES: dict[str, type] = {}
 
 class Engine:
     """``map(fn, items, *args)`` runs ``fn(item, *args)`` on the workers and returns the results in
-    the items' order; ``workers`` is how many there are; ``close()`` stops what ``start`` started."""
+    the items' order; ``workers`` is how many there are; ``peak_memory()`` each one's high-water
+    mark; ``close()`` stops what ``start`` started."""
 
     name = ""
 
@@ -18,6 +19,10 @@ class Engine:
 
     @property
     def workers(self) -> int:
+        raise NotImplementedError
+
+    def peak_memory(self) -> list[float]:
+        """Each worker process's peak resident memory so far, in GiB (its high-water mark)."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -48,3 +53,10 @@ def parse_cluster(spec: str) -> tuple[int | None, str | None]:
     if "://" not in spec:
         raise ConfigError(f"Expected --cluster local:N or a scheduler address such as tcp://host:8786, but got {spec!r}.")
     return None, spec
+
+
+def peak_rss_gib() -> float:
+    """This process's peak resident memory in GiB (Linux: ``ru_maxrss`` is in KiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20

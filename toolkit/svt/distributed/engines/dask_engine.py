@@ -3,7 +3,7 @@ running scheduler joined by address (``dask scheduler`` / ``dask worker`` on oth
 
 from __future__ import annotations
 
-from svt.distributed.engines.base import Engine, register
+from svt.distributed.engines.base import Engine, peak_rss_gib, register
 from svt.errors import ConfigError
 
 
@@ -36,6 +36,9 @@ class DaskEngine(Engine):
     @property
     def workers(self) -> int:
         return len(self.client.scheduler_info()["workers"])
+
+    def peak_memory(self) -> list[float]:
+        return [float(v) for v in self.client.run(peak_rss_gib).values()]
 
     def close(self) -> None:
         self.client.close()
