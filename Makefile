@@ -128,6 +128,7 @@ bench: setup
 	$(PY) benchmarks/bench_fit.py
 	$(PY) benchmarks/bench_cache.py
 	$(PY) benchmarks/bench_replay.py
+	$(PY) benchmarks/bench_cluster.py
 	$(PY) benchmarks/bench_reference.py
 	# the vLLM plugin's overhead, where the vLLM environment exists (make setup-vllm)
 	if [ -x $(VLLM_VENV)/bin/python ]; then $(VLLM_VENV)/bin/python benchmarks/bench_vllm.py; \
