@@ -103,9 +103,11 @@ def summarize(score: np.ndarray, label: np.ndarray, position: np.ndarray, k: int
     if probability:
         p = s
         pc = np.clip(p, LOG_EPS, 1 - LOG_EPS)
-        out.log_loss += np.bincount(pos, weights=-(y * np.log(pc) + (1 - y) * np.log1p(-pc)), minlength=k)[:k]
-        out.brier += np.bincount(pos, weights=(p - y) ** 2, minlength=k)[:k]
-        out.sum_p += np.bincount(pos, weights=p, minlength=k)[:k]
+        for j in range(k):  # numpy's pairwise sums (error ~ log n ulp), not a running total per position
+            m = pos == j
+            out.log_loss[j] += -np.sum(y[m] * np.log(pc[m]) + (1 - y[m]) * np.log1p(-pc[m]))
+            out.brier[j] += np.sum((p[m] - y[m]) ** 2)
+            out.sum_p[j] += np.sum(p[m])
         b = np.minimum((p * ECE_BINS).astype(np.int64), ECE_BINS - 1)
         idx = pos * ECE_BINS + b
         for j, w in enumerate((np.ones_like(p), p, y.astype(np.float64))):
