@@ -71,6 +71,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--compare-up-to", type=float, default=1e8)
     ap.add_argument("--feature", default="q_max")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--engine", default="dask", help="dask (default) or ray (pip install 'svt[cluster-ray]')")
     ap.add_argument("--out", type=Path, default=ROOT / "reports" / "bench" / "cluster.json")
     args = ap.parse_args(argv)
     svt = str(Path(sys.executable).parent / "svt")
@@ -81,7 +82,7 @@ def main(argv=None) -> dict:
             run = synthetic(args.source, n)
             out = Path(tmp) / f"c{n}"
             wall, driver = run_cmd([svt, "evaluate", str(run), "--out", str(out), "--feature", args.feature,
-                                    "--cluster", f"local:{args.workers}"])
+                                    "--cluster", f"local:{args.workers}", "--cluster-engine", args.engine])
             rep = json.loads((out / "report.json").read_text())
             meta = json.loads((run / "run.json").read_text())
             row = {"labelled": rep["features"][args.feature]["n"], "drafts": meta["counts"]["drafts"],
@@ -97,7 +98,7 @@ def main(argv=None) -> dict:
             rows.append(row)
             print(json.dumps(row))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    result = {"feature": args.feature, "workers": args.workers, "rows": rows,
+    result = {"feature": args.feature, "workers": args.workers, "engine": args.engine, "rows": rows,
               "machine": {"cores": os.cpu_count()}}
     args.out.write_text(json.dumps(result, indent=1))
     return result

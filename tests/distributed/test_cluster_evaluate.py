@@ -66,3 +66,22 @@ def test_the_report_says_each_workers_peak_memory(cluster_report):
     got, md = cluster_report
     peaks = got["cluster"]["worker_peak_gib"]
     assert len(peaks) == 2 and all(0.05 < p < 16 for p in peaks) and "peak memory per worker" in md
+
+
+def test_a_second_engine_gives_the_same_report(cluster_report, small_run, tmp_path):
+    """Ray behind the same interface (optional: skipped where `svt[cluster-ray]` is not installed)."""
+    pytest.importorskip("ray")
+    args = ["evaluate", str(small_run), "--out", str(tmp_path / "ray"), "--cluster", "local:2", "--cluster-engine", "ray"]
+    for f in FEATURES:
+        args += ["--feature", f]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    got = json.loads((tmp_path / "ray" / "report.json").read_text())
+    assert got["cluster"]["engine"] == "ray" and got["cluster"]["workers"] == 2
+    assert got["features"] == cluster_report[0]["features"]
+
+
+def test_an_unknown_engine_is_one_message(small_run, tmp_path):
+    r = CliRunner().invoke(app, ["evaluate", str(small_run), "--out", str(tmp_path / "x"), "--cluster", "local:1",
+                                 "--cluster-engine", "spark"])
+    assert r.exit_code != 0 and "Unknown --cluster-engine 'spark'" in r.output and "Traceback" not in r.output

@@ -11,7 +11,7 @@ from svt.errors import ConfigError
 
 def start(spec: str, engine: str = "dask") -> Engine:
     """A cluster of the named engine: started locally (``local:N``) or joined (an address)."""
-    from svt.distributed.engines import dask_engine  # noqa: F401  (each engine registers itself)
+    from svt.distributed.engines import dask_engine, ray_engine  # noqa: F401  (each engine registers itself)
 
     if engine not in ENGINES:
         raise ConfigError(f"Unknown --cluster-engine {engine!r}; known: {', '.join(sorted(ENGINES))}.")
