@@ -1,5 +1,5 @@
 """Ray (what vLLM uses for distributed serving): ``ray.init`` of a local cluster of N CPUs, or a
-running cluster joined by address (``ray start --head`` / ``ray start --address``). Optional: install
+running cluster joined through Ray Client (``--cluster ray://head:10001``). Optional: install
 ``svt[cluster-ray]``; the default engine is dask (see the scale guide for the measured comparison)."""
 
 from __future__ import annotations
@@ -29,8 +29,10 @@ class RayEngine(Engine):
         if address is None:
             ray.init(num_cpus=n_workers, include_dashboard=False, log_to_driver=False, configure_logging=False)
         else:
-            ray.init(address=address.removeprefix("ray://") if address.startswith("ray://") else address,
-                     log_to_driver=False)
+            try:  # ray://head:10001 (Ray Client) as ray.init takes it
+                ray.init(address=address, log_to_driver=False)
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                raise ConfigError(f"Could not join the Ray cluster at {address}: {exc}.") from None
         self._n = n_workers
         self._task = ray.remote(num_cpus=1)(_call)
 
