@@ -573,12 +573,20 @@ def fit(
                                                 "against the mean draft entropy.")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace an existing fit file in --out (never any other file).")] = False,
     feature_module: FeatureModule = None,
+    cluster: Annotated[str | None, typer.Option(
+        help="Fit the logistic model on a cluster (local:N, or a scheduler address): distributed Newton over "
+             "the run's shards; the same fit file.")] = None,
+    cluster_engine: Annotated[str, typer.Option(help="The distributed engine for --cluster.")] = "dask",
 ) -> None:
     """Fit an acceptance predictor on labelled drafts and save it as a file.
 
     Example: [bold]svt fit runs/demo --model irls-online --out fits/online.json[/]
     Several: [bold]svt fit runs/demo --model irls-online,logistic,isotonic --out fits/[/]
     Yield:   [bold]svt fit runs/greedy --model yield-mlp --out fits/yield-mlp.json[/]
+    Cluster: [bold]svt fit runs/big --model logistic --out fits/big.json --cluster local:2[/]
+    \f
+    Long because typer declares each option as a parameter; the body checks every model's options
+    before the first fit runs.
     """
     from svt.fit import fit_outs, fit_runs, prepare_fit
     from svt.fit.studies import fit_by_group
@@ -598,9 +606,12 @@ def fit(
                       test_fraction=test_fraction, seed=seed, mlp_hidden=mlp_hidden, device=device)
         for m in models:  # every model's options, before the first fit runs
             prepare_fit(m, online=onlines[m], **kwargs)
+        if cluster is not None and by is not None:
+            raise ConfigError("--cluster fits one logistic model on the whole run; --by runs on one machine.")
         if by is None:
             for m, path in outs.items():  # each file is written as soon as its fit is done
-                fitted = fit_runs(runs, m, online=onlines[m], **kwargs)
+                fitted = (fit_runs(runs, m, online=onlines[m], **kwargs) if cluster is None else
+                          _fit_on_cluster(runs, m, cluster, cluster_engine, **kwargs))
                 fitted.save(path, overwrite)
                 _say(_fit_line(fitted, path))
             return
@@ -619,6 +630,12 @@ def fit(
         if summary.get(key) is not None:
             _say(f"{key} = {summary[key]:.3f}")
     _say(f"wrote {out_path}/ (one fit per {by}, summary.json)")
+
+
+def _fit_on_cluster(runs, model: str, cluster: str, engine: str, **kwargs):
+    from svt.distributed.fit_run import fit_on_cluster
+
+    return fit_on_cluster(runs, model, cluster, engine, **{k: v for k, v in kwargs.items() if v is not None})
 
 
 def _online_options(model: str, *, preset, feature, cycle_steps, damping, ridge, label_delay, per_position_slope):

@@ -227,14 +227,14 @@ def fit_runs(runs: list[str | Path], model: str, *, test_fraction: float | None 
     """
     cls, est, test_fraction, seed = prepare_fit(model, test_fraction=test_fraction, seed=seed, **options)
     try:
-        return _fit_runs(runs, cls, est, test_fraction, seed, where)
+        return fit_prepared(runs, cls, est, test_fraction, seed, where)
     except np.linalg.LinAlgError as exc:
         raise DataError(f"{model}: the fit's linear system is singular ({exc}): a position whose feature does not "
                         "vary, or too few labels, with no ridge to regularise it; use --ridge > 0.") from None
 
 
 @dataclass
-class _Trained:
+class Trained:
     """What a fitter was trained on: the runs' records, K, the training rows and their label
     statistic, and the training rows' (run, request) keys (None for an online fitter: it saw every
     labelled draft, scored prequentially)."""
@@ -260,7 +260,7 @@ def _check_not_lacking(runs, est: Fitter) -> None:
                             "(run.json `import.lacks`); fit on a feature of the columns it carries.")
 
 
-def _train_on_drafts(runs, est: Fitter, test_fraction: float, seed: int, where) -> _Trained:
+def _train_on_drafts(runs, est: Fitter, test_fraction: float, seed: int, where) -> Trained:
     """The drafts table: an online fitter that streams trains on replay arrays read shard by shard
     (runs larger than memory); every other fitter on the drafts frame, offline ones on the
     requests outside the split."""
@@ -273,18 +273,18 @@ def _train_on_drafts(runs, est: Fitter, test_fraction: float, seed: int, where) 
         if y.min() == y.max():
             raise DataError(f"Only one class among the {y.size} labelled drafts: a predictor cannot be fitted.")
         est.fit_arrays(arrays["x"], arrays["position"], y, arrays["decode_step"], k)
-        return _Trained(infos, k, int(y.size), {"accept_rate": float(y.mean())}, None)
+        return Trained(infos, k, int(y.size), {"accept_rate": float(y.mean())}, None)
     drafts, infos = load_drafts_for_fit(runs, where)
     k = int(drafts["position"].max()) + 1
     train = _labelled(drafts if est.online else drafts.filter(~pl.Series(split_mask(drafts, test_fraction, seed))))
     est.fit(FitData(train, k, [Path(r) for r in runs], seed))
     if est.online:
-        return _Trained(infos, k, train.height, {"accept_rate": float(train["label"].mean())}, None)
-    return _Trained(infos, k, train.height, {"accept_rate": float(train["label"].mean())},
+        return Trained(infos, k, train.height, {"accept_rate": float(train["label"].mean())}, None)
+    return Trained(infos, k, train.height, {"accept_rate": float(train["label"].mean())},
                     train.select("_run", "request"), sorted(request_signatures(train)["signature"].to_list()))
 
 
-def _train_on_cache_drafts(runs, est: Fitter, test_fraction: float, seed: int, where) -> _Trained:
+def _train_on_cache_drafts(runs, est: Fitter, test_fraction: float, seed: int, where) -> Trained:
     """The cache_drafts table (yield fitters): the rows of the requests outside the split."""
     from svt.fit.yield_data import load_cache_drafts_for_fit
 
@@ -294,7 +294,7 @@ def _train_on_cache_drafts(runs, est: Fitter, test_fraction: float, seed: int, w
         raise DataError("No cache-draft rows in the training requests.")
     k = int(rows["draft_len"].max())
     est.fit(FitData(train, k, [Path(r) for r in runs], seed))
-    return _Trained(infos, k, train.height, {"mean_yield": float(train["oracle_accepted"].mean())},
+    return Trained(infos, k, train.height, {"mean_yield": float(train["oracle_accepted"].mean())},
                     train.select("_run", "request"))
 
 
@@ -325,7 +325,7 @@ def load_tree_nodes_for_fit(runs, where=None) -> tuple[pl.DataFrame, list[dict],
     return nodes, infos, greedy.pop()
 
 
-def _train_on_tree_drafts(runs, est: Fitter, test_fraction: float, seed: int, where) -> _Trained:
+def _train_on_tree_drafts(runs, est: Fitter, test_fraction: float, seed: int, where) -> Trained:
     """The tree_drafts table (node predictors): the nodes of the requests outside the split."""
     nodes, infos, greedy = load_tree_nodes_for_fit(runs, where)
     train = nodes.filter(~pl.Series(split_mask(nodes, test_fraction, seed))).with_columns(
@@ -335,11 +335,11 @@ def _train_on_tree_drafts(runs, est: Fitter, test_fraction: float, seed: int, wh
     k = int(nodes["depth"].max()) + 1
     est.fit(FitData(train, k, [Path(r) for r in runs], seed))
     target = train["match"] if greedy else train["label"].drop_nulls()
-    return _Trained(infos, k, train.height, {"node_rate": float(target.mean()), "greedy": greedy},
+    return Trained(infos, k, train.height, {"node_rate": float(target.mean()), "greedy": greedy},
                     train.select("_run", "request"))
 
 
-def _train_on_cache_trees(runs, est: Fitter, test_fraction: float, seed: int, where) -> _Trained:
+def _train_on_cache_trees(runs, est: Fitter, test_fraction: float, seed: int, where) -> Trained:
     """The cache_trees table (tree yield fitters): the positions with a tree of the requests
     outside the split, with the cache features and the tree's size, score and yield."""
     from svt.fit.yield_data import load_cache_drafts_for_fit, load_cache_trees, tree_positions
@@ -352,7 +352,7 @@ def _train_on_cache_trees(runs, est: Fitter, test_fraction: float, seed: int, wh
     if train.height == 0:
         raise DataError("No tree cache drafts in the training requests.")
     est.fit(FitData(train, int(pos["tree_size"].max()), [Path(r) for r in runs], seed))
-    return _Trained(infos, int(pos["tree_size"].max()), train.height,
+    return Trained(infos, int(pos["tree_size"].max()), train.height,
                     {"mean_yield": float(train["tree_yield"].mean())}, train.select("_run", "request"))
 
 
@@ -361,10 +361,13 @@ TRAINING_DATA = {"drafts": _train_on_drafts, "cache_drafts": _train_on_cache_dra
                  "tree_drafts": _train_on_tree_drafts, "cache_trees": _train_on_cache_trees}
 
 
-def _fit_runs(runs, cls, est, test_fraction: float, seed: int, where) -> Fitter:
+def fit_prepared(runs, cls, est, test_fraction: float, seed: int, where, training=None) -> Fitter:
+    """Train ``est`` (from :func:`prepare_fit`) and record what it was trained on. ``training``
+    replaces the table's own way of reading the training data (:data:`TRAINING_DATA`): a cluster's
+    (svt.distributed.fit_run) returns the same :class:`Trained` record without loading the drafts."""
     est.created_ = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     est.svt_version_ = __version__
-    t = TRAINING_DATA[cls.table](runs, est, test_fraction, seed, where)
+    t = (training or TRAINING_DATA[cls.table])(runs, est, test_fraction, seed, where)
     if cls.online:
         est.training_ = {"runs": t.infos, "rows": t.rows, "k": t.k, "cycles": len(est.est_.path_), **t.stats,
                          "evaluation": "prequential"}
@@ -430,5 +433,5 @@ def split_fits(paths: list[str]) -> tuple[list[str], list[str]]:
 
 
 __all__ = ["FITTERS", "PRESETS", "FitData", "Fitter", "IRLSOnline", "OnlineOptions", "PredictContext",
-           "check_fit_out", "evaluation_mask", "fit_runs", "get_fitter", "live_confidence", "load_drafts_for_fit",
+           "Trained", "check_fit_out", "evaluation_mask", "fit_prepared", "fit_runs", "get_fitter", "live_confidence", "load_drafts_for_fit",
            "name_fits", "register_fitter", "split_fits", "split_mask"]
