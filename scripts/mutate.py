@@ -1055,7 +1055,7 @@ MUTANTS = [
     M("dist-newton-stale-stats", "distributed", "distributed/fit.py", "        beta, loss, g, H = cand, new_loss, g_c, H_c",
       "        beta, loss = cand, new_loss", ("tests/distributed/test_cluster_fit.py",)),
     M("dist-fit-all-requests", "distributed", "distributed/fit.py",
-      '.filter(pl.col("label").is_not_null() & pl.col("request").is_in(pl.Series(train)))',
+      '.filter(pl.col("label").is_not_null() & pl.col("request").is_in(pl.Series(train).implode()))',
       '.filter(pl.col("label").is_not_null())', ("tests/distributed/test_cluster_fit.py",)),
     M("dist-fit-split-unsorted", "distributed", "distributed/fit_run.py",
       "        keys = np.sort(keys)  # as split_mask", "        keys = keys  # as split_mask", ("tests/distributed/test_cluster_fit_cli.py",)),

@@ -19,7 +19,7 @@ from svt.fit.logistic import design, newton_step_stats
 
 def _training_rows(path: str, columns: dict, features: list[tuple], train: np.ndarray):
     frame = (pl.scan_parquet(path).with_columns([pl.col(c).cast(t) for c, t in columns.items()])
-             .filter(pl.col("label").is_not_null() & pl.col("request").is_in(pl.Series(train)))
+             .filter(pl.col("label").is_not_null() & pl.col("request").is_in(pl.Series(train).implode()))
              .select("label", "position", *[e.cast(pl.Float64).alias(f"_f{i}") for i, (_, e) in enumerate(features)])
              .collect())
     x = np.column_stack([frame[f"_f{i}"].to_numpy() for i in range(len(features))])

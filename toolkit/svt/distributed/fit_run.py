@@ -37,7 +37,7 @@ def shard_requests(path: str, columns: dict) -> tuple[np.ndarray, int]:
 def shard_training(path: str, columns: dict, train: np.ndarray) -> dict:
     from svt.traces.identity import request_signatures
 
-    lf = _scan(path, columns).filter(pl.col("request").is_in(pl.Series(train)))
+    lf = _scan(path, columns).filter(pl.col("request").is_in(pl.Series(train).implode()))
     lab = lf.filter(pl.col("label").is_not_null()).select("request", "label").collect()
     sig = request_signatures(lf)
     return {"rows": lab.height, "positives": int(lab["label"].sum() or 0),
