@@ -46,7 +46,7 @@ def test_the_cluster_report_equals_the_single_machine_one(cluster_report, small_
 
 
 @pytest.mark.parametrize("args, words", [
-    (["--by", "workload"], "--by"),
+    (["--fit", "some-fit.json"], "--fit"),
     (["--bootstrap", "10"], "--bootstrap"),
     (["--bins", "20"], "--bins other than 10"),
 ])
@@ -85,3 +85,24 @@ def test_an_unknown_engine_is_one_message(small_run, tmp_path):
     r = CliRunner().invoke(app, ["evaluate", str(small_run), "--out", str(tmp_path / "x"), "--cluster", "local:1",
                                  "--cluster-engine", "spark"])
     assert r.exit_code != 0 and "Unknown --cluster-engine 'spark'" in r.output and "Traceback" not in r.output
+
+
+def test_by_a_drafts_column_equals_the_single_machines_groups(small_run, tmp_path):
+    out = tmp_path / "by"
+    r = CliRunner().invoke(app, ["evaluate", str(small_run), "--out", str(out), "--cluster", "local:2", "--by", "workload",
+                                 "--feature", "q_max", "--feature", "entropy"])
+    assert r.exit_code == 0, r.output
+    got = json.loads((out / "report.json").read_text())["groups"]["workload"]
+    ref = evaluate([small_run], EvaluateOptions(features=["q_max", "entropy"], by="workload"))["groups"]["workload"]
+    assert set(got) == {str(v) for v in ref} and len(got) == 3
+    for v, feats in ref.items():
+        for name, b in feats.items():
+            a = got[str(v)][name]
+            for x, y in ((a, b), (a["excluding_first"], b["excluding_first"])):
+                assert x["n"] == y["n"] and x["auc"] == pytest.approx(y["auc"], abs=1e-12) and x["auc_bound"] == 0.0
+                if y.get("log_loss") is not None:
+                    assert x["log_loss"] == pytest.approx(y["log_loss"], rel=1e-12)
+    assert "## q_max by workload" in (out / "report.md").read_text()
+    bad = CliRunner().invoke(app, ["evaluate", str(small_run), "--out", str(tmp_path / "b2"), "--cluster", "local:1",
+                                   "--by", "no_such_column"])
+    assert bad.exit_code != 0 and "--by 'no_such_column'" in bad.output and "Traceback" not in bad.output

@@ -461,7 +461,8 @@ def _evaluate_on_cluster(runs: list[Path], out_dir: Path, features: list[str], c
     try:
         check_cluster_options(runs, bins, **asked)
         with writing(out_dir, lambda: check_report_out(out_dir, overwrite=overwrite)):
-            json_path, md_path = write_cluster_report(cluster_report(runs[0], features, cluster, engine), out_dir)
+            json_path, md_path = write_cluster_report(cluster_report(runs[0], features, cluster, engine, by=asked.get("by")),
+                                                      out_dir)
     except SvtError as exc:
         raise _fail(exc) from None
     _say(f"wrote {json_path} and {md_path}")

@@ -31,41 +31,57 @@ from svt.distributed.summaries import (
 )
 from svt.errors import ConfigError
 
+ALL_ROWS = "__all__"  # the group of every row, beside the values of --by
 
-def _read(path: str, columns: dict, features: list[tuple]) -> tuple[np.ndarray, np.ndarray, dict]:
-    """One shard's labelled drafts: label, position and each feature's oriented score (NaN: none)."""
+
+def _read(path: str, columns: dict, features: list[tuple], by: str | None):
+    """One shard's labelled drafts: label, position, the --by value (as text) and each feature's
+    oriented score (NaN: none)."""
     frame = (pl.scan_parquet(path).with_columns([pl.col(c).cast(t) for c, t in columns.items()])
              .filter(pl.col("label").is_not_null())
-             .select("label", "position", *[(e * d).cast(pl.Float64).alias(f"_f{i}")
-                                            for i, (_, e, _, d) in enumerate(features)]).collect())
+             .select("label", "position", *([pl.col(by).cast(pl.String).fill_null("null").alias("_by")] if by else []),
+                     *[(e * d).cast(pl.Float64).alias(f"_f{i}") for i, (_, e, _, d) in enumerate(features)]).collect())
     scores = {name: frame[f"_f{i}"].fill_nan(None).to_numpy() for i, (name, _, _, _) in enumerate(features)}
-    return frame["label"].to_numpy().astype(np.int64), frame["position"].to_numpy().astype(np.int64), scores
+    groups = frame["_by"].to_numpy() if by else None
+    return frame["label"].to_numpy().astype(np.int64), frame["position"].to_numpy().astype(np.int64), groups, scores
 
 
 def _valid(s: np.ndarray) -> np.ndarray:
     return np.isfinite(s)
 
 
-def shard_summaries(path: str, columns: dict, features: list[tuple], k: int) -> dict:
-    """First pass on one shard: ``{feature: ScoreSummary}`` over the drafts it scores."""
-    y, pos, scores = _read(path, columns, features)
-    out = {}
-    for name, _, probability, _ in features:
-        s = scores[name].astype(np.float64)
-        ok = _valid(s)
-        out[name] = summarize(s[ok], y[ok], pos[ok], k, probability)
+def _rows_by_group(groups) -> dict:
+    """Each group's rows: every row, and (with --by) the rows of each value."""
+    out = {ALL_ROWS: slice(None)}
+    if groups is not None:
+        for v in np.unique(groups):
+            out[str(v)] = groups == v
     return out
 
 
-def shard_refined(path: str, columns: dict, features: list[tuple], selected: dict) -> dict:
-    """Second pass on one shard: per feature and group, the counts per full key in the selected bins."""
-    y, pos, scores = _read(path, columns, features)
+def shard_summaries(path: str, columns: dict, features: list[tuple], k: int, by: str | None = None) -> dict:
+    """First pass on one shard: ``{(group, feature): ScoreSummary}`` over the drafts it scores."""
+    y, pos, groups, scores = _read(path, columns, features, by)
     out = {}
-    for name, _, _, _ in features:
-        if selected.get(name):
-            s = scores[name].astype(np.float64)
+    for gv, rows in _rows_by_group(groups).items():
+        for name, _, probability, _ in features:
+            s = scores[name][rows].astype(np.float64)
             ok = _valid(s)
-            out[name] = refine_counts(s[ok], y[ok], pos[ok], selected[name])
+            out[(gv, name)] = summarize(s[ok], y[rows][ok], pos[rows][ok], k, probability)
+    return out
+
+
+def shard_refined(path: str, columns: dict, features: list[tuple], selected: dict, by: str | None = None) -> dict:
+    """Second pass on one shard: per (group, feature) and draft-position group, the counts per full
+    key in the selected bins."""
+    y, pos, groups, scores = _read(path, columns, features, by)
+    out = {}
+    for gv, rows in _rows_by_group(groups).items():
+        for name, _, _, _ in features:
+            if selected.get((gv, name)):
+                s = scores[name][rows].astype(np.float64)
+                ok = _valid(s)
+                out[(gv, name)] = refine_counts(s[ok], y[rows][ok], pos[rows][ok], selected[(gv, name)])
     return out
 
 
@@ -87,8 +103,22 @@ def _block(total, g: int, refined) -> dict:
     return out
 
 
-def features_table(run_path: str | Path, feature_names: list[str], engine, *, tol: float = 0.0) -> dict:
-    """``report.json``'s ``features`` for one run, computed on ``engine``'s workers (see the module)."""
+def _merged(parts: list[dict]) -> dict:
+    keys = dict.fromkeys(key for p in parts for key in p)
+    out = {}
+    for key in keys:
+        have = [p[key] for p in parts if key in p]
+        total = have[0]
+        for other in have[1:]:
+            total = total + other
+        out[key] = total
+    return out
+
+
+def features_table(run_path: str | Path, feature_names: list[str], engine, *, tol: float = 0.0,
+                   by: str | None = None) -> dict:
+    """``report.json``'s ``features`` (and with ``by`` its ``groups``) for one run, computed on
+    ``engine``'s workers (see the module)."""
     from svt.features import get_feature
     from svt.traces import open_run
     from svt.traces.schema import get_table
@@ -98,6 +128,8 @@ def features_table(run_path: str | Path, feature_names: list[str], engine, *, to
         raise ConfigError(f"{run_path} was collected with live AV (censored labels); --cluster does not read "
                           "its explored steps yet: evaluate it on one machine.")
     columns = dict(get_table("drafts").columns)
+    if by is not None and by not in columns:
+        raise ConfigError(f"--by {by!r} with --cluster: a drafts column is needed ({', '.join(columns)}).")
     feats = []
     for name in feature_names:
         f = get_feature(name)
@@ -108,24 +140,32 @@ def features_table(run_path: str | Path, feature_names: list[str], engine, *, to
         feats.append((name, f.expr, f.probability, f.direction))
     k = int(run.meta["k"])
     shards = [str(p) for p in run.shards["drafts"]]
-    parts = engine.map(shard_summaries, shards, columns, feats, k)
-    totals = {name: sum((p[name] for p in parts[1:]), parts[0][name]) for name, *_ in feats}
+    totals = _merged(engine.map(shard_summaries, shards, columns, feats, k, by))
     groups = [ALL, EXCLUDING_FIRST, *range(k)]
-    selected = {name: {g: b for g in groups if (b := bins_to_refine(group_hist(t.hist, g), tol)).size}
-                for name, t in totals.items()}
-    refined = merge_refined_all(engine.map(shard_refined, shards, columns, feats, selected)) if any(
+    selected = {key: {g: b for g in groups if (b := bins_to_refine(group_hist(t.hist, g), tol)).size}
+                for key, t in totals.items()}
+    refined = merge_refined_all(engine.map(shard_refined, shards, columns, feats, selected, by)) if any(
         selected.values()) else {}
-    out = {}
-    for name, _, probability, direction in feats:
-        t, r = totals[name], refined.get(name, {})
-        out[name] = {"probability": probability, "direction": direction, **_block(t, ALL, r.get(ALL)),
-                     "excluding_first": _block(t, EXCLUDING_FIRST, r.get(EXCLUDING_FIRST)),
-                     "per_position": {str(j): _block(t, j, r.get(j)) for j in range(k) if t.n[j]}}
-    return {"features": out, "shards": len(shards), "workers": engine.workers, "ece_bins": ECE_BINS,
+
+    def table(gv):
+        out = {}
+        for name, _, probability, direction in feats:
+            t, r = totals.get((gv, name)), refined.get((gv, name), {})
+            if t is None or not t.n.sum():
+                continue
+            out[name] = {"probability": probability, "direction": direction, **_block(t, ALL, r.get(ALL)),
+                         "excluding_first": _block(t, EXCLUDING_FIRST, r.get(EXCLUDING_FIRST)),
+                         "per_position": {str(j): _block(t, j, r.get(j)) for j in range(k) if t.n[j]}}
+        return out
+
+    values = sorted({gv for gv, _ in totals if gv != ALL_ROWS})
+    return {"features": table(ALL_ROWS), **({"groups": {by: {v: table(v) for v in values}}} if by else {}),
+            "shards": len(shards), "workers": engine.workers, "ece_bins": ECE_BINS,
             "worker_peak_gib": [round(x, 3) for x in engine.peak_memory()],
-            "refined_bins": {name: {str(g): int(b.size) for g, b in sel.items()} for name, sel in selected.items()}}
+            "refined_bins": {f"{gv}/{name}" if gv != ALL_ROWS else name: {str(g): int(b.size) for g, b in sel.items()}
+                             for (gv, name), sel in selected.items()}}
 
 
 def merge_refined_all(parts: list[dict]) -> dict:
-    names = {n for p in parts for n in p}
+    names = dict.fromkeys(n for p in parts for n in p)
     return {n: merge_refined([p[n] for p in parts if n in p]) for n in names}

@@ -9,7 +9,7 @@ from pathlib import Path
 from svt.errors import ConfigError
 
 #: single-machine sections --cluster does not compute yet: the option that asks for each
-NOT_ON_CLUSTER = {"by": "--by (per-value tables)", "bootstrap": "--bootstrap (intervals)", "fits": "--fit (fitted predictors)",
+NOT_ON_CLUSTER = {"bootstrap": "--bootstrap (intervals)", "fits": "--fit (fitted predictors)",
                   "costs": "--costs (the AV and HVD replays)", "live": "--live", "reference_run": "--reference-run",
                   "baseline": "--baseline (the regression report)", "feature_module": "--feature-module",
                   "replay_bootstrap": "--replay-bootstrap", "score_unverified": "--score-unverified"}
@@ -24,18 +24,18 @@ def check_cluster_options(runs: list, bins: int, **asked) -> None:
         wanted.append("--bins other than 10")
     if wanted:
         raise ConfigError(f"--cluster computes the features table of one run (overall, excluding the first position, "
-                          f"per position); it does not compute {', '.join(wanted)} yet: run those on one machine "
+                          f"per position, and per value of a drafts column with --by); it does not compute {', '.join(wanted)} yet: run those on one machine "
                           "(without --cluster).")
 
 
-def cluster_report(run: Path, features: list[str], cluster: str, engine: str = "dask") -> dict:
+def cluster_report(run: Path, features: list[str], cluster: str, engine: str = "dask", by: str | None = None) -> dict:
     from svt import __version__
     from svt.distributed.engines import start
     from svt.distributed.evaluate import features_table
 
     t0 = time.perf_counter()
     with start(cluster, engine) as eng:
-        body = features_table(run, features, eng)
+        body = features_table(run, features, eng, by=by)
     return {"report_schema": "svt-cluster-1", "svt_version": __version__, "run": str(run),
             "cluster": {"engine": engine, "spec": cluster, "workers": body.pop("workers"), "shards": body.pop("shards"),
                         "worker_peak_gib": body.pop("worker_peak_gib"),
@@ -43,7 +43,7 @@ def cluster_report(run: Path, features: list[str], cluster: str, engine: str = "
             "exact": "counts, acceptance and AUC (two passes; auc_bound is what could remain, 0 after the refining "
                      "pass); log-loss, Brier, mean prediction and ECE (10 equal-width bins) are sums merged in "
                      "another order than on one machine: equal to rounding",
-            "not_computed": "equal-mass ECE, ROC curves, bootstrap intervals, fits, --by tables, replays",
+            "not_computed": "equal-mass ECE, ROC curves, bootstrap intervals, fits, replays",
             **body}
 
 
@@ -54,13 +54,19 @@ def to_markdown(report: dict) -> str:
     lines = [f"# svt report (cluster): {report['run']}\n",
              f"Computed on a {c['engine']} cluster ({c['spec']}: {c['workers']} workers, {c['shards']} drafts shards, "
              f"{c['seconds']} s; peak memory per worker {', '.join(f'{x:.2f}' for x in c['worker_peak_gib'])} GiB). Exact: {report['exact']}. Not computed here: {report['not_computed']}.\n"]
+    head = ["scope", "drafts", "acceptance", "AUC", "AUC bound", "log-loss", "Brier", "ECE"]
+
+    def row(s, b):
+        return [s, fmt(b["n"]), fmt(b["accept_rate"], 4), fmt(b["auc"], 4), f"{b['auc_bound']:.1e}",
+                fmt(b.get("log_loss"), 4), fmt(b.get("brier"), 4), fmt(b.get("ece"), 4)]
+
     for name, f in report["features"].items():
         rows = [["all", f], ["excluding first", f["excluding_first"]],
                 *[[f"position {j}", b] for j, b in f["per_position"].items()]]
-        lines += [f"## {name}\n", md_table(
-            ["scope", "drafts", "acceptance", "AUC", "AUC bound", "log-loss", "Brier", "ECE"],
-            [[s, fmt(b["n"]), fmt(b["accept_rate"], 4), fmt(b["auc"], 4), f"{b['auc_bound']:.1e}",
-              fmt(b.get("log_loss"), 4), fmt(b.get("brier"), 4), fmt(b.get("ece"), 4)] for s, b in rows]), ""]
+        lines += [f"## {name}\n", md_table(head, [row(s, b) for s, b in rows]), ""]
+    for by, values in (report.get("groups") or {}).items():
+        for name in report["features"]:
+            lines += [f"## {name} by {by}\n", md_table(head, [row(v, t[name]) for v, t in values.items() if name in t]), ""]
     return "\n".join(lines)
 
 
