@@ -1064,6 +1064,8 @@ MUTANTS = [
       '"requests": np.unique(lab["request"].to_numpy()), "signatures": []}', ("tests/distributed/test_cluster_fit_cli.py",)),
     M("dist-by-all-rows", "distributed", "distributed/evaluate.py", "            out[str(v)] = groups == v",
       "            out[str(v)] = slice(None)", ("tests/distributed/test_cluster_evaluate.py",)),
+    M("dist-roc-ascending", "distributed", "distributed/summaries.py", "    counts = hist[1][::-1].astype(np.float64)  # highest bins first",
+      "    counts = hist[1].astype(np.float64)  # highest bins first", ("tests/distributed/test_cluster_evaluate.py",)),
     M("av-refits-not-replayed", "cost model", "simulate/av.py", "        got = replay(trace, rep, concurrency=concurrency",
       "        got = replay(trace, costs, concurrency=concurrency", ("tests/simulate/test_cost_intervals.py",)),
     M("hvd-refits-not-replayed", "cost model", "simulate/hvd.py", "        for r in replay_hvd(requests, predictions, k, rep, taus):",

@@ -106,3 +106,32 @@ def test_by_a_drafts_column_equals_the_single_machines_groups(small_run, tmp_pat
     bad = CliRunner().invoke(app, ["evaluate", str(small_run), "--out", str(tmp_path / "b2"), "--cluster", "local:1",
                                    "--by", "no_such_column"])
     assert bad.exit_code != 0 and "--by 'no_such_column'" in bad.output and "Traceback" not in bad.output
+
+
+def test_roc_points_lie_on_the_roc_and_reliability_bins_are_the_single_machines(cluster_report, small_run):
+    """Every ROC point the cluster gives is a point of scikit-learn's full ROC (all thresholds),
+    from (0, 0) to (1, 1); the reliability bins equal the single machine's."""
+    import numpy as np
+    import polars as pl
+    from sklearn.metrics import roc_curve
+
+    from svt.features import get_feature
+    from svt.traces import open_run
+
+    got = cluster_report[0]["features"]
+    ref = evaluate([small_run], EvaluateOptions(features=FEATURES))["features"]
+    drafts = open_run(small_run).scan("drafts").filter(pl.col("label").is_not_null()).collect()
+    for name in FEATURES:
+        f = get_feature(name)
+        s = drafts.select(f.expr.cast(pl.Float64)).to_series().to_numpy() * f.direction
+        fpr, tpr, _ = roc_curve(drafts["label"].to_numpy(), s, drop_intermediate=False)
+        full = np.c_[fpr, tpr]
+        roc = got[name]["curves"]["roc"]
+        pts = np.c_[roc["fpr"], roc["tpr"]]
+        assert pts[0].tolist() == [0.0, 0.0] and pts[-1] == pytest.approx([1.0, 1.0])
+        for p in pts:
+            assert np.abs(full - p).sum(axis=1).min() < 1e-12
+        if ref[name]["probability"]:
+            a, b = got[name]["curves"]["reliability"], ref[name]["curves"]["reliability"]
+            assert a["count"] == b["count"] and a["rate"] == pytest.approx(b["rate"], rel=1e-12)
+            assert a["mean_pred"] == pytest.approx(b["mean_pred"], rel=1e-12)

@@ -6,8 +6,10 @@ equal-width ECE, acceptance; overall, excluding the first position, per position
 
 Exact: counts, acceptance and every AUC (after the refining pass, with tolerance 0: its bound is
 printed and is 0). Float sums (log-loss, Brier, mean prediction, ECE) merge in another order than
-the single machine's: they agree to rounding. Not computed here: equal-mass ECE, ROC curves and
-bootstrap intervals (they need the ordered scores: the single-machine path gives them).
+the single machine's: they agree to rounding. Not computed here: equal-mass ECE and
+bootstrap intervals (they need the ordered scores: the single-machine path gives them). ROC points
+are taken at thresholds spread over the histogram's bins (each point exact; not the same
+thresholds as the single machine's), and the reliability bins are the equal-width ECE bins.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from svt.distributed.summaries import (
     group_hist,
     merge_refined,
     refine_counts,
+    reliability_bins,
+    roc_points,
     summarize,
 )
 from svt.errors import ConfigError
@@ -153,9 +157,12 @@ def features_table(run_path: str | Path, feature_names: list[str], engine, *, to
             t, r = totals.get((gv, name)), refined.get((gv, name), {})
             if t is None or not t.n.sum():
                 continue
+            curves = {"roc": roc_points(group_hist(t.hist, ALL)),
+                      **({"reliability": reliability_bins(t.ece.sum(0))} if probability else {})}
             out[name] = {"probability": probability, "direction": direction, **_block(t, ALL, r.get(ALL)),
                          "excluding_first": _block(t, EXCLUDING_FIRST, r.get(EXCLUDING_FIRST)),
-                         "per_position": {str(j): _block(t, j, r.get(j)) for j in range(k) if t.n[j]}}
+                         "per_position": {str(j): _block(t, j, r.get(j)) for j in range(k) if t.n[j]},
+                         "curves": curves}
         return out
 
     values = sorted({gv for gv, _ in totals if gv != ALL_ROWS})

@@ -43,7 +43,8 @@ def cluster_report(run: Path, features: list[str], cluster: str, engine: str = "
             "exact": "counts, acceptance and AUC (two passes; auc_bound is what could remain, 0 after the refining "
                      "pass); log-loss, Brier, mean prediction and ECE (10 equal-width bins) are sums merged in "
                      "another order than on one machine: equal to rounding",
-            "not_computed": "equal-mass ECE, ROC curves, bootstrap intervals, fits, replays",
+            "not_computed": "equal-mass ECE, bootstrap intervals, fits, replays (ROC points are exact points at "
+                            "thresholds between the histogram's bins, not the single machine's thresholds)",
             **body}
 
 

@@ -202,3 +202,23 @@ def exact_auc(hist, refined) -> tuple[float | None, float]:
             right += float(np.sum(c[:, 1] * neg_below) + 0.5 * np.sum(c[:, 1] * c[:, 0])) - 0.5 * within[b]
             done[b] = True
     return right / (P * N), float(0.5 * within[~done].sum() / (P * N))
+
+
+def roc_points(hist, n_points: int = 200) -> dict:
+    """ROC points at up to ``n_points`` thresholds spread over the histogram's bins (descending),
+    from (0, 0): each one exact, the rates of every score at or above a bin's lowest key."""
+    counts = hist[1][::-1].astype(np.float64)  # highest bins first
+    if counts.size == 0:
+        return {"fpr": [0.0], "tpr": [0.0]}
+    tp, fp = np.cumsum(counts[:, 1]), np.cumsum(counts[:, 0])
+    keep = np.unique(np.linspace(0, counts.shape[0] - 1, min(n_points, counts.shape[0])).astype(np.int64))
+    return {"fpr": np.r_[0.0, fp[keep] / max(fp[-1], 1e-12)].tolist(),
+            "tpr": np.r_[0.0, tp[keep] / max(tp[-1], 1e-12)].tolist()}
+
+
+def reliability_bins(ece: np.ndarray) -> dict:
+    """The equal-width reliability bins (``[bins, 3]``: weight, sum of p, sum of y) as the single
+    machine's report gives them: the filled bins' mean prediction, rate and count."""
+    filled = ece[:, 0] > 0
+    return {"mean_pred": (ece[filled, 1] / ece[filled, 0]).tolist(), "rate": (ece[filled, 2] / ece[filled, 0]).tolist(),
+            "count": ece[filled, 0].astype(np.int64).tolist()}
