@@ -24,22 +24,11 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def run_cmd(cmd: list[str]) -> tuple[float, float]:
-    """Wall seconds and peak RSS (GiB) of one command, as a child process."""
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    seconds = time.perf_counter() - t0
-    err = proc.stderr.read().decode()
-    if os.waitstatus_to_exitcode(status):
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{err[-2000:]}")
-    return seconds, usage.ru_maxrss / 2**20
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from bench_scale import measure as run_cmd  # noqa: E402  (wall seconds and peak RSS of a child process)
 
 
 def synthetic(source: Path, n: int) -> Path:

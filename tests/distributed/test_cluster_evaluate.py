@@ -135,3 +135,36 @@ def test_roc_points_lie_on_the_roc_and_reliability_bins_are_the_single_machines(
             a, b = got[name]["curves"]["reliability"], ref[name]["curves"]["reliability"]
             assert a["count"] == b["count"] and a["rate"] == pytest.approx(b["rate"], rel=1e-12)
             assert a["mean_pred"] == pytest.approx(b["mean_pred"], rel=1e-12)
+
+
+def test_a_run_whose_shard_changed_is_refused_not_scored(small_run, tmp_path):
+    """The cluster path reads the run as the single machine does: a shard whose content differs from
+    run.json's hash is an error, not a report (a probe rewrote every label to 1 and got exit 0)."""
+    import shutil
+
+    import polars as pl
+
+    run = tmp_path / "run"
+    shutil.copytree(small_run, run)
+    shard = sorted((run / "drafts").glob("*.parquet"))[0]
+    pl.read_parquet(shard).with_columns(pl.when(pl.col("label").is_not_null()).then(1).otherwise(None)
+                                        .cast(pl.Int8).alias("label")).write_parquet(shard)
+    r = CliRunner().invoke(app, ["evaluate", str(run), "--out", str(tmp_path / "r"), "--cluster", "local:1"])
+    assert r.exit_code != 0 and "SHA-256" in r.output and not (tmp_path / "r" / "report.json").exists()
+
+
+@pytest.mark.parametrize("spec", ["tcp://127.0.0.1:abc", "ray://127.0.0.1:9"])
+def test_an_address_dask_cannot_read_is_one_message(small_run, tmp_path, spec):
+    r = CliRunner().invoke(app, ["evaluate", str(small_run), "--out", str(tmp_path / "r"), "--cluster", spec])
+    assert r.exit_code != 0 and "Could not join the dask scheduler" in r.output and "Traceback" not in r.output
+
+
+def test_a_stale_regression_report_goes_when_the_cluster_overwrites(cluster_report, small_run, tmp_path):
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / "report.json").write_text("{}")
+    (out / "regression.md").write_text("old")
+    r = CliRunner().invoke(app, ["evaluate", str(small_run), "--out", str(out), "--cluster", "local:1", "--overwrite",
+                                 "--feature", "q_max"])
+    assert r.exit_code == 0, r.output
+    assert not (out / "regression.md").exists()

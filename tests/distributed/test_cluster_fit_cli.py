@@ -29,8 +29,9 @@ def test_the_cluster_writes_the_single_machines_fit(small_run, tmp_path):
 
 
 @pytest.mark.parametrize("args, words", [
-    (["--model", "isotonic"], "--cluster fits the logistic model"),
-    (["--model", "logistic", "--by", "workload"], "--by runs on one machine"),
+    (["--model", "isotonic"], "--cluster fits one logistic model"),
+    (["--model", "logistic,isotonic"], "other models and --by run on one"),
+    (["--model", "logistic", "--by", "workload"], "other models and --by run on one"),
 ])
 def test_what_the_cluster_does_not_fit_is_refused(small_run, tmp_path, args, words):
     r = CliRunner().invoke(app, ["fit", str(small_run), "--out", str(tmp_path / "f.json"), "--cluster", "local:1", *args])

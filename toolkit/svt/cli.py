@@ -456,6 +456,7 @@ def _evaluate_on_cluster(runs: list[Path], out_dir: Path, features: list[str], c
                          overwrite: bool, bins: int, **asked) -> None:
     from svt.distributed.report import check_cluster_options, cluster_report, write_cluster_report
     from svt.fileio import writing
+    from svt.report.compare import remove_stale
     from svt.report.render import check_report_out
 
     try:
@@ -463,6 +464,7 @@ def _evaluate_on_cluster(runs: list[Path], out_dir: Path, features: list[str], c
         with writing(out_dir, lambda: check_report_out(out_dir, overwrite=overwrite)):
             json_path, md_path = write_cluster_report(cluster_report(runs[0], features, cluster, engine, by=asked.get("by")),
                                                       out_dir)
+            remove_stale(out_dir)  # nor does a regression report written beside the old one
     except SvtError as exc:
         raise _fail(exc) from None
     _say(f"wrote {json_path} and {md_path}")
@@ -607,8 +609,9 @@ def fit(
                       test_fraction=test_fraction, seed=seed, mlp_hidden=mlp_hidden, device=device)
         for m in models:  # every model's options, before the first fit runs
             prepare_fit(m, online=onlines[m], **kwargs)
-        if cluster is not None and by is not None:
-            raise ConfigError("--cluster fits one logistic model on the whole run; --by runs on one machine.")
+        if cluster is not None and (by is not None or set(models) != {"logistic"}):
+            raise ConfigError("--cluster fits one logistic model on the whole run; other models and --by run on one "
+                              "machine (without --cluster).")
         if by is None:
             for m, path in outs.items():  # each file is written as soon as its fit is done
                 fitted = (fit_runs(runs, m, online=onlines[m], **kwargs) if cluster is None else

@@ -127,7 +127,7 @@ def features_table(run_path: str | Path, feature_names: list[str], engine, *, to
     from svt.traces import open_run
     from svt.traces.schema import get_table
 
-    run = open_run(run_path, deep=False, tables=["drafts"])
+    run = open_run(run_path)  # every shard against its recorded hash, and the tables against each other
     if run.censored:
         raise ConfigError(f"{run_path} was collected with live AV (censored labels); --cluster does not read "
                           "its explored steps yet: evaluate it on one machine.")

@@ -57,8 +57,7 @@ def cluster_training(engine):
         from svt.traces.schema import get_table
 
         if not isinstance(est, LogisticFitter) or len(runs) != 1 or where is not None:
-            raise ConfigError("--cluster fits the logistic model on one run (no --where): fit the others on one "
-                              "machine.")
+            raise ConfigError("--cluster fits the logistic model on one run: fit the others on one machine.")
         run = open_run(runs[0])
         if run.censored:
             raise ConfigError(f"{runs[0]} was collected with live AV (censored labels): fit it on one machine.")

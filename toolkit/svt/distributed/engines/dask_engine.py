@@ -26,7 +26,7 @@ class DaskEngine(Engine):
         else:
             try:
                 self.client = Client(address, timeout="10s")
-            except OSError as exc:
+            except (OSError, ValueError, TypeError) as exc:  # unreachable, or an address dask cannot parse
                 raise ConfigError(f"Could not join the dask scheduler at {address}: {exc}.") from None
 
     def map(self, fn, items: list, *args) -> list:
