@@ -29,8 +29,11 @@ def cluster_report(small_run, tmp_path_factory):
 
 def test_the_cluster_report_equals_the_single_machine_one(cluster_report, small_run):
     got, md = cluster_report
-    ref = evaluate([small_run], EvaluateOptions(features=FEATURES))["features"]
+    whole = evaluate([small_run], EvaluateOptions(features=FEATURES))
+    ref = whole["features"]
     assert got["cluster"]["workers"] == 2 and got["cluster"]["shards"] >= 1
+    assert got["data_sha256"] == whole["runs"][0]["data_sha256"]  # the identity, merged from the workers'
+    assert got["data_identity"]["rows"] == whole["runs"][0]["data_identity"]["rows"]
     for name in FEATURES:
         g, r = got["features"][name], ref[name]
         scopes = [(g, r), (g["excluding_first"], r["excluding_first"]),

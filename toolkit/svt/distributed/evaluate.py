@@ -123,11 +123,13 @@ def features_table(run_path: str | Path, feature_names: list[str], engine, *, to
                    by: str | None = None) -> dict:
     """``report.json``'s ``features`` (and with ``by`` its ``groups``) for one run, computed on
     ``engine``'s workers (see the module)."""
+    from svt.distributed.reading import read_run
     from svt.features import get_feature
-    from svt.traces import open_run
     from svt.traces.schema import get_table
 
-    run = open_run(run_path)  # every shard against its recorded hash, and the tables against each other
+    # every shard against its recorded hash, and the tables against each other, on the workers
+    run, identity = read_run(run_path, engine)
+    run.require_complete()
     if run.censored:
         raise ConfigError(f"{run_path} was collected with live AV (censored labels); --cluster does not read "
                           "its explored steps yet: evaluate it on one machine.")
@@ -168,6 +170,7 @@ def features_table(run_path: str | Path, feature_names: list[str], engine, *, to
     values = sorted({gv for gv, _ in totals if gv != ALL_ROWS})
     return {"features": table(ALL_ROWS), **({"groups": {by: {v: table(v) for v in values}}} if by else {}),
             "shards": len(shards), "workers": engine.workers, "ece_bins": ECE_BINS,
+            "data_sha256": identity["sha256"], "data_identity": identity,
             "worker_peak_gib": [round(x, 3) for x in engine.peak_memory()],
             "refined_bins": {f"{gv}/{name}" if gv != ALL_ROWS else name: {str(g): int(b.size) for g, b in sel.items()}
                              for (gv, name), sel in selected.items()}}

@@ -52,13 +52,14 @@ def cluster_training(engine):
         from svt.features import get_feature
         from svt.fit import Trained
         from svt.fit.logistic import LogisticFitter
-        from svt.traces import open_run
+        from svt.distributed.reading import read_run
         from svt.traces.identity import run_record
         from svt.traces.schema import get_table
 
         if not isinstance(est, LogisticFitter) or len(runs) != 1 or where is not None:
             raise ConfigError("--cluster fits the logistic model on one run: fit the others on one machine.")
-        run = open_run(runs[0])
+        run, identity = read_run(runs[0], engine)  # deeply, on the workers
+        run.require_complete()
         if run.censored:
             raise ConfigError(f"{runs[0]} was collected with live AV (censored labels): fit it on one machine.")
         columns = dict(get_table("drafts").columns)
@@ -88,7 +89,7 @@ def cluster_training(engine):
         est.intercepts_ = beta[-k:]
         trained = np.concatenate([g["requests"] for g in got])
         requests = pl.DataFrame({"_run": np.zeros(trained.size, dtype=np.int32), "request": trained})
-        return Trained([run_record(runs[0], run)], k, rows, {"accept_rate": positives / rows},
+        return Trained([{**run_record(runs[0], run), "data": identity}], k, rows, {"accept_rate": positives / rows},
                        requests.with_columns(pl.col("request").cast(pl.Int64)),
                        sorted(s for g in got for s in g["signatures"]))
 

@@ -40,6 +40,7 @@ def cluster_report(run: Path, features: list[str], cluster: str, engine: str = "
             "cluster": {"engine": engine, "spec": cluster, "workers": body.pop("workers"), "shards": body.pop("shards"),
                         "worker_peak_gib": body.pop("worker_peak_gib"),
                         "seconds": round(time.perf_counter() - t0, 3), "refined_bins": body.pop("refined_bins")},
+            "data_sha256": body.pop("data_sha256"), "data_identity": body.pop("data_identity"),
             "exact": "counts, acceptance and AUC (two passes; auc_bound is what could remain, 0 after the refining "
                      "pass); log-loss, Brier, mean prediction and ECE (10 equal-width bins) are sums merged in "
                      "another order than on one machine: equal to rounding",

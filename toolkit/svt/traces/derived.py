@@ -168,8 +168,12 @@ def _workload_problem(run) -> str | None:
     table = "tree_drafts" if run.has("tree_drafts") else "drafts"
     if not run.has(table) or not run.has("requests"):
         return None
-    d = run.scan(table).select("request", "workload").unique()
-    r = run.scan("requests").select("request", pl.col("workload").alias("_rw"))
+    return _workload_of(run.scan(table), run.scan("requests"), table)
+
+
+def _workload_of(drafts: pl.LazyFrame, requests: pl.LazyFrame, table: str) -> str | None:
+    d = drafts.select("request", "workload").unique()
+    r = requests.select("request", pl.col("workload").alias("_rw"))
     bad = d.join(r, on="request", how="left").filter(pl.col("_rw").is_null() | (pl.col("_rw") != pl.col("workload")))
     row = bad.select(pl.len(), pl.col("request").first(), pl.col("workload").first(), pl.col("_rw").first()).collect().row(0)
     if row[0]:
@@ -218,3 +222,28 @@ def check_derived(run) -> None:
         found = problem(run.scan(table), run.scan("steps"))
     if found:
         raise SchemaError(f"{Path(run.path)}: the {table} and steps tables disagree: {found}.")
+
+
+def part_problem(meta: dict, lacks: set, parts: dict[str, pl.LazyFrame], requests: pl.LazyFrame | None) -> str | None:
+    """:func:`check_derived`'s checks on one shard of each table (``parts``: the shards of one name,
+    as every svt writer pairs them; ``requests``: the whole requests table, or None when the run has
+    none), for a cluster that checks a run shard by shard. The caller checks that the tables pair by
+    name (else :func:`check_derived` reads them whole). The problem found, in
+    :func:`check_derived`'s words, or None."""
+    said = (meta.get("sampling") or {}).get("greedy")
+    greedy = said if isinstance(said, bool) else None
+    table = "tree_drafts" if isinstance(meta.get("tree"), dict) or "tree_drafts" in parts else "drafts"
+    found = None
+    if not meta.get("synthetic") and requests is not None and table in parts:
+        found = _workload_of(parts[table], requests, table)
+    if not found and "drafts" in parts and not lacks & {"accept_prob", "p_sampled", "q_sampled", "label"}:
+        found = _acceptance_problem(parts["drafts"], greedy)
+    if not found and "tree_drafts" in parts:
+        found = _path_problem(parts["tree_drafts"])
+    if found or "steps" not in parts or table not in parts or (table == "drafts" and "label" in lacks):
+        return found
+    if table == "tree_drafts":
+        found = _tree_problem(parts[table], parts["steps"], bool(greedy))
+    else:
+        found = _chain_problem(parts["drafts"], parts["steps"], bool(meta.get("hvd")))
+    return f"the {table} and steps tables disagree: {found}" if found else None

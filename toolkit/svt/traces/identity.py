@@ -194,6 +194,23 @@ class Identity:
         for i, c in enumerate(p_cols):
             self.sketch[c] += sketch[i]
 
+    def merge(self, other: Identity) -> Identity:
+        """This identity and ``other``'s (another shard's, computed elsewhere) as one: the order-free
+        hashes add modulo 2**64, the sketches add (equal to one pass up to float rounding)."""
+        if other.s_cols is None:
+            return self
+        if self.s_cols is None:
+            self.s_cols, self.p_cols, self.sketch = list(other.s_cols), list(other.p_cols), {
+                c: np.zeros(N_PROJECTIONS) for c in other.p_cols}
+        if (self.s_cols, self.p_cols) != (other.s_cols, other.p_cols):
+            raise ValueError(f"shards with other fingerprinted columns ({self.columns} against {other.columns})")
+        for mine, theirs in ((self.exact, other.exact), (self.structure, other.structure)):
+            mine.acc = [(a + b) & _MASK for a, b in zip(mine.acc, theirs.acc, strict=True)]
+            mine.rows += theirs.rows
+        for c in self.p_cols:
+            self.sketch[c] = self.sketch[c] + other.sketch[c]
+        return self
+
     def result(self) -> dict:
         return {"sha256": self.exact.hexdigest(self.columns),
                 "structure_sha256": self.structure.hexdigest(self.s_cols or []),

@@ -307,12 +307,10 @@ class Run:
     def parts(self, table: str) -> list[pl.LazyFrame]:
         """Each shard of ``table`` as its own lazy frame cast to the schema's dtypes (for work done
         shard by shard, in bounded memory)."""
-        spec = get_table(table)
         files = self.shards.get(table) or []
         if not files:
             raise SchemaError(f"{self.path}: the run has no `{table}` table.")
-        return [pl.scan_parquet(str(f)).with_columns([pl.col(c).cast(t) for c, t in spec.columns.items()])
-                for f in files]
+        return [scan_shard(f, table) for f in files]
 
     def scan(self, table: str) -> pl.LazyFrame:
         """All shards of ``table`` as one lazy frame cast to the schema's dtypes."""
@@ -365,19 +363,29 @@ def open_run(path: str | Path, *, deep: bool = True, tables: list[str] | None = 
         if deep:
             _check_deep(files, spec, frozenset(run.lacks(name)), recs or {})
         run.shards[name] = files
-    if deep and "drafts" in run.shards and isinstance(meta.get("k"), int):
-        top = run.scan("drafts").select(pl.col("position").max()).collect().item()
-        if top is not None and top >= meta["k"]:
-            raise SchemaError(f"{path}: drafts reach position {top}, but run.json says K = {meta['k']}.")
-        # svt's collector drafts K tokens at every step (trimmed ones are logged unlabelled)
-        if (top is not None and "config" in meta and not meta.get("hvd") and meta.get("engine", "svt") == "svt"
-                and top != meta["k"] - 1):
-            raise SchemaError(f"{path}: run.json says K = {meta['k']}, but the drafts stop at position {top}.")
+    if deep and "drafts" in run.shards:
+        check_top_position(path, meta, run.scan("drafts").select(pl.col("position").max()).collect().item())
     if deep:
         check_derived(run)
     return run
 
     # (runs without shard records are read; `Run.verified` says whether their shards were checked)
+
+
+def check_top_position(path: Path, meta: dict, top: int | None) -> None:
+    """The drafts' last position (``top``) against run.json's K."""
+    if top is None or not isinstance(meta.get("k"), int):
+        return
+    if top >= meta["k"]:
+        raise SchemaError(f"{path}: drafts reach position {top}, but run.json says K = {meta['k']}.")
+    # svt's collector drafts K tokens at every step (trimmed ones are logged unlabelled)
+    if "config" in meta and not meta.get("hvd") and meta.get("engine", "svt") == "svt" and top != meta["k"] - 1:
+        raise SchemaError(f"{path}: run.json says K = {meta['k']}, but the drafts stop at position {top}.")
+
+
+def scan_shard(path: str | Path, table: str) -> pl.LazyFrame:
+    """One shard of ``table`` as a lazy frame cast to the schema's dtypes (as :meth:`Run.parts`)."""
+    return pl.scan_parquet(str(path)).with_columns([pl.col(c).cast(t) for c, t in get_table(table).columns.items()])
 
 
 def _check_records(path: Path, table: str, files: list[Path], recs: dict) -> None:
@@ -424,6 +432,12 @@ def _check_deep(files: list[Path], spec: TableSchema, lacks: frozenset[str], rec
             check_hash(f)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def check_shard_deep(path: str | Path, table: str, lacks: frozenset[str], sha256: str | None) -> None:
+    """One shard's deep read (its values, and its SHA-256 against ``sha256``, run.json's record, when
+    there is one), in :func:`open_run`'s words: for a cluster that reads a run shard by shard."""
+    _check_deep([Path(path)], TABLES[table], frozenset(lacks), {Path(path).name: {"sha256": sha256}} if sha256 else {})
 
 
 def check_distinct_runs(paths: list[str | Path]) -> None:

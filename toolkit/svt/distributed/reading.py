@@ -1,0 +1,78 @@
+"""A run read deeply on a cluster: what :func:`svt.traces.open_run` checks on one machine, shard by
+shard on the workers, so the driver reads no drafts.
+
+The driver opens the run shallowly (run.json, every shard's columns and types, the shards against
+run.json's record of them). Each worker then takes the shards of one name (one of each table: every
+svt writer writes one shard per batch and table) and checks their values and their SHA-256 against
+run.json, the cross-table checks of :mod:`svt.traces.derived` on that pair, the drafts' last
+position, and returns the drafts' data identity (:class:`svt.traces.identity.Identity`: order-free
+sums, merged by addition on the driver). A run whose tables do not pair by name is checked across
+tables on the driver instead (reading them whole, as one machine does), and so is a run where a pair
+shows a problem (a step split over two shards looks wrong in each): what is checked and the words of
+each refusal are the single machine's.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _check_unit(unit: dict, meta: dict, lacks: dict, shas: dict, requests: list[str] | None, derived: bool,
+                identity_table: str | None) -> dict:
+    """On a worker: the deep read of one name's shards (``unit``: table -> file)."""
+    import polars as pl
+
+    from svt.traces.derived import part_problem
+    from svt.traces.identity import Identity
+    from svt.traces.io import check_shard_deep, scan_shard
+
+    for table, f in unit.items():
+        check_shard_deep(f, table, frozenset(lacks.get(table, [])), shas.get(f))
+    parts = {t: scan_shard(f, t) for t, f in unit.items()}
+    problem = None
+    if derived:
+        req = pl.concat([scan_shard(f, "requests") for f in requests]) if requests else None
+        problem = part_problem(meta, set(lacks.get("drafts", [])), parts, req)
+    top = parts["drafts"].select(pl.col("position").max()).collect().item() if "drafts" in parts else None
+    ident = Identity()
+    if identity_table in parts:
+        ident.add(parts[identity_table])
+    return {"problem": problem, "top": top, "identity": ident}
+
+
+def read_run(path: str | Path, engine):
+    """The run at ``path`` opened and read deeply on ``engine``'s workers: ``(run, identity)``, the
+    :class:`svt.traces.io.Run` and the data identity :func:`svt.traces.identity.run_identity`
+    gives."""
+    from svt.traces.derived import check_derived
+    from svt.traces.identity import Identity
+    from svt.traces.io import check_top_position, open_run
+
+    path = Path(path)
+    run = open_run(path, deep=False)
+    recs = run.meta.get("shards") if isinstance(run.meta.get("shards"), dict) else {}
+    units: dict[str, dict] = {}
+    shas, lacks = {}, {}
+    for table, files in run.shards.items():
+        lacks[table] = run.lacks(table)
+        for f in files:
+            units.setdefault(f.name, {})[table] = str(f)
+            shas[str(f)] = ((recs.get(table) or {}).get(f.name) or {}).get("sha256")
+    chain = "tree_drafts" if isinstance(run.meta.get("tree"), dict) else "drafts"
+    names = {t: [f.name for f in fs] for t, fs in run.shards.items()}
+    derived = not run.has("steps") or names.get(chain, []) == names["steps"]
+    requests = [str(f) for f in run.shards.get("requests", [])] or None
+    ident_table = "drafts" if run.has("drafts") else ("cache_drafts" if run.has("cache_drafts") else None)
+    got = engine.map(_check_unit, [units[n] for n in sorted(units)], run.meta, lacks, shas, requests, derived,
+                     ident_table)
+    tops = [g["top"] for g in got if g["top"] is not None]
+    if run.has("drafts"):
+        check_top_position(path, run.meta, max(tops) if tops else None)
+    # tables that do not pair by name, or a problem found in a pair (a step split over two shards
+    # looks wrong in each): the cross-table checks read the tables whole, as on one machine
+    if not derived or any(g["problem"] for g in got):
+        check_derived(run)
+    identity = Identity()
+    for g in got:
+        identity.merge(g["identity"])
+    return run, {"table": ident_table or "cache_drafts", **identity.result()}
