@@ -14,10 +14,13 @@ from svt.distributed.summaries import (
     EXCLUDING_FIRST,
     auc_bound,
     bins_to_refine,
+    ece_mass,
     exact_auc,
     float_keys,
     group_hist,
     in_group,
+    key_values,
+    mass_bins_to_refine,
     merge_refined,
     refine_counts,
     summarize,
@@ -82,6 +85,43 @@ def test_float_sums_agree_with_the_single_machine_definitions():
     filled = e[:, 0] > 0
     got = np.sum(e[filled, 0] * np.abs(e[filled, 1] / e[filled, 0] - e[filled, 2] / e[filled, 0])) / e[:, 0].sum()
     assert got == pytest.approx(ece(y, s, n_bins=10), rel=1e-12)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10**6), kind=st.sampled_from(["ties", "float32", "close"]), n=st.sampled_from([7, 600, 1000]))
+def test_equal_mass_ece_is_the_single_machines_whatever_the_shards(seed, kind, n):
+    """The bins are the single machine's (a tie group's bin set by the drafts below it, tied scores
+    in one bin, its float arithmetic at the boundaries); the bins straddling a boundary are read
+    key by key in the second pass; n = 1000 puts boundaries at exact multiples."""
+    rng = np.random.default_rng(seed)
+    k = 3
+    s, y, pos, parts = _shards(rng, n, k, kind)
+    s = np.clip(s, 0, 1)
+    total = summarize(s[parts[0]], y[parts[0]], pos[parts[0]], k, True)
+    for i in parts[1:]:
+        total = total + summarize(s[i], y[i], pos[i], k, True)
+    for g in (ALL, EXCLUDING_FIRST, 0, 1, 2):
+        m = in_group(pos, g)
+        if not m.any():
+            continue
+        h = group_hist(total.hist, g)
+        refined = merge_refined([refine_counts(s[i], y[i], pos[i], {g: mass_bins_to_refine(h)}) for i in parts])
+        assert ece_mass(h, refined.get(g)) == pytest.approx(ece(y[m], s[m], n_bins=10, strategy="mass"),
+                                                            rel=1e-12, abs=1e-15)
+
+
+def test_a_straddling_bin_left_unread_is_an_error_not_a_number():
+    rng = np.random.default_rng(3)
+    s, y, pos, _ = _shards(rng, 2000, 1, "close")
+    h = summarize(s, y, pos, 1, True).hist[0]
+    assert mass_bins_to_refine(h).size  # one ulp apart: every boundary inside one bin
+    with pytest.raises(ValueError, match="straddling"):
+        ece_mass(h, None)
+
+
+def test_key_values_invert_the_keys():
+    x = np.array([-np.inf, -2.5, -1e-300, 0.0, 1e-300, 0.5, 0.5000000000000001, np.inf])
+    assert key_values(float_keys(x)).tolist() == x.tolist()
 
 
 def test_the_key_orders_floats_and_merges_the_zeros():

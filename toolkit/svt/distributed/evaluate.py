@@ -5,9 +5,11 @@ writes the same figures as the single-machine path (AUC, log-loss, Brier, mean p
 equal-width ECE, acceptance; overall, excluding the first position, per position).
 
 Exact: counts, acceptance and every AUC (after the refining pass, with tolerance 0: its bound is
-printed and is 0). Float sums (log-loss, Brier, mean prediction, ECE) merge in another order than
-the single machine's: they agree to rounding. Not computed here: equal-mass ECE and
-bootstrap intervals (they need the ordered scores: the single-machine path gives them). ROC points
+printed and is 0). Float sums (log-loss, Brier, mean prediction, both ECEs) merge in another order
+than the single machine's: they agree to rounding. The equal-mass ECE's bins are the single
+machine's: set by the count of drafts below each tie group, from the merged histogram, with the few
+histogram bins that straddle a boundary read key by key in the second pass. Not computed here:
+bootstrap intervals. ROC points
 are taken at thresholds spread over the histogram's bins (each point exact; not the same
 thresholds as the single machine's), and the reliability bins are the equal-width ECE bins.
 """
@@ -25,8 +27,10 @@ from svt.distributed.summaries import (
     EXCLUDING_FIRST,
     auc_bound,
     bins_to_refine,
+    ece_mass,
     exact_auc,
     group_hist,
+    mass_bins_to_refine,
     merge_refined,
     refine_counts,
     reliability_bins,
@@ -103,8 +107,16 @@ def _block(total, g: int, refined) -> dict:
         gap = np.abs(ece[filled, 1] / ece[filled, 0] - ece[filled, 2] / ece[filled, 0])
         out.update({"log_loss": float(total.log_loss[idx].sum() / n), "brier": float(total.brier[idx].sum() / n),
                     "mean_pred": float(total.sum_p[idx].sum() / n),
-                    "ece": float(np.sum(ece[filled, 0] * gap) / ece[:, 0].sum())})
+                    "ece": float(np.sum(ece[filled, 0] * gap) / ece[:, 0].sum()),
+                    "ece_mass": ece_mass(group_hist(total.hist, g), refined)})
     return out
+
+
+def _to_refine(hist, tol: float, probability: bool) -> np.ndarray:
+    """The bins the second pass reads key by key: those whose pairs could move the AUC, and (for a
+    probability) those straddling an equal-mass calibration boundary."""
+    bins = bins_to_refine(hist, tol)
+    return np.union1d(bins, mass_bins_to_refine(hist)) if probability else bins
 
 
 def _merged(parts: list[dict]) -> dict:
@@ -148,7 +160,7 @@ def features_table(run_path: str | Path, feature_names: list[str], engine, *, to
     shards = [str(p) for p in run.shards["drafts"]]
     totals = _merged(engine.map(shard_summaries, shards, columns, feats, k, by))
     groups = [ALL, EXCLUDING_FIRST, *range(k)]
-    selected = {key: {g: b for g in groups if (b := bins_to_refine(group_hist(t.hist, g), tol)).size}
+    selected = {key: {g: b for g in groups if (b := _to_refine(group_hist(t.hist, g), tol, t.probability)).size}
                 for key, t in totals.items()}
     refined = merge_refined_all(engine.map(shard_refined, shards, columns, feats, selected, by)) if any(
         selected.values()) else {}

@@ -42,9 +42,10 @@ def cluster_report(run: Path, features: list[str], cluster: str, engine: str = "
                         "seconds": round(time.perf_counter() - t0, 3), "refined_bins": body.pop("refined_bins")},
             "data_sha256": body.pop("data_sha256"), "data_identity": body.pop("data_identity"),
             "exact": "counts, acceptance and AUC (two passes; auc_bound is what could remain, 0 after the refining "
-                     "pass); log-loss, Brier, mean prediction and ECE (10 equal-width bins) are sums merged in "
-                     "another order than on one machine: equal to rounding",
-            "not_computed": "equal-mass ECE, bootstrap intervals, fits, replays (ROC points are exact points at "
+                     "pass); log-loss, Brier, mean prediction, ECE (10 equal-width bins) and ece_mass (10 equal-mass "
+                     "bins, the single machine's bins) are sums merged in another order than on one machine: equal "
+                     "to rounding",
+            "not_computed": "bootstrap intervals, fits, replays (ROC points are exact points at "
                             "thresholds between the histogram's bins, not the single machine's thresholds)",
             **body}
 
@@ -56,11 +57,11 @@ def to_markdown(report: dict) -> str:
     lines = [f"# svt report (cluster): {report['run']}\n",
              f"Computed on a {c['engine']} cluster ({c['spec']}: {c['workers']} workers, {c['shards']} drafts shards, "
              f"{c['seconds']} s; peak memory per worker {', '.join(f'{x:.2f}' for x in c['worker_peak_gib'])} GiB). Exact: {report['exact']}. Not computed here: {report['not_computed']}.\n"]
-    head = ["scope", "drafts", "acceptance", "AUC", "AUC bound", "log-loss", "Brier", "ECE"]
+    head = ["scope", "drafts", "acceptance", "AUC", "AUC bound", "log-loss", "Brier", "ECE", "ECE (mass)"]
 
     def row(s, b):
         return [s, fmt(b["n"]), fmt(b["accept_rate"], 4), fmt(b["auc"], 4), f"{b['auc_bound']:.1e}",
-                fmt(b.get("log_loss"), 4), fmt(b.get("brier"), 4), fmt(b.get("ece"), 4)]
+                fmt(b.get("log_loss"), 4), fmt(b.get("brier"), 4), fmt(b.get("ece"), 4), fmt(b.get("ece_mass"), 4)]
 
     for name, f in report["features"].items():
         rows = [["all", f], ["excluding first", f["excluding_first"]],

@@ -35,16 +35,24 @@ def float_keys(s: np.ndarray) -> np.ndarray:
     return np.where(bits >> np.uint64(63), ~bits, bits | np.uint64(1 << 63)).astype(np.uint64)
 
 
-def _sparse(keys: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Distinct ``keys`` (sorted) and their (rejected, accepted) counts."""
+def key_values(keys: np.ndarray) -> np.ndarray:
+    """The float64 values of full keys (:func:`float_keys` inverted)."""
+    keys = np.asarray(keys, dtype=np.uint64)
+    top = np.uint64(1 << 63)
+    return np.where(keys & top, keys & ~top, ~keys).astype(np.uint64).view(np.float64)
+
+
+def _sparse(keys: np.ndarray, y: np.ndarray, s: np.ndarray | None = None) -> tuple:
+    """Distinct ``keys`` (sorted) and their (rejected, accepted) counts; with ``s`` (the scores of a
+    probability) also each key's sum of scores."""
     u, inv = np.unique(keys, return_inverse=True)
     counts = np.zeros((u.size, 2), dtype=np.int64)
     np.add.at(counts, (inv, y), 1)
-    return u, counts
+    return (u, counts) if s is None else (u, counts, np.bincount(inv, weights=s, minlength=u.size))
 
 
-def merge_sparse(parts) -> tuple[np.ndarray, np.ndarray]:
-    """Sparse histograms added up (keys sorted, counts summed)."""
+def merge_sparse(parts) -> tuple:
+    """Sparse histograms added up (keys sorted, counts and any score sums summed)."""
     parts = [p for p in parts if p[0].size]
     if not parts:
         return np.zeros(0, dtype=np.uint64), np.zeros((0, 2), dtype=np.int64)
@@ -53,7 +61,9 @@ def merge_sparse(parts) -> tuple[np.ndarray, np.ndarray]:
     u, inv = np.unique(np.concatenate([p[0] for p in parts]), return_inverse=True)
     counts = np.zeros((u.size, 2), dtype=np.int64)
     np.add.at(counts, inv, np.concatenate([p[1] for p in parts]))
-    return u, counts
+    if any(len(p) < 3 for p in parts):
+        return u, counts
+    return u, counts, np.bincount(inv, weights=np.concatenate([p[2] for p in parts]), minlength=u.size)
 
 
 @dataclass
@@ -99,7 +109,7 @@ def summarize(score: np.ndarray, label: np.ndarray, position: np.ndarray, k: int
     out.n += np.bincount(pos, minlength=k)[:k]
     out.pos += np.bincount(pos, weights=y, minlength=k)[:k].astype(np.int64)
     high = float_keys(s) >> SHIFT
-    out.hist = [_sparse(high[pos == j], y[pos == j]) for j in range(k)]
+    out.hist = [_sparse(high[pos == j], y[pos == j], s[pos == j] if probability else None) for j in range(k)]
     if probability:
         p = s
         pc = np.clip(p, LOG_EPS, 1 - LOG_EPS)
@@ -222,3 +232,50 @@ def reliability_bins(ece: np.ndarray) -> dict:
     filled = ece[:, 0] > 0
     return {"mean_pred": (ece[filled, 1] / ece[filled, 0]).tolist(), "rate": (ece[filled, 2] / ece[filled, 0]).tolist(),
             "count": ece[filled, 0].astype(np.int64).tolist()}
+
+
+def _mass_bin(before: np.ndarray, total: float, n_bins: int) -> np.ndarray:
+    """Equal-mass bin of a tie group with ``before`` rows below it, in the single machine's float
+    arithmetic (:func:`svt.metrics.calibration.mass_bin_index`)."""
+    return np.minimum((np.asarray(before, dtype=np.float64) / total * n_bins).astype(np.int64), n_bins - 1)
+
+
+def mass_bins_to_refine(hist, n_bins: int = ECE_BINS) -> np.ndarray:
+    """High keys of the bins that straddle an equal-mass boundary (their scores fall in two
+    equal-mass bins): at most ``n_bins - 1``; the second pass gives their distinct keys."""
+    counts = hist[1].sum(axis=1)
+    total = float(counts.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.uint64)
+    lo = np.cumsum(counts) - counts
+    return hist[0][_mass_bin(lo, total, n_bins) != _mass_bin(lo + counts - 1, total, n_bins)]
+
+
+def ece_mass(hist, refined, n_bins: int = ECE_BINS) -> float | None:
+    """Equal-mass ECE (the single machine's: tied scores share a bin, a group's bin set by the rows
+    below it) from a histogram with score sums, exact given the distinct keys (``refined``) of
+    every bin :func:`mass_bins_to_refine` names; None without score sums."""
+    if len(hist) < 3 or not hist[0].size:
+        return None
+    keys, counts, sums = hist
+    n = counts.sum(axis=1)
+    total = float(n.sum())
+    lo = np.cumsum(n) - n
+    split = _mass_bin(lo, total, n_bins) != _mass_bin(lo + n - 1, total, n_bins)
+    b = _mass_bin(lo, total, n_bins)
+    mass_s = np.bincount(b[~split], weights=sums[~split], minlength=n_bins).astype(np.float64)
+    mass_y = np.bincount(b[~split], weights=counts[~split, 1].astype(np.float64), minlength=n_bins).astype(np.float64)
+    if split.any():
+        rk, rc = refined if refined is not None else (np.zeros(0, np.uint64), np.zeros((0, 2), np.int64))
+        inside = np.isin(rk >> SHIFT, keys[split])
+        rk, rc = rk[inside], rc[inside]
+        rn = rc.sum(axis=1)
+        if rn.sum() != n[split].sum():
+            raise ValueError("the second pass misses keys of a bin straddling an equal-mass boundary")
+        at = np.searchsorted(keys, rk >> SHIFT)  # each distinct key's bin: rows below = the bin's + the keys before
+        within = np.cumsum(rn) - rn
+        first = np.searchsorted(rk >> SHIFT, keys[at], side="left")
+        rb = _mass_bin(lo[at] + within - within[first], total, n_bins)
+        mass_s += np.bincount(rb, weights=rn * key_values(rk), minlength=n_bins)
+        mass_y += np.bincount(rb, weights=rc[:, 1].astype(np.float64), minlength=n_bins)
+    return float(np.abs(mass_s - mass_y).sum() / total)
