@@ -50,9 +50,12 @@ def test_the_cluster_report_equals_the_single_machine_one(cluster_report, small_
 
 
 @pytest.mark.parametrize("args, words", [
-    (["--fit", "some-fit.json"], "--fit"),
+    (["--costs", "configs/costs/demo.yaml"], "--costs"),
     (["--bootstrap", "10"], "--bootstrap"),
     (["--bins", "20"], "--bins other than 10"),
+    (["--seed", "3"], "--seed"),
+    (["--tolerance", "auc=0.01"], "--tolerance"),
+    (["--high-yield", "4"], "--high-yield"),
 ])
 def test_what_the_cluster_does_not_compute_is_refused_by_name(small_run, tmp_path, args, words):
     r = CliRunner().invoke(app, ["evaluate", str(small_run), "--out", str(tmp_path / "r"), "--cluster", "local:1", *args])

@@ -394,8 +394,9 @@ def evaluate(
              "overrides the baseline's bootstrap interval for that metric.")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace the report already in --out.")] = False,
     cluster: Annotated[str | None, typer.Option(
-        help="Compute the features table on a cluster: local:N starts N workers here, an address (tcp://host:8786) "
-             "joins a running scheduler. One run; exact AUCs and counts (docs: Scale).")] = None,
+        help="Compute the features table (and row-wise --fit predictors) on a cluster: local:N starts N workers "
+             "here, an address (tcp://host:8786) joins a running scheduler. One run; exact AUCs and counts (docs: "
+             "Scale).")] = None,
     cluster_engine: Annotated[str, typer.Option(help="The distributed engine for --cluster.")] = "dask",
 ) -> None:
     """Score acceptance features: AUC, log-loss, ECE, Brier, per position and excluding the first,
@@ -420,7 +421,8 @@ def evaluate(
         _evaluate_on_cluster(runs, out_dir, list(feature or DEFAULT_FEATURES), cluster, cluster_engine, overwrite=overwrite,
                              bins=bins, by=by, bootstrap=bootstrap, fits=fit, costs=costs, live=live,
                              reference_run=reference_run, baseline=baseline, feature_module=feature_module,
-                             replay_bootstrap=replay_bootstrap, score_unverified=score_unverified)
+                             replay_bootstrap=replay_bootstrap, score_unverified=score_unverified,
+                             seed=seed != 0, tolerance=tolerance, high_yield=high_yield != 6)
         return
     try:
         tolerances, base = _evaluate_checks(out_dir, bins=bins, bootstrap=bootstrap, high_yield=high_yield,
@@ -462,8 +464,9 @@ def _evaluate_on_cluster(runs: list[Path], out_dir: Path, features: list[str], c
     try:
         check_cluster_options(runs, bins, **asked)
         with writing(out_dir, lambda: check_report_out(out_dir, overwrite=overwrite)):
-            json_path, md_path = write_cluster_report(cluster_report(runs[0], features, cluster, engine, by=asked.get("by")),
-                                                      out_dir)
+            report = cluster_report(runs[0], features, cluster, engine, by=asked.get("by"), fits=asked.get("fits"),
+                                    score_unverified=bool(asked.get("score_unverified")))
+            json_path, md_path = write_cluster_report(report, out_dir)
             remove_stale(out_dir)  # nor does a regression report written beside the old one
     except SvtError as exc:
         raise _fail(exc) from None

@@ -42,11 +42,15 @@ from svt.errors import ConfigError
 ALL_ROWS = "__all__"  # the group of every row, beside the values of --by
 
 
-def _read(path: str, columns: dict, features: list[tuple], by: str | None):
+def _read(path: str, columns: dict, features: list[tuple], by: str | None, plans: list | None = None):
     """One shard's labelled drafts: label, position, the --by value (as text) and each feature's
-    oriented score (NaN: none)."""
-    frame = (pl.scan_parquet(path).with_columns([pl.col(c).cast(t) for c, t in columns.items()])
-             .filter(pl.col("label").is_not_null())
+    oriented score (NaN: none); with ``plans``, each fit's predictions (:mod:`svt.distributed.fits`)."""
+    lf = pl.scan_parquet(path).with_columns([pl.col(c).cast(t) for c, t in columns.items()])
+    if plans:
+        from svt.distributed.fits import fit_columns
+
+        lf = fit_columns(lf.collect(), plans).lazy()
+    frame = (lf.filter(pl.col("label").is_not_null())
              .select("label", "position", *([pl.col(by).cast(pl.String).fill_null("null").alias("_by")] if by else []),
                      *[(e * d).cast(pl.Float64).alias(f"_f{i}") for i, (_, e, _, d) in enumerate(features)]).collect())
     scores = {name: frame[f"_f{i}"].fill_nan(None).to_numpy() for i, (name, _, _, _) in enumerate(features)}
@@ -67,9 +71,10 @@ def _rows_by_group(groups) -> dict:
     return out
 
 
-def shard_summaries(path: str, columns: dict, features: list[tuple], k: int, by: str | None = None) -> dict:
+def shard_summaries(path: str, columns: dict, features: list[tuple], k: int, by: str | None = None,
+                    plans: list | None = None) -> dict:
     """First pass on one shard: ``{(group, feature): ScoreSummary}`` over the drafts it scores."""
-    y, pos, groups, scores = _read(path, columns, features, by)
+    y, pos, groups, scores = _read(path, columns, features, by, plans)
     out = {}
     for gv, rows in _rows_by_group(groups).items():
         for name, _, probability, _ in features:
@@ -79,10 +84,11 @@ def shard_summaries(path: str, columns: dict, features: list[tuple], k: int, by:
     return out
 
 
-def shard_refined(path: str, columns: dict, features: list[tuple], selected: dict, by: str | None = None) -> dict:
+def shard_refined(path: str, columns: dict, features: list[tuple], selected: dict, by: str | None = None,
+                  plans: list | None = None) -> dict:
     """Second pass on one shard: per (group, feature) and draft-position group, the counts per full
     key in the selected bins."""
-    y, pos, groups, scores = _read(path, columns, features, by)
+    y, pos, groups, scores = _read(path, columns, features, by, plans)
     out = {}
     for gv, rows in _rows_by_group(groups).items():
         for name, _, _, _ in features:
@@ -132,9 +138,12 @@ def _merged(parts: list[dict]) -> dict:
 
 
 def features_table(run_path: str | Path, feature_names: list[str], engine, *, tol: float = 0.0,
-                   by: str | None = None) -> dict:
+                   by: str | None = None, fits: list[str] | None = None, score_unverified: bool = False) -> dict:
     """``report.json``'s ``features`` (and with ``by`` its ``groups``) for one run, computed on
-    ``engine``'s workers (see the module)."""
+    ``engine``'s workers (see the module); with ``fits``, each fit scored beside the features on
+    the requests one machine scores it on (:mod:`svt.distributed.fits`).
+
+    Long because it is the driver's whole sequence: read, check, two passes, the tables."""
     from svt.distributed.reading import read_run
     from svt.features import get_feature
     from svt.traces.schema import get_table
@@ -158,11 +167,18 @@ def features_table(run_path: str | Path, feature_names: list[str], engine, *, to
         feats.append((name, f.expr, f.probability, f.direction))
     k = int(run.meta["k"])
     shards = [str(p) for p in run.shards["drafts"]]
-    totals = _merged(engine.map(shard_summaries, shards, columns, feats, k, by))
+    plans = None
+    if fits:
+        from svt.distributed.fits import plan_fits
+
+        plans = plan_fits(run_path, run, [str(f) for f in fits], engine, shards, score_unverified)
+        feats += [(p["name"], pl.col(f"_fit{i}"), True, 1) for i, p in enumerate(plans)]
+    described = {p["name"]: p["description"] for p in plans or []}
+    totals = _merged(engine.map(shard_summaries, shards, columns, feats, k, by, plans))
     groups = [ALL, EXCLUDING_FIRST, *range(k)]
     selected = {key: {g: b for g in groups if (b := _to_refine(group_hist(t.hist, g), tol, t.probability)).size}
                 for key, t in totals.items()}
-    refined = merge_refined_all(engine.map(shard_refined, shards, columns, feats, selected, by)) if any(
+    refined = merge_refined_all(engine.map(shard_refined, shards, columns, feats, selected, by, plans)) if any(
         selected.values()) else {}
 
     def table(gv):
@@ -173,7 +189,8 @@ def features_table(run_path: str | Path, feature_names: list[str], engine, *, to
                 continue
             curves = {"roc": roc_points(group_hist(t.hist, ALL)),
                       **({"reliability": reliability_bins(t.ece.sum(0))} if probability else {})}
-            out[name] = {"probability": probability, "direction": direction, **_block(t, ALL, r.get(ALL)),
+            out[name] = {"probability": probability, "direction": direction,
+                         **({"description": described[name]} if name in described else {}), **_block(t, ALL, r.get(ALL)),
                          "excluding_first": _block(t, EXCLUDING_FIRST, r.get(EXCLUDING_FIRST)),
                          "per_position": {str(j): _block(t, j, r.get(j)) for j in range(k) if t.n[j]},
                          "curves": curves}

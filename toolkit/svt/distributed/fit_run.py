@@ -49,10 +49,10 @@ def cluster_training(engine):
 
     def train(runs, est, test_fraction: float, seed: int, where):
         from svt.distributed.fit import fit_logistic
+        from svt.distributed.reading import read_run
         from svt.features import get_feature
         from svt.fit import Trained
         from svt.fit.logistic import LogisticFitter
-        from svt.distributed.reading import read_run
         from svt.traces.identity import run_record
         from svt.traces.schema import get_table
 

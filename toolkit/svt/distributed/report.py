@@ -9,10 +9,12 @@ from pathlib import Path
 from svt.errors import ConfigError
 
 #: single-machine sections --cluster does not compute yet: the option that asks for each
-NOT_ON_CLUSTER = {"bootstrap": "--bootstrap (intervals)", "fits": "--fit (fitted predictors)",
+NOT_ON_CLUSTER = {"bootstrap": "--bootstrap (intervals)",
                   "costs": "--costs (the AV and HVD replays)", "live": "--live", "reference_run": "--reference-run",
                   "baseline": "--baseline (the regression report)", "feature_module": "--feature-module",
-                  "replay_bootstrap": "--replay-bootstrap", "score_unverified": "--score-unverified"}
+                  "replay_bootstrap": "--replay-bootstrap",
+                  "seed": "--seed (the bootstrap's)", "tolerance": "--tolerance (the regression report's)",
+                  "high_yield": "--high-yield (yield predictors)"}
 
 
 def check_cluster_options(runs: list, bins: int, **asked) -> None:
@@ -24,18 +26,19 @@ def check_cluster_options(runs: list, bins: int, **asked) -> None:
         wanted.append("--bins other than 10")
     if wanted:
         raise ConfigError(f"--cluster computes the features table of one run (overall, excluding the first position, "
-                          f"per position, and per value of a drafts column with --by); it does not compute {', '.join(wanted)} yet: run those on one machine "
+                          f"per position, per value of a drafts column with --by, and row-wise fits with --fit); it does not compute {', '.join(wanted)} yet: run those on one machine "
                           "(without --cluster).")
 
 
-def cluster_report(run: Path, features: list[str], cluster: str, engine: str = "dask", by: str | None = None) -> dict:
+def cluster_report(run: Path, features: list[str], cluster: str, engine: str = "dask", by: str | None = None,
+                   fits: list | None = None, score_unverified: bool = False) -> dict:
     from svt import __version__
     from svt.distributed.engines import start
     from svt.distributed.evaluate import features_table
 
     t0 = time.perf_counter()
     with start(cluster, engine) as eng:
-        body = features_table(run, features, eng, by=by)
+        body = features_table(run, features, eng, by=by, fits=fits, score_unverified=score_unverified)
     return {"report_schema": "svt-cluster-1", "svt_version": __version__, "run": str(run),
             "cluster": {"engine": engine, "spec": cluster, "workers": body.pop("workers"), "shards": body.pop("shards"),
                         "worker_peak_gib": body.pop("worker_peak_gib"),
@@ -45,7 +48,7 @@ def cluster_report(run: Path, features: list[str], cluster: str, engine: str = "
                      "pass); log-loss, Brier, mean prediction, ECE (10 equal-width bins) and ece_mass (10 equal-mass "
                      "bins, the single machine's bins) are sums merged in another order than on one machine: equal "
                      "to rounding",
-            "not_computed": "bootstrap intervals, fits, replays (ROC points are exact points at "
+            "not_computed": "bootstrap intervals, replays (ROC points are exact points at "
                             "thresholds between the histogram's bins, not the single machine's thresholds)",
             **body}
 
@@ -66,7 +69,8 @@ def to_markdown(report: dict) -> str:
     for name, f in report["features"].items():
         rows = [["all", f], ["excluding first", f["excluding_first"]],
                 *[[f"position {j}", b] for j, b in f["per_position"].items()]]
-        lines += [f"## {name}\n", md_table(head, [row(s, b) for s, b in rows]), ""]
+        lines += [f"## {name}\n", *([f"{f['description']}.\n"] if f.get("description") else []),
+                  md_table(head, [row(s, b) for s, b in rows]), ""]
     for by, values in (report.get("groups") or {}).items():
         for name in report["features"]:
             lines += [f"## {name} by {by}\n", md_table(head, [row(v, t[name]) for v, t in values.items() if name in t]), ""]

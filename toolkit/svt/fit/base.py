@@ -62,6 +62,7 @@ class Fitter:
     plot_kinds: ClassVar[tuple[str, ...]] = ()  # figures drawn from the fit file itself (`svt plot`)
     model_file: ClassVar[bool] = False  # its fit file has a model file beside it (save_extra)
     extra_flags: ClassVar[tuple[str, ...]] = ()  # options it takes through an options object
+    row_wise: ClassVar[bool] = False  # predicts each drafts row from its own columns (a cluster scores it shard by shard)
 
     # what fitting (svt.fit.fit_runs) or loading sets besides the learned parameters
     training_: dict | None = None  # runs, rows, k, split, evaluation (the fit file's `training`)

@@ -20,6 +20,7 @@ class STSFitter(Fitter):
     """``sts``: p = sigmoid(logit(q) / T_position), one temperature per draft position."""
 
     name = "sts"
+    row_wise = True
 
     def __init__(self, feature: str | None = None):
         self.feature = feature or "q_max"
@@ -78,6 +79,7 @@ class PlattFitter(Fitter):
     """``platt``: p = sigmoid(a * score + b), one intercept for all positions."""
 
     name = "platt"
+    row_wise = True
 
     def __init__(self, feature: str | None = None):
         self.feature = feature or "q_max"
@@ -116,6 +118,7 @@ class IsotonicFitter(Fitter):
     """``isotonic``: scikit-learn's isotonic regression of the label on one score."""
 
     name = "isotonic"
+    row_wise = True
 
     def __init__(self, feature: str | None = None):
         self.feature = feature or "q_max"

@@ -147,7 +147,9 @@ def _evidence(fit: Fitter, drafts: pl.DataFrame, paths: list | None) -> pl.DataF
     """Per (``_run``, ``request``) of ``drafts``: ``_rep`` (it repeats a training request: the same
     tokens, or the same acceptance sequence over 16+ verified steps) and ``_known`` (whether either
     could be checked: the fit signed every training request's tokens and the run holds this one's,
-    or the request is long and varied enough for an acceptance signature)."""
+    or the request is long and varied enough for an acceptance signature). ``drafts`` may instead be
+    one row per request with its acceptance signature in ``_signature`` (null: none), computed
+    where its drafts lie."""
     t = fit.training_ or {}
     ev = drafts.select(pl.col("_run").cast(pl.Int64), pl.col("request").cast(pl.Int64)).unique().with_columns(
         pl.lit(False).alias("_rep"), pl.lit(False).alias("_known"))
@@ -159,9 +161,14 @@ def _evidence(fit: Fitter, drafts: pl.DataFrame, paths: list | None) -> pl.DataF
              | pl.col("output").is_in(outs).fill_null(False)).alias("_rep"),
             (pl.col("_known") | pl.col("tokens").is_not_null()).alias("_known")).drop("tokens", "output")
     acc = t.get("train_request_signatures")
-    if acc is not None and fit.table == "drafts" and {"step", "label"} <= set(drafts.columns):
+    found = None
+    if acc is not None and fit.table == "drafts" and "_signature" in drafts.columns:  # one row a request, signed
+        found = drafts.select(pl.col("_run").cast(pl.Int64), pl.col("request").cast(pl.Int64),  # elsewhere (a cluster)
+                              pl.col("_signature").alias("signature")).unique().drop_nulls("signature")
+    elif acc is not None and fit.table == "drafts" and {"step", "label"} <= set(drafts.columns):
         found = request_signatures(drafts.select(pl.col("_run").cast(pl.Int64), pl.col("request").cast(pl.Int64),
                                                  "step", "label"))
+    if found is not None:
         ev = ev.join(found, on=["_run", "request"], how="left").with_columns(
             (pl.col("_rep") | pl.col("signature").is_in(list(acc)).fill_null(False)).alias("_rep"),
             (pl.col("_known") | pl.col("signature").is_not_null()).alias("_known")).drop("signature")

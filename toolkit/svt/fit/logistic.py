@@ -84,6 +84,7 @@ class LogisticFitter(Fitter):
     features) fitted offline by Newton on the training requests."""
 
     name = "logistic"
+    row_wise = True
 
     def __init__(self, feature: str | None = None, features: list[str] | None = None,
                  per_position_slope: bool = False):

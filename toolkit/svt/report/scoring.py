@@ -333,14 +333,7 @@ def add_fits(drafts: pl.DataFrame, runs, infos, fits: list[str]) -> tuple[pl.Dat
         pred = np.asarray(fit.predict(replay, PredictContext(runs=[Path(r) for r in runs])), dtype=np.float64)
         notes: list[str] = []
         ok = evaluation_mask(fit, replay, [r["run_id"] for r in infos], [Path(r) for r in runs], notes)
-        bad = ok & replay["label"].is_not_null().to_numpy() & ~(np.isfinite(pred) & (pred >= 0) & (pred <= 1))
-        if bad.any():  # a prediction that is no probability is an error, never a row left unscored
-            j = int(np.flatnonzero(bad)[0])
-            r = replay.row(j, named=True)
-            raise DataError(f"The fit {path} predicts {pred[j]!r} for {int(bad.sum()):,} of the {int(ok.sum()):,} drafts "
-                            f"it is scored on (first: run {r['_run'] + 1}, request {r['request']}, step {r['step']}, "
-                            f"position {r['position']}): not a probability. Check its inputs (a feature null or "
-                            "NaN there?) and the fit file.")
+        check_fit_predictions(path, replay, pred, ok)
         col = f"_fit{i}"
         scored = replay.select(keys).with_columns(pl.Series(col, np.where(ok, pred, np.nan)).fill_nan(None))
         drafts = drafts.join(scored, on=keys, how="left", maintain_order="left")
@@ -351,6 +344,19 @@ def add_fits(drafts: pl.DataFrame, runs, infos, fits: list[str]) -> tuple[pl.Dat
         feats.append(Feature(label, pl.col(col), f"fitted predictor {Path(path).name} ({how})",
                              lossless, probability=True, partial=True))
     return drafts, feats
+
+
+def check_fit_predictions(path, replay: pl.DataFrame, pred: np.ndarray, ok: np.ndarray) -> None:
+    """A prediction that is no probability, on a labelled row the fit is scored on, is an error
+    (naming the first), never a row left unscored."""
+    bad = ok & replay["label"].is_not_null().to_numpy() & ~(np.isfinite(pred) & (pred >= 0) & (pred <= 1))
+    if bad.any():
+        j = int(np.flatnonzero(bad)[0])
+        r = replay.row(j, named=True)
+        raise DataError(f"The fit {path} predicts {pred[j]!r} for {int(bad.sum()):,} of the {int(ok.sum()):,} drafts "
+                        f"it is scored on (first: run {r['_run'] + 1}, request {r['request']}, step {r['step']}, "
+                        f"position {r['position']}): not a probability. Check its inputs (a feature null or "
+                        "NaN there?) and the fit file.")
 
 
 def _fit_labels(paths: list[str]) -> list[str]:
