@@ -32,8 +32,8 @@ def test_the_cluster_report_equals_the_single_machine_one(cluster_report, small_
     whole = evaluate([small_run], EvaluateOptions(features=FEATURES))
     ref = whole["features"]
     assert got["cluster"]["workers"] == 2 and got["cluster"]["shards"] >= 1
-    assert got["data_sha256"] == whole["runs"][0]["data_sha256"]  # the identity, merged from the workers'
-    assert got["data_identity"]["rows"] == whole["runs"][0]["data_identity"]["rows"]
+    assert got["runs"][0]["data_sha256"] == whole["runs"][0]["data_sha256"]  # the identity, merged from the workers'
+    assert got["runs"][0]["data_identity"]["rows"] == whole["runs"][0]["data_identity"]["rows"]
     for name in FEATURES:
         g, r = got["features"][name], ref[name]
         scopes = [(g, r), (g["excluding_first"], r["excluding_first"]),
@@ -112,7 +112,7 @@ def test_by_a_drafts_column_equals_the_single_machines_groups(small_run, tmp_pat
     assert "## q_max by workload" in (out / "report.md").read_text()
     bad = CliRunner().invoke(app, ["evaluate", str(small_run), "--out", str(tmp_path / "b2"), "--cluster", "local:1",
                                    "--by", "no_such_column"])
-    assert bad.exit_code != 0 and "--by 'no_such_column'" in bad.output and "Traceback" not in bad.output
+    assert bad.exit_code != 0 and "Cannot group by 'no_such_column'" in bad.output and "Traceback" not in bad.output
 
 
 def test_roc_points_lie_on_the_roc_and_reliability_bins_are_the_single_machines(cluster_report, small_run):
@@ -175,3 +175,40 @@ def test_a_stale_regression_report_goes_when_the_cluster_overwrites(cluster_repo
                                  "--feature", "q_max"])
     assert r.exit_code == 0, r.output
     assert not (out / "regression.md").exists()
+
+
+def _equal_tables(got: dict, ref: dict) -> None:
+    assert set(got) == set(ref)
+    for name, b in ref.items():
+        a = got[name]
+        for x, y in ((a, b), (a["excluding_first"], b["excluding_first"]),
+                     *[(a["per_position"][str(j)], b["per_position"][j]) for j in b["per_position"]]):
+            assert x["n"] == y["n"] and x["auc"] == pytest.approx(y["auc"], abs=1e-12) and x["auc_bound"] == 0.0
+            for m in ("log_loss", "brier", "ece", "ece_mass"):
+                if y.get(m) is not None:
+                    assert x[m] == pytest.approx(y[m], rel=1e-12, abs=1e-15), (name, m)
+
+
+def test_several_runs_pool_and_group_as_on_one_machine(small_run, greedy_run, tmp_path):
+    """Two runs: the pooled table, the table per run and per value of --by (an integer column, named
+    as the single machine names its values), each run's identity."""
+    out = tmp_path / "two"
+    r = CliRunner().invoke(app, ["evaluate", str(small_run), str(greedy_run), "--out", str(out), "--cluster", "local:2",
+                                 "--feature", "q_max", "--feature", "margin", "--by", "position"])
+    assert r.exit_code == 0, r.output
+    got = json.loads((out / "report.json").read_text())
+    ref = evaluate([small_run, greedy_run], EvaluateOptions(features=["q_max", "margin"], by="position"))
+    _equal_tables(got["features"], ref["features"])
+    assert set(got["groups"]) == {"run", "position"} == set(ref["groups"])
+    for dim in ("run", "position"):
+        assert set(got["groups"][dim]) == set(ref["groups"][dim])
+        for v in ref["groups"][dim]:
+            _equal_tables(got["groups"][dim][v], ref["groups"][dim][v])
+    assert [x["data_sha256"] for x in got["runs"]] == [x["data_sha256"] for x in ref["runs"]]
+    assert "## q_max by run" in (out / "report.md").read_text()
+
+
+def test_the_same_run_twice_is_refused(small_run, tmp_path):
+    r = CliRunner().invoke(app, ["evaluate", str(small_run), str(small_run), "--out", str(tmp_path / "r"),
+                                 "--cluster", "local:1"])
+    assert r.exit_code != 0 and "the same run is given twice" in r.output and "Traceback" not in r.output

@@ -29,7 +29,7 @@ def test_distributed_newton_equals_the_single_machine_fit(engine, small_run, per
     feats = [("logit_qmax", get_feature("logit_qmax").expr), ("entropy", get_feature("entropy").expr)]
     beta, iters = fit_logistic(engine, [str(p) for p in run.shards["drafts"]], dict(get_table("drafts").columns),
                                feats, k, train, per_position_slope=per_position_slope)
-    rows = drafts.filter(pl.col("request").is_in(pl.Series(train)))
+    rows = drafts.filter(pl.col("request").is_in(pl.Series(train).implode()))
     x = np.column_stack([rows.select(e.cast(pl.Float64)).to_series().to_numpy() for _, e in feats])
     X = design(x, rows["position"].to_numpy().astype(np.int64), k, per_position_slope=per_position_slope)
     ref, ref_iters = fit_newton(X, rows["label"].to_numpy().astype(np.float64))

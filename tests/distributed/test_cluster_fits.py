@@ -97,7 +97,7 @@ def test_requests_signed_on_the_workers_are_judged_as_from_the_drafts(small_run,
     fit = Fitter.load(fits[0])
     fit.training_ = {**fit.training_, "train_token_signatures": None}
     drafts, _ = load_drafts_for_fit([small_run])
-    per_request = pl.concat([shard_request_rows(str(p)) for p in sorted((small_run / "drafts").glob("*.parquet"))])
+    per_request = pl.concat([shard_request_rows((str(p), 0)) for p in sorted((small_run / "drafts").glob("*.parquet"))])
     assert per_request["_signature"].null_count() < per_request.height  # some requests are signed
     outcomes = []
     for frame in (drafts, per_request):

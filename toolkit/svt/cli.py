@@ -464,7 +464,7 @@ def _evaluate_on_cluster(runs: list[Path], out_dir: Path, features: list[str], c
     try:
         check_cluster_options(runs, bins, **asked)
         with writing(out_dir, lambda: check_report_out(out_dir, overwrite=overwrite)):
-            report = cluster_report(runs[0], features, cluster, engine, by=asked.get("by"), fits=asked.get("fits"),
+            report = cluster_report(runs, features, cluster, engine, by=asked.get("by"), fits=asked.get("fits"),
                                     score_unverified=bool(asked.get("score_unverified")))
             json_path, md_path = write_cluster_report(report, out_dir)
             remove_stale(out_dir)  # nor does a regression report written beside the old one

@@ -39,22 +39,29 @@ from svt.distributed.summaries import (
 )
 from svt.errors import ConfigError
 
-ALL_ROWS = "__all__"  # the group of every row, beside the values of --by
+ALL_ROWS = ("", "")  # the group of every row, beside ("run", name) and (--by column, value)
 
 
-def _read(path: str, columns: dict, features: list[tuple], by: str | None, plans: list | None = None):
-    """One shard's labelled drafts: label, position, the --by value (as text) and each feature's
-    oriented score (NaN: none); with ``plans``, each fit's predictions (:mod:`svt.distributed.fits`)."""
+def _read(item: tuple, columns: dict, features: list[tuple], by: str | None, plans: list | None = None):
+    """One shard's labelled drafts (``item``: its path, its run's index and name): label, position,
+    each group's rows (every row; the run's when several runs are evaluated; each value of --by,
+    named as the single machine names it) and each feature's oriented score (NaN: none); with
+    ``plans``, each fit's predictions (:mod:`svt.distributed.fits`)."""
+    path, run_index, run_name = item
     lf = pl.scan_parquet(path).with_columns([pl.col(c).cast(t) for c, t in columns.items()])
     if plans:
         from svt.distributed.fits import fit_columns
 
-        lf = fit_columns(lf.collect(), plans).lazy()
+        lf = fit_columns(lf.collect(), plans, run_index).lazy()
     frame = (lf.filter(pl.col("label").is_not_null())
-             .select("label", "position", *([pl.col(by).cast(pl.String).fill_null("null").alias("_by")] if by else []),
+             .select("label", "position", *([pl.col(by).alias("_by")] if by else []),
                      *[(e * d).cast(pl.Float64).alias(f"_f{i}") for i, (_, e, _, d) in enumerate(features)]).collect())
     scores = {name: frame[f"_f{i}"].fill_nan(None).to_numpy() for i, (name, _, _, _) in enumerate(features)}
-    groups = frame["_by"].to_numpy() if by else None
+    groups = {ALL_ROWS: slice(None), **({("run", run_name): slice(None)} if run_name is not None else {})}
+    if by:
+        rows = frame.select(pl.col("_by")).with_row_index("_i").group_by("_by").agg("_i")
+        for key, idx in zip(rows["_by"].to_list(), rows["_i"].to_list(), strict=True):
+            groups[(by, str(key))] = np.asarray(idx, dtype=np.int64)  # str() of the value: the single machine's name
     return frame["label"].to_numpy().astype(np.int64), frame["position"].to_numpy().astype(np.int64), groups, scores
 
 
@@ -62,21 +69,12 @@ def _valid(s: np.ndarray) -> np.ndarray:
     return np.isfinite(s)
 
 
-def _rows_by_group(groups) -> dict:
-    """Each group's rows: every row, and (with --by) the rows of each value."""
-    out = {ALL_ROWS: slice(None)}
-    if groups is not None:
-        for v in np.unique(groups):
-            out[str(v)] = groups == v
-    return out
-
-
-def shard_summaries(path: str, columns: dict, features: list[tuple], k: int, by: str | None = None,
+def shard_summaries(item: tuple, columns: dict, features: list[tuple], k: int, by: str | None = None,
                     plans: list | None = None) -> dict:
     """First pass on one shard: ``{(group, feature): ScoreSummary}`` over the drafts it scores."""
-    y, pos, groups, scores = _read(path, columns, features, by, plans)
+    y, pos, groups, scores = _read(item, columns, features, by, plans)
     out = {}
-    for gv, rows in _rows_by_group(groups).items():
+    for gv, rows in groups.items():
         for name, _, probability, _ in features:
             s = scores[name][rows].astype(np.float64)
             ok = _valid(s)
@@ -84,13 +82,13 @@ def shard_summaries(path: str, columns: dict, features: list[tuple], k: int, by:
     return out
 
 
-def shard_refined(path: str, columns: dict, features: list[tuple], selected: dict, by: str | None = None,
+def shard_refined(item: tuple, columns: dict, features: list[tuple], selected: dict, by: str | None = None,
                   plans: list | None = None) -> dict:
     """Second pass on one shard: per (group, feature) and draft-position group, the counts per full
     key in the selected bins."""
-    y, pos, groups, scores = _read(path, columns, features, by, plans)
+    y, pos, groups, scores = _read(item, columns, features, by, plans)
     out = {}
-    for gv, rows in _rows_by_group(groups).items():
+    for gv, rows in groups.items():
         for name, _, _, _ in features:
             if selected.get((gv, name)):
                 s = scores[name][rows].astype(np.float64)
@@ -137,26 +135,29 @@ def _merged(parts: list[dict]) -> dict:
     return out
 
 
-def features_table(run_path: str | Path, feature_names: list[str], engine, *, tol: float = 0.0,
-                   by: str | None = None, fits: list[str] | None = None, score_unverified: bool = False) -> dict:
-    """``report.json``'s ``features`` (and with ``by`` its ``groups``) for one run, computed on
-    ``engine``'s workers (see the module); with ``fits``, each fit scored beside the features on
-    the requests one machine scores it on (:mod:`svt.distributed.fits`).
-
-    Long because it is the driver's whole sequence: read, check, two passes, the tables."""
+def _open(paths: list, engine) -> tuple[list, list[dict]]:
+    """The runs, each read deeply on the workers (:func:`svt.distributed.reading.read_run`), and what
+    the report says of each."""
     from svt.distributed.reading import read_run
-    from svt.features import get_feature
-    from svt.traces.schema import get_table
+    from svt.traces.io import check_distinct_runs
 
-    # every shard against its recorded hash, and the tables against each other, on the workers
-    run, identity = read_run(run_path, engine)
-    run.require_complete()
-    if run.censored:
-        raise ConfigError(f"{run_path} was collected with live AV (censored labels); --cluster does not read "
-                          "its explored steps yet: evaluate it on one machine.")
-    columns = dict(get_table("drafts").columns)
-    if by is not None and by not in columns:
-        raise ConfigError(f"--by {by!r} with --cluster: a drafts column is needed ({', '.join(columns)}).")
+    check_distinct_runs(paths)
+    runs, infos = [], []
+    for path in paths:
+        run, identity = read_run(path, engine)  # every shard against its hash, the tables against each other
+        run.require_complete()
+        if run.censored:
+            raise ConfigError(f"{path} was collected with live AV (censored labels); --cluster does not read "
+                              "its explored steps yet: evaluate it on one machine.")
+        runs.append(run)
+        infos.append({"path": str(path), "run_id": run.meta.get("run_id"), "k": run.meta.get("k"),
+                      "data_sha256": identity["sha256"], "data_identity": identity})
+    return runs, infos
+
+
+def _features(feature_names: list[str], columns: dict) -> list[tuple]:
+    from svt.features import get_feature
+
     feats = []
     for name in feature_names:
         f = get_feature(name)
@@ -165,20 +166,42 @@ def features_table(run_path: str | Path, feature_names: list[str], engine, *, to
             raise ConfigError(f"--cluster scores features of the drafts table alone; {name!r} reads "
                               f"{', '.join(sorted(reads - set(columns)))}: evaluate it on one machine.")
         feats.append((name, f.expr, f.probability, f.direction))
-    k = int(run.meta["k"])
-    shards = [str(p) for p in run.shards["drafts"]]
+    return feats
+
+
+def features_table(run_paths: list, feature_names: list[str], engine, *, tol: float = 0.0,
+                   by: str | None = None, fits: list[str] | None = None, score_unverified: bool = False) -> dict:
+    """``report.json``'s ``features`` (and its ``groups``: per run when several runs are given, per
+    value of ``by``) for the runs pooled, computed on ``engine``'s workers (see the module); with
+    ``fits``, each fit scored beside the features on the requests one machine scores it on
+    (:mod:`svt.distributed.fits`).
+
+    Long because it is the driver's whole sequence: read, check, two passes, the tables."""
+    from svt.traces.schema import get_table
+
+    run_paths = [Path(p) for p in ([run_paths] if isinstance(run_paths, str | Path) else run_paths)]
+    runs, infos = _open(run_paths, engine)
+    columns = dict(get_table("drafts").columns)
+    if by is not None and by not in columns:
+        raise ConfigError(f"Cannot group by {by!r}: the drafts table has no such column (columns: "
+                          f"{', '.join(columns)}).")
+    feats = _features(feature_names, columns)
+    k = max(int(r.meta["k"]) for r in runs)
+    several = len(runs) > 1
+    items = [(str(f), i, p.name if several else None) for i, (p, r) in enumerate(zip(run_paths, runs, strict=True))
+             for f in r.shards["drafts"]]
     plans = None
     if fits:
         from svt.distributed.fits import plan_fits
 
-        plans = plan_fits(run_path, run, [str(f) for f in fits], engine, shards, score_unverified)
+        plans = plan_fits(run_paths, runs, [str(f) for f in fits], engine, items, score_unverified)
         feats += [(p["name"], pl.col(f"_fit{i}"), True, 1) for i, p in enumerate(plans)]
     described = {p["name"]: p["description"] for p in plans or []}
-    totals = _merged(engine.map(shard_summaries, shards, columns, feats, k, by, plans))
+    totals = _merged(engine.map(shard_summaries, items, columns, feats, k, by, plans))
     groups = [ALL, EXCLUDING_FIRST, *range(k)]
     selected = {key: {g: b for g in groups if (b := _to_refine(group_hist(t.hist, g), tol, t.probability)).size}
                 for key, t in totals.items()}
-    refined = merge_refined_all(engine.map(shard_refined, shards, columns, feats, selected, by, plans)) if any(
+    refined = merge_refined_all(engine.map(shard_refined, items, columns, feats, selected, by, plans)) if any(
         selected.values()) else {}
 
     def table(gv):
@@ -196,12 +219,13 @@ def features_table(run_path: str | Path, feature_names: list[str], engine, *, to
                          "curves": curves}
         return out
 
-    values = sorted({gv for gv, _ in totals if gv != ALL_ROWS})
-    return {"features": table(ALL_ROWS), **({"groups": {by: {v: table(v) for v in values}}} if by else {}),
-            "shards": len(shards), "workers": engine.workers, "ece_bins": ECE_BINS,
-            "data_sha256": identity["sha256"], "data_identity": identity,
+    by_group: dict = {}
+    for dim, value in sorted({gv for gv, _ in totals if gv != ALL_ROWS}):
+        by_group.setdefault(dim, {})[value] = table((dim, value))
+    return {"features": table(ALL_ROWS), **({"groups": by_group} if by_group else {}), "runs": infos,
+            "shards": len(items), "workers": engine.workers, "ece_bins": ECE_BINS,
             "worker_peak_gib": [round(x, 3) for x in engine.peak_memory()],
-            "refined_bins": {f"{gv}/{name}" if gv != ALL_ROWS else name: {str(g): int(b.size) for g, b in sel.items()}
+            "refined_bins": {"/".join([*(gv if gv != ALL_ROWS else ()), name]): {str(g): int(b.size) for g, b in sel.items()}
                              for (gv, name), sel in selected.items()}}
 
 

@@ -27,16 +27,17 @@ import polars as pl
 from svt.errors import ConfigError, DataError
 
 
-def shard_request_rows(path: str) -> pl.DataFrame:
-    """On a worker: one row per request of a drafts shard, with its acceptance signature (null: too
-    few verified steps to sign)."""
+def shard_request_rows(item: tuple) -> pl.DataFrame:
+    """On a worker: one row per request of a drafts shard (``item``: its path and its run's index),
+    with its acceptance signature (null: too few verified steps to sign)."""
+    path, run_index = item[0], item[1]
     from svt.traces.identity import request_signatures
     from svt.traces.io import scan_shard
 
     d = scan_shard(path, "drafts").select("request", "step", "label").collect()
     keys = d.select(pl.col("request").cast(pl.Int64)).unique().sort("request")
     sig = request_signatures(d).select(pl.col("request").cast(pl.Int64), pl.col("signature").alias("_signature"))
-    return keys.join(sig, on="request", how="left").with_columns(pl.lit(0, pl.Int64).alias("_run"))
+    return keys.join(sig, on="request", how="left").with_columns(pl.lit(run_index, pl.Int64).alias("_run"))
 
 
 def _refusal(fit, path) -> str | None:
@@ -49,7 +50,7 @@ def _refusal(fit, path) -> str | None:
     return None
 
 
-def plan_fits(run_path: str | Path, run, fits: list[str], engine, shards: list[str],
+def plan_fits(run_paths: list[Path], runs: list, fits: list[str], engine, items: list[tuple],
               score_unverified: bool = False) -> list[dict]:
     """On the driver: each fit loaded, checked, named as the single machine names it, with the
     requests it is scored on (see the module)."""
@@ -60,38 +61,42 @@ def plan_fits(run_path: str | Path, run, fits: list[str], engine, shards: list[s
     if refused:
         raise ConfigError(f"--cluster scores fits that predict each draft from its own row; not {'; '.join(refused)}. "
                           "Evaluate those on one machine (without --cluster).")
-    rows = engine.map(shard_request_rows, shards)
-    per_request = pl.concat(rows)
-    if per_request["request"].n_unique() != per_request.height:
-        raise DataError(f"{run_path}: a request's drafts span two shards; --cluster --fit needs each request in one "
-                        "shard (as the collector writes them): evaluate the fit on one machine.")
+    per_request = pl.concat(engine.map(shard_request_rows, items))
+    split = per_request.filter(pl.struct("_run", "request").is_duplicated())
+    if split.height:
+        raise DataError(f"{run_paths[split['_run'][0]]}: request {split['request'][0]}'s drafts span two shards; "
+                        "--cluster --fit needs each request in one shard (as the collector writes them): evaluate "
+                        "the fit on one machine.")
     labels = name_fits(fits, [f.label() for f in loaded])
     plans = []
     for path, fit, label in zip(fits, loaded, labels, strict=True):
         notes: list[str] = []
         with scoring_unverified(score_unverified):
-            ok = evaluation_mask(fit, per_request, [run.meta.get("run_id")], [Path(run_path)], notes)
+            ok = evaluation_mask(fit, per_request, [r.meta.get("run_id") for r in runs], list(run_paths), notes)
         how = (fit.training_ or {}).get("evaluation", "") + "".join(f"; {n}" for n in notes)
-        plans.append({"name": label, "path": str(path), "fit": fit, "run": str(run_path),
-                      "scored": np.sort(per_request["request"].to_numpy()[ok]),
+        scored = per_request.filter(pl.Series(ok))
+        plans.append({"name": label, "path": str(path), "fit": fit, "runs": [str(r) for r in run_paths],
+                      "scored": {i: np.sort(scored.filter(pl.col("_run") == i)["request"].to_numpy())
+                                 for i in range(len(runs))},
                       "description": f"fitted predictor {Path(path).name} ({how})"})
     return plans
 
 
-def fit_columns(frame: pl.DataFrame, plans: list[dict]) -> pl.DataFrame:
-    """On a worker: ``frame`` (a drafts shard, every row) with a column ``_fitI`` of each fit's
+def fit_columns(frame: pl.DataFrame, plans: list[dict], run_index: int) -> pl.DataFrame:
+    """On a worker: ``frame`` (a drafts shard of run ``run_index``, every row) with a column ``_fitI`` of each fit's
     predictions on the rows it is scored on (null elsewhere); a prediction that is no probability
     there is an error, as on one machine."""
     from svt.fit import PredictContext
     from svt.report.scoring import check_fit_predictions
 
-    replay = frame.with_columns(pl.lit(0, pl.Int64).alias("_run"))
+    replay = frame.with_columns(pl.lit(run_index, pl.Int64).alias("_run"))
     cols = []
     for i, plan in enumerate(plans):
-        pred = np.asarray(plan["fit"].predict(replay, PredictContext(runs=[Path(plan["run"])])), dtype=np.float64)
+        pred = np.asarray(plan["fit"].predict(replay, PredictContext(runs=[Path(r) for r in plan["runs"]])),
+                          dtype=np.float64)
         if pred.shape != (frame.height,):
             raise DataError(f"The fit {plan['path']} gave {pred.shape} predictions for {frame.height} drafts.")
-        ok = np.isin(replay["request"].to_numpy(), plan["scored"])
+        ok = np.isin(replay["request"].to_numpy(), plan["scored"][run_index])
         check_fit_predictions(plan["path"], replay, pred, ok)
         cols.append(pl.Series(f"_fit{i}", np.where(ok, pred, np.nan)).fill_nan(None))
     return frame.with_columns(cols)

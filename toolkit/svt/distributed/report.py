@@ -20,17 +20,15 @@ NOT_ON_CLUSTER = {"bootstrap": "--bootstrap (intervals)",
 def check_cluster_options(runs: list, bins: int, **asked) -> None:
     """One clear refusal naming every section --cluster cannot compute that the command asks for."""
     wanted = [NOT_ON_CLUSTER[k] for k, v in asked.items() if v and k in NOT_ON_CLUSTER]
-    if len(runs) != 1:
-        wanted.insert(0, "several runs side by side")
     if bins != 10:
         wanted.append("--bins other than 10")
     if wanted:
-        raise ConfigError(f"--cluster computes the features table of one run (overall, excluding the first position, "
-                          f"per position, per value of a drafts column with --by, and row-wise fits with --fit); it does not compute {', '.join(wanted)} yet: run those on one machine "
+        raise ConfigError(f"--cluster computes the features table (overall, excluding the first position, per "
+                          f"position; per run, per value of a drafts column with --by; row-wise fits with --fit); it does not compute {', '.join(wanted)} yet: run those on one machine "
                           "(without --cluster).")
 
 
-def cluster_report(run: Path, features: list[str], cluster: str, engine: str = "dask", by: str | None = None,
+def cluster_report(runs: list[Path], features: list[str], cluster: str, engine: str = "dask", by: str | None = None,
                    fits: list | None = None, score_unverified: bool = False) -> dict:
     from svt import __version__
     from svt.distributed.engines import start
@@ -38,12 +36,11 @@ def cluster_report(run: Path, features: list[str], cluster: str, engine: str = "
 
     t0 = time.perf_counter()
     with start(cluster, engine) as eng:
-        body = features_table(run, features, eng, by=by, fits=fits, score_unverified=score_unverified)
-    return {"report_schema": "svt-cluster-1", "svt_version": __version__, "run": str(run),
+        body = features_table(runs, features, eng, by=by, fits=fits, score_unverified=score_unverified)
+    return {"report_schema": "svt-cluster-1", "svt_version": __version__, "runs": body.pop("runs"),
             "cluster": {"engine": engine, "spec": cluster, "workers": body.pop("workers"), "shards": body.pop("shards"),
                         "worker_peak_gib": body.pop("worker_peak_gib"),
                         "seconds": round(time.perf_counter() - t0, 3), "refined_bins": body.pop("refined_bins")},
-            "data_sha256": body.pop("data_sha256"), "data_identity": body.pop("data_identity"),
             "exact": "counts, acceptance and AUC (two passes; auc_bound is what could remain, 0 after the refining "
                      "pass); log-loss, Brier, mean prediction, ECE (10 equal-width bins) and ece_mass (10 equal-mass "
                      "bins, the single machine's bins) are sums merged in another order than on one machine: equal "
@@ -57,7 +54,7 @@ def to_markdown(report: dict) -> str:
     from svt.report.text import fmt, md_table
 
     c = report["cluster"]
-    lines = [f"# svt report (cluster): {report['run']}\n",
+    lines = [f"# svt report (cluster): {', '.join(r['path'] for r in report['runs'])}\n",
              f"Computed on a {c['engine']} cluster ({c['spec']}: {c['workers']} workers, {c['shards']} drafts shards, "
              f"{c['seconds']} s; peak memory per worker {', '.join(f'{x:.2f}' for x in c['worker_peak_gib'])} GiB). Exact: {report['exact']}. Not computed here: {report['not_computed']}.\n"]
     head = ["scope", "drafts", "acceptance", "AUC", "AUC bound", "log-loss", "Brier", "ECE", "ECE (mass)"]
@@ -71,7 +68,7 @@ def to_markdown(report: dict) -> str:
                 *[[f"position {j}", b] for j, b in f["per_position"].items()]]
         lines += [f"## {name}\n", *([f"{f['description']}.\n"] if f.get("description") else []),
                   md_table(head, [row(s, b) for s, b in rows]), ""]
-    for by, values in (report.get("groups") or {}).items():
+    for by, values in (report.get("groups") or {}).items():  # per run, per value of --by
         for name in report["features"]:
             lines += [f"## {name} by {by}\n", md_table(head, [row(v, t[name]) for v, t in values.items() if name in t]), ""]
     return "\n".join(lines)
