@@ -46,7 +46,7 @@ def compare(cluster: dict, single: dict, feature: str) -> dict:
               *[(a["per_position"][str(j)], b["per_position"][str(j)]) for j in b["per_position"]]]
     out = {"counts_equal": all(x["n"] == y["n"] for x, y in scopes),
            "auc_max_abs_diff": max(abs(x["auc"] - y["auc"]) for x, y in scopes)}
-    for m in ("log_loss", "brier", "ece", "mean_pred"):
+    for m in ("log_loss", "brier", "ece", "ece_mass", "mean_pred"):
         diffs = [abs(x[m] - y[m]) / max(abs(y[m]), 1e-300) for x, y in scopes if x.get(m) is not None]
         if diffs:
             out[f"{m}_max_rel_diff"] = max(diffs)

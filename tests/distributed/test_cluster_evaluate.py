@@ -52,7 +52,7 @@ def test_the_cluster_report_equals_the_single_machine_one(cluster_report, small_
 @pytest.mark.parametrize("args, words", [
     (["--costs", "configs/costs/demo.yaml"], "--costs"),
     (["--bootstrap", "10"], "--bootstrap"),
-    (["--bins", "20"], "--bins other than 10"),
+    (["--bins", "0"], "--bins >= 1"),
     (["--seed", "3"], "--seed"),
     (["--tolerance", "auc=0.01"], "--tolerance"),
     (["--high-yield", "4"], "--high-yield"),
@@ -212,3 +212,14 @@ def test_the_same_run_twice_is_refused(small_run, tmp_path):
     r = CliRunner().invoke(app, ["evaluate", str(small_run), str(small_run), "--out", str(tmp_path / "r"),
                                  "--cluster", "local:1"])
     assert r.exit_code != 0 and "the same run is given twice" in r.output and "Traceback" not in r.output
+
+
+def test_other_bins_give_the_single_machines_calibration(small_run, tmp_path):
+    out = tmp_path / "b7"
+    r = CliRunner().invoke(app, ["evaluate", str(small_run), "--out", str(out), "--cluster", "local:1", "--bins", "7",
+                                 "--feature", "q_max", "--feature", "logit_qmax"])
+    assert r.exit_code == 0, r.output
+    got = json.loads((out / "report.json").read_text())
+    _equal_tables(got["features"], evaluate([small_run], EvaluateOptions(features=["q_max", "logit_qmax"],
+                                                                         n_bins=7))["features"])
+    assert got["ece_bins"] == 7 and len(got["features"]["q_max"]["curves"]["reliability"]["count"]) <= 7

@@ -465,7 +465,7 @@ def _evaluate_on_cluster(runs: list[Path], out_dir: Path, features: list[str], c
         check_cluster_options(runs, bins, **asked)
         with writing(out_dir, lambda: check_report_out(out_dir, overwrite=overwrite)):
             report = cluster_report(runs, features, cluster, engine, by=asked.get("by"), fits=asked.get("fits"),
-                                    score_unverified=bool(asked.get("score_unverified")))
+                                    score_unverified=bool(asked.get("score_unverified")), bins=bins)
             json_path, md_path = write_cluster_report(report, out_dir)
             remove_stale(out_dir)  # nor does a regression report written beside the old one
     except SvtError as exc:

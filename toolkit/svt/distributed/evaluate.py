@@ -70,7 +70,7 @@ def _valid(s: np.ndarray) -> np.ndarray:
 
 
 def shard_summaries(item: tuple, columns: dict, features: list[tuple], k: int, by: str | None = None,
-                    plans: list | None = None) -> dict:
+                    plans: list | None = None, n_bins: int = ECE_BINS) -> dict:
     """First pass on one shard: ``{(group, feature): ScoreSummary}`` over the drafts it scores."""
     y, pos, groups, scores = _read(item, columns, features, by, plans)
     out = {}
@@ -78,7 +78,7 @@ def shard_summaries(item: tuple, columns: dict, features: list[tuple], k: int, b
         for name, _, probability, _ in features:
             s = scores[name][rows].astype(np.float64)
             ok = _valid(s)
-            out[(gv, name)] = summarize(s[ok], y[rows][ok], pos[rows][ok], k, probability)
+            out[(gv, name)] = summarize(s[ok], y[rows][ok], pos[rows][ok], k, probability, n_bins)
     return out
 
 
@@ -112,15 +112,15 @@ def _block(total, g: int, refined) -> dict:
         out.update({"log_loss": float(total.log_loss[idx].sum() / n), "brier": float(total.brier[idx].sum() / n),
                     "mean_pred": float(total.sum_p[idx].sum() / n),
                     "ece": float(np.sum(ece[filled, 0] * gap) / ece[:, 0].sum()),
-                    "ece_mass": ece_mass(group_hist(total.hist, g), refined)})
+                    "ece_mass": ece_mass(group_hist(total.hist, g), refined, total.n_bins)})
     return out
 
 
-def _to_refine(hist, tol: float, probability: bool) -> np.ndarray:
+def _to_refine(hist, tol: float, probability: bool, n_bins: int) -> np.ndarray:
     """The bins the second pass reads key by key: those whose pairs could move the AUC, and (for a
     probability) those straddling an equal-mass calibration boundary."""
     bins = bins_to_refine(hist, tol)
-    return np.union1d(bins, mass_bins_to_refine(hist)) if probability else bins
+    return np.union1d(bins, mass_bins_to_refine(hist, n_bins)) if probability else bins
 
 
 def _merged(parts: list[dict]) -> dict:
@@ -170,7 +170,8 @@ def _features(feature_names: list[str], columns: dict) -> list[tuple]:
 
 
 def features_table(run_paths: list, feature_names: list[str], engine, *, tol: float = 0.0,
-                   by: str | None = None, fits: list[str] | None = None, score_unverified: bool = False) -> dict:
+                   by: str | None = None, fits: list[str] | None = None, score_unverified: bool = False,
+                   n_bins: int = ECE_BINS) -> dict:
     """``report.json``'s ``features`` (and its ``groups``: per run when several runs are given, per
     value of ``by``) for the runs pooled, computed on ``engine``'s workers (see the module); with
     ``fits``, each fit scored beside the features on the requests one machine scores it on
@@ -197,9 +198,9 @@ def features_table(run_paths: list, feature_names: list[str], engine, *, tol: fl
         plans = plan_fits(run_paths, runs, [str(f) for f in fits], engine, items, score_unverified)
         feats += [(p["name"], pl.col(f"_fit{i}"), True, 1) for i, p in enumerate(plans)]
     described = {p["name"]: p["description"] for p in plans or []}
-    totals = _merged(engine.map(shard_summaries, items, columns, feats, k, by, plans))
+    totals = _merged(engine.map(shard_summaries, items, columns, feats, k, by, plans, n_bins))
     groups = [ALL, EXCLUDING_FIRST, *range(k)]
-    selected = {key: {g: b for g in groups if (b := _to_refine(group_hist(t.hist, g), tol, t.probability)).size}
+    selected = {key: {g: b for g in groups if (b := _to_refine(group_hist(t.hist, g), tol, t.probability, n_bins)).size}
                 for key, t in totals.items()}
     refined = merge_refined_all(engine.map(shard_refined, items, columns, feats, selected, by, plans)) if any(
         selected.values()) else {}
@@ -223,7 +224,7 @@ def features_table(run_paths: list, feature_names: list[str], engine, *, tol: fl
     for dim, value in sorted({gv for gv, _ in totals if gv != ALL_ROWS}):
         by_group.setdefault(dim, {})[value] = table((dim, value))
     return {"features": table(ALL_ROWS), **({"groups": by_group} if by_group else {}), "runs": infos,
-            "shards": len(items), "workers": engine.workers, "ece_bins": ECE_BINS,
+            "shards": len(items), "workers": engine.workers, "ece_bins": n_bins,
             "worker_peak_gib": [round(x, 3) for x in engine.peak_memory()],
             "refined_bins": {"/".join([*(gv if gv != ALL_ROWS else ()), name]): {str(g): int(b.size) for g, b in sel.items()}
                              for (gv, name), sel in selected.items()}}

@@ -20,8 +20,8 @@ NOT_ON_CLUSTER = {"bootstrap": "--bootstrap (intervals)",
 def check_cluster_options(runs: list, bins: int, **asked) -> None:
     """One clear refusal naming every section --cluster cannot compute that the command asks for."""
     wanted = [NOT_ON_CLUSTER[k] for k, v in asked.items() if v and k in NOT_ON_CLUSTER]
-    if bins != 10:
-        wanted.append("--bins other than 10")
+    if bins < 1:
+        raise ConfigError(f"Expected --bins >= 1, but got {bins}.")
     if wanted:
         raise ConfigError(f"--cluster computes the features table (overall, excluding the first position, per "
                           f"position; per run, per value of a drafts column with --by; row-wise fits with --fit); it does not compute {', '.join(wanted)} yet: run those on one machine "
@@ -29,21 +29,21 @@ def check_cluster_options(runs: list, bins: int, **asked) -> None:
 
 
 def cluster_report(runs: list[Path], features: list[str], cluster: str, engine: str = "dask", by: str | None = None,
-                   fits: list | None = None, score_unverified: bool = False) -> dict:
+                   fits: list | None = None, score_unverified: bool = False, bins: int = 10) -> dict:
     from svt import __version__
     from svt.distributed.engines import start
     from svt.distributed.evaluate import features_table
 
     t0 = time.perf_counter()
     with start(cluster, engine) as eng:
-        body = features_table(runs, features, eng, by=by, fits=fits, score_unverified=score_unverified)
+        body = features_table(runs, features, eng, by=by, fits=fits, score_unverified=score_unverified, n_bins=bins)
     return {"report_schema": "svt-cluster-1", "svt_version": __version__, "runs": body.pop("runs"),
             "cluster": {"engine": engine, "spec": cluster, "workers": body.pop("workers"), "shards": body.pop("shards"),
                         "worker_peak_gib": body.pop("worker_peak_gib"),
                         "seconds": round(time.perf_counter() - t0, 3), "refined_bins": body.pop("refined_bins")},
             "exact": "counts, acceptance and AUC (two passes; auc_bound is what could remain, 0 after the refining "
-                     "pass); log-loss, Brier, mean prediction, ECE (10 equal-width bins) and ece_mass (10 equal-mass "
-                     "bins, the single machine's bins) are sums merged in another order than on one machine: equal "
+                     "pass); log-loss, Brier, mean prediction, ECE (equal-width bins) and ece_mass (equal-mass bins, "
+                     "the single machine's bins) are sums merged in another order than on one machine: equal "
                      "to rounding",
             "not_computed": "bootstrap intervals, replays (ROC points are exact points at "
                             "thresholds between the histogram's bins, not the single machine's thresholds)",

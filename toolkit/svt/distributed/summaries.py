@@ -78,34 +78,36 @@ class ScoreSummary:
     log_loss: np.ndarray = field(default=None)  # [k] sums (probability scores)
     brier: np.ndarray = field(default=None)
     sum_p: np.ndarray = field(default=None)
-    ece: np.ndarray = field(default=None)  # [k, ECE_BINS, 3]: weight, sum of p, sum of y
+    ece: np.ndarray = field(default=None)  # [k, n_bins, 3]: weight, sum of p, sum of y
+    n_bins: int = ECE_BINS  # calibration bins (equal width here, equal mass from the histogram)
 
     def __post_init__(self):
         k = self.k
         for name, shape, dt in (("n", (k,), np.int64), ("pos", (k,), np.int64), ("log_loss", (k,), np.float64),
                                 ("brier", (k,), np.float64), ("sum_p", (k,), np.float64),
-                                ("ece", (k, ECE_BINS, 3), np.float64)):
+                                ("ece", (k, self.n_bins, 3), np.float64)):
             if getattr(self, name) is None:
                 setattr(self, name, np.zeros(shape, dtype=dt))
         if self.hist is None:
             self.hist = [merge_sparse([]) for _ in range(k)]
 
     def __add__(self, other: ScoreSummary) -> ScoreSummary:
-        if (self.k, self.probability) != (other.k, other.probability):
-            raise ValueError("summaries of different scores or draft lengths do not merge")
+        if (self.k, self.probability, self.n_bins) != (other.k, other.probability, other.n_bins):
+            raise ValueError("summaries of different scores, draft lengths or bins do not merge")
         return ScoreSummary(self.k, self.probability, self.n + other.n, self.pos + other.pos,
                             [merge_sparse([a, b]) for a, b in zip(self.hist, other.hist, strict=True)],
                             self.log_loss + other.log_loss, self.brier + other.brier, self.sum_p + other.sum_p,
-                            self.ece + other.ece)
+                            self.ece + other.ece, self.n_bins)
 
 
-def summarize(score: np.ndarray, label: np.ndarray, position: np.ndarray, k: int, probability: bool) -> ScoreSummary:
+def summarize(score: np.ndarray, label: np.ndarray, position: np.ndarray, k: int, probability: bool,
+              n_bins: int = ECE_BINS) -> ScoreSummary:
     """The summary of one shard's labelled drafts (``label`` 0/1; ``score`` float32, oriented so that
     higher means accepted)."""
     y = np.asarray(label, dtype=np.int64)
     pos = np.asarray(position, dtype=np.int64)
     s = np.asarray(score, dtype=np.float64)
-    out = ScoreSummary(k, probability)
+    out = ScoreSummary(k, probability, n_bins=n_bins)
     out.n += np.bincount(pos, minlength=k)[:k]
     out.pos += np.bincount(pos, weights=y, minlength=k)[:k].astype(np.int64)
     high = float_keys(s) >> SHIFT
@@ -118,10 +120,10 @@ def summarize(score: np.ndarray, label: np.ndarray, position: np.ndarray, k: int
             out.log_loss[j] += -np.sum(y[m] * np.log(pc[m]) + (1 - y[m]) * np.log1p(-pc[m]))
             out.brier[j] += np.sum((p[m] - y[m]) ** 2)
             out.sum_p[j] += np.sum(p[m])
-        b = np.minimum((p * ECE_BINS).astype(np.int64), ECE_BINS - 1)
-        idx = pos * ECE_BINS + b
+        b = np.minimum((p * n_bins).astype(np.int64), n_bins - 1)
+        idx = pos * n_bins + b
         for j, w in enumerate((np.ones_like(p), p, y.astype(np.float64))):
-            out.ece[:, :, j] += np.bincount(idx, weights=w, minlength=k * ECE_BINS).reshape(k, ECE_BINS)
+            out.ece[:, :, j] += np.bincount(idx, weights=w, minlength=k * n_bins).reshape(k, n_bins)
     return out
 
 
