@@ -1077,7 +1077,7 @@ MUTANTS = [
       "    return hist[0][_mass_bin(lo, total, n_bins) != _mass_bin(lo + counts - 2, total, n_bins)]",
       ("tests/distributed/test_summaries.py",)),
     M("dist-mass-not-refined", "distributed", "distributed/evaluate.py",
-      "    return np.union1d(bins, mass_bins_to_refine(hist)) if probability else bins", "    return bins",
+      "    return np.union1d(bins, mass_bins_to_refine(hist, n_bins)) if probability else bins", "    return bins",
       ("tests/distributed/test_cluster_evaluate.py",)),
     M("dist-fit-scored-everywhere", "distributed", "distributed/fits.py",
       '        ok = np.isin(replay["request"].to_numpy(), plan["scored"][run_index])', "        ok = np.ones(frame.height, dtype=bool)",
