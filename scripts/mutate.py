@@ -1098,6 +1098,8 @@ MUTANTS = [
       "            out[(gv, name)] = summarize(s[ok], y[rows][ok], pos[rows][ok], k, probability, n_bins)",
       "            out[(gv, name)] = summarize(s[ok], y[rows][ok], pos[rows][ok], k, probability)",
       ("tests/distributed/test_cluster_evaluate.py",)),
+    M("dist-raw-auc-missing", "distributed", "distributed/evaluate.py", "    elif direction < 0:\n        out[\"auc_raw\"]",
+      "    elif False:\n        out[\"auc_raw\"]", ("tests/distributed/test_cluster_evaluate.py",)),
     M("dist-read-no-hash", "distributed", "distributed/reading.py", "frozenset(lacks.get(table, [])), shas.get(f))",
       "frozenset(lacks.get(table, [])), None)", ("tests/distributed/test_reading.py",)),
     M("dist-read-pair-problem-ignored", "distributed", "distributed/reading.py",

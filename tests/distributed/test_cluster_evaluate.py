@@ -41,11 +41,15 @@ def test_the_cluster_report_equals_the_single_machine_one(cluster_report, small_
         for a, b in scopes:
             assert a["n"] == b["n"] and a["accept_rate"] == pytest.approx(b["accept_rate"], abs=1e-15)
             assert a["auc"] == pytest.approx(b["auc"], abs=1e-12) and a["auc_bound"] == 0.0
+            assert a.get("reasons") == b.get("reasons") and ("auc_raw" in a) == ("auc_raw" in b)
+            assert a.get("auc_raw", 0) == pytest.approx(b.get("auc_raw", 0), abs=1e-12)
             for m in ("log_loss", "brier", "mean_pred", "ece", "ece_mass"):
                 if b.get(m) is not None and a.get(m) is not None:
                     assert a[m] == pytest.approx(b[m], rel=1e-12, abs=1e-15), (name, m)
         assert (g.get("log_loss") is None) == (not r["probability"])
         assert (g.get("ece_mass") is None) == (r.get("ece_mass") is None)
+    assert any("auc_raw" in got["features"][n] for n in FEATURES)  # a feature whose lower values accept
+    assert any(got["features"][n].get("reasons") for n in FEATURES)  # a score that is no probability
     assert "## q_max" in md and "AUC bound" in md
 
 

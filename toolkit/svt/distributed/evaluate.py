@@ -97,14 +97,25 @@ def shard_refined(item: tuple, columns: dict, features: list[tuple], selected: d
     return out
 
 
-def _block(total, g: int, refined) -> dict:
+def _block(total, g: int, refined, direction: int = 1) -> dict:
+    """One scope's figures, with the single machine's keys: ``reasons`` where a figure is None, and
+    ``auc_raw`` (1 - AUC) for a feature whose lower values mean accepted."""
+    from svt.metrics.ordered import NOT_PROBABILITY, auc_reason
+    from svt.metrics.specs import names
+
     k = total.k
     idx = list(range(k)) if g == ALL else (list(range(1, k)) if g == EXCLUDING_FIRST else [g])
     n = int(total.n[idx].sum())
-    out = {"n": n, "accept_rate": float(total.pos[idx].sum() / n) if n else None}
+    positives = int(total.pos[idx].sum())
+    out = {"n": n, "accept_rate": float(positives / n) if n else None}
     coarse, bound0 = auc_bound(group_hist(total.hist, g))
     auc, bound = exact_auc(group_hist(total.hist, g), refined)
     out.update({"auc": auc, "auc_bound": bound, "auc_bound_first_pass": bound0})
+    reasons = {}
+    if auc is None:
+        reasons["auc"] = auc_reason(n, positives, n - positives)
+    elif direction < 0:
+        out["auc_raw"] = 1.0 - auc
     if total.probability and n:
         ece = total.ece[idx].sum(0)
         filled = ece[:, 0] > 0
@@ -113,6 +124,12 @@ def _block(total, g: int, refined) -> dict:
                     "mean_pred": float(total.sum_p[idx].sum() / n),
                     "ece": float(np.sum(ece[filled, 0] * gap) / ece[:, 0].sum()),
                     "ece_mass": ece_mass(group_hist(total.hist, g), refined, total.n_bins)})
+    else:
+        out.update(dict.fromkeys(names("table", probability=True)))
+        if n:
+            reasons.update(dict.fromkeys(names("table", probability=True), NOT_PROBABILITY))
+    if reasons:
+        out["reasons"] = reasons
     return out
 
 
@@ -214,9 +231,10 @@ def features_table(run_paths: list, feature_names: list[str], engine, *, tol: fl
             curves = {"roc": roc_points(group_hist(t.hist, ALL)),
                       **({"reliability": reliability_bins(t.ece.sum(0))} if probability else {})}
             out[name] = {"probability": probability, "direction": direction,
-                         **({"description": described[name]} if name in described else {}), **_block(t, ALL, r.get(ALL)),
-                         "excluding_first": _block(t, EXCLUDING_FIRST, r.get(EXCLUDING_FIRST)),
-                         "per_position": {str(j): _block(t, j, r.get(j)) for j in range(k) if t.n[j]},
+                         **({"description": described[name]} if name in described else {}),
+                         **_block(t, ALL, r.get(ALL), direction),
+                         "excluding_first": _block(t, EXCLUDING_FIRST, r.get(EXCLUDING_FIRST), direction),
+                         "per_position": {str(j): _block(t, j, r.get(j), direction) for j in range(k) if t.n[j]},
                          "curves": curves}
         return out
 

@@ -349,7 +349,8 @@ class _Ordered:
         return float(np.abs(self.mass_s[j] - self.mass_y[j]).sum() / self.totals[j])
 
 
-def _auc_reason(n: int, pos: float, neg: float) -> str:
+def auc_reason(n: int, pos: float, neg: float) -> str:
+    """Why a block has no AUC (it needs both classes)."""
     if n == 0:
         return "no labelled drafts"
     if pos <= 0:
@@ -447,7 +448,7 @@ class _Sums:
         auc = ordered.auc(j)
         out["auc"] = auc
         if auc is None:
-            reasons["auc"] = _auc_reason(int(n), ordered.pos[j], ordered.neg[j])
+            reasons["auc"] = auc_reason(int(n), ordered.pos[j], ordered.neg[j])
         if probability:
             out["log_loss"] = float(self.ll[rows].sum() / n)
             out["brier"] = float(self.sq[rows].sum() / n)
