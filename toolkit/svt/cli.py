@@ -580,8 +580,8 @@ def fit(
     overwrite: Annotated[bool, typer.Option(help="Replace an existing fit file in --out (never any other file).")] = False,
     feature_module: FeatureModule = None,
     cluster: Annotated[str | None, typer.Option(
-        help="Fit the logistic model on a cluster (local:N, or a scheduler address): distributed Newton over "
-             "the run's shards; the same fit file.")] = None,
+        help="Fit the logistic model (distributed Newton) or yield-linear (summed normal equations) on a cluster "
+             "(local:N, or a scheduler address) over the run's shards; the same fit file.")] = None,
     cluster_engine: Annotated[str, typer.Option(help="The distributed engine for --cluster.")] = "dask",
 ) -> None:
     """Fit an acceptance predictor on labelled drafts and save it as a file.
@@ -612,9 +612,10 @@ def fit(
                       test_fraction=test_fraction, seed=seed, mlp_hidden=mlp_hidden, device=device)
         for m in models:  # every model's options, before the first fit runs
             prepare_fit(m, online=onlines[m], **kwargs)
-        if cluster is not None and (by is not None or set(models) != {"logistic"}):
-            raise ConfigError("--cluster fits one logistic model on the whole run; other models and --by run on one "
-                              "machine (without --cluster).")
+        if cluster is not None and (by is not None or len(models) != 1 or models[0] not in ("logistic", "yield-linear")):
+            raise ConfigError("--cluster fits one model on the whole run, logistic or yield-linear (by summed "
+                              "statistics); other models, several at once and --by run on one machine (without "
+                              "--cluster).")
         if by is None:
             for m, path in outs.items():  # each file is written as soon as its fit is done
                 fitted = (fit_runs(runs, m, online=onlines[m], **kwargs) if cluster is None else

@@ -1,5 +1,6 @@
 """``svt fit RUN --model logistic --cluster ...``: the offline logistic fit of one run on a cluster,
-recorded as the single-machine fit records it (the same fit file, usable by ``svt evaluate``).
+recorded as the single-machine fit records it (the same fit file, usable by ``svt evaluate``);
+:func:`fit_on_cluster` also fits yield-linear (:mod:`svt.distributed.fit_yield`).
 
 The driver never holds the drafts. Passes over the shards, each on the workers:
 
@@ -97,12 +98,16 @@ def cluster_training(engine):
 
 
 def fit_on_cluster(runs: list[str | Path], model: str, cluster: str, engine: str = "dask", **options):
-    """``fit_runs`` on a cluster (the logistic model; see the module)."""
+    """``fit_runs`` on a cluster (the logistic model, see the module; yield-linear, see
+    :mod:`svt.distributed.fit_yield`)."""
     from svt.distributed.engines import start
+    from svt.distributed.fit_yield import cluster_yield_training
     from svt.fit import fit_prepared, prepare_fit
 
-    if model != "logistic":
-        raise ConfigError(f"--cluster fits the logistic model; {model!r} runs on one machine (without --cluster).")
+    steps = {"logistic": cluster_training, "yield-linear": cluster_yield_training}
+    if model not in steps:
+        raise ConfigError(f"--cluster fits {' and '.join(steps)} (by summed statistics); {model!r} runs on one "
+                          "machine (without --cluster).")
     cls, est, test_fraction, seed = prepare_fit(model, **options)
     with start(cluster, engine) as eng:
-        return fit_prepared(runs, cls, est, test_fraction, seed, None, training=cluster_training(eng))
+        return fit_prepared(runs, cls, est, test_fraction, seed, None, training=steps[model](eng))
