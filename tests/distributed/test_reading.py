@@ -100,3 +100,15 @@ def test_drafts_past_k_are_refused(greedy_run, tmp_path):
     (run / "run.json").write_text(json.dumps(meta))
     with pytest.raises(SchemaError, match="drafts reach position 3, but run.json says K = 3"):
         read_run(run, InProcess())
+
+
+def test_a_shard_left_unchecked_is_an_error_not_a_verified_run(greedy_run):
+    from svt.distributed.reading import RunCheck, check_unit
+
+    check = RunCheck.open(greedy_run)
+    names = sorted(check.units)
+    got = {n: check_unit(*check.task(n)) for n in names[:-1]}
+    with pytest.raises(ValueError, match="left unchecked"):
+        check.finish(got)
+    got[names[-1]] = check_unit(*check.task(names[-1]))
+    assert check.finish(got)["sha256"] == run_identity(open_run(greedy_run))["sha256"]

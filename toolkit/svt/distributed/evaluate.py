@@ -47,7 +47,7 @@ def _read(item: tuple, columns: dict, features: list[tuple], by: str | None, pla
     each group's rows (every row; the run's when several runs are evaluated; each value of --by,
     named as the single machine names it) and each feature's oriented score (NaN: none); with
     ``plans``, each fit's predictions (:mod:`svt.distributed.fits`)."""
-    path, run_index, run_name = item
+    path, run_index, run_name = item[:3]
     lf = pl.scan_parquet(path).with_columns([pl.col(c).cast(t) for c, t in columns.items()])
     if plans:
         from svt.distributed.fits import fit_columns
@@ -70,8 +70,13 @@ def _valid(s: np.ndarray) -> np.ndarray:
 
 
 def shard_summaries(item: tuple, columns: dict, features: list[tuple], k: int, by: str | None = None,
-                    plans: list | None = None, n_bins: int = ECE_BINS) -> dict:
-    """First pass on one shard: ``{(group, feature): ScoreSummary}`` over the drafts it scores."""
+                    plans: list | None = None, n_bins: int = ECE_BINS) -> tuple[dict, dict | None]:
+    """First pass on one shard: ``{(group, feature): ScoreSummary}`` over the drafts it scores, and
+    the deep read of its shards when ``item`` carries it (:func:`svt.distributed.reading.check_unit`:
+    the shards are read once for both)."""
+    from svt.distributed.reading import check_unit
+
+    checked = check_unit(*item[3]) if len(item) > 3 and item[3] is not None else None
     y, pos, groups, scores = _read(item, columns, features, by, plans)
     out = {}
     for gv, rows in groups.items():
@@ -79,7 +84,7 @@ def shard_summaries(item: tuple, columns: dict, features: list[tuple], k: int, b
             s = scores[name][rows].astype(np.float64)
             ok = _valid(s)
             out[(gv, name)] = summarize(s[ok], y[rows][ok], pos[rows][ok], k, probability, n_bins)
-    return out
+    return out, checked
 
 
 def shard_refined(item: tuple, columns: dict, features: list[tuple], selected: dict, by: str | None = None,
@@ -152,24 +157,37 @@ def _merged(parts: list[dict]) -> dict:
     return out
 
 
-def _open(paths: list, engine) -> tuple[list, list[dict]]:
-    """The runs, each read deeply on the workers (:func:`svt.distributed.reading.read_run`), and what
-    the report says of each."""
-    from svt.distributed.reading import read_run
+def _open(paths: list) -> list:
+    """Each run opened on the driver (run.json, the shards' schemas and records) with what its
+    workers need to read it deeply (:class:`svt.distributed.reading.RunCheck`)."""
+    from svt.distributed.reading import RunCheck
     from svt.traces.io import check_distinct_runs
 
     check_distinct_runs(paths)
-    runs, infos = [], []
+    checks = []
     for path in paths:
-        run, identity = read_run(path, engine)  # every shard against its hash, the tables against each other
-        run.require_complete()
-        if run.censored:
+        check = RunCheck.open(path)
+        check.run.require_complete()
+        if check.run.censored:
             raise ConfigError(f"{path} was collected with live AV (censored labels); --cluster does not read "
                               "its explored steps yet: evaluate it on one machine.")
-        runs.append(run)
-        infos.append({"path": str(path), "run_id": run.meta.get("run_id"), "k": run.meta.get("k"),
+        checks.append(check)
+    return checks
+
+
+def _finish(checks: list, engine, done: list[dict]) -> list[dict]:
+    """Each run's deep read finished (``done``: per run, shard name -> :func:`check_unit` result from
+    the first pass; the names without a drafts shard are read now) and what the report says of it."""
+    from svt.distributed.reading import run_check
+
+    infos = []
+    for check, got in zip(checks, done, strict=True):
+        rest = sorted(set(check.units) - set(got))
+        got.update(zip(rest, engine.map(run_check, [check.task(n) for n in rest]), strict=True))
+        identity = check.finish(got)
+        infos.append({"path": str(check.path), "run_id": check.run.meta.get("run_id"), "k": check.run.meta.get("k"),
                       "data_sha256": identity["sha256"], "data_identity": identity})
-    return runs, infos
+    return infos
 
 
 def _features(feature_names: list[str], columns: dict) -> list[tuple]:
@@ -198,7 +216,12 @@ def features_table(run_paths: list, feature_names: list[str], engine, *, tol: fl
     from svt.traces.schema import get_table
 
     run_paths = [Path(p) for p in ([run_paths] if isinstance(run_paths, str | Path) else run_paths)]
-    runs, infos = _open(run_paths, engine)
+    checks = _open(run_paths)
+    runs = [c.run for c in checks]
+    fused = not fits  # the deep read rides on the first pass over the shards (with fits: before their pass)
+    done: list[dict] = [{} for _ in runs]
+    if not fused:
+        infos = _finish(checks, engine, done)
     columns = dict(get_table("drafts").columns)
     if by is not None and by not in columns:
         raise ConfigError(f"Cannot group by {by!r}: the drafts table has no such column (columns: "
@@ -206,8 +229,8 @@ def features_table(run_paths: list, feature_names: list[str], engine, *, tol: fl
     feats = _features(feature_names, columns)
     k = max(int(r.meta["k"]) for r in runs)
     several = len(runs) > 1
-    items = [(str(f), i, p.name if several else None) for i, (p, r) in enumerate(zip(run_paths, runs, strict=True))
-             for f in r.shards["drafts"]]
+    items = [(str(f), i, p.name if several else None, checks[i].task(f.name) if fused else None)
+             for i, (p, r) in enumerate(zip(run_paths, runs, strict=True)) for f in r.shards["drafts"]]
     plans = None
     if fits:
         from svt.distributed.fits import plan_fits
@@ -215,7 +238,13 @@ def features_table(run_paths: list, feature_names: list[str], engine, *, tol: fl
         plans = plan_fits(run_paths, runs, [str(f) for f in fits], engine, items, score_unverified)
         feats += [(p["name"], pl.col(f"_fit{i}"), True, 1) for i, p in enumerate(plans)]
     described = {p["name"]: p["description"] for p in plans or []}
-    totals = _merged(engine.map(shard_summaries, items, columns, feats, k, by, plans, n_bins))
+    first = engine.map(shard_summaries, items, columns, feats, k, by, plans, n_bins)
+    for item, (_, checked) in zip(items, first, strict=True):
+        if checked is not None:
+            done[item[1]][Path(item[0]).name] = checked
+    if fused:
+        infos = _finish(checks, engine, done)
+    totals = _merged([summaries for summaries, _ in first])
     groups = [ALL, EXCLUDING_FIRST, *range(k)]
     selected = {key: {g: b for g in groups if (b := _to_refine(group_hist(t.hist, g), tol, t.probability, n_bins)).size}
                 for key, t in totals.items()}

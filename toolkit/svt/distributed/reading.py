@@ -14,11 +14,12 @@ each refusal are the single machine's.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 
-def _check_unit(unit: dict, meta: dict, lacks: dict, shas: dict, requests: list[str] | None, derived: bool,
-                identity_table: str | None) -> dict:
+def check_unit(unit: dict, meta: dict, lacks: dict, shas: dict, requests: list[str] | None, derived: bool,
+               identity_table: str | None) -> dict:
     """On a worker: the deep read of one name's shards (``unit``: table -> file)."""
     import polars as pl
 
@@ -40,39 +41,72 @@ def _check_unit(unit: dict, meta: dict, lacks: dict, shas: dict, requests: list[
     return {"problem": problem, "top": top, "identity": ident}
 
 
+@dataclass
+class RunCheck:
+    """A run opened shallowly on the driver and what its workers need to read it deeply: one task
+    (:meth:`task`, for :func:`check_unit`) per shard name; :meth:`finish` takes their results."""
+
+    path: Path
+    run: object
+    units: dict
+    args: tuple
+
+    @classmethod
+    def open(cls, path: str | Path) -> RunCheck:
+        from svt.traces.io import open_run
+
+        path = Path(path)
+        run = open_run(path, deep=False)
+        recs = run.meta.get("shards") if isinstance(run.meta.get("shards"), dict) else {}
+        units: dict[str, dict] = {}
+        shas, lacks = {}, {}
+        for table, files in run.shards.items():
+            lacks[table] = run.lacks(table)
+            for f in files:
+                units.setdefault(f.name, {})[table] = str(f)
+                shas[str(f)] = ((recs.get(table) or {}).get(f.name) or {}).get("sha256")
+        chain = "tree_drafts" if isinstance(run.meta.get("tree"), dict) else "drafts"
+        names = {t: [f.name for f in fs] for t, fs in run.shards.items()}
+        derived = not run.has("steps") or names.get(chain, []) == names["steps"]
+        requests = [str(f) for f in run.shards.get("requests", [])] or None
+        ident_table = "drafts" if run.has("drafts") else ("cache_drafts" if run.has("cache_drafts") else None)
+        return cls(path, run, units, (run.meta, lacks, shas, requests, derived, ident_table))
+
+    def task(self, name: str) -> tuple:
+        """:func:`check_unit`'s arguments for the shards named ``name``."""
+        return (self.units[name], *self.args)
+
+    def finish(self, got: dict) -> dict:
+        """The checks across shards, from every name's :func:`check_unit` result (``got``: name ->
+        result); the run's data identity."""
+        from svt.traces.derived import check_derived
+        from svt.traces.identity import Identity
+        from svt.traces.io import check_top_position
+
+        if set(got) != set(self.units):
+            raise ValueError(f"{self.path}: shards left unchecked: {sorted(set(self.units) - set(got))[:3]}")
+        tops = [g["top"] for g in got.values() if g["top"] is not None]
+        if self.run.has("drafts"):
+            check_top_position(self.path, self.run.meta, max(tops) if tops else None)
+        # tables that do not pair by name, or a problem found in a pair (a step split over two shards
+        # looks wrong in each): the cross-table checks read the tables whole, as on one machine
+        if not self.args[4] or any(g["problem"] for g in got.values()):
+            check_derived(self.run)
+        identity = Identity()
+        for name in sorted(got):
+            identity.merge(got[name]["identity"])
+        return {"table": self.args[5] or "cache_drafts", **identity.result()}
+
+
+def run_check(task: tuple) -> dict:
+    return check_unit(*task)
+
+
 def read_run(path: str | Path, engine):
     """The run at ``path`` opened and read deeply on ``engine``'s workers: ``(run, identity)``, the
     :class:`svt.traces.io.Run` and the data identity :func:`svt.traces.identity.run_identity`
     gives."""
-    from svt.traces.derived import check_derived
-    from svt.traces.identity import Identity
-    from svt.traces.io import check_top_position, open_run
-
-    path = Path(path)
-    run = open_run(path, deep=False)
-    recs = run.meta.get("shards") if isinstance(run.meta.get("shards"), dict) else {}
-    units: dict[str, dict] = {}
-    shas, lacks = {}, {}
-    for table, files in run.shards.items():
-        lacks[table] = run.lacks(table)
-        for f in files:
-            units.setdefault(f.name, {})[table] = str(f)
-            shas[str(f)] = ((recs.get(table) or {}).get(f.name) or {}).get("sha256")
-    chain = "tree_drafts" if isinstance(run.meta.get("tree"), dict) else "drafts"
-    names = {t: [f.name for f in fs] for t, fs in run.shards.items()}
-    derived = not run.has("steps") or names.get(chain, []) == names["steps"]
-    requests = [str(f) for f in run.shards.get("requests", [])] or None
-    ident_table = "drafts" if run.has("drafts") else ("cache_drafts" if run.has("cache_drafts") else None)
-    got = engine.map(_check_unit, [units[n] for n in sorted(units)], run.meta, lacks, shas, requests, derived,
-                     ident_table)
-    tops = [g["top"] for g in got if g["top"] is not None]
-    if run.has("drafts"):
-        check_top_position(path, run.meta, max(tops) if tops else None)
-    # tables that do not pair by name, or a problem found in a pair (a step split over two shards
-    # looks wrong in each): the cross-table checks read the tables whole, as on one machine
-    if not derived or any(g["problem"] for g in got):
-        check_derived(run)
-    identity = Identity()
-    for g in got:
-        identity.merge(g["identity"])
-    return run, {"table": ident_table or "cache_drafts", **identity.result()}
+    check = RunCheck.open(path)
+    names = sorted(check.units)
+    got = engine.map(run_check, [check.task(n) for n in names])
+    return check.run, check.finish(dict(zip(names, got, strict=True)))
