@@ -100,6 +100,32 @@ class ScoreSummary:
                             self.ece + other.ece, self.n_bins)
 
 
+def _position_hists(high: np.ndarray, y: np.ndarray, pos: np.ndarray, k: int, s: np.ndarray | None) -> list:
+    """Per position, the sparse histogram (:func:`_sparse`) of the rows' high keys: one dense count
+    over the keys' span when it is small beside the rows (a probability's keys span a few octaves),
+    else one sort of all rows; never one sort per position."""
+    if high.size == 0:
+        return [merge_sparse([]) if s is None else (*merge_sparse([]), np.zeros(0)) for _ in range(k)]
+    lo = high.min()
+    span = int(high.max() - lo) + 1
+    if span * k <= 4 * high.size + 4096:
+        keys, idx = None, (high - lo).astype(np.int64) * k + pos
+        size = span * k
+    else:
+        keys, inv = np.unique(high, return_inverse=True)
+        idx, size = inv.astype(np.int64) * k + pos, keys.size * k
+    n = np.bincount(idx, minlength=size).reshape(-1, k)
+    a = np.bincount(idx, weights=y, minlength=size).reshape(-1, k).astype(np.int64)
+    sums = np.bincount(idx, weights=s, minlength=size).reshape(-1, k) if s is not None else None
+    out = []
+    for j in range(k):
+        at = np.flatnonzero(n[:, j])
+        kj = (lo + at.astype(np.uint64)) if keys is None else keys[at]
+        counts = np.column_stack([n[at, j] - a[at, j], a[at, j]])
+        out.append((kj.astype(np.uint64), counts) if sums is None else (kj.astype(np.uint64), counts, sums[at, j]))
+    return out
+
+
 def summarize(score: np.ndarray, label: np.ndarray, position: np.ndarray, k: int, probability: bool,
               n_bins: int = ECE_BINS) -> ScoreSummary:
     """The summary of one shard's labelled drafts (``label`` 0/1; ``score`` float32, oriented so that
@@ -110,19 +136,20 @@ def summarize(score: np.ndarray, label: np.ndarray, position: np.ndarray, k: int
     out = ScoreSummary(k, probability, n_bins=n_bins)
     out.n += np.bincount(pos, minlength=k)[:k]
     out.pos += np.bincount(pos, weights=y, minlength=k)[:k].astype(np.int64)
-    high = float_keys(s) >> SHIFT
-    out.hist = [_sparse(high[pos == j], y[pos == j], s[pos == j] if probability else None) for j in range(k)]
+    out.hist = _position_hists(float_keys(s) >> SHIFT, y, pos, k, s if probability else None)
     if probability:
         p = s
         pc = np.clip(p, LOG_EPS, 1 - LOG_EPS)
+        ll = -np.log(np.where(y == 1, pc, 1 - pc))  # the single machine's hard-label log-loss
+        sq = (p - y) ** 2
         for j in range(k):  # numpy's pairwise sums (error ~ log n ulp), not a running total per position
             m = pos == j
-            out.log_loss[j] += -np.sum(y[m] * np.log(pc[m]) + (1 - y[m]) * np.log1p(-pc[m]))
-            out.brier[j] += np.sum((p[m] - y[m]) ** 2)
+            out.log_loss[j] += np.sum(ll[m])
+            out.brier[j] += np.sum(sq[m])
             out.sum_p[j] += np.sum(p[m])
         b = np.minimum((p * n_bins).astype(np.int64), n_bins - 1)
         idx = pos * n_bins + b
-        for j, w in enumerate((np.ones_like(p), p, y.astype(np.float64))):
+        for j, w in enumerate((None, p, y)):
             out.ece[:, :, j] += np.bincount(idx, weights=w, minlength=k * n_bins).reshape(k, n_bins)
     return out
 
