@@ -394,9 +394,9 @@ def evaluate(
              "overrides the baseline's bootstrap interval for that metric.")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace the report already in --out.")] = False,
     cluster: Annotated[str | None, typer.Option(
-        help="Compute the features table (and row-wise --fit predictors) on a cluster: local:N starts N workers "
-             "here, an address (tcp://host:8786) joins a running scheduler. One run; exact AUCs and counts (docs: "
-             "Scale).")] = None,
+        help="Compute the features table (per run, per --by value, and row-wise --fit predictors) on a cluster: "
+             "local:N starts N workers here, an address (tcp://host:8786) joins a running scheduler. Exact AUCs and "
+             "counts; the other sections are refused by name (docs: Scale).")] = None,
     cluster_engine: Annotated[str, typer.Option(help="The distributed engine for --cluster.")] = "dask",
 ) -> None:
     """Score acceptance features: AUC, log-loss, ECE, Brier, per position and excluding the first,
