@@ -48,6 +48,17 @@ def test_the_cluster_report_equals_the_single_machine_one(cluster_report, small_
                     assert a[m] == pytest.approx(b[m], rel=1e-12, abs=1e-15), (name, m)
         assert (g.get("log_loss") is None) == (not r["probability"])
         assert (g.get("ece_mass") is None) == (r.get("ece_mass") is None)
+    for name in FEATURES:  # the soft-label blocks: the AUC within the bound it prints, the sums to rounding
+        g, r = got["features"][name]["soft"], ref[name]["soft"]
+        assert set(g) == set(r) == {"accept_prob", "accept_prob_expected"}
+        for c in r:
+            a, b = g[c], r[c]
+            assert a["n"] == b["n"] and a["accept_rate"] == pytest.approx(b["accept_rate"], rel=1e-12)
+            assert abs(a["auc"] - b["auc"]) <= a["auc_bound"] + 1e-12 and a["auc_bound"] < 1e-3
+            assert a.get("reasons") == b.get("reasons")
+            for m in ("log_loss", "brier", "mean_pred", "ece", "ece_mass"):
+                if b.get(m) is not None:  # (an ECE is a difference of sums: to 1e-12 of them)
+                    assert a[m] == pytest.approx(b[m], rel=1e-12, abs=1e-12 if "ece" in m else 1e-15), (name, c, m)
     assert any("auc_raw" in got["features"][n] for n in FEATURES)  # a feature whose lower values accept
     assert any(got["features"][n].get("reasons") for n in FEATURES)  # a score that is no probability
     assert "## q_max" in md and "AUC bound" in md

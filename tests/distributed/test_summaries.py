@@ -107,7 +107,7 @@ def test_equal_mass_ece_is_the_single_machines_whatever_the_shards(seed, kind, n
         h = group_hist(total.hist, g)
         refined = merge_refined([refine_counts(s[i], y[i], pos[i], {g: mass_bins_to_refine(h)}) for i in parts])
         assert ece_mass(h, refined.get(g)) == pytest.approx(ece(y[m], s[m], n_bins=10, strategy="mass"),
-                                                            rel=1e-12, abs=1e-15)
+                                                            abs=1e-12)  # a difference of sums: to 1e-12 of them
 
 
 def test_a_straddling_bin_left_unread_is_an_error_not_a_number():
@@ -138,3 +138,31 @@ def test_a_tolerance_leaves_a_bound_and_zero_refines_everything():
     assert bound > 0  # the close scores share bins
     loose = bins_to_refine(h, tol=1.0)
     assert loose.size == 0 and exact_auc(h, None)[1] == pytest.approx(bound)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10**6), kind=st.sampled_from(["ties", "float32", "close"]))
+def test_soft_label_blocks_merge_to_the_single_machines(seed, kind):
+    """A soft label's block from shards cut anywhere: the sums and both ECEs equal the single
+    machine's (svt.metrics.ordered.score_tables) to rounding, its AUC within the bound printed."""
+    from svt.distributed.summaries import merge_soft_refined, refine_soft, soft_block, soft_mass_bins, summarize_soft
+    from svt.metrics.ordered import score_tables
+
+    rng = np.random.default_rng(seed)
+    s, y, pos, parts = _shards(rng, 800, 2, kind)
+    s = np.clip(s, 0, 1)
+    soft = np.clip(s + rng.normal(0, 0.2, s.size), 0, 1)
+    ref = score_tables(s, y, pos, probability=True, soft={"p": soft})["soft"]["p"]
+    total = summarize_soft(s[parts[0]], soft[parts[0]], True)
+    for i in parts[1:]:
+        total = total + summarize_soft(s[i], soft[i], True)
+    bins = soft_mass_bins(total.hist)
+    got = soft_block(total, merge_soft_refined([refine_soft(s[i], soft[i], bins) for i in parts]))
+    assert got["n"] == ref["n"] and got["accept_rate"] == pytest.approx(ref["accept_rate"], rel=1e-12)
+    assert abs(got["auc"] - ref["auc"]) <= got["auc_bound"] + 1e-12
+    for m in ("log_loss", "brier", "mean_pred"):
+        assert got[m] == pytest.approx(ref[m], rel=1e-12, abs=1e-15), m
+    for m in ("ece", "ece_mass"):  # a difference of two sums that nearly cancel: to 1e-12 of the sums
+        assert got[m] == pytest.approx(ref[m], abs=1e-12), m
+    if kind == "ties":  # two decimals: one key a bin, so the bin's pairs are ties and the AUC is exact
+        assert got["auc"] == pytest.approx(ref["auc"], abs=1e-12)

@@ -32,21 +32,27 @@ from svt.distributed.summaries import (
     group_hist,
     mass_bins_to_refine,
     merge_refined,
+    merge_soft_refined,
     refine_counts,
+    refine_soft,
     reliability_bins,
     roc_points,
+    soft_block,
+    soft_mass_bins,
     summarize,
+    summarize_soft,
 )
 from svt.errors import ConfigError
 
 ALL_ROWS = ("", "")  # the group of every row, beside ("run", name) and (--by column, value)
 
 
-def _read(item: tuple, columns: dict, features: list[tuple], by: str | None, plans: list | None = None):
+def _read(item: tuple, columns: dict, features: list[tuple], by: str | None, plans: list | None = None,
+          soft: tuple = ()):
     """One shard's labelled drafts (``item``: its path, its run's index and name): label, position,
     each group's rows (every row; the run's when several runs are evaluated; each value of --by,
     named as the single machine names it) and each feature's oriented score (NaN: none); with
-    ``plans``, each fit's predictions (:mod:`svt.distributed.fits`)."""
+    ``plans``, each fit's predictions (:mod:`svt.distributed.fits`); and the ``soft`` labels."""
     path, run_index, run_name = item[:3]
     lf = pl.scan_parquet(path).with_columns([pl.col(c).cast(t) for c, t in columns.items()])
     if plans:
@@ -55,6 +61,7 @@ def _read(item: tuple, columns: dict, features: list[tuple], by: str | None, pla
         lf = fit_columns(lf.collect(), plans, run_index).lazy()
     frame = (lf.filter(pl.col("label").is_not_null())
              .select("label", "position", *([pl.col(by).alias("_by")] if by else []),
+                     *[pl.col(c).cast(pl.Float64).alias(f"_soft{j}") for j, c in enumerate(soft)],
                      *[(e * d).cast(pl.Float64).alias(f"_f{i}") for i, (_, e, _, d) in enumerate(features)]).collect())
     scores = {name: frame[f"_f{i}"].fill_nan(None).to_numpy() for i, (name, _, _, _) in enumerate(features)}
     groups = {ALL_ROWS: slice(None), **({("run", run_name): slice(None)} if run_name is not None else {})}
@@ -62,6 +69,7 @@ def _read(item: tuple, columns: dict, features: list[tuple], by: str | None, pla
         rows = frame.select(pl.col("_by")).with_row_index("_i").group_by("_by").agg("_i")
         for key, idx in zip(rows["_by"].to_list(), rows["_i"].to_list(), strict=True):
             groups[(by, str(key))] = np.asarray(idx, dtype=np.int64)  # str() of the value: the single machine's name
+    scores["_soft"] = {c: frame[f"_soft{j}"].to_numpy() for j, c in enumerate(soft)}
     return frame["label"].to_numpy().astype(np.int64), frame["position"].to_numpy().astype(np.int64), groups, scores
 
 
@@ -70,35 +78,40 @@ def _valid(s: np.ndarray) -> np.ndarray:
 
 
 def shard_summaries(item: tuple, columns: dict, features: list[tuple], k: int, by: str | None = None,
-                    plans: list | None = None, n_bins: int = ECE_BINS) -> tuple[dict, dict | None]:
-    """First pass on one shard: ``{(group, feature): ScoreSummary}`` over the drafts it scores, and
-    the deep read of its shards when ``item`` carries it (:func:`svt.distributed.reading.check_unit`:
-    the shards are read once for both)."""
+                    plans: list | None = None, n_bins: int = ECE_BINS, soft: tuple = ()) -> tuple[dict, dict | None]:
+    """First pass on one shard: ``{(group, feature): ScoreSummary}`` over the drafts it scores (and
+    ``{(group, feature, soft label): SoftSummary}``), and the deep read of its shards when ``item``
+    carries it (:func:`svt.distributed.reading.check_unit`: the shards are read once for both)."""
     from svt.distributed.reading import check_unit
 
     checked = check_unit(*item[3]) if len(item) > 3 and item[3] is not None else None
-    y, pos, groups, scores = _read(item, columns, features, by, plans)
+    y, pos, groups, scores = _read(item, columns, features, by, plans, soft)
     out = {}
     for gv, rows in groups.items():
         for name, _, probability, _ in features:
             s = scores[name][rows].astype(np.float64)
             ok = _valid(s)
             out[(gv, name)] = summarize(s[ok], y[rows][ok], pos[rows][ok], k, probability, n_bins)
+            for c in soft:
+                out[(gv, name, c)] = summarize_soft(s[ok], scores["_soft"][c][rows][ok], probability, n_bins)
     return out, checked
 
 
 def shard_refined(item: tuple, columns: dict, features: list[tuple], selected: dict, by: str | None = None,
-                  plans: list | None = None) -> dict:
+                  plans: list | None = None, soft: tuple = ()) -> dict:
     """Second pass on one shard: per (group, feature) and draft-position group, the counts per full
-    key in the selected bins."""
-    y, pos, groups, scores = _read(item, columns, features, by, plans)
+    key in the selected bins (per soft label, its sums per full key)."""
+    y, pos, groups, scores = _read(item, columns, features, by, plans, soft)
     out = {}
     for gv, rows in groups.items():
         for name, _, _, _ in features:
+            s = scores[name][rows].astype(np.float64)
+            ok = _valid(s)
             if selected.get((gv, name)):
-                s = scores[name][rows].astype(np.float64)
-                ok = _valid(s)
                 out[(gv, name)] = refine_counts(s[ok], y[rows][ok], pos[rows][ok], selected[(gv, name)])
+            for c in soft:
+                if (gv, name, c) in selected:
+                    out[(gv, name, c)] = refine_soft(s[ok], scores["_soft"][c][rows][ok], selected[(gv, name, c)])
     return out
 
 
@@ -238,7 +251,8 @@ def features_table(run_paths: list, feature_names: list[str], engine, *, tol: fl
         plans = plan_fits(run_paths, runs, [str(f) for f in fits], engine, items, score_unverified)
         feats += [(p["name"], pl.col(f"_fit{i}"), True, 1) for i, p in enumerate(plans)]
     described = {p["name"]: p["description"] for p in plans or []}
-    first = engine.map(shard_summaries, items, columns, feats, k, by, plans, n_bins)
+    soft = _soft_labels(runs)
+    first = engine.map(shard_summaries, items, columns, feats, k, by, plans, n_bins, soft)
     for item, (_, checked) in zip(items, first, strict=True):
         if checked is not None:
             done[item[1]][Path(item[0]).name] = checked
@@ -247,9 +261,11 @@ def features_table(run_paths: list, feature_names: list[str], engine, *, tol: fl
     totals = _merged([summaries for summaries, _ in first])
     groups = [ALL, EXCLUDING_FIRST, *range(k)]
     selected = {key: {g: b for g in groups if (b := _to_refine(group_hist(t.hist, g), tol, t.probability, n_bins)).size}
-                for key, t in totals.items()}
-    refined = merge_refined_all(engine.map(shard_refined, items, columns, feats, selected, by, plans)) if any(
-        selected.values()) else {}
+                for key, t in totals.items() if len(key) == 2}
+    selected.update({key: b for key, t in totals.items() if len(key) == 3 and t.probability
+                     and (b := soft_mass_bins(t.hist, n_bins)).size})
+    refined = merge_refined_all(engine.map(shard_refined, items, columns, feats, selected, by, plans, soft)) if any(
+        v.size if isinstance(v, np.ndarray) else v for v in selected.values()) else {}
 
     def table(gv):
         out = {}
@@ -264,19 +280,28 @@ def features_table(run_paths: list, feature_names: list[str], engine, *, tol: fl
                          **_block(t, ALL, r.get(ALL), direction),
                          "excluding_first": _block(t, EXCLUDING_FIRST, r.get(EXCLUDING_FIRST), direction),
                          "per_position": {str(j): _block(t, j, r.get(j), direction) for j in range(k) if t.n[j]},
-                         "curves": curves}
+                         "curves": curves,
+                         "soft": {c: soft_block(totals[(gv, name, c)], refined.get((gv, name, c))) for c in soft}}
         return out
 
     by_group: dict = {}
-    for dim, value in sorted({gv for gv, _ in totals if gv != ALL_ROWS}):
+    for dim, value in sorted({key[0] for key in totals if key[0] != ALL_ROWS}):
         by_group.setdefault(dim, {})[value] = table((dim, value))
     return {"features": table(ALL_ROWS), **({"groups": by_group} if by_group else {}), "runs": infos,
             "shards": len(items), "workers": engine.workers, "ece_bins": n_bins,
             "worker_peak_gib": [round(x, 3) for x in engine.peak_memory()],
-            "refined_bins": {"/".join([*(gv if gv != ALL_ROWS else ()), name]): {str(g): int(b.size) for g, b in sel.items()}
-                             for (gv, name), sel in selected.items()}}
+            "refined_bins": {"/".join([*(key[0] if key[0] != ALL_ROWS else ()), *key[1:]]):
+                             {str(g): int(b.size) for g, b in sel.items()} if isinstance(sel, dict) else int(sel.size)
+                             for key, sel in selected.items()}}
 
 
 def merge_refined_all(parts: list[dict]) -> dict:
     names = dict.fromkeys(n for p in parts for n in p)
-    return {n: merge_refined([p[n] for p in parts if n in p]) for n in names}
+    return {n: (merge_refined if len(n) == 2 else merge_soft_refined)([p[n] for p in parts if n in p]) for n in names}
+
+
+def _soft_labels(runs: list) -> tuple:
+    """The soft labels every run carries (an import may lack them), as on one machine."""
+    from svt.report.scoring import SOFT_LABELS
+
+    return tuple(c for c in SOFT_LABELS if all(c not in r.lacks("drafts") for r in runs))

@@ -44,7 +44,8 @@ def cluster_report(runs: list[Path], features: list[str], cluster: str, engine: 
             "exact": "counts, acceptance and AUC (two passes; auc_bound is what could remain, 0 after the refining "
                      "pass); log-loss, Brier, mean prediction, ECE (equal-width bins) and ece_mass (equal-mass bins, "
                      "the single machine's bins) are sums merged in another order than on one machine: equal "
-                     "to rounding",
+                     "to rounding; the soft-label blocks' AUC is not refined: within its auc_bound (the weight of "
+                     "pairs of distinct drafts inside a histogram bin, counted half), its sums equal to rounding",
             "not_computed": "bootstrap intervals, replays (ROC points are exact points at "
                             "thresholds between the histogram's bins, not the single machine's thresholds)",
             **body}

@@ -287,24 +287,156 @@ def ece_mass(hist, refined, n_bins: int = ECE_BINS) -> float | None:
     if len(hist) < 3 or not hist[0].size:
         return None
     keys, counts, sums = hist
-    n = counts.sum(axis=1)
+    rk, rc = refined if refined is not None else (np.zeros(0, np.uint64), np.zeros((0, 2), np.int64))
+    rn = rc.sum(axis=1).astype(np.float64)
+    return _mass_ece(keys, counts.sum(axis=1).astype(np.float64), counts[:, 1].astype(np.float64), sums,
+                     (rk, rn, rc[:, 1].astype(np.float64), rn * key_values(rk)), n_bins)
+
+
+def _mass_ece(keys, n, sy, ss, refined: tuple, n_bins: int) -> float:
+    """Equal-mass ECE from per-bin rows ``n``, label sums ``sy`` and score sums ``ss``; the bins
+    straddling a boundary are split by ``refined`` (full keys, rows, label sums, score sums)."""
     total = float(n.sum())
     lo = np.cumsum(n) - n
     split = _mass_bin(lo, total, n_bins) != _mass_bin(lo + n - 1, total, n_bins)
     b = _mass_bin(lo, total, n_bins)
-    mass_s = np.bincount(b[~split], weights=sums[~split], minlength=n_bins).astype(np.float64)
-    mass_y = np.bincount(b[~split], weights=counts[~split, 1].astype(np.float64), minlength=n_bins).astype(np.float64)
+    mass_s = np.bincount(b[~split], weights=ss[~split], minlength=n_bins).astype(np.float64)
+    mass_y = np.bincount(b[~split], weights=sy[~split], minlength=n_bins).astype(np.float64)
     if split.any():
-        rk, rc = refined if refined is not None else (np.zeros(0, np.uint64), np.zeros((0, 2), np.int64))
+        rk, rn, ry, rs = refined
         inside = np.isin(rk >> SHIFT, keys[split])
-        rk, rc = rk[inside], rc[inside]
-        rn = rc.sum(axis=1)
+        rk, rn, ry, rs = rk[inside], rn[inside], ry[inside], rs[inside]
         if rn.sum() != n[split].sum():
             raise ValueError("the second pass misses keys of a bin straddling an equal-mass boundary")
         at = np.searchsorted(keys, rk >> SHIFT)  # each distinct key's bin: rows below = the bin's + the keys before
         within = np.cumsum(rn) - rn
         first = np.searchsorted(rk >> SHIFT, keys[at], side="left")
         rb = _mass_bin(lo[at] + within - within[first], total, n_bins)
-        mass_s += np.bincount(rb, weights=rn * key_values(rk), minlength=n_bins)
-        mass_y += np.bincount(rb, weights=rc[:, 1].astype(np.float64), minlength=n_bins)
+        mass_s += np.bincount(rb, weights=rs, minlength=n_bins)
+        mass_y += np.bincount(rb, weights=ry, minlength=n_bins)
     return float(np.abs(mass_s - mass_y).sum() / total)
+
+
+def _soft_hist(keys: np.ndarray, y: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct ``keys`` and, per key, [rows, sum of the soft label, sum of the score]."""
+    u, inv = np.unique(keys, return_inverse=True)
+    w = np.column_stack([np.bincount(inv, minlength=u.size).astype(np.float64),
+                         np.bincount(inv, weights=y, minlength=u.size), np.bincount(inv, weights=s, minlength=u.size)])
+    return u, w
+
+
+def _merge_soft_hist(parts) -> tuple[np.ndarray, np.ndarray]:
+    parts = [p for p in parts if p[0].size]
+    if not parts:
+        return np.zeros(0, dtype=np.uint64), np.zeros((0, 3))
+    if len(parts) == 1:
+        return parts[0]
+    u, inv = np.unique(np.concatenate([p[0] for p in parts]), return_inverse=True)
+    w = np.concatenate([p[1] for p in parts])
+    return u, np.column_stack([np.bincount(inv, weights=w[:, c], minlength=u.size) for c in range(3)])
+
+
+@dataclass
+class SoftSummary:
+    """One score against one soft label (an acceptance probability in [0, 1]), over every draft
+    position: the single machine's ``soft`` block, merged by addition. Pairs are weighted (a row is
+    y accepted and 1 - y rejected) and a row's pairs with itself are left out, as on one machine.
+    Its AUC comes from the histogram alone: the pairs inside a bin count as half, and the error
+    that can hide is bounded (:func:`soft_block`); the equal-mass bins are exact given the keys of
+    the few bins straddling a boundary (:func:`refine_soft`)."""
+
+    probability: bool
+    n_bins: int = ECE_BINS
+    sums: np.ndarray = field(default=None)  # rows, sum y, sum y(1 - y), log-loss, Brier, sum of the score
+    ece: np.ndarray = field(default=None)  # [n_bins, 3]: weight, sum of the score, sum of y
+    hist: tuple = field(default=None)  # (high keys, [m, 3]: rows, sum of y, sum of the score)
+
+    def __post_init__(self):
+        if self.sums is None:
+            self.sums = np.zeros(6)
+        if self.ece is None:
+            self.ece = np.zeros((self.n_bins, 3))
+        if self.hist is None:
+            self.hist = _merge_soft_hist([])
+
+    def __add__(self, other: SoftSummary) -> SoftSummary:
+        if (self.probability, self.n_bins) != (other.probability, other.n_bins):
+            raise ValueError("soft summaries of different scores or bins do not merge")
+        return SoftSummary(self.probability, self.n_bins, self.sums + other.sums, self.ece + other.ece,
+                           _merge_soft_hist([self.hist, other.hist]))
+
+
+def summarize_soft(score: np.ndarray, y: np.ndarray, probability: bool, n_bins: int = ECE_BINS) -> SoftSummary:
+    """The soft summary of one shard's labelled drafts (``y`` the soft label of each)."""
+    s = np.asarray(score, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    out = SoftSummary(probability, n_bins)
+    out.hist = _soft_hist(float_keys(s) >> SHIFT, y, s)
+    out.sums[:3] = [s.size, np.sum(y), np.sum(y * (1 - y))]
+    if probability:
+        pc = np.clip(s, LOG_EPS, 1 - LOG_EPS)
+        out.sums[3:] = [-np.sum(y * np.log(pc) + (1 - y) * np.log1p(-pc)), np.sum((s - y) ** 2), np.sum(s)]
+        b = np.minimum((s * n_bins).astype(np.int64), n_bins - 1)
+        for j, w in enumerate((None, s, y)):
+            out.ece[:, j] += np.bincount(b, weights=w, minlength=n_bins)
+    return out
+
+
+def soft_mass_bins(hist, n_bins: int = ECE_BINS) -> np.ndarray:
+    """High keys of the soft histogram's bins straddling an equal-mass boundary (by rows)."""
+    return mass_bins_to_refine((hist[0], np.column_stack([hist[1][:, 0], np.zeros(hist[0].size)]).astype(np.int64)),
+                               n_bins)
+
+
+def refine_soft(score: np.ndarray, y: np.ndarray, bins: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The second pass for a soft summary on one shard: per distinct full key in ``bins``, [rows, sum
+    of y, sum of the score]; merged across shards by :func:`merge_soft_refined`."""
+    s = np.asarray(score, dtype=np.float64)
+    keys = float_keys(s)
+    rows = np.isin(keys >> SHIFT, bins)
+    return _soft_hist(keys[rows], np.asarray(y, dtype=np.float64)[rows], s[rows])
+
+
+def merge_soft_refined(parts) -> tuple[np.ndarray, np.ndarray]:
+    return _merge_soft_hist(parts)
+
+
+def soft_block(t: SoftSummary, refined=None) -> dict:
+    """The single machine's soft block (n, accept_rate, AUC, and for a probability log-loss, Brier,
+    mean prediction and both ECEs; no ``reasons``, as there) with ``auc_bound``: the AUC counts a
+    bin's pairs of distinct rows as half, so it may be off by half their weight
+    (:class:`SoftSummary`)."""
+    from svt.metrics.specs import names
+
+    n, sy, self_pairs = t.sums[:3]
+    out: dict = {"n": int(n)}
+    if n <= 0:
+        return {**out, **dict.fromkeys(("auc", "accept_rate", *names("table", probability=True))), "auc_bound": 0.0}
+    keys, w = t.hist
+    P, N = w[:, 1], w[:, 0] - w[:, 1]
+    below = np.cumsum(N) - N
+    num = float(np.sum(P * (below + 0.5 * N)))
+    pos, neg = float(P.sum()), float(N.sum())
+    den = pos * neg - self_pairs
+    out["accept_rate"] = float(sy / n)
+    if pos <= 0 or neg <= 0 or den <= 0:
+        out.update({"auc": None, "auc_bound": 0.0})
+    else:
+        # inside a bin, the pairs of distinct rows weigh P_b N_b less each row's pair with itself
+        # (summed over the bins: the whole self-pair weight); each counts half, the truth is 0 or 1
+        out.update({"auc": float((num - 0.5 * self_pairs) / den),
+                    "auc_bound": float(0.5 * max(float(np.sum(P * N)) - self_pairs, 0.0) / den)})
+    if t.probability:
+        e = t.ece
+        out.update({"log_loss": float(t.sums[3] / n), "brier": float(t.sums[4] / n), "mean_pred": float(t.sums[5] / n),
+                    "ece": float(np.abs(e[:, 1] - e[:, 2]).sum() / n), "ece_mass": _soft_ece_mass(t, refined)})
+    else:
+        out.update(dict.fromkeys(names("table", probability=True)))
+    return out
+
+
+def _soft_ece_mass(t: SoftSummary, refined) -> float:
+    """Equal-mass ECE of a soft label (bins by rows, as on one machine)."""
+    keys, w = t.hist
+    rk, rw = refined if refined is not None else (np.zeros(0, np.uint64), np.zeros((0, 3)))
+    return _mass_ece(keys, w[:, 0], w[:, 1], w[:, 2], (rk, rw[:, 0], rw[:, 1], rw[:, 2]), t.n_bins)
