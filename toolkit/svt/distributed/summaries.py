@@ -318,11 +318,20 @@ def _mass_ece(keys, n, sy, ss, refined: tuple, n_bins: int) -> float:
 
 
 def _soft_hist(keys: np.ndarray, y: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Distinct ``keys`` and, per key, [rows, sum of the soft label, sum of the score]."""
-    u, inv = np.unique(keys, return_inverse=True)
-    w = np.column_stack([np.bincount(inv, minlength=u.size).astype(np.float64),
-                         np.bincount(inv, weights=y, minlength=u.size), np.bincount(inv, weights=s, minlength=u.size)])
-    return u, w
+    """Distinct ``keys`` and, per key, [rows, sum of the soft label, sum of the score]: one dense
+    count over the keys' span when it is small beside the rows, else one sort."""
+    if keys.size and int(keys.max() - keys.min()) < 4 * keys.size + 4096:
+        lo = keys.min()
+        inv = (keys - lo).astype(np.int64)
+        n = np.bincount(inv)
+        at = np.flatnonzero(n)
+        u, size = lo + at.astype(np.uint64), n.size
+    else:
+        u, inv = np.unique(keys, return_inverse=True)
+        at, size = slice(None), u.size
+    w = np.column_stack([np.bincount(inv, minlength=size)[at].astype(np.float64),
+                         np.bincount(inv, weights=y, minlength=size)[at], np.bincount(inv, weights=s, minlength=size)[at]])
+    return u.astype(np.uint64), w
 
 
 def _merge_soft_hist(parts) -> tuple[np.ndarray, np.ndarray]:
