@@ -1,16 +1,18 @@
 """The features table of ``svt evaluate`` computed on a cluster: each worker reads one drafts shard
-where it lies and returns mergeable summaries (:mod:`svt.distributed.summaries`); the driver adds
-them up, asks the workers once more for the bins whose within-bin pairs could move an AUC, and
-writes the same figures as the single-machine path (AUC, log-loss, Brier, mean prediction,
-equal-width ECE, acceptance; overall, excluding the first position, per position).
+where it lies (checking it as ``open_run`` does, :mod:`svt.distributed.reading`, in the same task)
+and returns mergeable summaries (:mod:`svt.distributed.summaries`); the driver adds them up, asks
+the workers once more for the bins whose within-bin pairs could move an AUC or that straddle an
+equal-mass boundary, and writes the single-machine path's figures (acceptance, AUC, log-loss,
+Brier, mean prediction, both ECEs, the soft-label blocks; overall, excluding the first position,
+per position; per run and per ``--by`` value; row-wise fits with ``--fit``).
 
-Exact: counts, acceptance and every AUC (after the refining pass, with tolerance 0: its bound is
-printed and is 0). Float sums (log-loss, Brier, mean prediction, both ECEs) merge in another order
-than the single machine's: they agree to rounding. The equal-mass ECE's bins are the single
-machine's: set by the count of drafts below each tie group, from the merged histogram, with the few
-histogram bins that straddle a boundary read key by key in the second pass. Not computed here:
-bootstrap intervals. ROC points
-are taken at thresholds spread over the histogram's bins (each point exact; not the same
+Exact: counts, acceptance and every hard-label AUC (after the refining pass, with tolerance 0: its
+bound is printed and is 0). Float sums (log-loss, Brier, mean prediction, both ECEs) merge in
+another order than the single machine's: they agree to rounding. The equal-mass ECE's bins are the
+single machine's: set by the count of drafts below each tie group, from the merged histogram, with
+the few histogram bins that straddle a boundary read key by key in the second pass. The soft-label
+AUCs come from the histogram alone, with their bound. Not computed here: bootstrap intervals. ROC
+points are taken at thresholds spread over the histogram's bins (each point exact; not the same
 thresholds as the single machine's), and the reliability bins are the equal-width ECE bins.
 """
 
