@@ -238,3 +238,39 @@ def test_other_bins_give_the_single_machines_calibration(small_run, tmp_path):
     _equal_tables(got["features"], evaluate([small_run], EvaluateOptions(features=["q_max", "logit_qmax"],
                                                                          n_bins=7))["features"])
     assert got["ece_bins"] == 7 and len(got["features"]["q_max"]["curves"]["reliability"]["count"]) <= 7
+
+
+def test_the_acceptance_section_is_the_single_machines(cluster_report, small_run):
+    """Acceptance by position (marginal over unverified drafts too), the mean acceptance length and
+    each probability feature's expected-length calibration, from per-step sums on the workers."""
+    got = cluster_report[0]
+    ref = evaluate([small_run], EvaluateOptions(features=FEATURES))
+    a, b = got["acceptance"], ref["acceptance"]
+    assert a["labelled"] == b["labelled"] and a["rate"] == pytest.approx(b["rate"], rel=1e-15)
+    assert a["mean_acceptance_length"] == pytest.approx(b["mean_acceptance_length"], rel=1e-15)
+    assert [{k: r[k] for k in ("position", "proposed", "verified", "accepted")} for r in a["by_position"]] == [
+        {k: r[k] for k in ("position", "proposed", "verified", "accepted")} for r in b["by_position"]]
+    for x, y in zip(a["by_position"], b["by_position"], strict=True):
+        assert x["conditional"] == pytest.approx(y["conditional"], rel=1e-15)
+        assert x["marginal"] == pytest.approx(y["marginal"], rel=1e-15)
+    assert "## Acceptance by draft position" in cluster_report[1]
+    assert set(got["length_calibration"]) == set(ref["length_calibration"]) and got["length_calibration"]
+    for name, x in ref["length_calibration"].items():
+        y = got["length_calibration"][name]
+        assert y["steps"] == x["steps"] and y["k"] == x["k"] and [c["count"] for c in y["bins"]] == [c["count"] for c in x["bins"]]
+        for m in ("mean_predicted", "mean_realised", "length_ece"):
+            assert y[m] == pytest.approx(x[m], rel=1e-12, abs=1e-12), (name, m)
+
+
+def test_a_request_in_two_shards_leaves_the_acceptance_section_out(small_run):
+    """A request in two shards could split a step between workers: no per-step figures then."""
+    from svt.distributed.acceptance import acceptance_section
+
+    class InProcess:
+        def map(self, fn, items, *args):
+            return [fn(item, *args) for item in items]
+
+    shard = str(sorted((small_run / "drafts").glob("*.parquet"))[0])
+    got = acceptance_section([(shard, 0), (shard, 0)], ["q_max"], InProcess(), 10)
+    assert "span two shards" in got["acceptance_not_computed"] and "acceptance" not in got
+    assert acceptance_section([(shard, 0)], ["q_max"], InProcess(), 10)["acceptance"]["labelled"] > 0

@@ -286,10 +286,13 @@ def features_table(run_paths: list, feature_names: list[str], engine, *, tol: fl
                          "soft": {c: soft_block(totals[(gv, name, c)], refined.get((gv, name, c))) for c in soft}}
         return out
 
+    from svt.distributed.acceptance import acceptance_section
+
+    steps = acceptance_section(items, [n for n, _, prob, _ in feats if prob and n not in described], engine, n_bins)
     by_group: dict = {}
     for dim, value in sorted({key[0] for key in totals if key[0] != ALL_ROWS}):
         by_group.setdefault(dim, {})[value] = table((dim, value))
-    return {"features": table(ALL_ROWS), **({"groups": by_group} if by_group else {}), "runs": infos,
+    return {"features": table(ALL_ROWS), **({"groups": by_group} if by_group else {}), "runs": infos, **steps,
             "shards": len(items), "workers": engine.workers, "ece_bins": n_bins,
             "worker_peak_gib": [round(x, 3) for x in engine.peak_memory()],
             "refined_bins": {"/".join([*(key[0] if key[0] != ALL_ROWS else ()), *key[1:]]):

@@ -64,6 +64,15 @@ def to_markdown(report: dict) -> str:
         return [s, fmt(b["n"]), fmt(b["accept_rate"], 4), fmt(b["auc"], 4), f"{b['auc_bound']:.1e}",
                 fmt(b.get("log_loss"), 4), fmt(b.get("brier"), 4), fmt(b.get("ece"), 4), fmt(b.get("ece_mass"), 4)]
 
+    acc = report.get("acceptance")
+    if acc:
+        lines += [f"## Acceptance by draft position\n\nAcceptance {fmt(acc['rate'], 4)} of {fmt(acc['labelled'])} labelled "
+                  f"drafts; mean acceptance length {fmt(acc['mean_acceptance_length'], 3)}.\n",
+                  md_table(["position", "proposed", "verified", "accepted", "conditional", "marginal"],
+                           [[str(r["position"]), fmt(r["proposed"]), fmt(r["verified"]), fmt(r["accepted"]),
+                             fmt(r["conditional"], 4), fmt(r["marginal"], 4)] for r in acc["by_position"]]), ""]
+    elif report.get("acceptance_not_computed"):
+        lines += [f"Acceptance by position: not computed ({report['acceptance_not_computed']}).\n"]
     for name, f in report["features"].items():
         rows = [["all", f], ["excluding first", f["excluding_first"]],
                 *[[f"position {j}", b] for j, b in f["per_position"].items()]]

@@ -57,29 +57,38 @@ def length_calibration_from_steps(predicted: list[np.ndarray], realised: list[np
                                   n_bins: int = 10) -> dict:
     """:func:`length_calibration` from per-step predicted and realised lengths given in parts
     (each part's steps whole), with ``k`` the longest step's draft count."""
-    steps = sum(p.size for p in predicted)
-    if steps == 0:
-        return {"steps": 0, "bins": [], "mean_predicted": None, "mean_realised": None, "length_ece": None}
-    count, sp, sr = np.zeros(n_bins, np.int64), np.zeros(n_bins), np.zeros(n_bins)
-    tot_p = tot_r = 0.0
+    return length_calibration_from_sums(length_sums(predicted, realised, k, n_bins), k, n_bins)
+
+
+def length_sums(predicted: list[np.ndarray], realised: list[np.ndarray], k: int, n_bins: int = 10) -> np.ndarray:
+    """The sums :func:`length_calibration_from_sums` reads, which add across parts: per bin of the
+    predicted length on [0, k], [steps, predicted sum, realised sum]."""
+    out = np.zeros((n_bins, 3))
     for pred, real in zip(predicted, realised, strict=True):
         pred, real = pred.astype(np.float64), real.astype(np.float64)
         idx = np.minimum((pred / k * n_bins).astype(np.int64), n_bins - 1)
-        count += np.bincount(idx, minlength=n_bins)
-        sp += np.bincount(idx, weights=pred, minlength=n_bins)
-        sr += np.bincount(idx, weights=real, minlength=n_bins)
-        tot_p += float(pred.sum())
-        tot_r += float(real.sum())
+        out[:, 0] += np.bincount(idx, minlength=n_bins)
+        out[:, 1] += np.bincount(idx, weights=pred, minlength=n_bins)
+        out[:, 2] += np.bincount(idx, weights=real, minlength=n_bins)
+    return out
+
+
+def length_calibration_from_sums(sums: np.ndarray, k: int, n_bins: int = 10) -> dict:
+    """:func:`length_calibration`'s result from :func:`length_sums` (added over parts)."""
+    count, sp, sr = sums[:, 0].astype(np.int64), sums[:, 1], sums[:, 2]
+    steps = int(count.sum())
+    if steps == 0:
+        return {"steps": 0, "bins": [], "mean_predicted": None, "mean_realised": None, "length_ece": None}
     bins = [
         {"lo": i * k / n_bins, "hi": (i + 1) * k / n_bins, "count": int(count[i]),
          "mean_predicted": float(sp[i] / count[i]), "mean_realised": float(sr[i] / count[i])}
         for i in range(n_bins) if count[i]
     ]
     return {
-        "steps": int(steps),
+        "steps": steps,
         "k": k,
-        "mean_predicted": tot_p / steps,
-        "mean_realised": tot_r / steps,
+        "mean_predicted": float(sp.sum()) / steps,
+        "mean_realised": float(sr.sum()) / steps,
         "length_ece": float(np.sum(np.abs(sp - sr)[count > 0]) / steps),
         "bins": bins,
     }

@@ -472,6 +472,17 @@ def step_tables(parts: list[pl.LazyFrame], feats: list[Feature], n_bins: int, *,
     from per-step sums computed frame by frame. A frame whose steps are already contiguous with
     ascending positions (the collector's and the synthetic writer's order, checked) is summed in
     file order by one compiled loop; any other frame (or ``sort``, the reference) is sorted first."""
+    cols = step_columns(parts, feats, sort=sort)
+    steps = sum(a.size for a in cols["a"])
+    accepted = sum(float(a.sum()) for a in cols["a"])
+    k = max((int(a.max()) for a in cols["k"] if a.size), default=0)
+    calib = {f.name: length_calibration_from_steps(cols[f.name], cols["a"], k, n_bins) for f in feats}
+    return (1 + accepted / steps if steps else float("nan")), calib
+
+
+def step_columns(parts: list[pl.LazyFrame], feats: list[Feature], *, sort: bool = False) -> dict[str, list[np.ndarray]]:
+    """Per frame, per step: accepted drafts (``a``), drafts (``k``) and each feature's expected
+    accepted length (the sum of the cumulative products of its confidences); see :func:`step_tables`."""
     cols: dict[str, list[np.ndarray]] = {"a": [], "k": [], **{f.name: [] for f in feats}}
     for part in parts:
         got = None if sort else _steps_in_order(part, feats)
@@ -479,11 +490,7 @@ def step_tables(parts: list[pl.LazyFrame], feats: list[Feature], n_bins: int, *,
             got = _steps_sorted(part, feats)
         for name, v in got.items():
             cols[name].append(v)
-    steps = sum(a.size for a in cols["a"])
-    accepted = sum(float(a.sum()) for a in cols["a"])
-    k = max((int(a.max()) for a in cols["k"] if a.size), default=0)
-    calib = {f.name: length_calibration_from_steps(cols[f.name], cols["a"], k, n_bins) for f in feats}
-    return (1 + accepted / steps if steps else float("nan")), calib
+    return cols
 
 
 def _read_only(a: np.ndarray) -> np.ndarray:
