@@ -274,3 +274,21 @@ def test_a_request_in_two_shards_leaves_the_acceptance_section_out(small_run):
     got = acceptance_section([(shard, 0), (shard, 0)], ["q_max"], InProcess(), 10)
     assert "span two shards" in got["acceptance_not_computed"] and "acceptance" not in got
     assert acceptance_section([(shard, 0)], ["q_max"], InProcess(), 10)["acceptance"]["labelled"] > 0
+
+
+def test_runs_named_alike_and_by_run_group_as_on_one_machine(small_run, greedy_run, tmp_path):
+    """Two runs whose directories share a name are named by their paths, as on one machine (a probe
+    found them pooled into one group); --by run is the runs' own grouping."""
+    import shutil
+
+    other = tmp_path / "x" / small_run.name
+    shutil.copytree(greedy_run, other)
+    out = tmp_path / "r"
+    r = CliRunner().invoke(app, ["evaluate", str(small_run), str(other), "--out", str(out), "--cluster", "local:1",
+                                 "--feature", "q_max", "--by", "run"])
+    assert r.exit_code == 0, r.output
+    got = json.loads((out / "report.json").read_text())["groups"]
+    ref = evaluate([small_run, other], EvaluateOptions(features=["q_max"], by="run"))["groups"]
+    assert set(got) == set(ref) == {"run"} and set(got["run"]) == set(ref["run"]) and len(got["run"]) == 2
+    for v in ref["run"]:
+        _equal_tables(got["run"][v], ref["run"][v])

@@ -113,7 +113,8 @@ def test_ridge_from_sums_is_scikit_learns():
     assert got[2] == pytest.approx(ref.coef_, rel=1e-9) and got[3] == pytest.approx(ref.intercept_, rel=1e-9)
 
 
-@pytest.mark.parametrize("damage, words", [("drop", "cache_drafts lacks requests"), ("yield", "does not match its draft")])
+@pytest.mark.parametrize("damage, words", [("drop", "cache_drafts lacks requests"), ("yield", "does not match its draft"),
+                                           ("split", "span two shards")])
 def test_cache_drafts_that_disagree_with_the_outputs_are_refused(greedy_run, tmp_path, damage, words):
     """Each shard checked row by row on its worker, the coverage of the requests on the driver."""
     import shutil
@@ -128,6 +129,12 @@ def test_cache_drafts_that_disagree_with_the_outputs_are_refused(greedy_run, tmp
     f = pl.read_parquet(shard)
     if damage == "drop":
         f = f.filter(pl.col("request") != f["request"].max())
+    elif damage == "split":  # half of one request's rows moved to another shard: a valid table, split
+        other = sorted((run / "cache_drafts").glob("*.parquet"))[0]
+        r = f["request"].max()
+        moved = f.filter((pl.col("request") == r) & (pl.col("decode_pos") >= 5))
+        pl.concat([pl.read_parquet(other), moved]).write_parquet(other)
+        f = f.filter(~((pl.col("request") == r) & (pl.col("decode_pos") >= 5)))
     else:
         i = f.with_row_index("_i").filter(pl.col("draft_len") > pl.col("oracle_accepted")).row(0, named=True)["_i"]
         f = f.with_columns(pl.when(pl.int_range(pl.len()) == i).then(pl.col("oracle_accepted") + 1)

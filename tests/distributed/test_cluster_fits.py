@@ -105,3 +105,14 @@ def test_requests_signed_on_the_workers_are_judged_as_from_the_drafts(small_run,
             evaluation_mask(fit, frame, [None])
         outcomes.append(str(exc.value))
     assert outcomes[0] == outcomes[1] and "repeat the logistic fit's training requests" in outcomes[0]
+
+
+def test_a_fit_with_nothing_to_score_keeps_its_block_and_why(small_run, tmp_path):
+    """Fitted with no request held out, a fit has nothing to score on its own run: its block stays,
+    with n = 0, the reason and the description, as on one machine (a probe found it dropped)."""
+    fit = _fit(small_run, tmp_path / "all.json", "logistic", "--test-fraction", "0")
+    got = _cluster(small_run, tmp_path / "c", [fit])["features"]
+    ref = evaluate([small_run], EvaluateOptions(features=["q_max"], fits=[str(fit)]))["features"]
+    name = next(n for n in ref if n != "q_max")
+    assert got[name]["n"] == ref[name]["n"] == 0
+    assert got[name]["reasons"] == ref[name]["reasons"] and got[name]["description"] == ref[name]["description"]

@@ -145,7 +145,13 @@ def test_a_tolerance_leaves_a_bound_and_zero_refines_everything():
 def test_soft_label_blocks_merge_to_the_single_machines(seed, kind):
     """A soft label's block from shards cut anywhere: the sums and both ECEs equal the single
     machine's (svt.metrics.ordered.score_tables) to rounding, its AUC within the bound printed."""
-    from svt.distributed.summaries import merge_soft_refined, refine_soft, soft_block, soft_mass_bins, summarize_soft
+    from svt.distributed.summaries import (
+        merge_soft_refined,
+        refine_soft,
+        soft_block,
+        soft_mass_bins,
+        summarize_soft,
+    )
     from svt.metrics.ordered import score_tables
 
     rng = np.random.default_rng(seed)

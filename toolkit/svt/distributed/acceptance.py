@@ -21,7 +21,8 @@ import polars as pl
 def _frame(item: tuple) -> pl.LazyFrame:
     from svt.traces.io import scan_shard
 
-    return scan_shard(item[0], "drafts").with_columns(pl.lit(item[1], pl.Int64).alias("_run"))
+    return scan_shard(item[0], "drafts").with_columns(pl.lit(item[1], pl.Int64).alias("_run"),
+                                                      pl.lit(str(item[1])).alias("run"))
 
 
 def shard_steps(item: tuple) -> dict:

@@ -44,7 +44,7 @@ from svt.distributed.summaries import (
     summarize,
     summarize_soft,
 )
-from svt.errors import ConfigError
+from svt.errors import ConfigError, DataError
 
 ALL_ROWS = ("", "")  # the group of every row, beside ("run", name) and (--by column, value)
 
@@ -183,6 +183,9 @@ def _open(paths: list) -> list:
     for path in paths:
         check = RunCheck.open(path)
         check.run.require_complete()
+        if not check.run.has("drafts") or (check.run.meta.get("counts") or {}).get("drafts") == 0:
+            raise ConfigError(f"{path} has no model drafts (a reference or cache-only run): its report is the "
+                              "cache report, computed on one machine (without --cluster).")
         if check.run.censored:
             raise ConfigError(f"{path} was collected with live AV (censored labels); --cluster does not read "
                               "its explored steps yet: evaluate it on one machine.")
@@ -205,10 +208,11 @@ def _finish(checks: list, engine, done: list[dict]) -> list[dict]:
     return infos
 
 
-def _features(feature_names: list[str], columns: dict) -> list[tuple]:
+def _features(feature_names: list[str], columns: dict) -> tuple[list[tuple], dict]:
+    """Each feature as (name, expression, probability, direction), and what the report says of it."""
     from svt.features import get_feature
 
-    feats = []
+    feats, meta = [], {}
     for name in feature_names:
         f = get_feature(name)
         reads = set(f.expr.meta.root_names())
@@ -216,7 +220,8 @@ def _features(feature_names: list[str], columns: dict) -> list[tuple]:
             raise ConfigError(f"--cluster scores features of the drafts table alone; {name!r} reads "
                               f"{', '.join(sorted(reads - set(columns)))}: evaluate it on one machine.")
         feats.append((name, f.expr, f.probability, f.direction))
-    return feats
+        meta[name] = {"lossless": f.lossless, "shown_as": f.shown_as, "description": f.description}
+    return feats, meta
 
 
 def features_table(run_paths: list, feature_names: list[str], engine, *, tol: float = 0.0,
@@ -231,6 +236,11 @@ def features_table(run_paths: list, feature_names: list[str], engine, *, tol: fl
     from svt.traces.schema import get_table
 
     run_paths = [Path(p) for p in ([run_paths] if isinstance(run_paths, str | Path) else run_paths)]
+    loaded = None
+    if fits:  # a fit that cannot be scored here is refused before any shard is read
+        from svt.distributed.fits import load_fits
+
+        loaded = load_fits([str(f) for f in fits])
     checks = _open(run_paths)
     runs = [c.run for c in checks]
     fused = not fits  # the deep read rides on the first pass over the shards (with fits: before their pass)
@@ -238,19 +248,23 @@ def features_table(run_paths: list, feature_names: list[str], engine, *, tol: fl
     if not fused:
         infos = _finish(checks, engine, done)
     columns = dict(get_table("drafts").columns)
+    by = None if by == "run" else by  # the runs are groups already when there are several, as on one machine
     if by is not None and by not in columns:
-        raise ConfigError(f"Cannot group by {by!r}: the drafts table has no such column (columns: "
-                          f"{', '.join(columns)}).")
-    feats = _features(feature_names, columns)
+        raise DataError(f"Cannot group by {by!r}: the drafts table has no such column (columns: "
+                        f"{', '.join(['run', *columns])}).")
+    feats, meta = _features(feature_names, columns)
     k = max(int(r.meta["k"]) for r in runs)
     several = len(runs) > 1
-    items = [(str(f), i, p.name if several else None, checks[i].task(f.name) if fused else None)
-             for i, (p, r) in enumerate(zip(run_paths, runs, strict=True)) for f in r.shards["drafts"]]
+    names = [p.name for p in run_paths]
+    if len(set(names)) != len(names):  # as the single machine names runs: the directory, else the path
+        names = [str(p) for p in run_paths]
+    items = [(str(f), i, names[i] if several else None, checks[i].task(f.name) if fused else None)
+             for i, r in enumerate(runs) for f in r.shards["drafts"]]
     plans = None
     if fits:
         from svt.distributed.fits import plan_fits
 
-        plans = plan_fits(run_paths, runs, [str(f) for f in fits], engine, items, score_unverified)
+        plans = plan_fits(run_paths, runs, [str(f) for f in fits], loaded, engine, items, score_unverified)
         feats += [(p["name"], pl.col(f"_fit{i}"), True, 1) for i, p in enumerate(plans)]
     described = {p["name"]: p["description"] for p in plans or []}
     soft = _soft_labels(runs)
@@ -273,11 +287,11 @@ def features_table(run_paths: list, feature_names: list[str], engine, *, tol: fl
         out = {}
         for name, _, probability, direction in feats:
             t, r = totals.get((gv, name)), refined.get((gv, name), {})
-            if t is None or not t.n.sum():
+            if t is None:
                 continue
-            curves = {"roc": roc_points(group_hist(t.hist, ALL)),
-                      **({"reliability": reliability_bins(t.ece.sum(0))} if probability else {})}
-            out[name] = {"probability": probability, "direction": direction,
+            curves = {"roc": roc_points(group_hist(t.hist, ALL)),  # none without rows, as on one machine
+                      **({"reliability": reliability_bins(t.ece.sum(0))} if probability else {})} if t.n.sum() else {}
+            out[name] = {**meta.get(name, {}), "probability": probability, "direction": direction,
                          **({"description": described[name]} if name in described else {}),
                          **_block(t, ALL, r.get(ALL), direction),
                          "excluding_first": _block(t, EXCLUDING_FIRST, r.get(EXCLUDING_FIRST), direction),
@@ -293,6 +307,7 @@ def features_table(run_paths: list, feature_names: list[str], engine, *, tol: fl
     for dim, value in sorted({key[0] for key in totals if key[0] != ALL_ROWS}):
         by_group.setdefault(dim, {})[value] = table((dim, value))
     return {"features": table(ALL_ROWS), **({"groups": by_group} if by_group else {}), "runs": infos, **steps,
+            "not_computed": _not_computed(runs),
             "shards": len(items), "workers": engine.workers, "ece_bins": n_bins,
             "worker_peak_gib": [round(x, 3) for x in engine.peak_memory()],
             "refined_bins": {"/".join([*(key[0] if key[0] != ALL_ROWS else ()), *key[1:]]):
@@ -310,3 +325,13 @@ def _soft_labels(runs: list) -> tuple:
     from svt.report.scoring import SOFT_LABELS
 
     return tuple(c for c in SOFT_LABELS if all(c not in r.lacks("drafts") for r in runs))
+
+
+def _not_computed(runs: list) -> list[str]:
+    """The single machine's sections this report leaves out, for these runs."""
+    out = ["bootstrap intervals (--bootstrap)", "the AV and HVD replays (--costs)"]
+    if any(r.has("cache_drafts") for r in runs):
+        out.append("the cache sections (cache opportunity, yield predictors, realism, the document's checks)")
+    if any(r.has("dists") for r in runs):
+        out.append("the losslessness audit (the dists sample)")
+    return out + ["the expected-length calibration of fits", "groups_acceptance (each group's counts are in its blocks)"]

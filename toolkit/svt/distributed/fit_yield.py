@@ -4,11 +4,12 @@ single machine records it.
 
 Passes over the cache_drafts shards, each on the workers:
 
-1. each shard checked row by row against the requests' outputs (as
-   :func:`svt.fit.yield_data.check_cache_drafts` checks the whole table; the driver checks that the
-   shards together cover the requests), with its requests that have a draft and its largest
-   draft; the driver makes the single machine's request-level split of those requests;
-2. for the training rows: the count and the sums of the features and of the yield;
+1. each shard's requests, those that have a draft and its largest draft: the driver checks that no
+   request spans two shards and that the shards together cover the requests, and makes the single
+   machine's request-level split of the requests with a draft;
+2. each shard checked row by row against the requests' outputs (as
+   :func:`svt.fit.yield_data.check_cache_drafts` checks the whole table); for the training rows:
+   the count and the sums of the features and of the yield;
 3. the sums of the centred cross-products (features with features, features with the yield),
    around the means of pass 2: two passes, so no large mean cancels the spread.
 
@@ -40,22 +41,22 @@ def _rows(item: tuple, check: bool = False):
 
 def shard_keys(item: tuple) -> dict:
     """Pass 1 on a worker (see the module)."""
-    frame = _rows(item, check=True)
+    frame = _rows(item)
     with_draft = frame.filter(pl.col("draft_len") > 0)
     return {"seen": np.unique(frame["request"].to_numpy()), "requests": np.unique(with_draft["request"].to_numpy()),
             "k": int(with_draft["draft_len"].max() or 0) if with_draft.height else 0}
 
 
-def _xy(item: tuple, features: list[str], train: np.ndarray):
+def _xy(item: tuple, features: list[str], train: np.ndarray, check: bool = False):
     from svt.fit.yield_models import yield_matrix
 
-    rows = _rows(item).filter((pl.col("draft_len") > 0) & pl.col("request").is_in(pl.Series(train).implode()))
+    rows = _rows(item, check).filter((pl.col("draft_len") > 0) & pl.col("request").is_in(pl.Series(train).implode()))
     return yield_matrix(rows, features), rows["oracle_accepted"].to_numpy().astype(np.float64), rows["request"]
 
 
 def shard_sums(item: tuple, features: list[str], train: np.ndarray) -> dict:
     """Pass 2 on a worker: count, feature sums, yield sum and the training requests present."""
-    X, y, requests = _xy(item, features, train)
+    X, y, requests = _xy(item, features, train, check=True)
     return {"n": y.size, "sx": X.sum(0), "sy": float(y.sum()), "requests": np.unique(requests.to_numpy())}
 
 
@@ -81,6 +82,7 @@ def cluster_yield_training(engine):
 
     def train(runs, est, test_fraction: float, seed: int, where):
         from svt.distributed.reading import read_run
+        from svt.features.cache import get_cache_features
         from svt.fit import Trained
         from svt.fit.yield_data import check_cache_coverage
         from svt.fit.yield_models import YieldLinear
@@ -88,6 +90,7 @@ def cluster_yield_training(engine):
 
         if type(est) is not YieldLinear or len(runs) != 1 or where is not None:
             raise ConfigError("--cluster fits yield-linear on one run's cache drafts: fit the others on one machine.")
+        get_cache_features(est.features)  # an unknown feature is refused before the run is read
         run, identity = read_run(runs[0], engine)
         run.require_complete()
         if not run.has("cache_drafts"):
@@ -95,11 +98,12 @@ def cluster_yield_training(engine):
                             "or add it with `svt cache RUN`.")
         items = [(str(f), str(runs[0])) for f in run.shards["cache_drafts"]]
         keys = engine.map(shard_keys, items)
-        check_cache_coverage(runs[0], run, set(np.concatenate([p["seen"] for p in keys]).tolist()))
-        requests = np.concatenate([p["requests"] for p in keys])
-        if np.unique(requests).size != requests.size:
+        seen = np.concatenate([p["seen"] for p in keys])
+        if np.unique(seen).size != seen.size:
             raise DataError(f"{runs[0]}: a request's cache drafts span two shards; --cluster needs each request in "
                             "one shard (as the collector writes them): fit it on one machine.")
+        check_cache_coverage(runs[0], run, set(seen.tolist()))
+        requests = np.concatenate([p["requests"] for p in keys])
         if requests.size == 0:
             raise DataError("No cache drafts to fit on: the cache proposed nothing.")
         requests = np.sort(requests)  # as split_mask: a seeded permutation of the sorted requests

@@ -50,17 +50,25 @@ def _refusal(fit, path) -> str | None:
     return None
 
 
-def plan_fits(run_paths: list[Path], runs: list, fits: list[str], engine, items: list[tuple],
-              score_unverified: bool = False) -> list[dict]:
-    """On the driver: each fit loaded, checked, named as the single machine names it, with the
-    requests it is scored on (see the module)."""
-    from svt.fit import Fitter, evaluation_mask, name_fits, scoring_unverified
+def load_fits(fits: list[str]) -> list:
+    """The fits loaded, each checked to be scored row by row (see the module): before any shard is
+    read."""
+    from svt.fit import Fitter
 
     loaded = [Fitter.load(p) for p in fits]
     refused = [r for f, p in zip(loaded, fits, strict=True) if (r := _refusal(f, p))]
     if refused:
         raise ConfigError(f"--cluster scores fits that predict each draft from its own row; not {'; '.join(refused)}. "
                           "Evaluate those on one machine (without --cluster).")
+    return loaded
+
+
+def plan_fits(run_paths: list[Path], runs: list, fits: list[str], loaded: list, engine, items: list[tuple],
+              score_unverified: bool = False) -> list[dict]:
+    """On the driver: each fit (``loaded`` by :func:`load_fits`) named as the single machine names
+    it, with the requests it is scored on (see the module)."""
+    from svt.fit import evaluation_mask, name_fits, scoring_unverified
+
     per_request = pl.concat(engine.map(shard_request_rows, items))
     split = per_request.filter(pl.struct("_run", "request").is_duplicated())
     if split.height:

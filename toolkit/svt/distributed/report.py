@@ -46,8 +46,8 @@ def cluster_report(runs: list[Path], features: list[str], cluster: str, engine: 
                      "the single machine's bins) are sums merged in another order than on one machine: equal "
                      "to rounding; the soft-label blocks' AUC is not refined: within its auc_bound (the weight of "
                      "pairs of distinct drafts inside a histogram bin, counted half), its sums equal to rounding",
-            "not_computed": "bootstrap intervals, replays (ROC points are exact points at "
-                            "thresholds between the histogram's bins, not the single machine's thresholds)",
+            "roc_points": "exact points at thresholds between the histogram's bins, not the single machine's "
+                          "thresholds",
             **body}
 
 
@@ -57,7 +57,7 @@ def to_markdown(report: dict) -> str:
     c = report["cluster"]
     lines = [f"# svt report (cluster): {', '.join(r['path'] for r in report['runs'])}\n",
              f"Computed on a {c['engine']} cluster ({c['spec']}: {c['workers']} workers, {c['shards']} drafts shards, "
-             f"{c['seconds']} s; peak memory per worker {', '.join(f'{x:.2f}' for x in c['worker_peak_gib'])} GiB). Exact: {report['exact']}. Not computed here: {report['not_computed']}.\n"]
+             f"{c['seconds']} s; peak memory per worker {', '.join(f'{x:.2f}' for x in c['worker_peak_gib'])} GiB). Exact: {report['exact']}. Not computed here: {'; '.join(report['not_computed'])}.\n"]
     head = ["scope", "drafts", "acceptance", "AUC", "AUC bound", "log-loss", "Brier", "ECE", "ECE (mass)"]
 
     def row(s, b):

@@ -20,8 +20,12 @@ class DaskEngine(Engine):
         self._cluster = None
         if address is None:
             # one thread a worker: the summaries are numpy/polars work that holds the GIL in parts
+            import logging
+
+            # silence_logs: a task's error reaches the caller as its exception, once, not also as the
+            # workers' log of it
             self._cluster = LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
-                                         dashboard_address=None)
+                                         dashboard_address=None, silence_logs=logging.CRITICAL)
             self.client = Client(self._cluster)
         else:
             try:
