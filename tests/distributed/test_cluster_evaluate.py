@@ -118,12 +118,7 @@ def test_by_a_drafts_column_equals_the_single_machines_groups(small_run, tmp_pat
     ref = evaluate([small_run], EvaluateOptions(features=["q_max", "entropy"], by="workload"))["groups"]["workload"]
     assert set(got) == {str(v) for v in ref} and len(got) == 3
     for v, feats in ref.items():
-        for name, b in feats.items():
-            a = got[str(v)][name]
-            for x, y in ((a, b), (a["excluding_first"], b["excluding_first"])):
-                assert x["n"] == y["n"] and x["auc"] == pytest.approx(y["auc"], abs=1e-12) and x["auc_bound"] == 0.0
-                if y.get("log_loss") is not None:
-                    assert x["log_loss"] == pytest.approx(y["log_loss"], rel=1e-12)
+        _equal_tables(got[str(v)], feats)
     assert "## q_max by workload" in (out / "report.md").read_text()
     bad = CliRunner().invoke(app, ["evaluate", str(small_run), "--out", str(tmp_path / "b2"), "--cluster", "local:1",
                                    "--by", "no_such_column"])

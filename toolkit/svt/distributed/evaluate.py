@@ -75,8 +75,14 @@ def _read(item: tuple, columns: dict, features: list[tuple], by: str | None, pla
     return frame["label"].to_numpy().astype(np.int64), frame["position"].to_numpy().astype(np.int64), groups, scores
 
 
-def _valid(s: np.ndarray) -> np.ndarray:
-    return np.isfinite(s)
+def _scored(groups: dict, features: list[tuple], y, pos, scores: dict, soft: tuple):
+    """Per group and feature, the rows the feature scores (a finite score): ``(group, name,
+    probability, score, label, position, {soft label: values})``."""
+    for gv, rows in groups.items():
+        for name, _, probability, _ in features:
+            s = scores[name][rows].astype(np.float64)
+            ok = np.isfinite(s)
+            yield gv, name, probability, s[ok], y[rows][ok], pos[rows][ok], {c: scores["_soft"][c][rows][ok] for c in soft}
 
 
 def shard_summaries(item: tuple, columns: dict, features: list[tuple], k: int, by: str | None = None,
@@ -89,13 +95,10 @@ def shard_summaries(item: tuple, columns: dict, features: list[tuple], k: int, b
     checked = check_unit(*item[3]) if len(item) > 3 and item[3] is not None else None
     y, pos, groups, scores = _read(item, columns, features, by, plans, soft)
     out = {}
-    for gv, rows in groups.items():
-        for name, _, probability, _ in features:
-            s = scores[name][rows].astype(np.float64)
-            ok = _valid(s)
-            out[(gv, name)] = summarize(s[ok], y[rows][ok], pos[rows][ok], k, probability, n_bins)
-            for c in soft:
-                out[(gv, name, c)] = summarize_soft(s[ok], scores["_soft"][c][rows][ok], probability, n_bins)
+    for gv, name, probability, s, ys, ps, softs in _scored(groups, features, y, pos, scores, soft):
+        out[(gv, name)] = summarize(s, ys, ps, k, probability, n_bins)
+        for c, t in softs.items():
+            out[(gv, name, c)] = summarize_soft(s, t, probability, n_bins)
     return out, checked
 
 
@@ -105,15 +108,12 @@ def shard_refined(item: tuple, columns: dict, features: list[tuple], selected: d
     key in the selected bins (per soft label, its sums per full key)."""
     y, pos, groups, scores = _read(item, columns, features, by, plans, soft)
     out = {}
-    for gv, rows in groups.items():
-        for name, _, _, _ in features:
-            s = scores[name][rows].astype(np.float64)
-            ok = _valid(s)
-            if selected.get((gv, name)):
-                out[(gv, name)] = refine_counts(s[ok], y[rows][ok], pos[rows][ok], selected[(gv, name)])
-            for c in soft:
-                if (gv, name, c) in selected:
-                    out[(gv, name, c)] = refine_soft(s[ok], scores["_soft"][c][rows][ok], selected[(gv, name, c)])
+    for gv, name, _, s, ys, ps, softs in _scored(groups, features, y, pos, scores, soft):
+        if selected.get((gv, name)):
+            out[(gv, name)] = refine_counts(s, ys, ps, selected[(gv, name)])
+        for c, t in softs.items():
+            if (gv, name, c) in selected:
+                out[(gv, name, c)] = refine_soft(s, t, selected[(gv, name, c)])
     return out
 
 
