@@ -1147,6 +1147,8 @@ MUTANTS = [
       ("tests/distributed/test_cluster_fits.py",)),
     M("sums-uncompensated", "distributed", "metrics/sums_kernel.py", "    sums += comp\n", "",
       ("tests/metrics/test_sums_compensated.py",)),
+    M("dist-lacked-features-scored", "distributed", "distributed/evaluate.py", "        if missing:\n            left_out[name]",
+      "        if False:\n            left_out[name]", ("tests/distributed/test_cluster_evaluate.py",)),
     M("dist-read-no-hash", "distributed", "distributed/reading.py", "frozenset(lacks.get(table, [])), shas.get(f))",
       "frozenset(lacks.get(table, [])), None)", ("tests/distributed/test_reading.py",)),
     M("dist-read-pair-problem-ignored", "distributed", "distributed/reading.py",

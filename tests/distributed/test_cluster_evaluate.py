@@ -55,7 +55,7 @@ def test_the_cluster_report_equals_the_single_machine_one(cluster_report, small_
             a, b = g[c], r[c]
             assert a["n"] == b["n"] and a["accept_rate"] == pytest.approx(b["accept_rate"], rel=1e-12)
             assert abs(a["auc"] - b["auc"]) <= a["auc_bound"] + 1e-12 and a["auc_bound"] < 1e-3
-            assert a.get("reasons") == b.get("reasons")
+            assert a.get("reasons") == b.get("reasons") and ("auc_raw" in a) == ("auc_raw" in b)
             for m in ("log_loss", "brier", "mean_pred", "ece", "ece_mass"):
                 if b.get(m) is not None:  # (an ECE is a difference of sums: to 1e-12 of them)
                     assert a[m] == pytest.approx(b[m], rel=1e-12, abs=1e-12 if "ece" in m else 1e-15), (name, c, m)
@@ -287,3 +287,37 @@ def test_runs_named_alike_and_by_run_group_as_on_one_machine(small_run, greedy_r
     assert set(got) == set(ref) == {"run"} and set(got["run"]) == set(ref["run"]) and len(got["run"]) == 2
     for v in ref["run"]:
         _equal_tables(got["run"][v], ref["run"][v])
+
+
+def test_features_reading_columns_an_import_lacks_are_left_out_as_on_one_machine(small_run, greedy_run, tmp_path):
+    """A run whose import lacks q_max (null throughout, said in run.json): the features reading it
+    are not scored and say why, and no length calibration is summed from nulls (a probe got exit 0
+    with an ECE made of zeros); beside a run that has it, they are left out too."""
+    import shutil
+
+    import polars as pl
+
+    from svt.traces.io import read_meta, write_meta
+    from tests.conftest import reseal
+
+    run = tmp_path / "noq"
+    shutil.copytree(small_run, run)
+    for shard in (run / "drafts").glob("*.parquet"):
+        f = pl.read_parquet(shard)
+        f.with_columns(pl.lit(None, f.schema["q_max"]).alias("q_max")).write_parquet(shard)
+    meta = read_meta(run)
+    meta["import"] = {**(meta.get("import") or {}), "lacks": {"drafts": ["q_max"]}}
+    write_meta(run, meta)
+    reseal(run)
+    feats = ["q_max", "logit_qmax", "q_sampled"]
+    for runs in ([run], [run, greedy_run]):
+        out = tmp_path / f"r{len(runs)}"
+        args = ["evaluate", *map(str, runs), "--out", str(out), "--cluster", "local:1"]
+        r = CliRunner().invoke(app, args + [x for f in feats for x in ("--feature", f)])
+        assert r.exit_code == 0, r.output
+        got = json.loads((out / "report.json").read_text())
+        ref = evaluate(runs, EvaluateOptions(features=feats))
+        assert set(got["features"]) == set(ref["features"]) == {"q_sampled"}
+        assert got["features_not_computed"] == ref["features_not_computed"]
+        assert set(got["length_calibration"]) == set(ref["length_calibration"])
+        _equal_tables(got["features"], ref["features"])

@@ -208,20 +208,25 @@ def _finish(checks: list, engine, done: list[dict]) -> list[dict]:
     return infos
 
 
-def _features(feature_names: list[str], columns: dict) -> tuple[list[tuple], dict]:
-    """Each feature as (name, expression, probability, direction), and what the report says of it."""
+def _features(feature_names: list[str], columns: dict, lacks: set) -> tuple[list[tuple], dict, dict]:
+    """Each feature as (name, expression, probability, direction), what the report says of it, and
+    the features left out because a run lacks a column they read (an import), as on one machine."""
     from svt.features import get_feature
 
-    feats, meta = [], {}
+    feats, meta, left_out = [], {}, {}
     for name in feature_names:
         f = get_feature(name)
         reads = set(f.expr.meta.root_names())
         if not reads <= set(columns):
             raise ConfigError(f"--cluster scores features of the drafts table alone; {name!r} reads "
                               f"{', '.join(sorted(reads - set(columns)))}: evaluate it on one machine.")
+        missing = sorted(reads & lacks)
+        if missing:
+            left_out[name] = f"needs {', '.join(missing)}, which the imported run lacks"
+            continue
         feats.append((name, f.expr, f.probability, f.direction))
         meta[name] = {"lossless": f.lossless, "shown_as": f.shown_as, "description": f.description}
-    return feats, meta
+    return feats, meta, left_out
 
 
 def features_table(run_paths: list, feature_names: list[str], engine, *, tol: float = 0.0,
@@ -252,7 +257,7 @@ def features_table(run_paths: list, feature_names: list[str], engine, *, tol: fl
     if by is not None and by not in columns:
         raise DataError(f"Cannot group by {by!r}: the drafts table has no such column (columns: "
                         f"{', '.join(['run', *columns])}).")
-    feats, meta = _features(feature_names, columns)
+    feats, meta, left_out = _features(feature_names, columns, {c for r in runs for c in r.lacks("drafts")})
     k = max(int(r.meta["k"]) for r in runs)
     several = len(runs) > 1
     names = [p.name for p in run_paths]
@@ -297,7 +302,8 @@ def features_table(run_paths: list, feature_names: list[str], engine, *, tol: fl
                          "excluding_first": _block(t, EXCLUDING_FIRST, r.get(EXCLUDING_FIRST), direction),
                          "per_position": {str(j): _block(t, j, r.get(j), direction) for j in range(k) if t.n[j]},
                          "curves": curves,
-                         "soft": {c: soft_block(totals[(gv, name, c)], refined.get((gv, name, c))) for c in soft}}
+                         "soft": {c: soft_block(totals[(gv, name, c)], refined.get((gv, name, c)), direction)
+                                  for c in soft}}
         return out
 
     from svt.distributed.acceptance import acceptance_section
@@ -306,7 +312,8 @@ def features_table(run_paths: list, feature_names: list[str], engine, *, tol: fl
     by_group: dict = {}
     for dim, value in sorted({key[0] for key in totals if key[0] != ALL_ROWS}):
         by_group.setdefault(dim, {})[value] = table((dim, value))
-    return {"features": table(ALL_ROWS), **({"groups": by_group} if by_group else {}), "runs": infos, **steps,
+    return {"features": table(ALL_ROWS), **({"features_not_computed": left_out} if left_out else {}),
+            **({"groups": by_group} if by_group else {}), "runs": infos, **steps,
             "not_computed": _not_computed(runs),
             "shards": len(items), "workers": engine.workers, "ece_bins": n_bins,
             "worker_peak_gib": [round(x, 3) for x in engine.peak_memory()],

@@ -410,11 +410,13 @@ def merge_soft_refined(parts) -> tuple[np.ndarray, np.ndarray]:
     return _merge_soft_hist(parts)
 
 
-def soft_block(t: SoftSummary, refined=None) -> dict:
+def soft_block(t: SoftSummary, refined=None, direction: int = 1) -> dict:
     """The single machine's soft block (n, accept_rate, AUC, and for a probability log-loss, Brier,
     mean prediction and both ECEs; no ``reasons``, as there) with ``auc_bound``: the AUC counts a
     bin's pairs of distinct rows as half, so it may be off by half their weight
-    (:class:`SoftSummary`)."""
+    (:class:`SoftSummary`), rounded outward by a few units in the last place (the bound can be met
+    exactly, and the AUC carries its own rounding); ``auc_raw`` (1 - AUC) when lower values
+    accept."""
     from svt.metrics.specs import names
 
     n, sy, self_pairs = t.sums[:3]
@@ -433,8 +435,10 @@ def soft_block(t: SoftSummary, refined=None) -> dict:
     else:
         # inside a bin, the pairs of distinct rows weigh P_b N_b less each row's pair with itself
         # (summed over the bins: the whole self-pair weight); each counts half, the truth is 0 or 1
-        out.update({"auc": float((num - 0.5 * self_pairs) / den),
-                    "auc_bound": float(0.5 * max(float(np.sum(P * N)) - self_pairs, 0.0) / den)})
+        bound = 0.5 * max(float(np.sum(P * N)) - self_pairs, 0.0) / den
+        out.update({"auc": float((num - 0.5 * self_pairs) / den), "auc_bound": float(bound * (1 + 1e-12) + 1e-15)})
+        if direction < 0:
+            out["auc_raw"] = 1.0 - out["auc"]
     if t.probability:
         e = t.ece
         out.update({"log_loss": float(t.sums[3] / n), "brier": float(t.sums[4] / n), "mean_pred": float(t.sums[5] / n),
