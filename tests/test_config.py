@@ -21,7 +21,11 @@ def test_yaml_file_and_single_workload_string(tmp_path):
 @pytest.mark.parametrize("over, msg", [
     ({"tempreature": 1}, "Unknown config key `tempreature`"),
     ({"log": {"hiden": True}}, "Unknown config key `log.hiden`"),
-    ({"k": 0}, "Expected `k` to be an integer in"),
+    ({"k": -1}, "Expected `k` to be an integer in"),
+    ({"k": 0, "av": {"fit": "f.json", "costs": "c.yaml"}}, "Expected `k` to be at least 1 for a run with av"),
+    ({"k": 0, "log": {"hidden": True}}, "Expected `log` to be without hidden states"),
+    ({"schedule": "dynamic"}, "Expected `schedule` to be static or continuous"),
+    ({"schedule": "continuous", "engine": "reference"}, "Expected `schedule` to be static for the hvd"),
     ({"k": "five"}, "Expected `k` to be an integer"),
     ({"top_p": 0}, "Expected `top_p` to be a number in"),
     ({"temperature": -1}, "Expected `temperature`"),

@@ -50,13 +50,14 @@ def _fresh_probs(model, ids, out, temperature, top_p):
     return process_probs(logits, temperature, top_p).cpu()
 
 
-def assert_logged_features_match_fresh_forwards(target, draft, tok, temperature, top_p, generator, tol=2e-5):
+def assert_logged_features_match_fresh_forwards(target, draft, tok, temperature, top_p, generator, tol=2e-5,
+                                                 slots=None):
     """Collect the padded batch of PROMPTS; p_sampled, q_sampled and q_max of every labelled draft
     must equal an unbatched forward on its prefix (on the models' device). Returns drafts checked."""
     prompts = _ids(tok, PROMPTS)
     K = 3
     log = run_batch(target, draft, prompts, SamplingParams(temperature, top_p, K, 30),
-                    eos_id=None, pad_id=tok.pad_token_id, generator=generator)
+                    eos_id=None, pad_id=tok.pad_token_id, generator=generator, slots=slots)
     d = {k: np.concatenate(v) for k, v in log.drafts.items()}
     s = {k: np.concatenate(v) for k, v in log.steps.items()}
     checked = 0

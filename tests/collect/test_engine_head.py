@@ -102,18 +102,19 @@ def _ttt_q(target, head, seq, chain, k, temperature, top_p):
     return torch.stack([process_probs(o.logits[0, chain], temperature, top_p) for o in outs])
 
 
-@pytest.mark.parametrize("kind", ["eagle3", "mtp"])
+@pytest.mark.parametrize(("kind", "slots"), [("eagle3", None), ("mtp", None), ("eagle3", 2)])
 @torch.inference_mode()
-def test_every_logged_draft_equals_the_heads_unbatched_unroll(kind):
+def test_every_logged_draft_equals_the_heads_unbatched_unroll(kind, slots):
     """Prompts of different lengths (left padding), T = 1 so rows accept different counts, long
-    enough that both caches compact and rows leave at different steps."""
+    enough that both caches compact and rows leave at different steps; with ``slots=2`` (continuous
+    batching) the later prompts join the running batch: their caches and catch-up slots are joined."""
     target = _target(12, seed=4, peak=3.0)
     head = _head(target, seed=5, scale=0.15, kind=kind)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(2, 12, size=n).tolist() for n in (1, 3, 9, 17)]
     K, T = 3, 1.0
     log = run_batch(target, head, prompts, SamplingParams(T, 1.0, K, 60), eos_id=None, pad_id=0,
-                    generator=torch.Generator().manual_seed(1))
+                    generator=torch.Generator().manual_seed(1), slots=slots)
     d = {k: np.concatenate(v) for k, v in log.drafts.items()}
     s = {k: np.concatenate(v) for k, v in log.steps.items()}
     labels = d["label"]

@@ -140,9 +140,10 @@ def _collect_summary(cfg, summary) -> None:
              f"{tree['steps']:,} steps ({tree['accepted_per_step']:.2f} accepted per step, "
              f"{tree['accepted_per_node']:.3f} per node), {summary.output_tokens:,} tokens in {summary.seconds:.1f} s")
         return
+    drafted = (f"{summary.drafts:,} drafts ({summary.labelled:,} labelled, acceptance {summary.acceptance:.3f})"
+               if summary.drafts else "plain decoding (k = 0, nothing drafted)")
     out.print(
-        f"wrote {summary.run_dir}: {summary.requests} requests, {summary.drafts:,} drafts "
-        f"({summary.labelled:,} labelled, acceptance {summary.acceptance:.3f}), "
+        f"wrote {summary.run_dir}: {summary.requests} requests, {drafted}, "
         f"{summary.output_tokens:,} tokens in {summary.seconds:.1f} s"
         + (f" (resumed after {summary.resumed_batches} complete batches)" if summary.resumed_batches else "")
     )
@@ -375,9 +376,11 @@ def evaluate(
     costs: Annotated[Path | None, typer.Option(
         help="A cost table (configs/costs/*.yaml or from --profile-costs): adds the Adaptive "
              "Verification replay (fixed K, AV per predictor, oracle) across concurrency.")] = None,
-    live: Annotated[Path | None, typer.Option(
-        help="A run collected with live AV (`av:` in its config): compare its tokens per step with "
-             "the replay of the same fit (pass it with --fit) and --costs.")] = None,
+    live: Annotated[list[Path] | None, typer.Option(
+        "--live", help="A live run of svt's engine (fixed K, k = 0, or live AV with its fit passed by --fit): "
+             "its measured decode tokens/s beside the replay's under --costs for the same policy and batch "
+             "size, and what the gap is made of (repeat for several runs; rounds of one point get a median "
+             "and range).")] = None,
     high_yield: Annotated[int, typer.Option(
         help="Yield predictors: a cache draft is high-yield when its accepted length is >= this.")] = 6,
     score_unverified: Annotated[bool, typer.Option(
@@ -430,11 +433,11 @@ def evaluate(
                                             replay_bootstrap=replay_bootstrap, overwrite=overwrite)
     except SvtError as exc:
         raise _fail(exc) from None
-    paths = {"costs": costs, "live": live, "reference_run": reference_run}
+    paths = {"costs": costs, "reference_run": reference_run}
     opts = EvaluateOptions(features=list(feature or DEFAULT_FEATURES), feature_module=feature_module,
                            n_bins=bins, bootstrap=bootstrap, seed=seed, by=by, replay_bootstrap=replay_bootstrap,
                            fits=[str(f) for f in fit or []], high_yield=high_yield, score_unverified=score_unverified,
-                           **{k: str(v) if v else None for k, v in paths.items()})
+                           live=[str(p) for p in live or []], **{k: str(v) if v else None for k, v in paths.items()})
     from svt.fileio import writing
     from svt.report.compare import remove_stale
     from svt.report.render import check_report_out

@@ -220,6 +220,10 @@ class CollectConfig:
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0
     batch_size: int = 8
+    # static: each batch of `batch_size` requests decodes until its last row ends (rows leave as they
+    # finish; a resumed run is bit-identical). continuous: `batch_size` rows decode at once and a
+    # finished row's slot takes the next request at the next step, as a serving engine schedules
+    schedule: str = "static"
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda[:N]
     dtype: str = "auto"  # auto (float32 on CPU, bfloat16 on CUDA) | float32 | bfloat16 | float16
@@ -246,7 +250,18 @@ class CollectConfig:
         for i, w in enumerate(self.workloads):
             _check_workload_entry(w, f"workloads[{i}]")
         _check(self.max_new_tokens >= 1, "max_new_tokens", "an integer >= 1", self.max_new_tokens)
-        _check(1 <= self.k <= 64, "k", "an integer in [1, 64]", self.k)
+        _check(0 <= self.k <= 64, "k", "an integer in [0, 64] (0: plain decoding through svt's engine)", self.k)
+        _check(self.schedule in ("static", "continuous"), "schedule", "static or continuous", self.schedule)
+        if self.k == 0:
+            _check(self.engine == "svt" and all(x is None for x in (self.av, self.cache, self.hvd, self.tree)),
+                   "k", "at least 1 for a run with av, cache, hvd, tree or another engine (k = 0 is plain "
+                   "decoding: nothing is drafted)", self.k)
+            _check(not self.log.hidden and self.log.dists_fraction == 0, "log", "without hidden states or "
+                   "distributions when k = 0 (nothing is drafted)", "set")
+        if self.schedule == "continuous":
+            _check(self.engine == "svt" and self.hvd is None and self.tree is None, "schedule",
+                   "static for the hvd, tree, vllm and reference engines (continuous batching is svt's "
+                   "batched engine's)", self.schedule)
         _check(self.temperature >= 0, "temperature", "a number >= 0 (0 = greedy)", self.temperature)
         _check(0 < self.top_p <= 1, "top_p", "a number in (0, 1]", self.top_p)
         _check(self.batch_size >= 1, "batch_size", "an integer >= 1", self.batch_size)

@@ -82,10 +82,32 @@ class BatchLog:
     dists: dict[str, list] = field(default_factory=dict)
     outputs: list[list[int]] = field(default_factory=list)
     finish: list[str] = field(default_factory=list)
+    # one row per engine step (tick): what the scheduler ran and what it cost (svt.traces.schema SCHEDULE)
+    schedule: dict[str, list[np.ndarray]] = field(default_factory=dict)
 
     def add(self, table: dict, **cols) -> None:
         for k, v in cols.items():
             table.setdefault(k, []).append(v)
+
+    def take(self, requests) -> BatchLog:
+        """The rows of ``requests`` (ids as logged), moved out of this log into a new one, with every
+        schedule row logged so far (a continuous run commits a batch of requests while others decode:
+        the steps they shared are committed with the first batch to finish)."""
+        got = BatchLog(schedule=self.schedule)
+        self.schedule = {}
+        want = np.asarray(sorted(requests), dtype=np.int64)
+        for name in ("drafts", "steps", "dists"):
+            table = getattr(self, name)
+            if not table:
+                continue
+            cols = {k: np.concatenate(v) for k, v in table.items()}
+            mine = np.isin(cols["request"], want)
+            setattr(got, name, {k: [v[mine]] for k, v in cols.items()})
+            setattr(self, name, {k: [v[~mine]] for k, v in cols.items()})
+            if name == "drafts" and self.hidden:
+                hid = np.concatenate(self.hidden)
+                got.hidden, self.hidden = [hid[mine]], [hid[~mine]]
+        return got
 
 
 #: a cache compacts once at least this many slots are holes that every row masks ...
@@ -167,6 +189,20 @@ class _Cache:
         self.mask = self.mask.index_select(0, rows)
         self.live = self.live.index_select(0, rows)
 
+    def merge(self, other: _Cache) -> None:
+        """Append ``other``'s rows (requests just prefilled) below this batch's: the narrower of the
+        two is left-padded with masked slots to the wider width (as after a prefill), so every row
+        keeps its slots, its live count and so its RoPE positions."""
+        from svt.collect.kv_cache import merge_caches
+
+        width = max(self.mask.shape[1], other.mask.shape[1])
+        merge_caches(self.cache, other.cache, (width - self.mask.shape[1], width - other.mask.shape[1]),
+                     (self.mask.shape[0], other.mask.shape[0]))
+        pad = torch.nn.functional.pad
+        self.mask = torch.cat([pad(self.mask, (width - self.mask.shape[1], 0)),
+                               pad(other.mask, (width - other.mask.shape[1], 0))], 0)
+        self.live = torch.cat([self.live, other.live])
+
 
 def _sync(device) -> None:
     if device.type == "cuda":
@@ -175,8 +211,8 @@ def _sync(device) -> None:
 
 @dataclass
 class _Rows:
-    """The state of a batch's unfinished rows between steps (tensors on the device, one entry per
-    row still decoding; ``active`` holds each row's index in the original batch)."""
+    """The state of the rows decoding between steps (tensors on the device, one entry per row still
+    decoding; ``active`` holds each row's index in the list of prompts)."""
 
     tc: _Cache  # the target's cache
     dc: _Cache  # the draft's cache
@@ -184,7 +220,6 @@ class _Rows:
     unseen: torch.Tensor  # x_{K-1} of the last step when all K were accepted (the draft never saw it)
     has_unseen: torch.Tensor
     active: torch.Tensor
-    n_out: torch.Tensor  # tokens emitted so far, per original row (CPU)
     # a hidden-state head's next catch-up slots (svt.collect.head_draft); None for a draft model
     catch: object = None
 
@@ -206,9 +241,25 @@ class _Rows:
         self.tc.select(keep)
         self.dc.select(keep)
 
+    def merge(self, new: _Rows) -> None:
+        """Rows just prefilled join the batch (continuous batching), below the rows decoding."""
+        from svt.collect.head_draft import merge_catch_up
 
-def _prefill(target, draft, prompts: list[list[int]], pad_id: int, device) -> _Rows:
-    """Prefill both models with prompt[:-1] (left-padded); prompt[-1] is each row's pending token."""
+        self.tc.merge(new.tc)
+        self.dc.merge(new.dc)
+        self.pending = torch.cat([self.pending, new.pending])
+        self.unseen = torch.cat([self.unseen, new.unseen])
+        self.has_unseen = torch.cat([self.has_unseen, new.has_unseen])
+        self.active = torch.cat([self.active, new.active])
+        if self.catch is not None:
+            self.catch = merge_catch_up(self.catch, new.catch)
+
+
+def _prefill(target, draft, prompts: list[list[int]], pad_id: int, device, first: int = 0,
+             use_draft: bool = True) -> _Rows:
+    """Prefill both models with prompt[:-1] (left-padded); prompt[-1] is each row's pending token.
+    ``first``: the index of ``prompts[0]`` among all the run's prompts; ``use_draft=False`` (plain
+    decoding, K = 0) leaves the drafter's cache empty."""
     B = len(prompts)
     width = max(len(p) for p in prompts) - 1
     ids = torch.full((B, max(width, 1)), pad_id, dtype=torch.long)
@@ -221,21 +272,25 @@ def _prefill(target, draft, prompts: list[list[int]], pad_id: int, device) -> _R
     tc, dc = _Cache(target, B, device), _Cache(draft, B, device)
     pending = torch.tensor([p[-1] for p in prompts], dtype=torch.long, device=device)
     head = is_head(draft)
-    out = tc.forward(ids, pmask, hidden=head)
+    out = tc.forward(ids, pmask, hidden=head and use_draft)
     catch = None
-    if head:  # the head's slots are fed with the first draft (svt.collect.head_draft)
+    if not use_draft:
+        dc.mask = torch.zeros((B, 0), dtype=torch.long, device=device)
+    elif head:  # the head's slots are fed with the first draft (svt.collect.head_draft)
         catch = prefill_catch_up(draft, ids, pmask, taps_of(out, draft.cfg.aux_layer_ids), pending)
     else:
         dc.forward(ids, pmask)
     return _Rows(tc, dc, pending=pending,
                  unseen=torch.full((B,), pad_id, dtype=torch.long, device=device),
                  has_unseen=torch.zeros(B, dtype=torch.long, device=device),
-                 active=torch.arange(B, device=device), n_out=torch.zeros(B, dtype=torch.long), catch=catch)
+                 active=torch.arange(first, first + B, device=device), catch=catch)
 
 
 def _draft_k(rows: _Rows, params: SamplingParams, generator, hidden: bool):
     """K draft tokens for every row: ``q`` [nb, K, V], ``x`` [nb, K] and the last hidden states."""
     nb, K = rows.active.numel(), params.k
+    if K == 0:  # plain decoding
+        return None, torch.zeros((nb, 0), dtype=torch.long, device=rows.pending.device), []
     if rows.catch is not None:
         def sample(logits):
             q = process_probs(logits, params.temperature, params.top_p)
@@ -265,6 +320,9 @@ def _advance_caches(rows: _Rows, x: torch.Tensor, acc: torch.Tensor, next_token:
     the verified slots' features wait for the next draft)."""
     kr = torch.arange(K + 1, device=x.device)[None, :]
     rows.tc.restrict_last(kr < (acc + 1)[:, None])
+    if K == 0:  # plain decoding: the drafter never runs
+        rows.pending = next_token
+        return
     if rows.catch is not None:
         rows.catch = step_catch_up(rows.dc.model, taps, x, acc, next_token)
         rows.pending = next_token
@@ -277,7 +335,7 @@ def _advance_caches(rows: _Rows, x: torch.Tensor, acc: torch.Tensor, next_token:
     rows.pending = next_token
 
 
-def _emit(out: BatchLog, rows: _Rows, row_ids: np.ndarray, new_tok: np.ndarray, acc_np: np.ndarray, K: int,
+def _emit(out: BatchLog, n_out: np.ndarray, row_ids: np.ndarray, new_tok: np.ndarray, acc_np: np.ndarray, K: int,
           params: SamplingParams, eos_id: int | None) -> tuple[np.ndarray, np.ndarray]:
     """Append each row's accepted run and next token to its output (cut at ``max_new_tokens`` and
     after ``eos_id``); return the tokens emitted and which rows finished."""
@@ -286,15 +344,15 @@ def _emit(out: BatchLog, rows: _Rows, row_ids: np.ndarray, new_tok: np.ndarray, 
     done = np.zeros(nb, dtype=bool)
     for j, r in enumerate(row_ids):  # per row, not per token
         toks_r = list(new_tok[j, : acc_np[j]]) + [int(new_tok[j, K])]
-        toks_r = toks_r[: params.max_new_tokens - int(rows.n_out[r])]
+        toks_r = toks_r[: params.max_new_tokens - int(n_out[r])]
         if eos_id is not None and eos_id in toks_r:
             toks_r = toks_r[: toks_r.index(eos_id) + 1]
             out.finish[r] = "stop"
             done[j] = True
         out.outputs[r].extend(int(t) for t in toks_r)
-        rows.n_out[r] += len(toks_r)
+        n_out[r] += len(toks_r)
         emitted[j] = len(toks_r)
-        if rows.n_out[r] >= params.max_new_tokens:
+        if n_out[r] >= params.max_new_tokens:
             done[j] = True
     return emitted, done
 
@@ -314,27 +372,53 @@ def run_batch(
     on_step=None,
     av: LiveAV | None = None,
     compact: bool = True,
+    slots: int | None = None,
+    on_finish=None,
+    first_tick: int = 0,
 ) -> BatchLog:
-    """Speculative sampling for a batch of prompts until every row has finished; log everything.
+    """Speculative sampling for a list of prompts until every request has finished; log everything.
 
     ``prompts`` are token-id lists (non-empty). Rows finish at ``max_new_tokens`` or after emitting
     ``eos_id``; finished rows leave the batch. ``on_step(n_rows)`` is called after every step.
     ``compact`` drops the slots of rejected drafts and padding from both caches once they are many
     (``_Cache.compact``): attention then reads live slots, not holes.
+
+    ``slots=None`` runs one static batch: every prompt is prefilled at once and the batch drains as
+    its rows finish. ``slots=B`` is continuous batching, as vLLM and SGLang schedule: at most B
+    requests decode at once and, before each step, the next prompts in order are prefilled into the
+    slots that rows finishing at the last step freed, so B rows decode while requests wait.
+    ``on_finish(indices, log)`` is told the prompts (indices into ``prompts``) that finished at a step
+    (it may ``log.take`` their rows: the time it takes is outside every step's).
+    ``params.k == 0`` is plain decoding through the same engine (the drafter never runs). Steps are
+    numbered from ``first_tick``: under continuous batching a request's steps are the engine's ticks
+    it decoded in (so ``step`` orders every request's steps in time).
     """
     log = log or LogOptions()
     device = next(target.parameters()).device
-    B, K, greedy = len(prompts), params.k, params.greedy
-    head = is_head(draft)
-    request_ids = request_ids if request_ids is not None else list(range(B))
-    out = BatchLog(outputs=[[] for _ in range(B)], finish=["length"] * B)
-    rows = _prefill(target, draft, prompts, pad_id, device)
-    step_no = 0
-    while rows.active.numel():
-        nb = rows.active.numel()
-        row_ids = rows.active.cpu().numpy()
+    N, K, greedy = len(prompts), params.k, params.greedy
+    head = is_head(draft) and K > 0
+    request_ids = request_ids if request_ids is not None else list(range(N))
+    out = BatchLog(outputs=[[] for _ in range(N)], finish=["length"] * N)
+    n_out = np.zeros(N, dtype=np.int64)
+    width = N if slots is None else max(1, min(slots, N))
+    admitted = 0
+    rows: _Rows | None = None
+    tick = first_tick
+    while admitted < N or (rows is not None and rows.active.numel()):
+        _sync(device)
+        t_in = time.perf_counter()
+        n_new = min(width - (0 if rows is None else rows.active.numel()), N - admitted)
+        if n_new > 0:  # prefill the next prompts into the free slots
+            new = _prefill(target, draft, prompts[admitted : admitted + n_new], pad_id, device, admitted, K > 0)
+            if rows is None or not rows.active.numel():
+                rows = new
+            else:
+                _merge(rows, new)
+            admitted += n_new
         _sync(device)
         t0 = time.perf_counter()
+        nb = rows.active.numel()
+        row_ids = rows.active.cpu().numpy()
         q, x, hid = _draft_k(rows, params, generator, log.hidden)
         _sync(device)
         t1 = time.perf_counter()
@@ -342,8 +426,12 @@ def run_batch(
         to = rows.tc.forward(torch.cat([rows.pending[:, None], x], 1),
                              torch.ones((nb, K + 1), dtype=torch.long, device=device), hidden=head)
         p = process_probs(to.logits, params.temperature, params.top_p)  # [nb, K + 1, V]
-        res = verify(p, q, x, greedy=greedy, generator=generator)
-        acc, next_token = res.accepted, res.next_token
+        if K == 0:
+            acc = torch.zeros(nb, dtype=torch.long, device=device)
+            next_token = draft_token(p[:, 0], greedy, generator)
+        else:
+            res = verify(p, q, x, greedy=greedy, generator=generator)
+            acc, next_token = res.accepted, res.next_token
         kept = torch.full_like(acc, K)
         explored = True
         if av is not None:
@@ -353,38 +441,58 @@ def run_batch(
         t2 = time.perf_counter()
         _advance_caches(rows, x, acc, next_token, K, pad_id,
                         taps_of(to, draft.cfg.aux_layer_ids) if head else None)
-        # log: two device-to-host transfers per step
-        feats = draft_features(q, p[:, :K], x)
-        if greedy:  # acceptance is argmax agreement: the soft labels are the 0/1 outcome
-            feats["accept_prob"] = res.label_ok.float()
-            feats["accept_prob_expected"] = res.label_ok.float()
         ar = torch.arange(K, device=device)[None, :]
         verified = ar < kept[:, None]  # trimmed drafts carry no label (null)
         label = torch.where(ar < acc[:, None], 1, torch.where((ar == acc[:, None]) & verified, 0, -1))
-        floats = torch.stack(list(feats.values())).float().cpu().numpy()  # [n_feats, nb, K]
+        # log: two device-to-host transfers per step
         ints = torch.cat([x, rows.pending[:, None], label, acc[:, None], kept[:, None]], 1).cpu().numpy()
         new_tok, label_np = ints[:, : K + 1], ints[:, K + 1 : 2 * K + 1]
         acc_np, kept_np = ints[:, -2], ints[:, -1]
         if av is not None and av.observe is not None:
             av.observe(label_np)
-        emitted, done = _emit(out, rows, row_ids, new_tok, acc_np, K, params, eos_id)
+        emitted, done = _emit(out, n_out, row_ids, new_tok, acc_np, K, params, eos_id)
         req = np.asarray([request_ids[r] for r in row_ids], dtype=np.int64)
-        _log_rows(out, req, step_no, K, new_tok, label_np, feats, floats, acc_np, kept_np, emitted,
-                  (t1 - t0) * 1e3, (t2 - t1) * 1e3, explored)
-        if log.hidden:
-            out.hidden.append(torch.stack(hid, 1).to(torch.float16).cpu().numpy().reshape(nb * K, -1))
-        if log.dists_fraction > 0:
-            _log_dists(out, q, p[:, :K], x, req, step_no, log, generator)
-        step_no += 1
+        if K > 0:
+            feats = draft_features(q, p[:, :K], x)
+            if greedy:  # acceptance is argmax agreement: the soft labels are the 0/1 outcome
+                feats["accept_prob"] = res.label_ok.float()
+                feats["accept_prob_expected"] = res.label_ok.float()
+            floats = torch.stack(list(feats.values())).float().cpu().numpy()  # [n_feats, nb, K]
+            _log_drafts(out, req, tick, K, new_tok, label_np, feats, floats)
+            if log.hidden:
+                out.hidden.append(torch.stack(hid, 1).to(torch.float16).cpu().numpy().reshape(nb * K, -1))
+            if log.dists_fraction > 0:
+                _log_dists(out, q, p[:, :K], x, req, tick, log, generator)
+        _log_steps(out, req, tick, K, acc_np, kept_np, emitted, (t1 - t0) * 1e3, (t2 - t1) * 1e3, explored)
+        rows.end_step(done, device, compact)
+        _sync(device)
+        t3 = time.perf_counter()
+        out.add(out.schedule, tick=np.array([tick], np.int32), batch_size=np.array([nb], np.int16),
+                admitted=np.array([max(n_new, 0)], np.int16), prefill_ms=np.array([(t0 - t_in) * 1e3], np.float32),
+                draft_ms=np.array([(t1 - t0) * 1e3], np.float32), verify_ms=np.array([(t2 - t1) * 1e3], np.float32),
+                step_ms=np.array([(t3 - t0) * 1e3], np.float32), verify_tokens=np.array([nb * (K + 1)], np.int32),
+                emitted=np.array([int(emitted.sum())], np.int32))
+        tick += 1
         if on_step is not None:
             on_step(nb)
-        rows.end_step(done, device, compact)
+        if on_finish is not None and done.any():
+            on_finish([int(r) for r in row_ids[done]], out)
     return out
 
 
-def _log_rows(out: BatchLog, req, step_no: int, K: int, new_tok, label_np, feats, floats, acc_np, kept_np,
-              emitted, draft_ms: float, verify_ms: float, explored: bool) -> None:
-    """One step's rows of the drafts and steps tables."""
+def _merge(rows: _Rows, new: _Rows) -> None:
+    from svt.collect.kv_cache import MergeError
+    from svt.errors import ConfigError
+
+    try:
+        rows.merge(new)
+    except MergeError as exc:
+        raise ConfigError(f"Continuous batching cannot join this model's caches ({exc}): collect with "
+                          "`schedule: static`.") from None
+
+
+def _log_drafts(out: BatchLog, req, step_no: int, K: int, new_tok, label_np, feats, floats) -> None:
+    """One step's rows of the drafts table."""
     nb = req.size
     out.add(
         out.drafts,
@@ -395,6 +503,12 @@ def _log_rows(out: BatchLog, req, step_no: int, K: int, new_tok, label_np, feats
         label=label_np.reshape(-1),
         **{k: floats[i].reshape(-1) for i, k in enumerate(feats)},
     )
+
+
+def _log_steps(out: BatchLog, req, step_no: int, K: int, acc_np, kept_np, emitted, draft_ms: float,
+               verify_ms: float, explored: bool) -> None:
+    """One step's rows of the steps table."""
+    nb = req.size
     out.add(
         out.steps,
         request=req,

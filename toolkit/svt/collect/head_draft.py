@@ -56,6 +56,21 @@ class CatchUp:
         return CatchUp(self.ids[keep], self.feat[keep], self.fed[keep], self.kept[keep])
 
 
+def merge_catch_up(a: CatchUp, b: CatchUp) -> CatchUp:
+    """``a``'s rows then ``b``'s (rows just prefilled join a batch): the narrower is left-padded with
+    slots neither fed nor kept, so every row's last slot stays its last."""
+    width = max(a.ids.shape[1], b.ids.shape[1])
+    pad = torch.nn.functional.pad
+
+    def wide(c: CatchUp) -> CatchUp:
+        n = width - c.ids.shape[1]
+        return CatchUp(pad(c.ids, (n, 0)), pad(c.feat, (0, 0, n, 0)), pad(c.fed, (n, 0)), pad(c.kept, (n, 0)))
+
+    a, b = wide(a), wide(b)
+    return CatchUp(torch.cat([a.ids, b.ids]), torch.cat([a.feat, b.feat]), torch.cat([a.fed, b.fed]),
+                   torch.cat([a.kept, b.kept]))
+
+
 def prefill_catch_up(head: HiddenStateHead, ids: torch.Tensor, pmask: torch.Tensor, taps: torch.Tensor,
                      pending: torch.Tensor) -> CatchUp:
     """After the target's prefill of the left-padded ``ids`` (prompt[:-1]): slot j holds token p_i's

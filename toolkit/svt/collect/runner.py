@@ -91,12 +91,15 @@ def request_shards(plan: CollectPlan, r: int, output: list[int], finish: str) ->
 
 
 def _frames(log: BatchLog, workload_of: dict[int, str], batch_requests, prompts) -> dict[str, pl.DataFrame]:
-    cat = {k: np.concatenate(v) for k, v in log.drafts.items()}
-    label = cat.pop("label")
-    drafts = pl.DataFrame(cat).with_columns(
-        pl.Series("label", label).replace(-1, None).cast(pl.Int8),
-        pl.col("request").replace_strict(workload_of, return_dtype=pl.String).alias("workload"),
-    )
+    if log.drafts:
+        cat = {k: np.concatenate(v) for k, v in log.drafts.items()}
+        label = cat.pop("label")
+        drafts = pl.DataFrame(cat).with_columns(
+            pl.Series("label", label).replace(-1, None).cast(pl.Int8),
+            pl.col("request").replace_strict(workload_of, return_dtype=pl.String).alias("workload"),
+        )
+    else:  # plain decoding (k = 0) drafts nothing
+        drafts = pl.DataFrame(schema=TABLES["drafts"].columns)
     steps = pl.DataFrame({k: np.concatenate(v) for k, v in log.steps.items()})
     requests = pl.DataFrame(
         {
@@ -109,6 +112,8 @@ def _frames(log: BatchLog, workload_of: dict[int, str], batch_requests, prompts)
         schema_overrides={"prompt_ids": pl.List(pl.Int32), "output_ids": pl.List(pl.Int32)},
     )
     frames = {"drafts": drafts, "steps": steps, "requests": requests}
+    if log.schedule:
+        frames["schedule"] = pl.DataFrame({k: np.concatenate(v) for k, v in log.schedule.items()})
     if log.hidden:
         hid = np.concatenate(log.hidden)
         frames["hidden"] = drafts.select("request", "step", "position").with_columns(
@@ -152,6 +157,9 @@ def _run_meta(plan: CollectPlan, params: SamplingParams, shard_meta: dict | None
             if params.greedy else "processed distributions (temperature, top-p)",
         },
         "k": cfg.k,
+        "schedule": {"kind": cfg.schedule, "slots": cfg.batch_size,
+                     "steps": "engine ticks: a request's steps are the ticks it decoded in" if cfg.schedule ==
+                     "continuous" else "per batch, from 0"},
         "drafter_kinds": [plan.pair.draft_kind],
         "av": None if av is None else {"fit": av.fit, "costs": av.costs, "explore": av.explore,
                                        "online": av.online, "rule": av.rule,
@@ -171,6 +179,58 @@ def _run_meta(plan: CollectPlan, params: SamplingParams, shard_meta: dict | None
     return meta
 
 
+def _run_static(plan: CollectPlan, todo: list[int], params, eos_id, pad_id, log_opts, commit) -> None:
+    """Each batch alone, with its own random stream, committed when it ends."""
+    pair = plan.pair
+    for b in todo:
+        reqs = plan.batches[b]
+        gen = torch.Generator(device=pair.device).manual_seed(batch_seed(plan.cfg.seed, b))
+        commit(b, run_batch(pair.target, pair.draft, [plan.ids[r] for r in reqs], params, eos_id=eos_id,
+                            pad_id=pad_id, generator=gen, log=log_opts, request_ids=reqs, av=plan.live))
+
+
+def _run_continuous(plan: CollectPlan, todo: list[int], params, eos_id, pad_id, log_opts, commit) -> None:
+    """Every batch's requests through one continuously batched engine (``batch_size`` slots). A
+    batch is committed, in order, between two engine steps once all its requests have finished, with
+    the engine steps (``schedule`` rows) logged since the last commit. One random stream, from the
+    first batch not yet committed: a resumed run redoes the rest as a fresh continuous run from there
+    (lossless; a greedy run decodes the same tokens up to float ties between batch compositions)."""
+    if not todo:
+        return
+    pair = plan.pair
+    order = [r for b in todo for r in plan.batches[b]]
+    position = {r: i for i, r in enumerate(order)}
+    finished: set[int] = set()
+    nxt = 0  # the next batch of `todo` to commit
+
+    def on_finish(indices: list[int], log: BatchLog) -> None:
+        nonlocal nxt
+        finished.update(order[i] for i in indices)
+        while nxt < len(todo) and all(r in finished for r in plan.batches[todo[nxt]]):
+            reqs = plan.batches[todo[nxt]]
+            part = log.take(reqs)
+            part.outputs = [log.outputs[position[r]] for r in reqs]
+            part.finish = [log.finish[position[r]] for r in reqs]
+            commit(todo[nxt], part)
+            nxt += 1
+
+    gen = torch.Generator(device=pair.device).manual_seed(batch_seed(plan.cfg.seed, todo[0]))
+    run_batch(pair.target, pair.draft, [plan.ids[r] for r in order], params, eos_id=eos_id, pad_id=pad_id,
+              generator=gen, log=log_opts, request_ids=order, av=plan.live, slots=plan.cfg.batch_size,
+              on_finish=on_finish, first_tick=_next_tick(plan.out))
+
+
+def _next_tick(out) -> int:
+    """A resumed continuous run numbers its engine steps after the committed ones'."""
+    from svt.traces.io import list_shards
+
+    shards = list_shards(out, "schedule")
+    if not shards:
+        return 0
+    last = pl.scan_parquet([str(p) for p in shards]).select(pl.col("tick").max()).collect().item()
+    return 0 if last is None else int(last) + 1
+
+
 def collect_batches(plan: CollectPlan) -> RunSummary:
     """The svt engine's body: every batch of this shard not yet complete, committed one by one."""
     cfg, pair, out = plan.cfg, plan.pair, plan.out
@@ -182,6 +242,8 @@ def collect_batches(plan: CollectPlan) -> RunSummary:
     log_opts = LogOptions(cfg.log.hidden, cfg.log.dists_fraction, cfg.log.dists_top_k)
     done = completed_batches(out, plan.old_meta)
     meta = _run_meta(plan, params, shard_meta)
+    if done:  # the engine steps of two sessions: its timings are not one run's
+        meta["schedule"]["resumed"] = True
     write_meta(out, meta)
     workload_of = plan.workload_of
 
@@ -194,11 +256,9 @@ def collect_batches(plan: CollectPlan) -> RunSummary:
                   disable=not plan.progress, transient=False) as bar:
         task = bar.add_task("collect", total=sum(len(plan.batches[b]) for b in mine),
                             completed=sum(len(plan.batches[b]) for b in done), tps="-")
-        for b in (b for b in mine if b not in done):
+        def commit(b: int, log: BatchLog) -> None:
+            nonlocal total_tokens
             reqs = plan.batches[b]
-            gen = torch.Generator(device=pair.device).manual_seed(batch_seed(cfg.seed, b))
-            log = run_batch(pair.target, pair.draft, [plan.ids[r] for r in reqs], params, eos_id=eos_id,
-                            pad_id=pad_id, generator=gen, log=log_opts, request_ids=reqs, av=plan.live)
             frames = _frames(log, workload_of, reqs, [plan.ids[r] for r in reqs])
             ref_frame = reference_frame(reqs, plan.refs)
             if ref_frame is not None:
@@ -206,6 +266,9 @@ def collect_batches(plan: CollectPlan) -> RunSummary:
             commit_batch(out, meta, b, frames)
             total_tokens += sum(len(o) for o in log.outputs)
             bar.update(task, advance=len(reqs), tps=f"{total_tokens / (time.time() - t_start):,.0f}")
+
+        run = _run_continuous if cfg.schedule == "continuous" else _run_static
+        run(plan, [b for b in mine if b not in done], params, eos_id, pad_id, log_opts, commit)
     seconds = time.time() - t_start
     if plan.online is not None:  # the estimator's path during collection
         meta["av"]["online_path"] = plan.online.est.path_

@@ -35,7 +35,7 @@ class EvaluateOptions:
     by: str | None = None  # a drafts column to group by, e.g. workload
     fits: list[str] = field(default_factory=list)  # fit files to score beside the features
     costs: str | None = None  # a cost table: adds the Adaptive Verification replay
-    live: str | None = None  # a run collected with live AV: its tokens/step against the replay
+    live: list[str] = field(default_factory=list)  # live runs of svt's engine: measured against the replay
     concurrency: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
     high_yield: int = 6  # yield predictors: "high yield" is oracle_accepted >= this
     in_memory: bool = False  # hold the drafts in memory (they are anyway when a section needs it)
@@ -365,22 +365,22 @@ def _fit_labels(paths: list[str]) -> list[str]:
     return name_fits(paths, [Fitter.load(p).label() for p in paths])
 
 
-def _live_run(opts: EvaluateOptions, feats: list[Feature]) -> dict:
+def _live_run(path: str, opts: EvaluateOptions, feats: list[Feature]) -> dict | None:
     """Tokens per step of a live-AV run (its trimmed steps), to set against the replay of the same
-    predictor at the same concurrency."""
-    run = open_run(opts.live)
+    predictor at the same concurrency (None: not a live-AV run)."""
+    run = open_run(path)
     av = run.meta.get("av")
     if not av:
-        raise DataError(f"{opts.live}: not collected with live AV (no `av` in run.json).")
+        return None
     fit_path = Path(av["fit"]).resolve()
     match = [i for i, f in enumerate(opts.fits) if Path(f).resolve() == fit_path]
     if not match:
-        raise DataError(f"{opts.live} trimmed with {av['fit']}; pass that fit with --fit to replay it.")
+        raise DataError(f"{path} trimmed with {av['fit']}; pass that fit with --fit to replay it.")
     fit_feats = [f for f in feats if f.partial]
     steps = run.scan("steps").filter(~pl.col("explored")).select(
         (pl.col("accepted") + 1).mean().alias("t"), pl.len().alias("n"), pl.col("kept").mean().alias("kept")
     ).collect().row(0, named=True)
-    return {"run": str(opts.live), "fit": av["fit"], "predictor": fit_feats[match[0]].name,
+    return {"run": str(path), "fit": av["fit"], "predictor": fit_feats[match[0]].name,
             "rule": av.get("rule", "engine"),  # runs made before the lossless rule used the engine's
             "batch_size": int(run.meta["config"]["batch_size"]), "trimmed_steps": steps["n"],
             "live_tokens_per_step": steps["t"], "live_mean_kept": steps["kept"],
@@ -391,7 +391,7 @@ def _live_run(opts: EvaluateOptions, feats: list[Feature]) -> dict:
 def simulation(drafts: pl.DataFrame, feats: list[Feature], opts: EvaluateOptions, metas: list[dict] | None = None) -> dict:
     """AV replay with every lossless probability score as a predictor, on the requests all of them
     may be scored on (held-out requests when an offline fit is among them)."""
-    from svt.simulate import build_trace, load_costs, replay
+    from svt.simulate import build_trace, load_costs, replay, run_schedule
 
     costs = load_costs(opts.costs)
     # lossy scores (the q_sampled family) are not candidates: trimming on them biases the output
@@ -402,12 +402,21 @@ def simulation(drafts: pl.DataFrame, feats: list[Feature], opts: EvaluateOptions
     frame = frame.join(ok.filter("_ok"), on=["_run", "request"], how="semi")
     if frame.height == 0:
         raise DataError("No request is scored by every predictor: nothing to simulate.")
-    trace = build_trace(frame, {f.name: f"_p{i}" for i, f in enumerate(preds)})
+    schedule = run_schedule(metas or [])
+    trace = build_trace(frame, {f.name: f"_p{i}" for i, f in enumerate(preds)}, schedule=schedule)
     costs.check_covers(trace.k, f"{opts.costs}: ")
     concurrency = tuple(opts.concurrency)
-    live = _live_run(opts, feats) if opts.live else None
-    if live and live["batch_size"] not in concurrency:
-        concurrency = tuple(sorted({*concurrency, live["batch_size"]}))
+    from svt.report.live import compare_live, read_live
+
+    fit_feats = [f for f in feats if f.partial]
+    lives = [read_live(str(p), [str(f) for f in opts.fits], [f.name for f in fit_feats]) for p in opts.live]
+    av_lives = [x for x in (_live_run(str(p), opts, feats) for p in opts.live) if x is not None]
+    live = av_lives[0] if av_lives else None
+    concurrency = tuple(sorted({*concurrency, *(x["batch_size"] for x in lives)}))
+    for x in lives:
+        if x["k"] > trace.k:
+            raise DataError(f"{x['run']} drafted K = {x['k']}, more than the evaluated run's K = {trace.k}: the "
+                            "replay has no such policy.")
     points = replay(trace, costs, concurrency=concurrency, engine_rule=True)
     if opts.replay_bootstrap:  # each resample is a whole replay: seconds each at CI size, opt-in
         from svt.simulate.av import replay_intervals
@@ -422,12 +431,18 @@ def simulation(drafts: pl.DataFrame, feats: list[Feature], opts: EvaluateOptions
                    and p["concurrency"] == live["batch_size"])
         live["replayed_tokens_per_step"] = float(rep["tokens_per_step"])
         live["gap"] = live["live_tokens_per_step"] - float(rep["tokens_per_step"])
-    return {"live_check": live, "rules": _rule_audit(trace, costs, preds, points, concurrency),
+    live_runs = compare_live(lives, points, costs) if lives else None
+    if live_runs:
+        for r in live_runs["runs"]:
+            if r["schedule"] != schedule:
+                r["schedule_note"] = (f"collected with {r['schedule']} batching; the replay models {schedule} "
+                                      "batches (the evaluated run's)")
+    return {"live_check": live, "live": live_runs, "rules": _rule_audit(trace, costs, preds, points, concurrency),
             "costs": {"path": str(opts.costs), "kind": costs.kind, "drafter": costs.drafter,
                       "description": costs.description.strip(), "fingerprint": costs.fingerprint(),
                       "warnings": list(costs.measurement.get("warnings", [])) + costs.pair_problems(metas or []),
                       "beyond_table": costs.beyond(trace.k, concurrency, int(np.unique(trace.request).size))},
-            "requests": int(trace.request.max()) + 1, "request_steps": int(trace.a.size),
+            "requests": int(trace.request.max()) + 1, "request_steps": int(trace.a.size), "schedule": schedule,
             "k": trace.k, "predictors": [f.name for f in preds], "points": points, "cost_refits": refits}
 
 

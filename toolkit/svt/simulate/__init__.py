@@ -11,10 +11,18 @@ from svt.simulate.cost_files import load_costs
 from svt.simulate.costs import CostTable
 
 
-def build_trace(drafts: pl.DataFrame, confidences: dict[str, str], keys=("_run", "request")) -> StepTrace:
+def run_schedule(metas: list[dict]) -> str:
+    """The schedule the replay models for these runs: continuous when every run was collected with
+    continuous batching (run.json ``schedule.kind``), else static (the batches of every earlier run)."""
+    kinds = {(m.get("schedule") or {}).get("kind", "static") for m in metas}
+    return "continuous" if kinds == {"continuous"} else "static"
+
+
+def build_trace(drafts: pl.DataFrame, confidences: dict[str, str], keys=("_run", "request"),
+                schedule: str = "static") -> StepTrace:
     """Request-steps from a drafts frame: accepted runs from the labels and, per predictor, the K
     confidences (a column of ``drafts`` per name). Steps with fewer than K drafts get confidence 0
-    for the missing positions."""
+    for the missing positions. ``schedule``: how the replay batches the requests (``StepTrace``)."""
     k = int(drafts["position"].max()) + 1
     cols = list(confidences.values())
     per = (drafts.sort([*keys, "step", "position"])
@@ -36,7 +44,8 @@ def build_trace(drafts: pl.DataFrame, confidences: dict[str, str], keys=("_run",
             raise DataError(f"Predictor {name!r} has missing confidences in the simulated rows.")
         conf[name] = m
     return StepTrace(req.astype(np.int64), per["step"].to_numpy().astype(np.int64),
-                     per["a"].to_numpy().astype(np.int64), k, conf)
+                     per["a"].to_numpy().astype(np.int64), k, conf, schedule)
 
 
-__all__ = ["CONCURRENCY", "CostTable", "StepTrace", "build_trace", "load_costs", "mark_pareto", "replay"]
+__all__ = ["CONCURRENCY", "CostTable", "StepTrace", "build_trace", "load_costs", "mark_pareto", "replay",
+           "run_schedule"]

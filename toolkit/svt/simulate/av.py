@@ -241,7 +241,7 @@ def resample_requests(trace: StepTrace, rng: np.random.Generator) -> StepTrace:
     rows = np.concatenate([order[starts[i]:starts[i] + counts[i]] for i in pick]) if reqs.size else order
     new_req = np.repeat(np.arange(pick.size), counts[pick])
     return StepTrace(new_req, trace.step[rows], trace.a[rows], trace.k,
-                     {name: c[rows] for name, c in trace.confidence.items()})
+                     {name: c[rows] for name, c in trace.confidence.items()}, trace.schedule)
 
 
 def replay_intervals(trace: StepTrace, costs: CostTable, points: list[dict], *, n: int = REPLAY_BOOTSTRAP,

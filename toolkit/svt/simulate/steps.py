@@ -21,15 +21,58 @@ class StepTrace:
     a: np.ndarray
     k: int
     confidence: dict[str, np.ndarray]
+    # how an engine at concurrency B schedules the requests (SCHEDULES): static batches of B that
+    # drain, or continuous batching (B in flight; a finished request's slot takes the next one)
+    schedule: str = "static"
+
+
+SCHEDULES = ("static", "continuous")
 
 
 def step_groups(trace: StepTrace, B: int) -> list[np.ndarray]:
-    """Row indices of each engine step at concurrency B, in time order."""
+    """Row indices of each engine step at concurrency B, in time order, under ``trace.schedule``:
+
+    - ``static``: requests are taken B at a time in request order, and a batch's step s holds those
+      of them that still have an s-th step (the batch drains; the next starts when it is empty);
+    - ``continuous``: B slots; each request, in request order, takes the first slot to free up and
+      runs its steps (in step order) at consecutive engine steps from there, as svt's engine with
+      ``schedule: continuous`` (and vLLM, SGLang) run them while requests wait.
+    """
+    if trace.schedule == "continuous":
+        return _continuous_groups(trace, B)
+    if trace.schedule != "static":
+        raise ValueError(f"Expected a schedule in {SCHEDULES}, but got {trace.schedule!r}.")
     _, req_rank = np.unique(trace.request, return_inverse=True)
     chunk = req_rank // B
     order = np.lexsort((trace.request, trace.step, chunk))
     key = chunk[order] * (trace.step.max() + 1) + trace.step[order]
     cuts = np.flatnonzero(np.r_[True, key[1:] != key[:-1], True])
+    return [order[a:b] for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+
+
+def continuous_ticks(trace: StepTrace, B: int) -> np.ndarray:
+    """The engine step each row runs at under continuous batching with B slots (see ``step_groups``)."""
+    import heapq
+
+    if not trace.request.size:
+        return np.zeros(0, dtype=np.int64)
+    _, inv, counts = np.unique(trace.request, return_inverse=True, return_counts=True)
+    free = [(0, s) for s in range(min(B, counts.size))]  # (free from engine step, slot)
+    start = np.empty(counts.size, dtype=np.int64)
+    for r, n in enumerate(counts.tolist()):
+        t, s = heapq.heappop(free)
+        start[r] = t
+        heapq.heappush(free, (t + n, s))
+    order = np.lexsort((trace.step, inv))  # each request's rows in step order
+    rank = np.empty(inv.size, dtype=np.int64)
+    rank[order] = np.arange(inv.size) - np.repeat(np.cumsum(counts) - counts, counts)
+    return start[inv] + rank
+
+
+def _continuous_groups(trace: StepTrace, B: int) -> list[np.ndarray]:
+    tick = continuous_ticks(trace, B)
+    order = np.lexsort((trace.request, tick))
+    cuts = np.flatnonzero(np.r_[True, tick[order][1:] != tick[order][:-1], True])
     return [order[a:b] for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
 
 

@@ -186,7 +186,8 @@ def commit_batch(out: Path, meta: dict, b: int, frames: dict[str, pl.DataFrame])
     """Write one batch's shards (``requests`` last), then record them all in run.json: a batch is
     complete once run.json records its ``requests`` shard."""
     written = {}
-    for table in ("drafts", "steps", "hidden", "dists", "cache_drafts", "tree_drafts", "references", "requests"):
+    for table in ("drafts", "steps", "schedule", "hidden", "dists", "cache_drafts", "tree_drafts", "references",
+                  "requests"):
         if table in frames:
             written[table] = write_shard(out, table, b, frames[table])
     for table, path in written.items():

@@ -191,8 +191,24 @@ CACHE_TREES = TableSchema(
     required=False,
 )
 
+SCHEDULE = TableSchema(
+    "schedule",
+    {
+        "tick": pl.Int32(),  # the engine step: ``steps.step`` of the rows it decoded (continuous runs)
+        "batch_size": pl.Int16(),  # rows decoded at this step
+        "admitted": pl.Int16(),  # requests prefilled into free slots just before it
+        "prefill_ms": pl.Float32(),  # their prefill (and joining the batch)
+        "draft_ms": pl.Float32(),
+        "verify_ms": pl.Float32(),
+        "step_ms": pl.Float32(),  # the whole step: draft, verify, acceptance, bookkeeping, cache compaction
+        "verify_tokens": pl.Int32(),  # positions the target forward computed (every row's y and drafts, trimmed or not)
+        "emitted": pl.Int32(),  # tokens emitted by all rows
+    },
+    required=False,
+)
+
 TABLES: dict[str, TableSchema] = {t.name: t for t in (DRAFTS, STEPS, REQUESTS, HIDDEN, DISTS, CACHE_DRAFTS,
-                                                      REFERENCES, TREE_DRAFTS, CACHE_TREES)}
+                                                      REFERENCES, TREE_DRAFTS, CACHE_TREES, SCHEDULE)}
 FINISH_REASONS = ("stop", "length")
 
 

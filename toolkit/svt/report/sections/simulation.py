@@ -67,6 +67,7 @@ class Simulation(Section):
                       f"{live['trimmed_steps']:,} trimmed steps): **{live['live_tokens_per_step']:.3f}** tokens "
                       f"per step live against **{live['replayed_tokens_per_step']:.3f}** replayed on the complete "
                       f"trace at B = {live['batch_size']}; gap {live['gap']:+.3f}. {live['note']}.\n"]
+        lines += _live_lines(sim.get("live"))
         return lines
 
     def console(self, report: dict, concurrency=(1, 8, 64)) -> list:
@@ -85,6 +86,40 @@ class Simulation(Section):
 
     def compare(self, base: dict, now: dict, judging: Judging) -> list[dict]:
         return _replay_rows(base, now, judging.tolerances, judging.skipped, judging.paired)
+
+
+def _live_lines(live: dict | None) -> list[str]:
+    """The live runs beside the replay (svt.report.live)."""
+    if not live:
+        return []
+
+    def f(v, d=2):
+        return "—" if v is None else f"{v:,.{d}f}"
+
+    rows = [[r["run"], r["policy"], str(r["batch_size"]), r["schedule"], f(r["mean_batch"]), f(r["live_tokens_per_s"], 0),
+             f(r["replay_tokens_per_s"], 0), f(r["ratio"]), f(r["live_tokens_per_step"], 3),
+             f(r["replay_tokens_per_step"], 3), f(r["table_vs_forwards"]), f(r["step_vs_forwards"]),
+             f(r["prefill_s"])] for r in live["runs"]]
+    lines = ["### How close is the replay? Live runs of the same policies\n",
+             live["note"] + "\n",
+             md_table(["live run", "policy", "B", "schedule", "mean batch", "live tok/s", "replay tok/s",
+                       "replay / live", "live tok/step", "replay tok/step", "table / forwards", "step / forwards",
+                       "prefill s"], rows), ""]
+    notes = [f"- `{r['run']}`: {r['schedule_note']}" for r in live["runs"] if r.get("schedule_note")]
+    if notes:
+        lines += [*notes, ""]
+    multi = [p for p in live["points"] if p["rounds"] > 1]
+    if multi:
+        def rng(st, d=2):
+            return "—" if st is None else f"{st['median']:,.{d}f} [{st['min']:,.{d}f}-{st['max']:,.{d}f}]"
+
+        lines += ["Rounds of one point: median [range].\n",
+                  md_table(["policy", "B", "rounds", "replay / live", "live tok/s", "replay tok/s", "table / forwards",
+                            "step / forwards"],
+                           [[p["policy"], str(p["batch_size"]), str(p["rounds"]), rng(p["ratio"]),
+                             rng(p["live_tokens_per_s"], 0), rng(p["replay_tokens_per_s"], 0),
+                             rng(p["table_vs_forwards"]), rng(p["step_vs_forwards"])] for p in multi]), ""]
+    return lines
 
 
 def _replay_rows(base, now, tolerances, skipped, paired=False):

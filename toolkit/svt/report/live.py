@@ -1,0 +1,125 @@
+"""Live runs against the replay: what the engine delivered beside what the replay predicts for the
+same policy at the same batch size, and what the difference is made of.
+
+For each live run (any policy svt's engine runs: fixed K, K = 0 plain decoding, live AV), from its
+``schedule`` table (one row per engine step):
+
+- **measured**: decode tokens/s = tokens emitted / the steps' wall-clock (``step_ms``: draft, verify,
+  acceptance, bookkeeping, cache compaction); the prefill of admitted requests is timed apart and
+  left out, as are loading and writing the run;
+- **predicted**: the replay's point for the same policy and batch size on the evaluated trace;
+- **the parts of the ratio**: tokens per request-step (the replay's against the live run's:
+  acceptance and the schedule), and step time split three ways on the live run's own steps:
+  the cost table priced at each step's batch and token count, the forwards as timed in that step
+  (draft + verify), and the whole step. ``table / forwards`` below 1 is a table that under-prices
+  the engine's forwards; ``step / forwards`` above 1 is the engine's work outside its forwards.
+
+Several live runs of the same policy and batch size (rounds) get their median and range.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from svt.errors import DataError
+from svt.traces.io import open_run
+
+
+def live_policy(meta: dict, path: str, fits: list[str], fit_names: list[str]) -> str:
+    """The replay policy a live run ran: ``fixed K=k``, or ``AV <predictor>`` for a live-AV run
+    whose fit is among ``fits`` (``fit_names``: their predictor names in the replay)."""
+    av = meta.get("av")
+    if not av:
+        return f"fixed K={int(meta['k'])}"
+    want = Path(av["fit"]).resolve()
+    match = [i for i, f in enumerate(fits) if Path(f).resolve() == want]
+    if not match:
+        raise DataError(f"{path} trimmed with {av['fit']}; pass that fit with --fit to replay it.")
+    suffix = " [engine rule]" if av.get("rule", "engine") == "engine" else ""
+    return f"AV {fit_names[match[0]]}{suffix}"
+
+
+def read_live(path: str, fits: list[str], fit_names: list[str]) -> dict:
+    """A live run's measured decode figures and its own steps (for pricing them with a cost table)."""
+    run = open_run(path)
+    meta = run.meta
+    if (meta.get("config") or {}).get("engine", "svt") != "svt" or meta.get("hvd") or meta.get("import"):
+        raise DataError(f"{path}: not a run of svt's batched engine (an HVD, tree, imported or other engine's "
+                        "run): --live compares that engine's runs with the AV replay.")
+    if not run.has("schedule"):
+        raise DataError(f"{path}: has no `schedule` table (collected before svt logged its engine steps): "
+                        "collect it again to compare it live.")
+    if (meta.get("schedule") or {}).get("resumed"):
+        raise DataError(f"{path}: resumed after an interruption, so its engine steps ran in two sessions (and the "
+                        "first one's served requests it redid): collect it again in one session to compare it live.")
+    sched = run.scan("schedule").collect()
+    if sched.height == 0:
+        raise DataError(f"{path}: its `schedule` table is empty.")
+    if meta.get("shard") is not None:
+        raise DataError(f"{path}: one shard of a collection; its steps ran beside other processes. Compare a "
+                        "whole run.")
+    s = sched.select(
+        pl.col("step_ms").sum().alias("step"), (pl.col("draft_ms") + pl.col("verify_ms")).sum().alias("fwd"),
+        pl.col("prefill_ms").sum().alias("prefill"), pl.col("emitted").sum().alias("tokens"),
+        pl.col("batch_size").sum().alias("rows"), pl.col("batch_size").mean().alias("mean_batch"),
+        pl.len().alias("steps")).row(0, named=True)
+    cfg = meta.get("config") or {}
+    return {
+        "run": str(path), "policy": live_policy(meta, path, fits, fit_names), "k": int(meta["k"]),
+        "batch_size": int(cfg.get("batch_size", 0)), "schedule": (meta.get("schedule") or {}).get("kind", "static"),
+        "device": meta.get("device"), "decode_s": s["step"] / 1e3, "prefill_s": s["prefill"] / 1e3,
+        "forwards_s": s["fwd"] / 1e3, "tokens": int(s["tokens"]), "engine_steps": int(s["steps"]),
+        "mean_batch": float(s["mean_batch"]),
+        "live_tokens_per_s": s["tokens"] / (s["step"] / 1e3) if s["step"] > 0 else None,
+        "live_tokens_per_step": s["tokens"] / s["rows"],
+        "_steps": sched.select("batch_size", "verify_tokens").to_numpy().astype(np.int64),
+    }
+
+
+def priced_seconds(steps: np.ndarray, k: int, costs) -> float:
+    """The cost table's price of a run's own engine steps (``[batch, verify tokens]`` each)."""
+    total = 0.0
+    for b, tokens in steps.tolist():
+        total += costs.draft(b, k) + float(costs.verify(int(tokens), rows=b))
+    return total / 1e3
+
+
+def compare_live(lives: list[dict], points: list[dict], costs) -> dict:
+    """Each live run beside the replay's point for its policy and batch size, and the rounds of
+    one point summarised (median and range)."""
+    by_key = {(p["policy"], int(p["concurrency"])): p for p in points}
+    rows = []
+    for live in lives:
+        steps = live.pop("_steps")
+        point = by_key.get((live["policy"], live["batch_size"]))
+        if point is None:
+            raise DataError(f"{live['run']}: the replay has no point for {live['policy']} at B = {live['batch_size']} "
+                            "(a K above the evaluated run's?).")
+        priced = priced_seconds(steps, live["k"], costs)
+        measured = live["live_tokens_per_s"]
+        rows.append({**live, "replay_tokens_per_s": float(point["throughput"]),
+                     "replay_tokens_per_step": float(point["tokens_per_step"]),
+                     "ratio": float(point["throughput"]) / measured if measured else None,
+                     "table_s": priced, "table_vs_forwards": priced / live["forwards_s"] if live["forwards_s"] else None,
+                     "step_vs_forwards": live["decode_s"] / live["forwards_s"] if live["forwards_s"] else None})
+    rounds = []
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["policy"], r["batch_size"]), []).append(r)
+    for (policy, b), rs in groups.items():
+        def stat(key):
+            v = np.array([r[key] for r in rs if r[key] is not None], dtype=np.float64)
+            return None if not v.size else {"median": float(np.median(v)), "min": float(v.min()),
+                                            "max": float(v.max())}
+        rounds.append({"policy": policy, "batch_size": b, "rounds": len(rs), "ratio": stat("ratio"),
+                       "live_tokens_per_s": stat("live_tokens_per_s"), "replay_tokens_per_s": stat("replay_tokens_per_s"),
+                       "table_vs_forwards": stat("table_vs_forwards"), "step_vs_forwards": stat("step_vs_forwards"),
+                       "mean_batch": stat("mean_batch")})
+    return {"runs": rows, "points": rounds,
+            "note": "decode tokens/s: tokens emitted over the engine steps' wall-clock (prefill, loading and "
+                    "writing excluded; prefill reported apart). ratio = replay / live. table / forwards: the "
+                    "cost table's price of the live run's own steps over their timed forwards; step / "
+                    "forwards: whole steps over their forwards (the engine's work outside them)."}
