@@ -66,7 +66,7 @@ def test_explored_steps_are_used_and_the_live_check(models_dir, av_files, small_
     full.av = None
     collect(full, tmp_path / "full", progress=False)
     rep = evaluate([tmp_path / "full"], EvaluateOptions(features=["q_max"], fits=[str(fit)], costs=str(costs),
-                                                        live=str(tmp_path / "run")))
+                                                        live=[str(tmp_path / "run")]))
     live = rep["simulation"]["live_check"]
     assert live["batch_size"] == 4 and live["trimmed_steps"] > 0
     trimmed = open_run(tmp_path / "run").scan("steps").filter(~pl.col("explored")).collect()
@@ -74,6 +74,11 @@ def test_explored_steps_are_used_and_the_live_check(models_dir, av_files, small_
     # the same predictor and costs on a trace of the same config: live and replay agree closely
     # (a live AV that trims everything would give 1 token per step against a replay of ~2)
     assert abs(live["gap"]) < 0.35, live
+    # beside it, the live run's measured decode speed against the replay's for the same policy
+    row = rep["simulation"]["live"]["runs"][0]
+    assert row["policy"].startswith("AV ") and row["batch_size"] == 4
+    sched = open_run(tmp_path / "run").scan("schedule").collect()
+    assert row["live_tokens_per_s"] == pytest.approx(sched["emitted"].sum() / (sched["step_ms"].sum() / 1e3))
 
 
 def test_online_estimator_learns_while_collecting_after_a_verified_warm_up(models_dir, av_files, small_run, tmp_path):

@@ -193,9 +193,12 @@ def _profile_costs(cfg, config: Path, out_dir: Path, batches: str | None, *, ove
     check_costs_out(out_dir, overwrite=overwrite)  # before the minutes of profiling
     pair = load_pair(resolve_path(cfg.target, config), resolve_path(cfg.draft, config),
                      device=cfg.device, dtype=cfg.dtype)
+    from svt.collect.profile import collection_context
+
+    context = collection_context(cfg, config, pair.tokenizer)
     table = profile_pair(pair.target, pair.draft, k=cfg.k, batches=parse_batches(batches),
                          progress=None if quiet else lambda b: _say(f"profiled batch {b}"),
-                         verify_tokens=None if cfg.tree is None else cfg.tree.size() + 1)
+                         verify_tokens=None if cfg.tree is None else cfg.tree.size() + 1, context=context)
     ident = pair.identity()
     write_costs(table, out_dir, {"models": {**{k: v["path"] for k, v in ident.items() if isinstance(v, dict) and "path" in v},
                                             "weights": {k: v["weights_sha256_16"] for k, v in ident.items()

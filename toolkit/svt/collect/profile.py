@@ -251,6 +251,21 @@ def _uncertain_cells(draft_fit: dict, verify_fit: dict, record: dict) -> tuple[l
 
 
 @torch.inference_mode()
+def collection_context(cfg, config_path, tokenizer) -> int:
+    """The context the config's requests decode at on average: the mean prompt length (as encoded
+    for the collection) plus half of ``max_new_tokens`` (the middle of the decode). Forwards cost
+    more the longer the cache they attend to, so a table profiled at another context mis-prices the
+    collection's steps."""
+    from svt.collect.encode import encode_workloads
+    from svt.collect.workloads import load_workloads
+
+    workloads = load_workloads(cfg.workloads, cfg.requests, config_path, turns=cfg.turns, repeat=cfg.repeat)
+    encoded = encode_workloads(workloads, tokenizer, cfg.max_prompt_tokens, cfg.max_new_tokens, cfg.on_long_head)
+    if not encoded:
+        return 128
+    return int(round(np.mean([len(e.prompt_ids) for e in encoded]) + cfg.max_new_tokens / 2))
+
+
 def profile_pair(target, draft, *, k: int, batches=DEFAULT_BATCHES, context: int = 128,
                  repeats: int = REPEATS, progress=None, verify_tokens: int | None = None) -> CostTable:
     """The pair's cost table (see the module), with how sure it is in ``measurement``. Verification

@@ -1,0 +1,123 @@
+"""`svt evaluate --live`: live runs of svt's engine measured against the replay of the same policy
+at the same batch size (decode tokens/s from the engine's own steps, the cost table's price of those
+steps, rounds summarised), and the runs it cannot compare refused with one message."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from svt.collect import collect
+from svt.config import load_collect_config
+from svt.errors import DataError
+from svt.report import EvaluateOptions, evaluate
+from svt.simulate import load_costs
+from svt.simulate.steps import StepTrace, continuous_ticks
+from svt.traces.io import open_run
+from tests.conftest import ROOT, reseal
+
+COSTS = ROOT / "configs" / "costs" / "h100-llama8b-eagle.yaml"
+
+
+def _cfg(models_dir, **over):
+    base = {"target": str(models_dir / "target"), "draft": str(models_dir / "draft-small"),
+            "workloads": [str(ROOT / "data" / "workloads" / f"{w}.jsonl") for w in ("code", "prose")],
+            "requests": 8, "batch_size": 3, "max_new_tokens": 20, "k": 3, "device": "cpu",
+            "max_prompt_tokens": 96, "schedule": "continuous"}
+    return load_collect_config(None, base={**base, **over})
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, models_dir):
+    root = tmp_path_factory.mktemp("live")
+    for name, over in (("k3", {}), ("k0", {"k": 0}), ("k1", {"k": 1})):
+        collect(_cfg(models_dir, **over), root / name, progress=False)
+    return root
+
+
+def _report(runs, *lives):
+    return evaluate([runs / "k3"], EvaluateOptions(features=["q_max"], costs=str(COSTS),
+                                                   live=[str(runs / x) for x in lives]))
+
+
+def test_each_live_run_beside_the_replays_point_for_its_policy(runs):
+    rep = _report(runs, "k3", "k0", "k1", "k3")
+    sim = rep["simulation"]
+    assert sim["schedule"] == "continuous"
+    by = {(p["policy"], p["concurrency"]): p for p in sim["points"]}
+    costs = load_costs(str(COSTS))
+    rows = sim["live"]["runs"]
+    assert [r["policy"] for r in rows] == ["fixed K=3", "fixed K=0", "fixed K=1", "fixed K=3"]
+    for r in rows:
+        sched = open_run(r["run"]).scan("schedule").collect()
+        tok_s = sched["emitted"].sum() / (sched["step_ms"].sum() / 1e3)
+        assert r["live_tokens_per_s"] == pytest.approx(tok_s, rel=1e-9)
+        assert r["prefill_s"] == pytest.approx(sched["prefill_ms"].sum() / 1e3, rel=1e-6)
+        point = by[(r["policy"], 3)]
+        assert r["replay_tokens_per_s"] == point["throughput"]
+        assert r["ratio"] == pytest.approx(point["throughput"] / tok_s, rel=1e-9)
+        # the cost table's price of the run's own steps, step by step
+        k = int(r["policy"].split("=")[1])
+        priced = sum(costs.draft(int(b), k) + float(costs.verify(int(t), rows=int(b)))
+                     for b, t in zip(sched["batch_size"], sched["verify_tokens"], strict=True)) / 1e3
+        assert r["table_s"] == pytest.approx(priced, rel=1e-9)
+        fwd = float((sched["draft_ms"] + sched["verify_ms"]).sum()) / 1e3
+        assert r["step_vs_forwards"] == pytest.approx(sched["step_ms"].sum() / 1e3 / fwd, rel=1e-6)
+        assert r["step_vs_forwards"] >= 1.0  # a step holds its forwards
+    # the same point twice: a median and range over the rounds
+    k3 = next(p for p in sim["live"]["points"] if p["policy"] == "fixed K=3")
+    assert k3["rounds"] == 2 and k3["ratio"]["min"] == k3["ratio"]["max"] == pytest.approx(rows[0]["ratio"])
+    # the rows of a plain-decoding run emit one token per step
+    assert rows[1]["live_tokens_per_step"] == 1.0
+
+
+def test_runs_the_live_comparison_cannot_use_are_refused(runs, tmp_path, models_dir):
+    bare = tmp_path / "bare"
+    shutil.copytree(runs / "k3", bare)
+    shutil.rmtree(bare / "schedule")
+    reseal(bare)
+    with pytest.raises(DataError, match="has no `schedule` table"):
+        evaluate([runs / "k3"], EvaluateOptions(features=["q_max"], costs=str(COSTS), live=[str(bare)]))
+    resumed = tmp_path / "resumed"
+    shutil.copytree(runs / "k1", resumed)
+    meta = json.loads((resumed / "run.json").read_text())
+    meta["schedule"]["resumed"] = True
+    (resumed / "run.json").write_text(json.dumps(meta))
+    with pytest.raises(DataError, match="resumed after an interruption"):
+        evaluate([runs / "k3"], EvaluateOptions(features=["q_max"], costs=str(COSTS), live=[str(resumed)]))
+    collect(_cfg(models_dir, k=5, requests=3), tmp_path / "k5", progress=False)
+    with pytest.raises(DataError, match="drafted K = 5, more than the evaluated run's K = 3"):
+        evaluate([runs / "k3"], EvaluateOptions(features=["q_max"], costs=str(COSTS), live=[str(tmp_path / "k5")]))
+
+
+def _naive_ticks(counts: list[int], B: int) -> dict[tuple[int, int], int]:
+    """Tick by tick: free slots take the next requests in order; each running request does one step."""
+    queue, running, tick, at = list(range(len(counts))), {}, 0, {}
+    left = dict(enumerate(counts))
+    while queue or running:
+        while queue and len(running) < B:
+            r = queue.pop(0)
+            running[r] = 0
+        for r in list(running):
+            at[(r, running[r])] = tick
+            running[r] += 1
+            if running[r] == left[r]:
+                del running[r]
+        tick += 1
+    return at
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 7), min_size=1, max_size=12), st.integers(1, 5), st.integers(0, 3))
+def test_continuous_ticks_equal_a_slot_by_slot_simulation(counts, B, shift):
+    req = np.repeat(np.arange(len(counts)), counts)
+    step = np.concatenate([np.arange(c) * 2 + shift for c in counts])  # any increasing step numbers
+    perm = np.random.default_rng(len(counts)).permutation(req.size)  # rows in any order
+    trace = StepTrace(req[perm], step[perm], np.zeros(req.size, int), 1, {}, "continuous")
+    got = continuous_ticks(trace, B)
+    want = _naive_ticks(counts, B)
+    rank = (step[perm] - shift) // 2
+    assert [want[(int(r), int(s))] for r, s in zip(req[perm], rank, strict=True)] == got.tolist()
