@@ -62,10 +62,13 @@ demo: setup
 	$(DEMO_T) $(VENV)/bin/svt inspect runs/demo
 	$(DEMO_T) $(VENV)/bin/svt fit runs/demo --model irls-online,logistic,isotonic,head --out reports/demo/fits --overwrite
 	$(DEMO_T) $(VENV)/bin/svt collect configs/collect/demo.yaml --profile-costs --out reports/demo/costs-cpu.yaml --quiet --overwrite
+	# plain decoding (k = 0) through the same engine, a live point beside the replay's (48 of the prompts)
+	$(DEMO_T) $(VENV)/bin/svt collect configs/collect/demo.yaml --out runs/demo-k0 --overwrite --quiet \
+	  --set k=0 --set requests=48 --set log.hidden=false --set log.dists_fraction=0
 	$(DEMO_T) $(VENV)/bin/svt evaluate runs/demo --out reports/demo --overwrite --by workload --bootstrap 100 \
 	  --fit reports/demo/fits/irls-online.json --fit reports/demo/fits/logistic.json \
 	  --fit reports/demo/fits/isotonic.json --fit reports/demo/fits/head.json \
-	  --costs reports/demo/costs-cpu.yaml
+	  --costs reports/demo/costs-cpu.yaml --live runs/demo --live runs/demo-k0
 	# the same prompts drafted by a separate draft model (draft-large) instead of the EAGLE-3 head: its
 	# own cost profile and AV replay, and both drafters side by side (reports/drafters/)
 	$(DEMO_T) $(VENV)/bin/svt collect configs/collect/demo-draft-model.yaml --out runs/demo-draft-model --overwrite

@@ -392,6 +392,9 @@ def run_batch(
     ``params.k == 0`` is plain decoding through the same engine (the drafter never runs). Steps are
     numbered from ``first_tick``: under continuous batching a request's steps are the engine's ticks
     it decoded in (so ``step`` orders every request's steps in time).
+
+    Long because one step's timed phases (admission, draft, verify, acceptance) and its order of
+    random draws, which resumed and static runs reproduce bit for bit, read best in one place.
     """
     log = log or LogOptions()
     device = next(target.parameters()).device
@@ -441,29 +444,10 @@ def run_batch(
         t2 = time.perf_counter()
         _advance_caches(rows, x, acc, next_token, K, pad_id,
                         taps_of(to, draft.cfg.aux_layer_ids) if head else None)
-        ar = torch.arange(K, device=device)[None, :]
-        verified = ar < kept[:, None]  # trimmed drafts carry no label (null)
-        label = torch.where(ar < acc[:, None], 1, torch.where((ar == acc[:, None]) & verified, 0, -1))
-        # log: two device-to-host transfers per step
-        ints = torch.cat([x, rows.pending[:, None], label, acc[:, None], kept[:, None]], 1).cpu().numpy()
-        new_tok, label_np = ints[:, : K + 1], ints[:, K + 1 : 2 * K + 1]
-        acc_np, kept_np = ints[:, -2], ints[:, -1]
-        if av is not None and av.observe is not None:
-            av.observe(label_np)
-        emitted, done = _emit(out, n_out, row_ids, new_tok, acc_np, K, params, eos_id)
-        req = np.asarray([request_ids[r] for r in row_ids], dtype=np.int64)
-        if K > 0:
-            feats = draft_features(q, p[:, :K], x)
-            if greedy:  # acceptance is argmax agreement: the soft labels are the 0/1 outcome
-                feats["accept_prob"] = res.label_ok.float()
-                feats["accept_prob_expected"] = res.label_ok.float()
-            floats = torch.stack(list(feats.values())).float().cpu().numpy()  # [n_feats, nb, K]
-            _log_drafts(out, req, tick, K, new_tok, label_np, feats, floats)
-            if log.hidden:
-                out.hidden.append(torch.stack(hid, 1).to(torch.float16).cpu().numpy().reshape(nb * K, -1))
-            if log.dists_fraction > 0:
-                _log_dists(out, q, p[:, :K], x, req, tick, log, generator)
-        _log_steps(out, req, tick, K, acc_np, kept_np, emitted, (t1 - t0) * 1e3, (t2 - t1) * 1e3, explored)
+        label_ok = None if K == 0 else res.label_ok
+        emitted, done = _log_step(out, n_out, rows, row_ids, [request_ids[r] for r in row_ids], tick, params,
+                                  (q, p, x, hid, label_ok, acc, kept), eos_id=eos_id, log=log, av=av,
+                                  generator=generator, times=((t1 - t0) * 1e3, (t2 - t1) * 1e3), explored=explored)
         rows.end_step(done, device, compact)
         _sync(device)
         t3 = time.perf_counter()
@@ -478,6 +462,37 @@ def run_batch(
         if on_finish is not None and done.any():
             on_finish([int(r) for r in row_ids[done]], out)
     return out
+
+
+def _log_step(out: BatchLog, n_out, rows: _Rows, row_ids, req_ids, tick: int, params: SamplingParams, step,
+              *, eos_id, log: LogOptions, av, generator, times, explored) -> tuple[np.ndarray, np.ndarray]:
+    """Emit one step's tokens and log its rows (two device-to-host transfers); returns the tokens
+    each row emitted and which rows finished."""
+    q, p, x, hid, label_ok, acc, kept = step
+    K, nb = params.k, row_ids.size
+    ar = torch.arange(K, device=x.device)[None, :]
+    verified = ar < kept[:, None]  # trimmed drafts carry no label (null)
+    label = torch.where(ar < acc[:, None], 1, torch.where((ar == acc[:, None]) & verified, 0, -1))
+    ints = torch.cat([x, rows.pending[:, None], label, acc[:, None], kept[:, None]], 1).cpu().numpy()
+    new_tok, label_np = ints[:, : K + 1], ints[:, K + 1 : 2 * K + 1]
+    acc_np, kept_np = ints[:, -2], ints[:, -1]
+    if av is not None and av.observe is not None:
+        av.observe(label_np)
+    emitted, done = _emit(out, n_out, row_ids, new_tok, acc_np, K, params, eos_id)
+    req = np.asarray(req_ids, dtype=np.int64)
+    if K > 0:
+        feats = draft_features(q, p[:, :K], x)
+        if params.greedy:  # acceptance is argmax agreement: the soft labels are the 0/1 outcome
+            feats["accept_prob"] = label_ok.float()
+            feats["accept_prob_expected"] = label_ok.float()
+        floats = torch.stack(list(feats.values())).float().cpu().numpy()  # [n_feats, nb, K]
+        _log_drafts(out, req, tick, K, new_tok, label_np, feats, floats)
+        if log.hidden:
+            out.hidden.append(torch.stack(hid, 1).to(torch.float16).cpu().numpy().reshape(nb * K, -1))
+        if log.dists_fraction > 0:
+            _log_dists(out, q, p[:, :K], x, req, tick, log, generator)
+    _log_steps(out, req, tick, K, acc_np, kept_np, emitted, times[0], times[1], explored)
+    return emitted, done
 
 
 def _merge(rows: _Rows, new: _Rows) -> None:

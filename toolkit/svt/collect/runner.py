@@ -179,6 +179,21 @@ def _run_meta(plan: CollectPlan, params: SamplingParams, shard_meta: dict | None
     return meta
 
 
+def _warm_up(plan: CollectPlan, todo: list[int], params: SamplingParams, pad_id: int) -> float:
+    """A throwaway decode of a few steps at the run's batch size before the timed ones, as a serving
+    engine warms up before it serves: the first forwards of a process pay one-time costs (allocator,
+    thread pools, kernel selection) of up to a second on a CPU, which would land on the first
+    steps' times. Its own random stream and caches: the run's rows are unchanged. Returns seconds."""
+    if not todo:
+        return 0.0
+    t0 = time.perf_counter()
+    reqs = plan.batches[todo[0]]
+    prompts = [plan.ids[r][-32:] for r in reqs]
+    run_batch(plan.pair.target, plan.pair.draft, prompts, SamplingParams(params.temperature, params.top_p, params.k, 4),
+              eos_id=None, pad_id=pad_id, generator=torch.Generator(device=plan.pair.device).manual_seed(0))
+    return round(time.perf_counter() - t0, 3)
+
+
 def _run_static(plan: CollectPlan, todo: list[int], params, eos_id, pad_id, log_opts, commit) -> None:
     """Each batch alone, with its own random stream, committed when it ends."""
     pair = plan.pair
@@ -267,8 +282,10 @@ def collect_batches(plan: CollectPlan) -> RunSummary:
             total_tokens += sum(len(o) for o in log.outputs)
             bar.update(task, advance=len(reqs), tps=f"{total_tokens / (time.time() - t_start):,.0f}")
 
+        todo = [b for b in mine if b not in done]
+        meta["warmup_seconds"] = _warm_up(plan, todo, params, pad_id)
         run = _run_continuous if cfg.schedule == "continuous" else _run_static
-        run(plan, [b for b in mine if b not in done], params, eos_id, pad_id, log_opts, commit)
+        run(plan, todo, params, eos_id, pad_id, log_opts, commit)
     seconds = time.time() - t_start
     if plan.online is not None:  # the estimator's path during collection
         meta["av"]["online_path"] = plan.online.est.path_

@@ -1,0 +1,105 @@
+"""The replay held against the live engine: rounds of (a fresh cost profile, live runs of fixed K at
+B = 1 and B = 8 with continuous batching, the replay of the same policies), and per point the
+replay's predicted decode tokens/s over the engine's measured ones, median [range] over rounds.
+
+    python benchmarks/bench_live.py [--rounds 3] [--ks 0,1,3] [--batches 1,8] [--requests 32] [--tokens 96]
+
+Each round profiles the pair at the collection's context (`svt collect --profile-costs`), collects
+each (K, B) live on the demo config (the EAGLE-3 head, T = 1; hidden states and distributions not
+logged), and evaluates the largest K's run at the largest B as the trace with every live run passed
+by `--live` (so the replay and the engine see the same prompts). Results go to
+reports/bench/live.json and live.md. Run it on a quiet machine: it measures wall-clock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+SVT = [sys.executable, "-m", "svt.cli"]
+
+
+def _run(args: list[str]) -> None:
+    r = subprocess.run([*SVT, *args], capture_output=True, text=True, cwd=ROOT)
+    if r.returncode:
+        raise SystemExit(f"svt {' '.join(args)} failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+
+
+def one_round(i: int, ks: list[int], batches: list[int], requests: int, tokens: int, work: Path) -> list[dict]:
+    cfg = str(ROOT / "configs" / "collect" / "demo.yaml")
+    common = ["--set", f"requests={requests}", "--set", f"max_new_tokens={tokens}", "--set", "log.hidden=false",
+              "--set", "log.dists_fraction=0", "--set", "schedule=continuous", "--quiet", "--overwrite"]
+    costs = work / f"costs-{i}.yaml"
+    _run(["collect", cfg, "--profile-costs", "--out", str(costs), "--profile-batches",
+          ",".join(str(b) for b in sorted({1, 2, 4, *batches})), "--set", f"k={max(ks)}", *common])
+    lives = []
+    for b in batches:
+        for k in ks:
+            out = work / f"r{i}-k{k}-b{b}"
+            _run(["collect", cfg, "--out", str(out), "--set", f"k={k}", "--set", f"batch_size={b}", *common])
+            lives.append(out)
+    trace = work / f"r{i}-k{max(ks)}-b{max(batches)}"
+    rep = work / f"report-{i}"
+    _run(["evaluate", str(trace), "--out", str(rep), "--overwrite", "--feature", "q_max", "--costs", str(costs),
+          *[a for p in lives for a in ("--live", str(p))]])
+    rows = json.loads((rep / "report.json").read_text())["simulation"]["live"]["runs"]
+    return [{**r, "round": i} for r in rows]
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--ks", default="0,1,3")
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--requests", type=int, default=32)
+    ap.add_argument("--tokens", type=int, default=96)
+    ap.add_argument("--work", type=Path, default=ROOT / "runs" / "bench-live")
+    ap.add_argument("--out", type=Path, default=ROOT / "reports" / "bench" / "live.json")
+    args = ap.parse_args(argv)
+    ks = [int(x) for x in args.ks.split(",")]
+    batches = [int(x) for x in args.batches.split(",")]
+    args.work.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for i in range(args.rounds):
+        rows += one_round(i, ks, batches, args.requests, args.tokens, args.work)
+        print(f"round {i + 1}/{args.rounds} done", flush=True)
+    points = []
+    for b in batches:
+        for k in ks:
+            rs = [r for r in rows if r["batch_size"] == b and r["policy"] == f"fixed K={k}"]
+
+            def st(key, rs=rs):
+                v = np.array([r[key] for r in rs], dtype=np.float64)
+                return {"median": float(np.median(v)), "min": float(v.min()), "max": float(v.max())}
+
+            points.append({"k": k, "batch": b, "rounds": len(rs), **{key: st(key) for key in (
+                "ratio", "replay_tokens_per_s", "live_tokens_per_s", "table_vs_forwards", "step_vs_forwards",
+                "mean_batch", "live_tokens_per_step", "replay_tokens_per_step")}})
+    result = {"config": {"rounds": args.rounds, "ks": ks, "batches": batches, "requests": args.requests,
+                         "max_new_tokens": args.tokens}, "points": points, "runs": rows}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+
+    def f(s, d=2):
+        return f"{s['median']:,.{d}f} [{s['min']:,.{d}f}-{s['max']:,.{d}f}]"
+
+    lines = ["| K, B | replay / live | replay tok/s | live tok/s | table / forwards | step / forwards | mean batch | "
+             "tok/step live | tok/step replay |", "|---|---|---|---|---|---|---|---|---|"]
+    for p in points:
+        lines.append(f"| K = {p['k']}, B = {p['batch']} | {f(p['ratio'])} | {f(p['replay_tokens_per_s'], 0)} | "
+                     f"{f(p['live_tokens_per_s'], 0)} | {f(p['table_vs_forwards'])} | {f(p['step_vs_forwards'])} | "
+                     f"{f(p['mean_batch'])} | {f(p['live_tokens_per_step'], 3)} | {f(p['replay_tokens_per_step'], 3)} |")
+    md = "\n".join(lines)
+    args.out.with_suffix(".md").write_text(md + "\n")
+    print(md)
+    return result
+
+
+if __name__ == "__main__":
+    main()
