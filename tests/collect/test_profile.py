@@ -14,13 +14,42 @@ def test_profile_writes_a_loadable_measured_table(tiny_pair, tmp_path):
     assert {b: sorted(row) for b, row in table.verify_rows_ms.items()} == {1: [1, 2, 3, 4], 4: [1, 2, 3, 4]}
     loaded = load_costs(write_costs(table, tmp_path / "c.yaml"))
     assert loaded.kind == "measured"
-    assert np.isclose(loaded.draft(4, 3), table.draft_ms[4][3], rtol=1e-3)
+    assert np.isclose(loaded.draft(4, 3), table.draft_ms[4][3] + table.step_ms[4][3], rtol=1e-3)  # with the step's work
     # the file holds the fitted values (4 decimals), read back at (rows, tokens)
     for b, row in table.verify_rows_ms.items():
         for m, ms in row.items():
             assert loaded.verify_rows_ms[b][m] == round(ms, 4)
             assert float(loaded.verify(b * m, rows=b)) == pytest.approx(round(ms, 4), rel=1e-12)
     assert all(v > 0 for row in table.verify_rows_ms.values() for v in row.values())
+
+
+def test_the_profile_times_the_engines_work_outside_its_forwards_and_the_replay_charges_it(tiny_pair, tmp_path):
+    """step_ms[batch][k] for k = 0 and K, from real engine steps: loaded back, charged by draft()
+    with the drafter's passes (plain decoding pays it alone) and interpolated in k and batch."""
+    from svt.simulate.costs import CostTable
+
+    table = profile_pair(tiny_pair.target, tiny_pair.draft, k=3, batches=(1, 4), context=24, repeats=2)
+    assert {b: sorted(row) for b, row in table.step_ms.items()} == {1: [0, 1, 3], 4: [0, 1, 3]}
+    assert all(v >= 0 for row in table.step_ms.values() for v in row.values())
+    assert table.measurement["step"]["batches"] == [1, 4]
+    # each cell: the engine step's median beyond the forwards as the table prices them
+    fwd = CostTable("measured", draft_ms=table.draft_ms, verify_rows_ms=table.verify_rows_ms)
+    for b, row in table.step_ms.items():
+        for k, v in row.items():
+            step = table.measurement["step"]["step_medians_ms"][str(b)][str(k)]
+            assert v == pytest.approx(max(step - fwd.draft(b, k) - float(fwd.verify(b * (k + 1), rows=b)), 0.0),
+                                      abs=1e-3)
+    loaded = load_costs(write_costs(table, tmp_path / "c.yaml"))
+    assert loaded.step_ms == {b: {k: round(v, 4) for k, v in row.items()} for b, row in table.step_ms.items()}
+    assert loaded.draft(4, 0) == pytest.approx(loaded.step_ms[4][0])
+    assert loaded.draft(4, 3) == pytest.approx(loaded.draft_ms[4][3] + loaded.step_ms[4][3])
+    plain = CostTable("measured", draft_ms={1: {1: 1.0}, 4: {1: 2.0}}, verify_ms={1: 1.0},
+                      step_ms={1: {0: 0.5, 2: 1.5}, 4: {0: 1.0, 2: 3.0}})
+    assert plain.draft(1, 0) == 0.5 and plain.draft(1, 1) == pytest.approx(1.0 + 1.0)
+    assert plain.draft(2, 0) == pytest.approx(0.5 + (1.0 - 0.5) / 3)  # between batches 1 and 4
+    assert plain.step_overhead(8, 2) == pytest.approx(6.0)  # in proportion to the batch beyond 4
+    assert plain.step_overhead(1, 1) == pytest.approx(1.0)  # linear in k
+    assert CostTable("measured", draft_ms={1: {1: 1.0}}, verify_ms={1: 1.0}).draft(1, 0) == 0.0
 
 
 def test_the_table_says_how_sure_it_is_and_reads_back(tiny_pair, tmp_path):
@@ -126,6 +155,7 @@ def test_a_short_verify_forward_is_timed_over_enough_forwards_to_outlast_the_sch
             return self.now
 
     monkeypatch.setattr(prof, "time", Clock())
+    monkeypatch.setattr(prof, "step_overheads", lambda *a: ({}, {}))  # engine steps, timed apart
     calls = []
     real = type(tiny_pair.target).__call__
 

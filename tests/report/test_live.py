@@ -67,6 +67,12 @@ def test_each_live_run_beside_the_replays_point_for_its_policy(runs):
         fwd = float((sched["draft_ms"] + sched["verify_ms"]).sum()) / 1e3
         assert r["step_vs_forwards"] == pytest.approx(sched["step_ms"].sum() / 1e3 / fwd, rel=1e-6)
         assert r["step_vs_forwards"] >= 1.0  # a step holds its forwards
+        # interactivity: each request's tokens over the engine steps it decoded in, averaged
+        steps = open_run(r["run"]).scan("steps").collect()
+        ms = dict(zip(sched["tick"].to_list(), sched["step_ms"].to_list(), strict=True))
+        per = [sum(g["emitted"]) / (sum(ms[t] for t in g["step"]) / 1e3)
+               for g in steps.partition_by("request", as_dict=False)]
+        assert r["live_interactivity"] == pytest.approx(float(np.mean(per)), rel=1e-6)
     # the same point twice: a median and range over the rounds
     k3 = next(p for p in sim["live"]["points"] if p["policy"] == "fixed K=3")
     assert k3["rounds"] == 2 and k3["ratio"]["min"] == k3["ratio"]["max"] == pytest.approx(rows[0]["ratio"])

@@ -31,6 +31,10 @@ def _write(tmp_path, data):
     (lambda d: d["draft_ms"][1].__setitem__(2, float("inf")), "draft_ms[1][2]"),
     (lambda d: d["draft_ms"].__setitem__(1, {}), "must not be empty"),
     (lambda d: d["verify_ms"].__setitem__(0, 1.0), "verify_ms"),
+    (lambda d: d.__setitem__("step_ms", {1: {-1: 0.5}}), "step_ms"),
+    (lambda d: d.__setitem__("step_ms", {0: {0: 0.5}}), "step_ms"),
+    (lambda d: d.__setitem__("step_ms", {1: {0: -0.5}}), "step_ms[1][0]"),
+    (lambda d: d.__setitem__("step_ms", {}), "step_ms"),
 ])
 def test_bad_measured_values(tmp_path, edit, key):
     import copy

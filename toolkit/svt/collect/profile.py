@@ -306,8 +306,50 @@ def profile_pair(target, draft, *, k: int, batches=DEFAULT_BATCHES, context: int
                                                   {b: spread["verify"][(b, m)] for b in batches})]}
     draft_fit, verify_fit, record = fit_costs(draft_raw, verify_raw)
     record["remeasured"] = remeasured
+    forwards = CostTable("measured", "autoregressive", draft_ms=draft_fit, verify_rows_ms=verify_fit)
+    step, step_record = step_overheads(target, draft, k, batches, context, forwards)
     block = measurement_block(repeats, spread, falls, before, machine_load(), fit=record)
+    block["step"] = step_record
     return CostTable("measured", "autoregressive",
                      f"measured on {device} with context {context}, {repeats} repeats a cell (more where the fit "
-                     f"was uncertain), fitted: {record['model']} (raw medians under measurement.fit)",
-                     draft_fit, {}, measurement=block, verify_rows_ms=verify_fit)
+                     f"was uncertain), fitted: {record['model']} (raw medians under measurement.fit); step_ms: "
+                     "the engine's per-step work outside its forwards, timed on real engine steps",
+                     draft_fit, {}, measurement=block, verify_rows_ms=verify_fit, step_ms=step)
+
+
+#: engine steps timed per (batch, k) cell of ``step_ms`` (after one warm-up decode)
+OVERHEAD_TOKENS = 12
+
+
+def step_overheads(target, draft, k: int, batches, context: int, forwards: CostTable) -> tuple[dict, dict]:
+    """``step_ms[batch][k]`` for k in {0, 1, K}: what a real engine step costs beyond the forwards
+    as ``forwards`` (the table just fitted) prices them, the median over the steps of svt's batched
+    engine decoding random prompts of ``context`` tokens (T = 1). It holds the work the forward cells
+    do not time: probabilities and sampling, the acceptance test, the target's hidden states a head
+    reads, logging, cache bookkeeping and compaction. Batches above 16 are timed at the largest
+    only. Returns the table and its raw medians."""
+    from svt.collect.engine import SamplingParams, run_batch
+
+    device = next(target.parameters()).device
+    g = torch.Generator().manual_seed(7)
+    timed = sorted({b for b in batches if b <= 16} | {max(batches)})
+    vocab = target.config.vocab_size
+    table: dict[int, dict[int, float]] = {}
+    raw: dict[str, dict[str, float]] = {}
+    for b in timed:
+        prompts = torch.randint(10, vocab, (b, max(context - OVERHEAD_TOKENS // 2, 2)), generator=g).tolist()
+        table[b], raw[str(b)] = {}, {}
+        for kk in sorted({0, min(1, k), k}):
+            run_batch(target, draft, [p[-8:] for p in prompts], SamplingParams(1.0, 1.0, kk, 3), eos_id=None, pad_id=0,
+                      generator=torch.Generator(device=device).manual_seed(0))  # warm-up
+            log = run_batch(target, draft, prompts, SamplingParams(1.0, 1.0, kk, OVERHEAD_TOKENS), eos_id=None,
+                            pad_id=0, generator=torch.Generator(device=device).manual_seed(1))
+            sched = {c: np.concatenate(v) for c, v in log.schedule.items()}
+            full = sched["batch_size"] == b
+            step = float(np.median(sched["step_ms"][full]))
+            priced = forwards.draft(b, kk) + float(forwards.verify(b * (kk + 1), rows=b))
+            table[b][kk] = max(step - priced, 0.0)
+            raw[str(b)][str(kk)] = round(step, 4)
+    return table, {"what": "median engine step at the profile's context (random prompts, T = 1) minus the forwards "
+                           "as the table prices them", "steps_a_cell": OVERHEAD_TOKENS, "batches": timed,
+                   "step_medians_ms": raw}

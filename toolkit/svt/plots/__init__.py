@@ -129,6 +129,7 @@ def pareto(report: dict, ax=None):
         if p["policy"] == "oracle":
             ax.annotate(f"B={p['concurrency']}", (p["interactivity"], p["throughput"]), fontsize=6,
                         xytext=(3, 3), textcoords="offset points")
+    _live_points(ax, sim, policies, colors)
     ax.set(xscale="linear", yscale="log", xlabel="interactivity (tokens/s per request)",
            ylabel="throughput (tokens/s, all requests)",
            title=f"Throughput vs interactivity, B = 1..64 ({sim['costs']['kind']} costs)"
@@ -138,6 +139,18 @@ def pareto(report: dict, ax=None):
     add_caption(fig, report, f"   costs: {Path(sim['costs']['path']).name} ({sim['costs']['kind']})"
                 + (f"; whiskers: 95 % over {refits} refits of the cost model" if refits else ""))
     return fig
+
+
+def _live_points(ax, sim: dict, policies: list[str], colors) -> None:
+    """Live runs (``svt evaluate --live``) as crosses in their policy's colour, each labelled with
+    its batch size: where the engine landed beside the replay's curve."""
+    runs = [r for r in ((sim.get("live") or {}).get("runs") or []) if r.get("live_interactivity")]
+    for j, r in enumerate(runs):
+        i = policies.index(r["policy"]) if r["policy"] in policies else 0
+        ax.plot([r["live_interactivity"]], [r["live_tokens_per_s"]], "X", color=colors[i % len(colors)], ms=8,
+                mec="k", mew=0.6, label="live runs (engine), policy's colour" if j == 0 else None, zorder=5)
+        ax.annotate(f"live B={r['batch_size']}", (r["live_interactivity"], r["live_tokens_per_s"]), fontsize=6,
+                    xytext=(4, -8), textcoords="offset points")
 
 
 def _whiskers(ax, points: list[dict], color) -> None:

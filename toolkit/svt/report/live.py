@@ -67,6 +67,7 @@ def read_live(path: str, fits: list[str], fit_names: list[str]) -> dict:
         pl.col("batch_size").sum().alias("rows"), pl.col("batch_size").mean().alias("mean_batch"),
         pl.len().alias("steps")).row(0, named=True)
     cfg = meta.get("config") or {}
+    kind = (meta.get("schedule") or {}).get("kind", "static")
     return {
         "run": str(path), "policy": live_policy(meta, path, fits, fit_names), "k": int(meta["k"]),
         "batch_size": int(cfg.get("batch_size", 0)), "schedule": (meta.get("schedule") or {}).get("kind", "static"),
@@ -75,8 +76,20 @@ def read_live(path: str, fits: list[str], fit_names: list[str]) -> dict:
         "mean_batch": float(s["mean_batch"]),
         "live_tokens_per_s": s["tokens"] / (s["step"] / 1e3) if s["step"] > 0 else None,
         "live_tokens_per_step": s["tokens"] / s["rows"],
+        "live_interactivity": _interactivity(run, sched) if kind == "continuous" else None,
         "_steps": sched.select("batch_size", "verify_tokens").to_numpy().astype(np.int64),
     }
+
+
+def _interactivity(run, sched: pl.DataFrame) -> float:
+    """Mean over requests of tokens / the wall-clock of the engine steps it decoded in (a continuous
+    run's steps are its engine ticks)."""
+    per = (run.scan("steps").select("request", "step", "emitted").collect()
+           .join(sched.select(pl.col("tick").alias("step"), "step_ms"), on="step", how="left"))
+    if per["step_ms"].null_count():
+        raise DataError(f"{run.path}: steps whose engine step is not in its `schedule` table.")
+    r = per.group_by("request").agg(pl.col("emitted").sum(), pl.col("step_ms").sum())
+    return float((r["emitted"] / (r["step_ms"] / 1e3)).mean())
 
 
 def priced_seconds(steps: np.ndarray, k: int, costs) -> float:

@@ -147,7 +147,8 @@ def _describe(v) -> str:
 
 
 COMMON = {"kind", "drafter", "description"}
-KEYS = {"measured": COMMON | {"draft_ms", "verify_ms", "verify_rows_ms", "measurement", "models", "context", "machine"},
+KEYS = {"measured": COMMON | {"draft_ms", "verify_ms", "verify_rows_ms", "step_ms", "measurement", "models", "context",
+                              "machine"},
         "roofline": COMMON | {"model", "models"}}
 
 
@@ -178,8 +179,23 @@ def _load_measured(data: dict, path: Path, drafter: str) -> CostTable:
                                                    f"({'; '.join(falls[:3])}{'; ...' if len(falls) > 3 else ''}) "
                                                    "are read as non-decreasing"]}
     models = data.get("models") if isinstance(data.get("models"), dict) else {}
+    step = _step_rows(data["step_ms"], path) if "step_ms" in data else {}
     return CostTable("measured", drafter, data.get("description", ""), draft, verify, measurement=measurement,
-                     models=models, verify_rows_ms=rows_ms)
+                     models=models, verify_rows_ms=rows_ms, step_ms=step)
+
+
+def _step_rows(table, path: Path) -> dict[int, dict[int, float]]:
+    """``step_ms[batch][k]``: batch keys >= 1, k keys >= 0, milliseconds >= 0."""
+    if not isinstance(table, dict) or not table:
+        raise ConfigError(f"{path}: `step_ms` must be a non-empty mapping of batch -> k -> milliseconds.")
+    out = {b: _numbers(row, f"step_ms[{b}]", "k", path) for b, row in _numbers(table, "step_ms", "batch", path,
+                                                                             leaf=False).items()}
+    for b, row in out.items():
+        if b < 1 or not row or any(k < 0 for k in row):
+            raise ConfigError(f"{path}: `step_ms` keys must be batch >= 1 and k >= 0, but got batch {b}, k {sorted(row)}.")
+        for k, v in row.items():
+            _positive(v, f"step_ms[{b}][{k}]", path, zero_ok=True, limit=MAX_MS)
+    return out
 
 
 def load_costs(path: str | Path) -> CostTable:
@@ -238,6 +254,8 @@ def write_costs(table: CostTable, path: str | Path, extra: dict | None = None) -
             "draft_ms": {b: {k: round(v, 4) for k, v in row.items()} for b, row in table.draft_ms.items()},
             **({"verify_rows_ms": {b: {m: round(v, 4) for m, v in row.items()} for b, row in table.verify_rows_ms.items()}}
                if table.verify_rows_ms else {"verify_ms": {t: round(v, 4) for t, v in table.verify_ms.items()}})}
+    if table.step_ms:
+        data["step_ms"] = {b: {k: round(v, 4) for k, v in row.items()} for b, row in table.step_ms.items()}
     if table.measurement:
         data["measurement"] = table.measurement
     return write_text_atomic(path, yaml.safe_dump(data, sort_keys=False))

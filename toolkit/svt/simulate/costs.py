@@ -12,6 +12,11 @@ Two kinds of file (YAML):
 
 ``drafter: autoregressive`` pays one drafter pass per draft token; ``parallel`` drafts all K in one
 pass (the Adaptive Verification source, "Limitations").
+
+A measured table may also carry ``step_ms[batch][k]``: the engine's work per step outside its two
+forwards (sampling, acceptance, bookkeeping, cache compaction, admitting requests), timed on real
+engine steps by ``--profile-costs``. ``draft(batch, k)`` charges it with the drafter's passes (k = 0,
+plain decoding, pays it too), so every replay prices the whole step the engine runs.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ class CostTable:
     models: dict = field(default_factory=dict)
     # measured: [rows][tokens a row], the fitted surface (replaces verify_ms when present)
     verify_rows_ms: dict[int, dict[int, float]] = field(default_factory=dict)
+    # measured: [batch][k], the engine's per-step work outside its forwards (empty: not charged)
+    step_ms: dict[int, dict[int, float]] = field(default_factory=dict)
 
     def fingerprint(self) -> str:
         """SHA-256 (16 hex digits) of the numbers that define the table (not its description): two
@@ -51,6 +58,8 @@ class CostTable:
         if self.verify_rows_ms:
             body["verify_rows_ms"] = {str(b): {str(m): v for m, v in sorted(row.items())}
                                       for b, row in sorted(self.verify_rows_ms.items())}
+        if self.step_ms:
+            body["step_ms"] = {str(b): {str(k): v for k, v in sorted(row.items())} for b, row in sorted(self.step_ms.items())}
         reps = ((self.measurement or {}).get("fit") or {}).get("replicates")
         if reps:  # they price the ranges a report gives: two tables with other refits are other tables
             body["replicates"] = hashlib.sha256(json.dumps(reps, sort_keys=True, default=str).encode()).hexdigest()
@@ -103,7 +112,8 @@ class CostTable:
             out.append(CostTable("measured", self.drafter, draft_ms={int(b): {int(k): float(v) for k, v in row.items()}
                                                                      for b, row in rep["draft_ms"].items()},
                                  verify_rows_ms={int(b): {int(m): float(v) for m, v in row.items()}
-                                                 for b, row in rep["verify_rows_ms"].items()}))
+                                                 for b, row in rep["verify_rows_ms"].items()},
+                                 step_ms=self.step_ms))
         return out
 
     def _roofline(self, who: str, tokens) -> np.ndarray:
@@ -143,20 +153,39 @@ class CostTable:
         return _interp(t, *self._verify_xy)
 
     def draft(self, batch: int, k: int) -> float:
-        """Milliseconds for the drafter to propose ``k`` tokens for ``batch`` requests.
+        """Milliseconds of a step's work besides the verify forward: the drafter proposing ``k``
+        tokens for ``batch`` requests, plus the engine's per-step work (``step_ms``) when the table
+        measured it.
 
         Measured tables: an autoregressive drafter pays the measured ``draft_ms[batch][k]`` (k
         sequential passes); a parallel drafter pays one pass over ``batch * k`` tokens, read as the
         measured single-token pass of a batch of that many rows. Batch sizes between measured ones
         are interpolated linearly; beyond the largest, time scales in proportion to the batch.
         """
-        if k <= 0:
+        if k <= 0 and not self.step_ms:
             return 0.0
         cache = self.__dict__.setdefault("_draft_cache", {})  # the replay asks for the same few values
-        key = (int(batch), int(k))
+        key = (int(batch), max(int(k), 0))
         if key not in cache:
-            cache[key] = self._draft_uncached(*key)
+            cache[key] = (self._draft_uncached(*key) if key[1] else 0.0) + self.step_overhead(*key)
         return cache[key]
+
+    def step_overhead(self, batch: int, k: int) -> float:
+        """``step_ms`` at (batch, k): linear in k between measured k's and in the batch between
+        measured batches; beyond the largest batch, in proportion to it (0 without ``step_ms``)."""
+        if not self.step_ms:
+            return 0.0
+        batches = np.array(sorted(self.step_ms), dtype=np.float64)
+
+        def at(b: int) -> float:
+            row = self.step_ms[b]
+            ks = np.array(sorted(row), dtype=np.float64)
+            return float(np.interp(k, ks, [row[int(x)] for x in ks]))
+
+        vals = np.array([at(int(b)) for b in batches])
+        if batch > batches[-1]:
+            return float(vals[-1] * batch / batches[-1])
+        return float(np.interp(batch, batches, vals))
 
     def _draft_uncached(self, batch: int, k: int) -> float:
         if self.kind == "roofline":
