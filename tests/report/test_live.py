@@ -64,6 +64,7 @@ def test_each_live_run_beside_the_replays_point_for_its_policy(runs):
         priced = sum(costs.draft(int(b), k) + float(costs.verify(int(t), rows=int(b)))
                      for b, t in zip(sched["batch_size"], sched["verify_tokens"], strict=True)) / 1e3
         assert r["table_s"] == pytest.approx(priced, rel=1e-9)
+        assert r["table_vs_steps"] == pytest.approx(priced / (sched["step_ms"].sum() / 1e3), rel=1e-6)
         fwd = float((sched["draft_ms"] + sched["verify_ms"]).sum()) / 1e3
         assert r["step_vs_forwards"] == pytest.approx(sched["step_ms"].sum() / 1e3 / fwd, rel=1e-6)
         assert r["step_vs_forwards"] >= 1.0  # a step holds its forwards

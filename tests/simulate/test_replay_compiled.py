@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from svt.simulate import StepTrace, replay
-from svt.simulate.av import resample_requests
+from svt.simulate.av import resample_requests, step_groups
 from svt.simulate.cost_files import load_costs
 from svt.simulate.costs import CostTable
 
@@ -58,11 +58,40 @@ def _assert_same(trace, costs, concurrency=(1, 2, 3, 8, 64)):
 
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 10**6), n_req=st.integers(1, 30), K=st.integers(1, 6), ties=st.booleans(),
-       table=st.sampled_from(["bumpy", "bumpy-parallel", "h100", "surface"]))
-def test_compiled_replay_equals_the_reference(seed, n_req, K, ties, table):
+       table=st.sampled_from(["bumpy", "bumpy-parallel", "h100", "surface", "surface-step"]),
+       schedule=st.sampled_from(["static", "continuous"]), verification=st.sampled_from(["packed", "padded"]))
+def test_compiled_replay_equals_the_reference(seed, n_req, K, ties, table, schedule, verification):
     costs = {"bumpy": bumpy_costs(), "bumpy-parallel": bumpy_costs("parallel"), "surface": surface_costs(),
-             "h100": load_costs(COSTS / "h100-llama8b-eagle.yaml")}[table]
-    _assert_same(random_trace(np.random.default_rng(seed), n_req, K, ties), costs)
+             "surface-step": surface_costs(), "h100": load_costs(COSTS / "h100-llama8b-eagle.yaml")}[table]
+    if table == "surface-step":  # the engine's per-step work, charged with the drafts (k = 0 too)
+        costs.step_ms = {1: {0: 0.2, 6: 0.9}, 16: {0: 0.6, 6: 2.5}}
+    trace = random_trace(np.random.default_rng(seed), n_req, K, ties)
+    trace.schedule, trace.verification = schedule, verification
+    _assert_same(trace, costs)
+
+
+def test_a_padded_engine_pays_for_its_longest_kept_row():
+    """Under padded verification an AV step costs draft(n, K) + verify(n (1 + longest kept)); packed,
+    draft(n, K) + verify(n + kept drafts): same decisions, other prices."""
+    from svt.simulate.av import av_keep
+
+    trace = random_trace(np.random.default_rng(5), 12, 4, ties=False)
+    costs = surface_costs()
+    pts = {}
+    for verification in ("packed", "padded"):
+        trace.verification = verification
+        pts[verification] = {p["policy"]: p for p in replay(trace, costs, concurrency=(4,), compiled=False)}
+    groups = step_groups(trace, 4)
+    ms = {"packed": 0.0, "padded": 0.0}
+    for rows in groups:
+        kept = av_keep(trace.confidence["p"][rows], costs, "convex")
+        n = len(rows)
+        ms["packed"] += costs.draft(n, 4) + float(costs.verify(n + kept.sum(), rows=n))
+        ms["padded"] += costs.draft(n, 4) + float(costs.verify(n * (1 + kept.max()), rows=n))
+    for v in ("packed", "padded"):
+        assert pts[v]["AV p"]["step_ms"] == pytest.approx(ms[v] / len(groups), rel=1e-12)
+        assert pts[v]["fixed K=2"] == pts["packed"]["fixed K=2"]  # every row verifies K: no padding
+    assert pts["padded"]["AV p"]["throughput"] < pts["packed"]["AV p"]["throughput"]
 
 
 def test_compiled_replay_equals_the_reference_on_a_bootstrap_draw():

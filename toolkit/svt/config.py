@@ -72,6 +72,8 @@ class AVConfig:
     #                       with its warm-up refits) instead of using its final coefficients
     rule: str = "convex"  # budget rule: convex (on the cost curve's convex minorant: lossless) or
     #                       engine (the document's rule on the measured curve: lossy when not convex)
+    length: bool = False  # AV+length: each row stops drafting at its own causal length (the replay's
+    #                       `AV+length` policy) instead of drafting K and trimming
 
 
 @dataclass

@@ -63,6 +63,10 @@ class LiveAV:
     observe: object = None
     warming_up: object = None
     rule: str = "convex"  # the budget rule: convex (lossless, default) or engine (the document's)
+    # AV+length: each row stops drafting at its own causal length (svt.simulate.av.draft_lengths'
+    # rule, one position at a time), then the budget chooses among what was drafted
+    length: bool = False
+    lengths: object = None  # svt.collect.draft_length.LengthPolicy, made by the engine for a run
 
 
 @dataclass
@@ -110,6 +114,10 @@ class BatchLog:
         return got
 
 
+#: the drafts columns read from the target's distribution: null where live AV trimmed the draft
+#: before the target computed it
+P_COLUMNS = ("p_sampled", "p_max", "accept_prob", "accept_prob_expected")
+
 #: a cache compacts once at least this many slots are holes that every row masks ...
 COMPACT_MIN_HOLES = 64
 #: ... and they are at least this share of its slots (so a compaction, one gather of the cache, is
@@ -136,6 +144,7 @@ class _Cache:
         ``extra`` goes to the model (a hidden-state head's ``features``)."""
         pos = self.live[:, None] + (new_mask.cumsum(1) - 1).clamp(min=0)
         self.mask = torch.cat([self.mask, new_mask], 1)
+        self.last_width = ids.shape[1]
         out = self.run(
             input_ids=ids,
             attention_mask=self.mask,
@@ -286,8 +295,10 @@ def _prefill(target, draft, prompts: list[list[int]], pad_id: int, device, first
                  active=torch.arange(first, first + B, device=device), catch=catch)
 
 
-def _draft_k(rows: _Rows, params: SamplingParams, generator, hidden: bool):
-    """K draft tokens for every row: ``q`` [nb, K, V], ``x`` [nb, K] and the last hidden states."""
+def _draft_k(rows: _Rows, params: SamplingParams, generator, hidden: bool, go_on=None):
+    """Up to K draft tokens for every row: ``q`` [nb, L, V], ``x`` [nb, L] and the last hidden
+    states. ``go_on(i, q_i) -> bool`` (AV+length) is asked after each draft whether another pass is
+    needed (L < K when no row drafts on); without it L = K."""
     nb, K = rows.active.numel(), params.k
     if K == 0:  # plain decoding
         return None, torch.zeros((nb, 0), dtype=torch.long, device=rows.pending.device), []
@@ -296,7 +307,7 @@ def _draft_k(rows: _Rows, params: SamplingParams, generator, hidden: bool):
             q = process_probs(logits, params.temperature, params.top_p)
             return q, draft_token(q, params.greedy, generator)
 
-        return draft_with_head(rows.dc, rows.catch, K, sample, hidden)
+        return draft_with_head(rows.dc, rows.catch, K, sample, hidden, go_on)
     ones1 = torch.ones((nb, 1), dtype=torch.long, device=rows.pending.device)
     feed = torch.stack([rows.unseen, rows.pending], 1)
     fmask = torch.stack([rows.has_unseen, torch.ones_like(rows.has_unseen)], 1)
@@ -309,8 +320,10 @@ def _draft_k(rows: _Rows, params: SamplingParams, generator, hidden: bool):
         toks.append(x)
         if hidden:
             hid.append(o.hidden_states[-1][:, -1])
-        if i < K - 1:
+        if i < K - 1 and (go_on is None or go_on(i, q)):
             o = rows.dc.forward(x[:, None], ones1, hidden=hidden)
+        else:
+            break
     return torch.stack(qs, 1), torch.stack(toks, 1), hid
 
 
@@ -318,13 +331,15 @@ def _advance_caches(rows: _Rows, x: torch.Tensor, acc: torch.Tensor, next_token:
                     pad_id: int, taps: torch.Tensor | None = None) -> None:
     """The target keeps y and the accepted drafts; the draft keeps what it was fed of them (a head:
     the verified slots' features wait for the next draft)."""
+    W = rows.tc.last_width
+    rows.tc.restrict_last(torch.arange(W, device=x.device)[None, :] < (acc + 1)[:, None])
+    K = x.shape[1]  # drafted this step (fewer than the run's K when AV+length stopped every row early)
     kr = torch.arange(K + 1, device=x.device)[None, :]
-    rows.tc.restrict_last(kr < (acc + 1)[:, None])
     if K == 0:  # plain decoding: the drafter never runs
         rows.pending = next_token
         return
     if rows.catch is not None:
-        rows.catch = step_catch_up(rows.dc.model, taps, x, acc, next_token)
+        rows.catch = step_catch_up(rows.dc.model, taps, x[:, : W - 1], acc, next_token)
         rows.pending = next_token
         return
     # draft's slots this step: [a, y, x_0 .. x_{K-2}]; keep a (when real), y, x_0..x_{acc-1}
@@ -399,6 +414,10 @@ def run_batch(
     log = log or LogOptions()
     device = next(target.parameters()).device
     N, K, greedy = len(prompts), params.k, params.greedy
+    if av is not None and av.length and av.lengths is None:
+        from svt.collect.draft_length import LengthPolicy
+
+        av.lengths = LengthPolicy(av)
     head = is_head(draft) and K > 0
     request_ids = request_ids if request_ids is not None else list(range(N))
     out = BatchLog(outputs=[[] for _ in range(N)], finish=["length"] * N)
@@ -422,31 +441,39 @@ def run_batch(
         t0 = time.perf_counter()
         nb = rows.active.numel()
         row_ids = rows.active.cpu().numpy()
-        q, x, hid = _draft_k(rows, params, generator, log.hidden)
+        stopper = None if av is None or av.lengths is None else av.lengths.start(nb, K)
+        q, x, hid = _draft_k(rows, params, generator, log.hidden, None if stopper is None else stopper.go_on)
         _sync(device)
         t1 = time.perf_counter()
-        # verify with one target forward: [y, x_0, ..., x_{K-1}] gives p_0..p_K
-        to = rows.tc.forward(torch.cat([rows.pending[:, None], x], 1),
-                             torch.ones((nb, K + 1), dtype=torch.long, device=device), hidden=head)
-        p = process_probs(to.logits, params.temperature, params.top_p)  # [nb, K + 1, V]
-        if K == 0:
+        kept = torch.full((nb,), K, dtype=torch.long, device=device)
+        drafted = None if stopper is None else torch.from_numpy(stopper.lengths).to(device)
+        explored = True
+        if av is not None:  # the budget is decided on q alone, before the target runs
+            kept, explored = _live_av(av, q, nb, K, generator, drafted)
+        # verify with one target forward over [y, x_0, ..., x_{kept-1}] (p_0..p_kept), each row's
+        # trimmed drafts never computed: rows padded (masked) to the longest kept row
+        W = x.shape[1] + 1 if av is None else int(kept.max()) + 1
+        fmask = (torch.arange(W, device=device)[None, :] <= kept[:, None]).long()
+        to = rows.tc.forward(torch.cat([rows.pending[:, None], x[:, : W - 1]], 1), fmask, hidden=head)
+        p = process_probs(to.logits, params.temperature, params.top_p)  # [nb, W, V]
+        label_ok = None
+        if stopper is not None:
+            stopper.observe(q)  # what this step shows the next: how many rows went on past each position
+        if W == 1:  # plain decoding, or every row's drafts trimmed: the target's own sample
             acc = torch.zeros(nb, dtype=torch.long, device=device)
             next_token = draft_token(p[:, 0], greedy, generator)
+            label_ok = torch.zeros((nb, 0), dtype=torch.bool, device=device)
         else:
-            res = verify(p, q, x, greedy=greedy, generator=generator)
-            acc, next_token = res.accepted, res.next_token
-        kept = torch.full_like(acc, K)
-        explored = True
-        if av is not None:
-            kept, explored = _live_av(av, q, nb, K, generator)
-            acc, next_token = trim(p, acc, next_token, kept, greedy=greedy, generator=generator)
+            res = verify(p, q[:, : W - 1], x[:, : W - 1], greedy=greedy, generator=generator)
+            acc, next_token, label_ok = res.accepted, res.next_token, res.label_ok
+            if av is not None:
+                acc, next_token = trim(p, acc, next_token, kept, greedy=greedy, generator=generator)
         _sync(device)
         t2 = time.perf_counter()
         _advance_caches(rows, x, acc, next_token, K, pad_id,
                         taps_of(to, draft.cfg.aux_layer_ids) if head else None)
-        label_ok = None if K == 0 else res.label_ok
         emitted, done = _log_step(out, n_out, rows, row_ids, [request_ids[r] for r in row_ids], tick, params,
-                                  (q, p, x, hid, label_ok, acc, kept), eos_id=eos_id, log=log, av=av,
+                                  (q, p, x, hid, label_ok, acc, kept, drafted), eos_id=eos_id, log=log, av=av,
                                   generator=generator, times=((t1 - t0) * 1e3, (t2 - t1) * 1e3), explored=explored)
         rows.end_step(done, device, compact)
         _sync(device)
@@ -454,7 +481,7 @@ def run_batch(
         out.add(out.schedule, tick=np.array([tick], np.int32), batch_size=np.array([nb], np.int16),
                 admitted=np.array([max(n_new, 0)], np.int16), prefill_ms=np.array([(t0 - t_in) * 1e3], np.float32),
                 draft_ms=np.array([(t1 - t0) * 1e3], np.float32), verify_ms=np.array([(t2 - t1) * 1e3], np.float32),
-                step_ms=np.array([(t3 - t0) * 1e3], np.float32), verify_tokens=np.array([nb * (K + 1)], np.int32),
+                step_ms=np.array([(t3 - t0) * 1e3], np.float32), verify_tokens=np.array([int(fmask.numel())], np.int32),
                 emitted=np.array([int(emitted.sum())], np.int32))
         tick += 1
         if on_step is not None:
@@ -467,32 +494,48 @@ def run_batch(
 def _log_step(out: BatchLog, n_out, rows: _Rows, row_ids, req_ids, tick: int, params: SamplingParams, step,
               *, eos_id, log: LogOptions, av, generator, times, explored) -> tuple[np.ndarray, np.ndarray]:
     """Emit one step's tokens and log its rows (two device-to-host transfers); returns the tokens
-    each row emitted and which rows finished."""
-    q, p, x, hid, label_ok, acc, kept = step
-    K, nb = params.k, row_ids.size
-    ar = torch.arange(K, device=x.device)[None, :]
+    each row emitted and which rows finished. A row's drafts are logged up to its drafted length
+    (AV+length: ``drafted``; else every drafted position)."""
+    q, p, x, hid, label_ok, acc, kept, drafted = step
+    L, nb = x.shape[1], row_ids.size
+    ar = torch.arange(L, device=x.device)[None, :]
     verified = ar < kept[:, None]  # trimmed drafts carry no label (null)
     label = torch.where(ar < acc[:, None], 1, torch.where((ar == acc[:, None]) & verified, 0, -1))
-    ints = torch.cat([x, rows.pending[:, None], label, acc[:, None], kept[:, None]], 1).cpu().numpy()
-    new_tok, label_np = ints[:, : K + 1], ints[:, K + 1 : 2 * K + 1]
-    acc_np, kept_np = ints[:, -2], ints[:, -1]
+    lengths = torch.full_like(kept, L) if drafted is None else drafted
+    ints = torch.cat([x, rows.pending[:, None], label, acc[:, None], kept[:, None], lengths[:, None]], 1).cpu().numpy()
+    new_tok, label_np = ints[:, : L + 1], ints[:, L + 1 : 2 * L + 1]
+    acc_np, kept_np, len_np = ints[:, -3], ints[:, -2], ints[:, -1]
     if av is not None and av.observe is not None:
-        av.observe(label_np)
-    emitted, done = _emit(out, n_out, row_ids, new_tok, acc_np, K, params, eos_id)
+        av.observe(_full_labels(label_np, params.k))
+    emitted, done = _emit(out, n_out, row_ids, new_tok, acc_np, L, params, eos_id)
     req = np.asarray(req_ids, dtype=np.int64)
-    if K > 0:
-        feats = draft_features(q, p[:, :K], x)
+    if L > 0:
+        nan = float("nan")
+        pk = torch.cat([p[:, : p.shape[1] - 1], p.new_full((nb, L + 1 - p.shape[1], p.shape[2]), nan)], 1)
+        feats = draft_features(q, pk, x)
         if params.greedy:  # acceptance is argmax agreement: the soft labels are the 0/1 outcome
-            feats["accept_prob"] = label_ok.float()
-            feats["accept_prob_expected"] = label_ok.float()
-        floats = torch.stack(list(feats.values())).float().cpu().numpy()  # [n_feats, nb, K]
-        _log_drafts(out, req, tick, K, new_tok, label_np, feats, floats)
+            ok = torch.cat([label_ok.float(), label_ok.new_zeros((nb, L - label_ok.shape[1])).float()], 1)
+            feats["accept_prob"] = ok
+            feats["accept_prob_expected"] = ok
+        for col in P_COLUMNS:  # a trimmed draft's target distribution was never computed: null
+            feats[col] = torch.where(verified, feats[col], nan)
+        floats = torch.stack(list(feats.values())).float().cpu().numpy()  # [n_feats, nb, L]
+        proposed = np.arange(L)[None, :] < len_np[:, None]
+        _log_drafts(out, req, tick, L, new_tok, label_np, feats, floats, proposed)
         if log.hidden:
-            out.hidden.append(torch.stack(hid, 1).to(torch.float16).cpu().numpy().reshape(nb * K, -1))
+            h = torch.stack(hid, 1).to(torch.float16).cpu().numpy()
+            out.hidden.append(h[proposed])
         if log.dists_fraction > 0:
-            _log_dists(out, q, p[:, :K], x, req, tick, log, generator)
-    _log_steps(out, req, tick, K, acc_np, kept_np, emitted, times[0], times[1], explored)
+            _log_dists(out, q, pk, x, req, tick, log, generator, verified)
+    _log_steps(out, req, tick, len_np, acc_np, kept_np, emitted, times[0], times[1], explored)
     return emitted, done
+
+
+def _full_labels(label_np: np.ndarray, K: int) -> np.ndarray:
+    """A step's labels widened to the run's K (-1: not drafted), as an online estimator reads them."""
+    if label_np.shape[1] == K:
+        return label_np
+    return np.concatenate([label_np, np.full((label_np.shape[0], K - label_np.shape[1]), -1, label_np.dtype)], 1)
 
 
 def _merge(rows: _Rows, new: _Rows) -> None:
@@ -506,29 +549,30 @@ def _merge(rows: _Rows, new: _Rows) -> None:
                           "`schedule: static`.") from None
 
 
-def _log_drafts(out: BatchLog, req, step_no: int, K: int, new_tok, label_np, feats, floats) -> None:
-    """One step's rows of the drafts table."""
+def _log_drafts(out: BatchLog, req, step_no: int, K: int, new_tok, label_np, feats, floats, proposed) -> None:
+    """One step's rows of the drafts table: each row's proposed drafts (``proposed`` [nb, K])."""
     nb = req.size
+    m = proposed.reshape(-1)
     out.add(
         out.drafts,
-        request=np.repeat(req, K),
-        step=np.full(nb * K, step_no, dtype=np.int32),
-        position=np.tile(np.arange(K, dtype=np.int16), nb),
-        token=new_tok[:, :K].reshape(-1),
-        label=label_np.reshape(-1),
-        **{k: floats[i].reshape(-1) for i, k in enumerate(feats)},
+        request=np.repeat(req, K)[m],
+        step=np.full(int(m.sum()), step_no, dtype=np.int32),
+        position=np.tile(np.arange(K, dtype=np.int16), nb)[m],
+        token=new_tok[:, :K].reshape(-1)[m],
+        label=label_np.reshape(-1)[m],
+        **{k: floats[i].reshape(-1)[m] for i, k in enumerate(feats)},
     )
 
 
-def _log_steps(out: BatchLog, req, step_no: int, K: int, acc_np, kept_np, emitted, draft_ms: float,
+def _log_steps(out: BatchLog, req, step_no: int, drafted, acc_np, kept_np, emitted, draft_ms: float,
                verify_ms: float, explored: bool) -> None:
-    """One step's rows of the steps table."""
+    """One step's rows of the steps table (``drafted``: each row's drafts, or one count for all)."""
     nb = req.size
     out.add(
         out.steps,
         request=req,
         step=np.full(nb, step_no, dtype=np.int32),
-        drafted=np.full(nb, K, dtype=np.int16),
+        drafted=np.broadcast_to(np.asarray(drafted, dtype=np.int16), (nb,)).copy(),
         accepted=acc_np.astype(np.int16),
         emitted=emitted.astype(np.int16),
         draft_ms=np.full(nb, draft_ms, dtype=np.float32),
@@ -539,23 +583,32 @@ def _log_steps(out: BatchLog, req, step_no: int, K: int, acc_np, kept_np, emitte
     )
 
 
-def _live_av(av: LiveAV, q: torch.Tensor, nb: int, K: int, generator) -> tuple[torch.Tensor, bool]:
-    """Drafts kept per row by the AV budget rule (all of them on an exploration step)."""
+def _live_av(av: LiveAV, q: torch.Tensor, nb: int, K: int, generator, drafted=None) -> tuple[torch.Tensor, bool]:
+    """Drafts kept per row by the AV budget rule (all those drafted on an exploration step).
+    ``drafted`` [nb]: AV+length's lengths (None: K each); the budget chooses among them, their
+    confidences 0 past each row's length, as the replay's AV+length does."""
     from svt.simulate.av import av_keep
 
+    L = q.shape[1]
     explore = av.explore > 0 and float(torch.rand((), generator=generator, device=q.device)) < av.explore
     feats = {k: v.float().cpu().numpy() for k, v in q_stats(q).items()}
     # always scored, so an online estimator sees the confidences in force at drafting time
-    conf = np.asarray(av.confidence(feats, np.tile(np.arange(K), (nb, 1))), dtype=np.float64)
+    conf = np.asarray(av.confidence(feats, np.tile(np.arange(L), (nb, 1))), dtype=np.float64)
+    lengths = np.full(nb, K) if drafted is None else drafted.cpu().numpy()
     if explore or (av.warming_up is not None and av.warming_up()):
-        return torch.full((nb,), K, dtype=torch.long, device=q.device), True
-    return torch.from_numpy(av_keep(conf, av.costs, av.rule)).to(q.device), False
+        return torch.from_numpy(np.minimum(lengths, L)).to(q.device), True
+    if drafted is None:
+        return torch.from_numpy(av_keep(conf, av.costs, av.rule)).to(q.device), False
+    full = np.zeros((nb, K))
+    full[:, :L] = np.where(np.arange(L)[None, :] < lengths[:, None], conf, 0.0)
+    kept = np.minimum(av_keep(full, av.costs, av.rule), lengths)
+    return torch.from_numpy(kept).to(q.device), False
 
 
-def _log_dists(out: BatchLog, q, p, x, req, step_no, log: LogOptions, generator) -> None:
-    """Top-k of q and p (plus tail mass) for a random fraction of this step's draft positions."""
+def _log_dists(out: BatchLog, q, p, x, req, step_no, log: LogOptions, generator, verified) -> None:
+    """Top-k of q and p (plus tail mass) for a random fraction of this step's verified draft positions."""
     nb, K, V = q.shape
-    pick = torch.rand((nb, K), generator=generator, device=q.device) < log.dists_fraction
+    pick = (torch.rand((nb, K), generator=generator, device=q.device) < log.dists_fraction) & verified
     idx = pick.nonzero()
     if idx.numel() == 0:
         return

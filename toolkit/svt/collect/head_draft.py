@@ -101,9 +101,10 @@ def step_catch_up(head: HiddenStateHead, taps: torch.Tensor, x: torch.Tensor, ac
     return CatchUp(ids, torch.where(real[..., None], feat, torch.zeros_like(feat)), mask, mask)
 
 
-def draft_with_head(dc, catch: CatchUp, k: int, sample, hidden: bool):
-    """``k`` drafts from the head: ``sample(logits [nb, V]) -> (q, x)``; returns the q's, x's and
-    (when ``hidden``) the normed hidden state each draft was read from."""
+def draft_with_head(dc, catch: CatchUp, k: int, sample, hidden: bool, go_on=None):
+    """Up to ``k`` drafts from the head: ``sample(logits [nb, V]) -> (q, x)``; ``go_on(i, q_i)``
+    (AV+length) says after each draft whether to draft on. Returns the q's, x's and (when
+    ``hidden``) the normed hidden state each draft was read from."""
     nb = catch.ids.shape[0]
     o = dc.forward(catch.ids, catch.fed, features=catch.feat, last_only=True)
     ones1 = torch.ones((nb, 1), dtype=torch.long, device=catch.ids.device)
@@ -114,10 +115,13 @@ def draft_with_head(dc, catch: CatchUp, k: int, sample, hidden: bool):
         toks.append(x)
         if hidden:
             hid.append(o.last_hidden[:, -1])
-        if i < k - 1:
+        if i < k - 1 and (go_on is None or go_on(i, q)):
             o = dc.forward(x[:, None], ones1, features=o.hidden[:, -1:])
-    # what stays: the catch-up's real slots; the K - 1 draft slots become holes
-    dc.restrict_last(torch.cat([catch.kept, torch.zeros((nb, k - 1), dtype=torch.long, device=catch.ids.device)], 1))
+        else:
+            break
+    # what stays: the catch-up's real slots; the draft slots fed after it become holes
+    fed = len(toks) - 1
+    dc.restrict_last(torch.cat([catch.kept, torch.zeros((nb, fed), dtype=torch.long, device=catch.ids.device)], 1))
     return torch.stack(qs, 1), torch.stack(toks, 1), hid
 
 

@@ -102,7 +102,7 @@ def live_policy(cfg: CollectConfig, config_path: Path | None, resume: bool) -> t
     costs = load_costs(resolve_path(cfg.av.costs, config_path))
     costs.check_covers(cfg.k, f"{cfg.av.costs}: ")
     if not cfg.av.online:
-        return LiveAV(confidence, costs, cfg.av.explore, rule=cfg.av.rule), None
+        return LiveAV(confidence, costs, cfg.av.explore, rule=cfg.av.rule, length=cfg.av.length), None
     if resume:
         raise ConfigError("Cannot resume a live-AV run with `av.online: true`: the estimator's state is "
                           "not saved between sessions. Use --overwrite.")
@@ -114,7 +114,7 @@ def live_policy(cfg: CollectConfig, config_path: Path | None, resume: bool) -> t
         raise ConfigError("`av.online: true` needs an online fit, e.g. irls-online (its options are used).")
     online = OnlineLive(replace(fit.options), cfg.k)
     return LiveAV(online.confidence, costs, cfg.av.explore, online.observe, online.warming_up,
-                  rule=cfg.av.rule), online
+                  rule=cfg.av.rule, length=cfg.av.length), online
 
 
 def plan_collection(cfg: CollectConfig, out: Path, *, config_path: Path | None, resume: bool, overwrite: bool,

@@ -16,7 +16,7 @@ import numpy as np
 import polars as pl
 import torch
 
-from svt.collect.engine import BatchLog, LogOptions, SamplingParams, run_batch
+from svt.collect.engine import P_COLUMNS, BatchLog, LogOptions, SamplingParams, run_batch
 from svt.collect.engines import CollectOptions, Engine
 from svt.collect.plan import CollectPlan, batch_seed, plan_collection
 from svt.config import CollectConfig
@@ -97,6 +97,7 @@ def _frames(log: BatchLog, workload_of: dict[int, str], batch_requests, prompts)
         drafts = pl.DataFrame(cat).with_columns(
             pl.Series("label", label).replace(-1, None).cast(pl.Int8),
             pl.col("request").replace_strict(workload_of, return_dtype=pl.String).alias("workload"),
+            *(pl.col(c).fill_nan(None) for c in P_COLUMNS),  # trimmed before the target computed them
         )
     else:  # plain decoding (k = 0) drafts nothing
         drafts = pl.DataFrame(schema=TABLES["drafts"].columns)
@@ -161,8 +162,10 @@ def _run_meta(plan: CollectPlan, params: SamplingParams, shard_meta: dict | None
                      "steps": "engine ticks: a request's steps are the ticks it decoded in" if cfg.schedule ==
                      "continuous" else "per batch, from 0"},
         "drafter_kinds": [plan.pair.draft_kind],
+        # a step whose rows keep different numbers of drafts (live AV) pads them to the longest
+        "verification": "padded",
         "av": None if av is None else {"fit": av.fit, "costs": av.costs, "explore": av.explore,
-                                       "online": av.online, "rule": av.rule,
+                                       "online": av.online, "rule": av.rule, "length": av.length,
                                        "labels": "censored: trimmed drafts have no label; steps with "
                                                  "explored = true verified every draft"},
         "workloads": plan.workloads.files,

@@ -9,10 +9,11 @@ For each live run (any policy svt's engine runs: fixed K, K = 0 plain decoding, 
   left out, as are loading and writing the run;
 - **predicted**: the replay's point for the same policy and batch size on the evaluated trace;
 - **the parts of the ratio**: tokens per request-step (the replay's against the live run's:
-  acceptance and the schedule), and step time split three ways on the live run's own steps:
-  the cost table priced at each step's batch and token count, the forwards as timed in that step
-  (draft + verify), and the whole step. ``table / forwards`` below 1 is a table that under-prices
-  the engine's forwards; ``step / forwards`` above 1 is the engine's work outside its forwards.
+  acceptance and the schedule), and the live run's own steps priced by the cost table:
+  ``table / steps`` (the table's whole price of each step, ``step_ms`` included, over the steps'
+  wall-clock: 1 when the table prices the engine's steps right, whatever the policy's tokens),
+  ``table / forwards`` (its forward cells alone over the forwards as timed in the steps) and
+  ``step / forwards`` (the engine's work outside its forwards).
 
 Several live runs of the same policy and batch size (rounds) get their median and range.
 """
@@ -39,6 +40,11 @@ def live_policy(meta: dict, path: str, fits: list[str], fit_names: list[str]) ->
     if not match:
         raise DataError(f"{path} trimmed with {av['fit']}; pass that fit with --fit to replay it.")
     suffix = " [engine rule]" if av.get("rule", "engine") == "engine" else ""
+    if av.get("length"):
+        if suffix:
+            raise DataError(f"{path}: AV+length with the engine rule has no replay policy (the replay's AV+length "
+                            "uses the lossless rule).")
+        return f"AV+length {fit_names[match[0]]}"
     return f"AV {fit_names[match[0]]}{suffix}"
 
 
@@ -92,11 +98,14 @@ def _interactivity(run, sched: pl.DataFrame) -> float:
     return float((r["emitted"] / (r["step_ms"] / 1e3)).mean())
 
 
-def priced_seconds(steps: np.ndarray, k: int, costs) -> float:
-    """The cost table's price of a run's own engine steps (``[batch, verify tokens]`` each)."""
+def priced_seconds(steps: np.ndarray, k: int, costs, with_step: bool = True) -> float:
+    """The cost table's price of a run's own engine steps (``[batch, verify tokens]`` each): the
+    whole step, or (``with_step=False``) its forward cells alone, without ``step_ms``."""
     total = 0.0
     for b, tokens in steps.tolist():
         total += costs.draft(b, k) + float(costs.verify(int(tokens), rows=b))
+        if not with_step:
+            total -= costs.step_overhead(b, k)
     return total / 1e3
 
 
@@ -112,12 +121,15 @@ def compare_live(lives: list[dict], points: list[dict], costs) -> dict:
             raise DataError(f"{live['run']}: the replay has no point for {live['policy']} at B = {live['batch_size']} "
                             "(a K above the evaluated run's?).")
         priced = priced_seconds(steps, live["k"], costs)
+        priced_fwd = priced_seconds(steps, live["k"], costs, with_step=False)
         measured = live["live_tokens_per_s"]
+        fwd = live["forwards_s"] or None
         rows.append({**live, "replay_tokens_per_s": float(point["throughput"]),
                      "replay_tokens_per_step": float(point["tokens_per_step"]),
                      "ratio": float(point["throughput"]) / measured if measured else None,
-                     "table_s": priced, "table_vs_forwards": priced / live["forwards_s"] if live["forwards_s"] else None,
-                     "step_vs_forwards": live["decode_s"] / live["forwards_s"] if live["forwards_s"] else None})
+                     "table_s": priced, "table_vs_steps": priced / live["decode_s"] if live["decode_s"] else None,
+                     "table_vs_forwards": priced_fwd / fwd if fwd else None,
+                     "step_vs_forwards": live["decode_s"] / fwd if fwd else None})
     rounds = []
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
@@ -129,10 +141,12 @@ def compare_live(lives: list[dict], points: list[dict], costs) -> dict:
                                             "max": float(v.max())}
         rounds.append({"policy": policy, "batch_size": b, "rounds": len(rs), "ratio": stat("ratio"),
                        "live_tokens_per_s": stat("live_tokens_per_s"), "replay_tokens_per_s": stat("replay_tokens_per_s"),
-                       "table_vs_forwards": stat("table_vs_forwards"), "step_vs_forwards": stat("step_vs_forwards"),
+                       "table_vs_steps": stat("table_vs_steps"), "table_vs_forwards": stat("table_vs_forwards"),
+                       "step_vs_forwards": stat("step_vs_forwards"),
                        "mean_batch": stat("mean_batch")})
     return {"runs": rows, "points": rounds,
             "note": "decode tokens/s: tokens emitted over the engine steps' wall-clock (prefill, loading and "
-                    "writing excluded; prefill reported apart). ratio = replay / live. table / forwards: the "
-                    "cost table's price of the live run's own steps over their timed forwards; step / "
-                    "forwards: whole steps over their forwards (the engine's work outside them)."}
+                    "writing excluded; prefill reported apart). ratio = replay / live. table / steps: the cost "
+                    "table's whole price of the live run's own steps over their wall-clock; table / forwards: "
+                    "its forward cells alone over the forwards as timed; step / forwards: whole steps over "
+                    "their forwards (the engine's work outside them)."}

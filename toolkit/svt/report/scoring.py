@@ -370,7 +370,7 @@ def _live_run(path: str, opts: EvaluateOptions, feats: list[Feature]) -> dict | 
     predictor at the same concurrency (None: not a live-AV run)."""
     run = open_run(path)
     av = run.meta.get("av")
-    if not av:
+    if not av or av.get("length"):  # AV+length runs are in the live table only
         return None
     fit_path = Path(av["fit"]).resolve()
     match = [i for i, f in enumerate(opts.fits) if Path(f).resolve() == fit_path]
@@ -391,7 +391,7 @@ def _live_run(path: str, opts: EvaluateOptions, feats: list[Feature]) -> dict | 
 def simulation(drafts: pl.DataFrame, feats: list[Feature], opts: EvaluateOptions, metas: list[dict] | None = None) -> dict:
     """AV replay with every lossless probability score as a predictor, on the requests all of them
     may be scored on (held-out requests when an offline fit is among them)."""
-    from svt.simulate import build_trace, load_costs, replay, run_schedule
+    from svt.simulate import build_trace, load_costs, replay, run_schedule, run_verification
 
     costs = load_costs(opts.costs)
     # lossy scores (the q_sampled family) are not candidates: trimming on them biases the output
@@ -402,8 +402,9 @@ def simulation(drafts: pl.DataFrame, feats: list[Feature], opts: EvaluateOptions
     frame = frame.join(ok.filter("_ok"), on=["_run", "request"], how="semi")
     if frame.height == 0:
         raise DataError("No request is scored by every predictor: nothing to simulate.")
-    schedule = run_schedule(metas or [])
-    trace = build_trace(frame, {f.name: f"_p{i}" for i, f in enumerate(preds)}, schedule=schedule)
+    schedule, verification = run_schedule(metas or []), run_verification(metas or [])
+    trace = build_trace(frame, {f.name: f"_p{i}" for i, f in enumerate(preds)}, schedule=schedule,
+                        verification=verification)
     costs.check_covers(trace.k, f"{opts.costs}: ")
     concurrency = tuple(opts.concurrency)
     from svt.report.live import compare_live, read_live
@@ -443,6 +444,7 @@ def simulation(drafts: pl.DataFrame, feats: list[Feature], opts: EvaluateOptions
                       "warnings": list(costs.measurement.get("warnings", [])) + costs.pair_problems(metas or []),
                       "beyond_table": costs.beyond(trace.k, concurrency, int(np.unique(trace.request).size))},
             "requests": int(trace.request.max()) + 1, "request_steps": int(trace.a.size), "schedule": schedule,
+            "verification": verification,
             "k": trace.k, "predictors": [f.name for f in preds], "points": points, "cost_refits": refits}
 
 

@@ -18,8 +18,15 @@ def run_schedule(metas: list[dict]) -> str:
     return "continuous" if kinds == {"continuous"} else "static"
 
 
+def run_verification(metas: list[dict]) -> str:
+    """How the replay charges a step whose rows keep different numbers of drafts: padded when every
+    run says its engine pads (run.json ``verification``: svt's engine), else packed."""
+    kinds = {m.get("verification", "packed") for m in metas}
+    return "padded" if kinds == {"padded"} else "packed"
+
+
 def build_trace(drafts: pl.DataFrame, confidences: dict[str, str], keys=("_run", "request"),
-                schedule: str = "static") -> StepTrace:
+                schedule: str = "static", verification: str = "packed") -> StepTrace:
     """Request-steps from a drafts frame: accepted runs from the labels and, per predictor, the K
     confidences (a column of ``drafts`` per name). Steps with fewer than K drafts get confidence 0
     for the missing positions. ``schedule``: how the replay batches the requests (``StepTrace``)."""
@@ -44,8 +51,8 @@ def build_trace(drafts: pl.DataFrame, confidences: dict[str, str], keys=("_run",
             raise DataError(f"Predictor {name!r} has missing confidences in the simulated rows.")
         conf[name] = m
     return StepTrace(req.astype(np.int64), per["step"].to_numpy().astype(np.int64),
-                     per["a"].to_numpy().astype(np.int64), k, conf, schedule)
+                     per["a"].to_numpy().astype(np.int64), k, conf, schedule, verification)
 
 
 __all__ = ["CONCURRENCY", "CostTable", "StepTrace", "build_trace", "load_costs", "mark_pareto", "replay",
-           "run_schedule"]
+           "run_schedule", "run_verification"]

@@ -22,7 +22,13 @@ from __future__ import annotations
 import numpy as np
 
 from svt.simulate.costs import CostTable
-from svt.simulate.steps import StepTrace, convex_minorant, step_groups, verify_curve  # noqa: F401  (re-exported)
+from svt.simulate.steps import (  # noqa: F401  (re-exported)
+    StepTrace,
+    convex_minorant,
+    step_groups,
+    verified_tokens,
+    verify_curve,
+)
 
 CONCURRENCY = (1, 2, 4, 8, 16, 32, 64)
 
@@ -95,7 +101,7 @@ def _av(name: str, trace, costs, rule: str = "convex"):
         n = len(rows)
         kept = av_keep(conf[rows], costs, rule)
         tokens = np.minimum(trace.a[rows], kept) + 1
-        return tokens, costs.draft(n, trace.k) + float(costs.verify(n + kept.sum(), rows=n))
+        return tokens, costs.draft(n, trace.k) + float(costs.verify(verified_tokens(n, kept, trace.verification), rows=n))
     return per_step
 
 
@@ -139,7 +145,8 @@ def _av_length(name: str, trace, costs):
         drafted = np.where(np.arange(trace.k)[None, :] < lengths[:, None], c, 0.0)
         kept = np.minimum(av_keep(drafted, costs, "convex"), lengths)
         tokens = np.minimum(trace.a[rows], kept) + 1
-        return tokens, costs.draft(n, int(lengths.max())) + float(costs.verify(n + kept.sum(), rows=n))
+        return tokens, costs.draft(n, int(lengths.max())) + float(
+            costs.verify(verified_tokens(n, kept, trace.verification), rows=n))
     return per_step
 
 
@@ -241,7 +248,7 @@ def resample_requests(trace: StepTrace, rng: np.random.Generator) -> StepTrace:
     rows = np.concatenate([order[starts[i]:starts[i] + counts[i]] for i in pick]) if reqs.size else order
     new_req = np.repeat(np.arange(pick.size), counts[pick])
     return StepTrace(new_req, trace.step[rows], trace.a[rows], trace.k,
-                     {name: c[rows] for name, c in trace.confidence.items()}, trace.schedule)
+                     {name: c[rows] for name, c in trace.confidence.items()}, trace.schedule, trace.verification)
 
 
 def replay_intervals(trace: StepTrace, costs: CostTable, points: list[dict], *, n: int = REPLAY_BOOTSTRAP,

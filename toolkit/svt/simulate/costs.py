@@ -184,7 +184,7 @@ class CostTable:
 
         vals = np.array([at(int(b)) for b in batches])
         if batch > batches[-1]:
-            return float(vals[-1] * batch / batches[-1])
+            return float(vals[-1]) * batch / float(batches[-1])
         return float(np.interp(batch, batches, vals))
 
     def _draft_uncached(self, batch: int, k: int) -> float:

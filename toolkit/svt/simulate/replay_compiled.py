@@ -101,7 +101,7 @@ def replay_points(trace: StepTrace, costs: CostTable, B: int, engine_rule: bool)
         kept = np.zeros(lay.rows.size, dtype=np.int64)
         rk.av_kept(gathered[name], lay.starts, curves[0], curves[1], draft_k, kept)
         tokens = (np.minimum(lay.a, kept) + 1).astype(np.float64)
-        return tokens, tab.draft[sizes, K] + tab.verify[sizes, sizes + np.add.reduceat(kept, lay.starts[:-1])]
+        return tokens, tab.draft[sizes, K] + tab.verify[sizes, _verified(sizes, kept, lay, trace.verification)]
 
     names = list(trace.confidence)
     for name in names:
@@ -118,13 +118,20 @@ def replay_points(trace: StepTrace, costs: CostTable, B: int, engine_rule: bool)
         rk.av_length_kept(conf, lay.starts, lengths, tab.convex[0], tab.convex[1], draft_k, kept)
         tokens = (np.minimum(lay.a, kept) + 1).astype(np.float64)
         longest = np.maximum.reduceat(lengths, lay.starts[:-1])
-        ms = tab.draft[sizes, longest] + tab.verify[sizes, sizes + np.add.reduceat(kept, lay.starts[:-1])]
+        ms = tab.draft[sizes, longest] + tab.verify[sizes, _verified(sizes, kept, lay, trace.verification)]
         points.append(_point(f"AV+length {name}", B, lay, tokens, ms, n_req))
     tokens = np.zeros(lay.rows.size)
     ms = np.zeros(sizes.size)
     rk.oracle_steps(lay.a, lay.starts, tab.draft, tab.verify, K, ORACLE_ITERS, tokens, ms)
     points.append(_point("oracle", B, lay, tokens, ms, n_req))
     return points
+
+
+def _verified(sizes: np.ndarray, kept: np.ndarray, lay: _Layout, verification: str) -> np.ndarray:
+    """Each step's verify tokens (steps.verified_tokens, vectorised)."""
+    if verification == "padded":
+        return sizes * (1 + np.maximum.reduceat(kept, lay.starts[:-1]))
+    return sizes + np.add.reduceat(kept, lay.starts[:-1])
 
 
 FLIP_VALUES = (0.01, 0.99)  # as av.flip_rate

@@ -24,9 +24,21 @@ class StepTrace:
     # how an engine at concurrency B schedules the requests (SCHEDULES): static batches of B that
     # drain, or continuous batching (B in flight; a finished request's slot takes the next one)
     schedule: str = "static"
+    # how the engine verifies a step whose rows keep different numbers of drafts (VERIFICATIONS):
+    # packed (one forward over the kept tokens alone, as vLLM's flattened batch) or padded (every
+    # row padded to the longest kept row, as svt's engine): what AV's steps are charged
+    verification: str = "packed"
 
 
 SCHEDULES = ("static", "continuous")
+VERIFICATIONS = ("packed", "padded")
+
+
+def verified_tokens(n: int, kept: np.ndarray, verification: str) -> int:
+    """Tokens of a step's verify forward: n rows, ``kept`` drafts each."""
+    if verification == "padded":
+        return int(n * (1 + int(kept.max()))) if kept.size else n
+    return int(n + kept.sum())
 
 
 def step_groups(trace: StepTrace, B: int) -> list[np.ndarray]:

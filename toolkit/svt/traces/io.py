@@ -170,6 +170,9 @@ def check_shard_values(path: Path, spec: TableSchema, lacks: frozenset[str] = fr
         checks.append((~pl.col("label").is_in([0, 1])).sum().alias("label:label"))
         checks.append((pl.col("q_entropy").is_nan() | (pl.col("q_entropy") < 0)).sum().alias("nonneg:q_entropy"))
         checks.append((pl.col("position") < 0).sum().alias("nonneg:position"))
+        for col in ("p_sampled", "p_max", "accept_prob", "accept_prob_expected"):  # null: trimmed before verifying
+            if col not in lacks:
+                checks.append((pl.col(col).is_null() & pl.col("label").is_not_null()).sum().alias(f"pnull:{col}"))
     if spec.name == "cache_trees":
         checks.append((~pl.col("label").is_in([0, 1])).sum().alias("label:label"))
         for col in ("depth", "node", "decode_pos", "match_len"):
@@ -214,6 +217,7 @@ def check_shard_values(path: Path, spec: TableSchema, lacks: frozenset[str] = fr
             "path": "labels that are not one accepted path (two accepted siblings, or a label below a node "
                     "that was not accepted)",
             "lack": "values, but run.json says the run's source lacks this column",
+            "pnull": "nulls on verified drafts (null is for drafts live AV trimmed before the target saw them)",
             "derived": derived.get(key, ""),
         }[kind]
         raise SchemaError(f"{path}: column `{col}` has {n} bad value(s): {what}.")

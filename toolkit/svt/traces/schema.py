@@ -43,7 +43,8 @@ DRAFTS = TableSchema(
         "accept_prob_expected": pl.Float32(),
         "label": pl.Int8(),
     },
-    nullable=frozenset({"label"}),
+    # the target's columns are null on drafts live AV trimmed before verification (never computed)
+    nullable=frozenset({"label", "p_sampled", "p_max", "accept_prob", "accept_prob_expected"}),
     probabilities=frozenset(
         {"q_max", "q_sampled", "q_margin", "p_sampled", "p_max", "accept_prob", "accept_prob_expected"}
     ),
