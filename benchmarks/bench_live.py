@@ -2,12 +2,14 @@
 B = 1 and B = 8 with continuous batching, the replay of the same policies), and per point the
 replay's predicted decode tokens/s over the engine's measured ones, median [range] over rounds.
 
-    python benchmarks/bench_live.py [--rounds 3] [--ks 0,1,3] [--batches 1,8] [--requests 32] [--tokens 96]
+    python benchmarks/bench_live.py [--rounds 3] [--ks 0,1,3] [--batches 1,8] [--requests 32] [--tokens 96] [--av]
 
 Each round profiles the pair at the collection's context (`svt collect --profile-costs`), collects
 each (K, B) live on the demo config (the EAGLE-3 head, T = 1; hidden states and distributions not
 logged), and evaluates the largest K's run at the largest B as the trace with every live run passed
-by `--live` (so the replay and the engine see the same prompts). Results go to
+by `--live` (so the replay and the engine see the same prompts). With `--av`, each round also fits
+the online estimator (irls-online) on that trace and collects live AV and AV+length with it at each
+B (the policies `AV q_max`-style rows of the replay, named after the fit). Results go to
 reports/bench/live.json and live.md. Run it on a quiet machine: it measures wall-clock.
 """
 
@@ -31,10 +33,12 @@ def _run(args: list[str]) -> None:
         raise SystemExit(f"svt {' '.join(args)} failed:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
 
 
-def one_round(i: int, ks: list[int], batches: list[int], requests: int, tokens: int, work: Path) -> list[dict]:
+def one_round(i: int, ks: list[int], batches: list[int], requests: int, tokens: int, work: Path,
+              av: bool = False, sets: tuple[str, ...] = ()) -> list[dict]:
     cfg = str(ROOT / "configs" / "collect" / "demo.yaml")
     common = ["--set", f"requests={requests}", "--set", f"max_new_tokens={tokens}", "--set", "log.hidden=false",
-              "--set", "log.dists_fraction=0", "--set", "schedule=continuous", "--quiet", "--overwrite"]
+              "--set", "log.dists_fraction=0", "--set", "schedule=continuous", "--quiet", "--overwrite",
+              *[a for kv in sets for a in ("--set", kv)]]
     costs = work / f"costs-{i}.yaml"
     _run(["collect", cfg, "--profile-costs", "--out", str(costs), "--profile-batches",
           ",".join(str(b) for b in sorted({1, 2, 4, *batches})), "--set", f"k={max(ks)}", *common])
@@ -45,9 +49,20 @@ def one_round(i: int, ks: list[int], batches: list[int], requests: int, tokens: 
             _run(["collect", cfg, "--out", str(out), "--set", f"k={k}", "--set", f"batch_size={b}", *common])
             lives.append(out)
     trace = work / f"r{i}-k{max(ks)}-b{max(batches)}"
+    fits = []
+    if av:
+        fit = work / f"fit-{i}.json"
+        _run(["fit", str(trace), "--model", "irls-online", "--out", str(fit), "--overwrite"])
+        fits = ["--fit", str(fit)]
+        for b in batches:
+            for name, extra in (("av", []), ("avlen", ["--set", "av.length=true"])):
+                out = work / f"r{i}-{name}-b{b}"
+                _run(["collect", cfg, "--out", str(out), "--set", f"k={max(ks)}", "--set", f"batch_size={b}",
+                      "--set", f"av.fit={fit}", "--set", f"av.costs={costs}", "--set", "av.explore=0", *extra, *common])
+                lives.append(out)
     rep = work / f"report-{i}"
     _run(["evaluate", str(trace), "--out", str(rep), "--overwrite", "--feature", "q_max", "--costs", str(costs),
-          *[a for p in lives for a in ("--live", str(p))]])
+          *fits, *[a for p in lives for a in ("--live", str(p))]])
     rows = json.loads((rep / "report.json").read_text())["simulation"]["live"]["runs"]
     return [{**r, "round": i} for r in rows]
 
@@ -59,6 +74,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--tokens", type=int, default=96)
+    ap.add_argument("--av", action="store_true", help="also live AV and AV+length with an online fit")
+    ap.add_argument("--set", action="append", default=[], help="KEY=VALUE for every collection (e.g. device=cuda)")
     ap.add_argument("--work", type=Path, default=ROOT / "runs" / "bench-live")
     ap.add_argument("--out", type=Path, default=ROOT / "reports" / "bench" / "live.json")
     args = ap.parse_args(argv)
@@ -67,18 +84,21 @@ def main(argv=None) -> dict:
     args.work.mkdir(parents=True, exist_ok=True)
     rows = []
     for i in range(args.rounds):
-        rows += one_round(i, ks, batches, args.requests, args.tokens, args.work)
+        rows += one_round(i, ks, batches, args.requests, args.tokens, args.work, args.av, tuple(args.set))
         print(f"round {i + 1}/{args.rounds} done", flush=True)
     points = []
+    policies = list(dict.fromkeys(r["policy"] for r in rows))
     for b in batches:
-        for k in ks:
-            rs = [r for r in rows if r["batch_size"] == b and r["policy"] == f"fixed K={k}"]
+        for policy in policies:
+            rs = [r for r in rows if r["batch_size"] == b and r["policy"] == policy]
+            if not rs:
+                continue
 
             def st(key, rs=rs):
                 v = np.array([r[key] for r in rs], dtype=np.float64)
                 return {"median": float(np.median(v)), "min": float(v.min()), "max": float(v.max())}
 
-            points.append({"k": k, "batch": b, "rounds": len(rs), **{key: st(key) for key in (
+            points.append({"policy": policy, "batch": b, "rounds": len(rs), **{key: st(key) for key in (
                 "ratio", "replay_tokens_per_s", "live_tokens_per_s", "table_vs_steps", "table_vs_forwards", "step_vs_forwards",
                 "mean_batch", "live_tokens_per_step", "replay_tokens_per_step")}})
     result = {"config": {"rounds": args.rounds, "ks": ks, "batches": batches, "requests": args.requests,
@@ -89,10 +109,10 @@ def main(argv=None) -> dict:
     def f(s, d=2):
         return f"{s['median']:,.{d}f} [{s['min']:,.{d}f}-{s['max']:,.{d}f}]"
 
-    lines = ["| K, B | replay / live | replay tok/s | live tok/s | table / steps | table / forwards | step / forwards | "
+    lines = ["| policy, B | replay / live | replay tok/s | live tok/s | table / steps | table / forwards | step / forwards | "
              "mean batch | tok/step live | tok/step replay |", "|---|---|---|---|---|---|---|---|---|---|"]
     for p in points:
-        lines.append(f"| K = {p['k']}, B = {p['batch']} | {f(p['ratio'])} | {f(p['replay_tokens_per_s'], 0)} | "
+        lines.append(f"| {p['policy']}, B = {p['batch']} | {f(p['ratio'])} | {f(p['replay_tokens_per_s'], 0)} | "
                      f"{f(p['live_tokens_per_s'], 0)} | {f(p['table_vs_steps'])} | {f(p['table_vs_forwards'])} | "
                      f"{f(p['step_vs_forwards'])} | "
                      f"{f(p['mean_batch'])} | {f(p['live_tokens_per_step'], 3)} | {f(p['replay_tokens_per_step'], 3)} |")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One prepared GPU check of svt's CUDA paths (make gpu-check). Under 8 minutes on one GPU; results in
+# One prepared GPU check of svt's CUDA paths (make gpu-check). Under 12 minutes on one GPU; results in
 # $OUT (set by the device tool) or reports/gpu/: env.json, tests.log + tests.xml, costs-*.yaml,
 # bench-collect.json, summary.json and summary.md (one screen: what passed, the measured figures).
 #
@@ -45,7 +45,9 @@ step() {  # step NAME SECONDS CMD...: run it with a time limit, record rc and se
 }
 
 if [ "$DEVICE" = "cpu" ]; then SIZE=tiny; DTYPE=float32; PROMPTS=2; NEW=16; REPEATS=1; BATCHES=1,2
-else SIZE=1b; DTYPE=bfloat16; PROMPTS=16; NEW=64; REPEATS=3; BATCHES=1,2,4,8,16,32,64; fi
+  LIVE="--rounds 1 --ks 0,1 --batches 1,2 --requests 4 --tokens 8"
+else SIZE=1b; DTYPE=bfloat16; PROMPTS=16; NEW=64; REPEATS=3; BATCHES=1,2,4,8,16,32,64
+  LIVE="--rounds 2 --ks 0,3 --batches 1,8,32 --requests 64 --tokens 96 --av"; fi
 WORK="$OUT/work"
 
 # 1. environment
@@ -75,8 +77,12 @@ step costs-random 240 "$PY" -m svt.cli collect configs/collect/demo.yaml --profi
 # 4. the collector against transformers' assisted generation (bench_collect's method)
 step bench-collect 240 "$PY" benchmarks/bench_collect.py --device "$DEVICE" --dtype "$DTYPE" \
   --prompts "$PROMPTS" --max-new-tokens "$NEW" --repeats "$REPEATS" --out "$OUT/bench-collect.json"
+# 5. the replay against the live engine: fixed K (and AV, AV+length on the GPU) at each batch size
+# shellcheck disable=SC2086  # LIVE: the benchmark's options
+step live-replay 300 "$PY" benchmarks/bench_live.py $LIVE --set device="$DEVICE" --set dtype="$DTYPE" \
+  --work "$WORK/live" --out "$OUT/live.json"
 rm -rf "$WORK"
-# 5. the summary
+# 6. the summary
 "$PY" - "$OUT" <<'PYEOF'
 import json, sys, datetime as dt
 from pathlib import Path
@@ -115,6 +121,11 @@ b = summary["bench_collect"]
 if b:
     lines += ["", "| path (built-in pair) | tokens/s | vs hf assisted |", "|---|---|---|",
               *(f"| {k} | {v['median']:.0f} | {b['ratio_vs_assisted'][k]['median']:.2f}x |" for k, v in b["tokens_per_s"].items())]
+live = out / "live.md"
+if live.is_file():
+    summary["live"] = load("live.json")["points"]
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    lines += ["", "Replay against the live engine (median [range] over rounds):", "", live.read_text().strip()]
 (out / "summary.md").write_text("\n".join(lines) + "\n")
 print("\n".join(lines))
 PYEOF

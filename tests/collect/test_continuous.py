@@ -8,8 +8,13 @@ import pytest
 import torch
 
 from svt.collect.engine import SamplingParams, run_batch
-from tests.collect.test_engine import PROMPTS, _ids, _plain_greedy, assert_logged_features_match_fresh_forwards
-from tests.collect.test_engine_lossless import N, PROMPT, V, _chi2, _exact_joint, _shifted
+from tests.collect.test_engine import (
+    PROMPTS,
+    _ids,
+    _plain_greedy,
+    assert_logged_features_match_fresh_forwards,
+)
+from tests.collect.test_engine_lossless import PROMPT, N, V, _chi2, _exact_joint, _shifted
 from tests.collect.test_engine_lossless import pair as pair  # noqa: F401  (the module fixture)
 
 MORE = PROMPTS + ["x = [1, 2, 3]\nfor i in x:\n", "while True:\n    line = f.readline()\n"]

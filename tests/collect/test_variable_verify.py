@@ -65,7 +65,7 @@ def test_the_target_computes_only_the_kept_positions_and_greedy_is_unchanged(tin
     assert len(verify_fw) == sched["tick"].size
     # one verify forward per step: width = longest kept + 1, real positions = sum of (kept + 1)
     by_tick = {}
-    for t, r, kept in zip(steps["step"], steps["request"], steps["kept"], strict=True):
+    for t, kept in zip(steps["step"], steps["kept"], strict=True):
         by_tick.setdefault(int(t), []).append(int(kept))
     kept_per_tick = [by_tick[int(t)] for t in sched["tick"]]
     shares = np.bincount(steps["kept"], minlength=K + 1)
@@ -158,7 +158,7 @@ def test_av_length_drafts_fewer_passes_and_greedy_is_unchanged(tiny_pair, slots)
 def test_av_length_stays_lossless(pair):  # noqa: F811
     """The first two tokens of 40,000 rows under AV+length (rows stopping at 1..3 drafts by their
     own q): chi-square against the exact joint."""
-    from tests.collect.test_engine_lossless import N, PROMPT, V, _chi2, _exact_joint
+    from tests.collect.test_engine_lossless import PROMPT, N, V, _chi2, _exact_joint
 
     costs = CostTable("measured", "autoregressive", "test", {b: {k: 0.01 * k for k in range(1, 5)} for b in (1, 20_000)},
                       {1: 20_000.2, 100_001: 40_000.2})

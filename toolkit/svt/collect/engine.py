@@ -31,6 +31,7 @@ from svt.collect.head_draft import (
     draft_with_head,
     is_head,
     prefill_catch_up,
+    prefill_head,
     step_catch_up,
     taps_of,
 )
@@ -285,8 +286,8 @@ def _prefill(target, draft, prompts: list[list[int]], pad_id: int, device, first
     catch = None
     if not use_draft:
         dc.mask = torch.zeros((B, 0), dtype=torch.long, device=device)
-    elif head:  # the head's slots are fed with the first draft (svt.collect.head_draft)
-        catch = prefill_catch_up(draft, ids, pmask, taps_of(out, draft.cfg.aux_layer_ids), pending)
+    elif head:  # the head's prompt slots go into its cache now; the last waits for the first draft
+        catch = prefill_head(dc, prefill_catch_up(draft, ids, pmask, taps_of(out, draft.cfg.aux_layer_ids), pending))
     else:
         dc.forward(ids, pmask)
     return _Rows(tc, dc, pending=pending,

@@ -83,6 +83,18 @@ def prefill_catch_up(head: HiddenStateHead, ids: torch.Tensor, pmask: torch.Tens
     return CatchUp(nxt, feat, fed, pmask)
 
 
+def prefill_head(dc, catch: CatchUp) -> CatchUp:
+    """Feed a prefill's catch-up slots but the last into the head's cache (``dc``, an
+    ``engine._Cache``), as the prefill step of a serving engine runs the draft head over the prompt;
+    returns the last slot alone, which the first draft feeds. Without it the first draft after an
+    admission would run the head over the whole prompt for every row of the batch it joined. The
+    same slots reach the cache in the same order either way."""
+    if catch.ids.shape[1] > 1:
+        dc.forward(catch.ids[:, :-1], catch.fed[:, :-1], features=catch.feat[:, :-1], last_only=True)
+        dc.restrict_last(catch.kept[:, :-1])
+    return CatchUp(catch.ids[:, -1:], catch.feat[:, -1:], catch.fed[:, -1:], catch.kept[:, -1:])
+
+
 def step_catch_up(head: HiddenStateHead, taps: torch.Tensor, x: torch.Tensor, acc: torch.Tensor,
                   next_token: torch.Tensor) -> CatchUp:
     """After a verify of ``[y, x_0..x_{K-1}]`` (``taps`` [nb, K + 1, 3H]) that kept ``acc`` drafts:

@@ -135,7 +135,7 @@ def compare_live(lives: list[dict], points: list[dict], costs) -> dict:
     for r in rows:
         groups.setdefault((r["policy"], r["batch_size"]), []).append(r)
     for (policy, b), rs in groups.items():
-        def stat(key):
+        def stat(key, rs=rs):
             v = np.array([r[key] for r in rs if r[key] is not None], dtype=np.float64)
             return None if not v.size else {"median": float(np.median(v)), "min": float(v.min()),
                                             "max": float(v.max())}
