@@ -131,6 +131,8 @@ bench: setup
 	$(PY) benchmarks/bench_fit.py
 	$(PY) benchmarks/bench_cache.py
 	$(PY) benchmarks/bench_replay.py
+	# the replay against the live engine: 5 rounds of a fresh profile and live runs (about 16 minutes)
+	$(PY) benchmarks/bench_live.py --rounds 5 --ks 0,1,3,5 --batches 1,8,16 --requests 48 --tokens 96
 	$(PY) benchmarks/bench_cluster.py
 	$(PY) benchmarks/bench_reference.py
 	# the vLLM plugin's overhead, where the vLLM environment exists (make setup-vllm)

@@ -47,8 +47,11 @@ def test_floor_replays_the_collections_forward_shapes(tmp_path, monkeypatch, mod
         compactions.append(original(self))
         return compactions[-1]
 
+    import svt.collect.runner as runner
+
     with monkeypatch.context() as mp:
         mp.setattr(_Cache, "compact", counted)
+        mp.setattr(runner, "_warm_up", lambda *a: 0.0)  # the floor replays the timed forwards, not the warm-up
         collected = _record_shapes(mp)
         collect(load_collect_config(None, base=base), tmp_path / "run", progress=False)
     assert sum(compactions) > 0  # the replay below must follow compactions, not only appends

@@ -145,6 +145,7 @@ def _fake_profile(monkeypatch, slow):
     monkeypatch.setattr(profile, "_draft_runs", draft_runs)
     monkeypatch.setattr(profile, "_verify_runs", verify_runs)
     monkeypatch.setattr(profile, "machine_load", lambda: {"load_1min": 0.0, "cores": 2, "threads": 2})
+    monkeypatch.setattr(profile, "step_overheads", lambda *a: ({}, {}))  # real engine steps: test_profile.py
     target = type("T", (), {"parameters": lambda self: iter([__import__("torch").zeros(1)])})()
     table = profile.profile_pair(target, object(), k=K, batches=BATCHES)
     return table, calls
