@@ -42,6 +42,10 @@ class EvaluateOptions:
     reference_run: str | None = None  # a reference run of the same prompts: its cache statistics in the realism table
     score_unverified: bool = False  # score a fit on requests svt cannot show it did not train on (said in the report)
 
+    def __post_init__(self):
+        if isinstance(self.live, (str, Path)):  # one live run, as a path
+            self.live = [str(self.live)]
+
 
 @dataclass
 class Opened:
