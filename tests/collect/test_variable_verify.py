@@ -153,6 +153,18 @@ def test_av_length_drafts_fewer_passes_and_greedy_is_unchanged(tiny_pair, slots)
         per.setdefault((int(r), int(t)), []).append(int(pos))
     for r, t, n in zip(steps["request"], steps["step"], steps["drafted"], strict=True):
         assert sorted(per.get((int(r), int(t)), [])) == list(range(int(n)))
+    # the budget chose among the drafted positions alone: the replay's AV+length rule on the logged q
+    from svt.simulate.av import av_keep
+
+    if slots is None:  # one static batch: a step's rows are the engine step's
+        for t in np.unique(steps["step"]):
+            rows = np.flatnonzero(steps["step"] == t)
+            full = np.zeros((rows.size, K))
+            for j, i in enumerate(rows):
+                m = (d["request"] == steps["request"][i]) & (d["step"] == t)
+                full[j, d["position"][m]] = np.clip(d["q_max"][m].astype(np.float32) * 0.95, 0.01, 0.99)
+            want = np.minimum(av_keep(full, COSTS, "convex"), steps["drafted"][rows])
+            np.testing.assert_array_equal(steps["kept"][rows], want)
 
 
 def test_av_length_stays_lossless(pair):  # noqa: F811
