@@ -1374,8 +1374,7 @@ MUTANTS = [
       'pl.col("step_ms").sum().alias("step")', '(pl.col("step_ms") + pl.col("prefill_ms")).sum().alias("step")',
       ("tests/report/test_live.py",)),
     M("live-priced-at-k-plus-one", "live vs replay", "report/live.py",
-      "        total += costs.draft(b, k) + float(costs.verify(int(tokens), rows=b))",
-      "        total += costs.draft(b, k + 1) + float(costs.verify(int(tokens), rows=b))", ("tests/report/test_live.py",)),
+      "    for b, tokens, k in steps.tolist():", "    for b, k, tokens in steps.tolist():", ("tests/report/test_live.py",)),
 
     M("verify-forward-full-width", "verification of variable length", "collect/engine.py",
       "        W = x.shape[1] + 1 if av is None else int(kept.max()) + 1", "        W = x.shape[1] + 1",

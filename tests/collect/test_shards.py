@@ -22,7 +22,7 @@ from svt.traces.schema import TABLES
 ROOT = Path(__file__).resolve().parents[2]
 KEYS = {"drafts": ["request", "step", "position"], "steps": ["request", "step"], "requests": ["request"],
         "hidden": ["request", "step", "position"], "dists": ["request", "step", "position"], "references": ["request"],
-        "schedule": ["tick", "batch_size", "admitted", "verify_tokens", "emitted"]}
+        "schedule": ["tick", "batch_size", "admitted", "draft_passes", "verify_tokens", "emitted"]}
 TIMES = {"steps": ("draft_ms", "verify_ms"), "schedule": ("prefill_ms", "draft_ms", "verify_ms", "step_ms")}
 
 

@@ -147,6 +147,11 @@ def test_av_length_drafts_fewer_passes_and_greedy_is_unchanged(tiny_pair, slots)
     steps = {k: np.concatenate(v) for k, v in log.steps.items()}
     d = {k: np.concatenate(v) for k, v in log.drafts.items()}
     assert (steps["drafted"] < K).any() and (steps["kept"] <= steps["drafted"]).all()
+    sched = {k: np.concatenate(v) for k, v in log.schedule.items()}
+    longest = {}
+    for t, n in zip(steps["step"], steps["drafted"], strict=True):
+        longest[int(t)] = max(longest.get(int(t), 0), int(n))
+    assert sched["draft_passes"].tolist() == [longest[int(t)] for t in sched["tick"]]  # the pass stops with the last row
     # one drafts row per proposed draft: a row's positions are 0 .. drafted - 1
     per = {}
     for r, t, pos in zip(d["request"], d["step"], d["position"], strict=True):

@@ -61,6 +61,7 @@ def test_each_live_run_beside_the_replays_point_for_its_policy(runs):
         assert r["ratio"] == pytest.approx(point["throughput"] / tok_s, rel=1e-9)
         # the cost table's price of the run's own steps, step by step
         k = int(r["policy"].split("=")[1])
+        assert (sched["draft_passes"] == k).all()
         priced = sum(costs.draft(int(b), k) + float(costs.verify(int(t), rows=int(b)))
                      for b, t in zip(sched["batch_size"], sched["verify_tokens"], strict=True)) / 1e3
         assert r["table_s"] == pytest.approx(priced, rel=1e-9)

@@ -482,7 +482,8 @@ def run_batch(
         out.add(out.schedule, tick=np.array([tick], np.int32), batch_size=np.array([nb], np.int16),
                 admitted=np.array([max(n_new, 0)], np.int16), prefill_ms=np.array([(t0 - t_in) * 1e3], np.float32),
                 draft_ms=np.array([(t1 - t0) * 1e3], np.float32), verify_ms=np.array([(t2 - t1) * 1e3], np.float32),
-                step_ms=np.array([(t3 - t0) * 1e3], np.float32), verify_tokens=np.array([int(fmask.numel())], np.int32),
+                step_ms=np.array([(t3 - t0) * 1e3], np.float32), draft_passes=np.array([x.shape[1]], np.int16),
+                verify_tokens=np.array([int(fmask.numel())], np.int32),
                 emitted=np.array([int(emitted.sum())], np.int32))
         tick += 1
         if on_step is not None:

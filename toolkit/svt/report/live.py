@@ -83,7 +83,7 @@ def read_live(path: str, fits: list[str], fit_names: list[str]) -> dict:
         "live_tokens_per_s": s["tokens"] / (s["step"] / 1e3) if s["step"] > 0 else None,
         "live_tokens_per_step": s["tokens"] / s["rows"],
         "live_interactivity": _interactivity(run, sched) if kind == "continuous" else None,
-        "_steps": sched.select("batch_size", "verify_tokens").to_numpy().astype(np.int64),
+        "_steps": sched.select("batch_size", "verify_tokens", "draft_passes").to_numpy().astype(np.int64),
     }
 
 
@@ -98,11 +98,11 @@ def _interactivity(run, sched: pl.DataFrame) -> float:
     return float((r["emitted"] / (r["step_ms"] / 1e3)).mean())
 
 
-def priced_seconds(steps: np.ndarray, k: int, costs, with_step: bool = True) -> float:
-    """The cost table's price of a run's own engine steps (``[batch, verify tokens]`` each): the
-    whole step, or (``with_step=False``) its forward cells alone, without ``step_ms``."""
+def priced_seconds(steps: np.ndarray, costs, with_step: bool = True) -> float:
+    """The cost table's price of a run's own engine steps (``[batch, verify tokens, draft passes]``
+    each): the whole step, or (``with_step=False``) its forward cells alone, without ``step_ms``."""
     total = 0.0
-    for b, tokens in steps.tolist():
+    for b, tokens, k in steps.tolist():
         total += costs.draft(b, k) + float(costs.verify(int(tokens), rows=b))
         if not with_step:
             total -= costs.step_overhead(b, k)
@@ -120,8 +120,8 @@ def compare_live(lives: list[dict], points: list[dict], costs) -> dict:
         if point is None:
             raise DataError(f"{live['run']}: the replay has no point for {live['policy']} at B = {live['batch_size']} "
                             "(a K above the evaluated run's?).")
-        priced = priced_seconds(steps, live["k"], costs)
-        priced_fwd = priced_seconds(steps, live["k"], costs, with_step=False)
+        priced = priced_seconds(steps, costs)
+        priced_fwd = priced_seconds(steps, costs, with_step=False)
         measured = live["live_tokens_per_s"]
         fwd = live["forwards_s"] or None
         rows.append({**live, "replay_tokens_per_s": float(point["throughput"]),

@@ -202,6 +202,7 @@ SCHEDULE = TableSchema(
         "draft_ms": pl.Float32(),
         "verify_ms": pl.Float32(),
         "step_ms": pl.Float32(),  # the whole step: draft, verify, acceptance, bookkeeping, cache compaction
+        "draft_passes": pl.Int16(),  # drafts proposed in a row this step (< K when AV+length stopped every row early)
         "verify_tokens": pl.Int32(),  # positions the target forward computed (every row's y and drafts, trimmed or not)
         "emitted": pl.Int32(),  # tokens emitted by all rows
     },
