@@ -1399,6 +1399,14 @@ MUTANTS = [
       "            table[b][kk] = max(step - priced, 0.0)", "            table[b][kk] = max(step, 0.0)",
       ("tests/collect/test_profile.py",)),
 
+    M("numpy-logit-unclipped", "live AV scoring", "features/__init__.py",
+      "    p = np.clip(np.asarray(q, dtype=np.float64), EPS, 1 - EPS)", "    p = np.asarray(q, dtype=np.float64)",
+      ("tests/features/test_numpy_features.py",)),
+    M("live-fast-path-wrong-position", "live AV scoring", "fit/__init__.py",
+      "            return est.predict_proba(x, position.ravel()).reshape(position.shape)",
+      "            return est.predict_proba(x, np.sort(position.ravel())).reshape(position.shape)",
+      ("tests/features/test_numpy_features.py",)),
+
 ]
 
 

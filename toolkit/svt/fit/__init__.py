@@ -410,8 +410,14 @@ def live_confidence(fit: Fitter):
             raise ConfigError(f"Live AV needs a lossless predictor, but feature {name!r} depends on the "
                               "sampled token: trimming on it biases the output distribution.")
     est = fit.est_ if fit.online else None
+    fast = get_feature(est.options.feature).numpy if est is not None else None
 
     def confidence(feats: dict, position: np.ndarray) -> np.ndarray:
+        if fast is not None:  # the feature in numpy: no polars query per engine step
+            x = fast({k: v.ravel() for k, v in feats.items()})
+            if not np.isfinite(x).all():
+                raise DataError(f"Feature {est.options.feature!r} gives NaN/inf values on these drafts.")
+            return est.predict_proba(x, position.ravel()).reshape(position.shape)
         frame = pl.DataFrame({**{k: v.ravel() for k, v in feats.items()}, "position": position.ravel()})
         if est is not None:  # the fit's final coefficients (no updates during collection)
             p = est.predict_proba(feature_values(frame, est.options.feature), frame["position"].to_numpy())
