@@ -192,3 +192,17 @@ def test_av_length_stays_lossless(pair):  # noqa: F811
     counts = np.zeros((V, V))
     np.add.at(counts, (out[:, 0], out[:, 1]), 1)
     assert _chi2(counts, _exact_joint(pair[0], 1.0, 1.0)) > 1e-4
+
+
+def test_a_run_whose_rows_all_stop_short_of_k_is_read_only_under_av_length(tmp_path):
+    """AV+length may stop every row before K in every step (the drafts' last position < K - 1); in
+    any other run of svt's engine that is a damaged or mismatched drafts table."""
+    from svt.errors import SchemaError
+    from svt.traces.io import check_top_position
+
+    meta = {"k": 3, "config": {}, "engine": "svt", "av": {"fit": "f.json", "length": False}}
+    with pytest.raises(SchemaError, match="the drafts stop at position 1"):
+        check_top_position(tmp_path, meta, 1)
+    check_top_position(tmp_path, {**meta, "av": {"fit": "f.json", "length": True}}, 1)
+    with pytest.raises(SchemaError, match="drafts reach position 3"):
+        check_top_position(tmp_path, {**meta, "av": {"fit": "f.json", "length": True}}, 3)
