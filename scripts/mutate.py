@@ -1407,6 +1407,12 @@ MUTANTS = [
       "            return est.predict_proba(x, np.sort(position.ravel())).reshape(position.shape)",
       ("tests/features/test_numpy_features.py",)),
 
+    M("schedule-times-unchecked", "live vs replay", "traces/io.py",
+      '        for col in ("prefill_ms", "draft_ms", "verify_ms", "step_ms"):',
+      '        for col in ():', ("tests/report/test_live.py",)),
+    M("live-tables-not-cross-checked", "live vs replay", "report/live.py",
+      "    if steps.row(0) != per_tick.row(0):", "    if False:", ("tests/report/test_live.py",)),
+
 ]
 
 

@@ -129,3 +129,24 @@ def test_continuous_ticks_equal_a_slot_by_slot_simulation(counts, B, shift):
     want = _naive_ticks(counts, B)
     rank = (step[perm] - shift) // 2
     assert [want[(int(r), int(s))] for r, s in zip(req[perm], rank, strict=True)] == got.tolist()
+
+
+def test_a_damaged_schedule_table_is_refused_not_timed(runs, tmp_path):
+    """A NaN step time, a step of 0 rows, or a schedule that disagrees with the steps table (a
+    shard of another run's schedule copied in) is one message, never a tokens/s figure."""
+    import polars as pl
+
+    from svt.errors import SchemaError
+
+    for name, edit, err, match in (
+            ("nan", lambda f: f.with_columns(pl.when(pl.col("tick") == f["tick"][0]).then(float("nan"))
+                                             .otherwise(pl.col("step_ms")).alias("step_ms")), SchemaError, "step_ms"),
+            ("rows", lambda f: f.with_columns(pl.lit(0, pl.Int16).alias("batch_size")), SchemaError, "batch_size"),
+            ("other", lambda f: f.with_columns(pl.col("emitted") + 1), DataError, "disagrees with its `steps`")):
+        bad = tmp_path / name
+        shutil.copytree(runs / "k1", bad)
+        shard = sorted((bad / "schedule").glob("*.parquet"))[0]
+        edit(pl.read_parquet(shard)).write_parquet(shard)
+        reseal(bad)
+        with pytest.raises(err, match=match):
+            evaluate([runs / "k3"], EvaluateOptions(features=["q_max"], costs=str(COSTS), live=[str(bad)]))

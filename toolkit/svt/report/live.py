@@ -67,6 +67,13 @@ def read_live(path: str, fits: list[str], fit_names: list[str]) -> dict:
     if meta.get("shard") is not None:
         raise DataError(f"{path}: one shard of a collection; its steps ran beside other processes. Compare a "
                         "whole run.")
+    steps = run.scan("steps").select(pl.len().alias("rows"), pl.col("emitted").sum().alias("tokens")).collect()
+    per_tick = sched.select(pl.col("batch_size").cast(pl.Int64).sum().alias("rows"),
+                            pl.col("emitted").cast(pl.Int64).sum().alias("tokens"))
+    if steps.row(0) != per_tick.row(0):
+        raise DataError(f"{path}: its `schedule` table ({per_tick['rows'][0]:,} rows decoded, {per_tick['tokens'][0]:,} "
+                        f"tokens) disagrees with its `steps` table ({steps['rows'][0]:,} request-steps, "
+                        f"{steps['tokens'][0]:,} tokens): the tables are not one run's.")
     s = sched.select(
         pl.col("step_ms").sum().alias("step"), (pl.col("draft_ms") + pl.col("verify_ms")).sum().alias("fwd"),
         pl.col("prefill_ms").sum().alias("prefill"), pl.col("emitted").sum().alias("tokens"),

@@ -187,6 +187,13 @@ def check_shard_values(path: Path, spec: TableSchema, lacks: frozenset[str] = fr
             checks.append((pl.col(col) < 0).sum().alias(f"nonneg:{col}"))
         checks.append((pl.col("parent") >= pl.col("node")).sum().alias("tree:parent"))
         checks.append((pl.col("q_entropy").is_nan() | (pl.col("q_entropy") < 0)).sum().alias("nonneg:q_entropy"))
+    if spec.name == "schedule":
+        for col in ("prefill_ms", "draft_ms", "verify_ms", "step_ms"):
+            checks.append((~pl.col(col).is_finite() | (pl.col(col) < 0)).sum().alias(f"nonneg:{col}"))
+        checks.append((pl.col("batch_size") < 1).sum().alias("sched:batch_size"))
+        checks.append((pl.col("verify_tokens") < pl.col("batch_size")).sum().alias("sched:verify_tokens"))
+        for col in ("admitted", "draft_passes", "emitted"):
+            checks.append((pl.col(col) < 0).sum().alias(f"sched:{col}"))
     if spec.name == "cache_drafts":
         checks.append((pl.col("draft_len") != pl.col("draft_ids").list.len()).sum().alias("len:draft_len"))
         checks.append(((pl.col("oracle_accepted") < 0) | (pl.col("oracle_accepted") > pl.col("draft_len")))
@@ -217,6 +224,8 @@ def check_shard_values(path: Path, spec: TableSchema, lacks: frozenset[str] = fr
             "path": "labels that are not one accepted path (two accepted siblings, or a label below a node "
                     "that was not accepted)",
             "lack": "values, but run.json says the run's source lacks this column",
+            "sched": "a value no engine step has (a batch below 1 row, fewer verified positions than rows, a "
+                     "negative count)",
             "pnull": "nulls on verified drafts (null is for drafts live AV trimmed before the target saw them)",
             "derived": derived.get(key, ""),
         }[kind]
