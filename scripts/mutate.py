@@ -1413,6 +1413,24 @@ MUTANTS = [
     M("live-tables-not-cross-checked", "live vs replay", "report/live.py",
       "    if steps.row(0) != per_tick.row(0):", "    if False:", ("tests/report/test_live.py",)),
 
+
+    M("hvd-head-catch-up-dropped", "live HVD in batches", "collect/hvd_live.py",
+      "            rows.catch = new if drafted else concat_catch_up(rows.catch, new)", "            rows.catch = new",
+      ("tests/collect/test_hvd_live.py",)),
+    M("hvd-backlog-forgotten", "live HVD in batches", "collect/hvd_live.py",
+      "                elif use_cache[j]:\n                    back[i] = x_np[j, :a].tolist()",
+      "                elif use_cache[j]:\n                    back[i] = []", ("tests/collect/test_hvd_live.py",)),
+    M("hvd-cache-row-keeps-own-drafts", "live HVD in batches", "collect/hvd_live.py",
+      "                rows.dc.restrict_last(model[:, None] & (kr < acc[:, None]))",
+      "                rows.dc.restrict_last(kr < acc[:, None])", ("tests/collect/test_hvd_live.py",)),
+    M("hvd-finish-mid-step", "live HVD in batches", "collect/hvd_live.py",
+      "            if len(log.output) >= max_new_tokens:\n                done[j] = True\n",
+      "            if len(log.output) >= max_new_tokens:\n                done[j] = True\n"
+      "            if done[j]:\n                drafter.finish(requests[i], np.asarray(log.output))\n",
+      ("tests/collect/test_hvd_live.py",)),
+    M("hvd-resume-tree-empty", "live HVD in batches", "collect/hvd_run.py",
+      "    if done:  # rebuild the global tree", "    if False:  # rebuild the global tree", ("tests/collect/test_hvd_live.py",)),
+
 ]
 
 

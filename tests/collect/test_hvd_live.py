@@ -84,9 +84,9 @@ def test_live_hvd_is_greedy_and_equals_its_replay(batch1, tau):
 
 def test_live_hvd_config_errors(batch1, tmp_path):
     base, d, fit = batch1
-    with pytest.raises(ConfigError, match="batch_size: 1"):
-        collect(load_collect_config(None, base={**base, "batch_size": 2, "hvd": {"fit": str(fit), "tau": 1}}),
-                tmp_path / "a", progress=False)
+    with pytest.raises(ConfigError, match="schedule"):
+        load_collect_config(None, base={**base, "batch_size": 2, "schedule": "continuous",
+                                        "hvd": {"fit": str(fit), "tau": 1}})
     acc = fit_runs([d / "greedy"], "logistic", test_fraction=0.0).save(tmp_path / "acc.json")
     with pytest.raises(ConfigError, match="yield fit"):
         collect(load_collect_config(None, base={**base, "hvd": {"fit": str(acc), "tau": 1}}), tmp_path / "b",
@@ -98,3 +98,98 @@ def test_live_hvd_config_errors(batch1, tmp_path):
                          ({"cache": False}, "`cache`")):
         with pytest.raises(ConfigError, match=words):
             load_collect_config(None, base={**base, **extra, "hvd": {"fit": str(fit), "tau": 1}})
+
+
+def _batched_cfg(base, fit, models_dir, drafter):
+    return {**base, "draft": str(models_dir / drafter), "batch_size": 3, "hvd": {"fit": str(fit), "tau": 0.5}}
+
+
+@pytest.fixture(scope="module", params=["draft-large", "eagle3", "mtp"])
+def batched(request, batch1, models_dir):
+    base, d, fit = batch1
+    live = d / f"batched-{request.param}"
+    collect(load_collect_config(None, base=_batched_cfg(base, fit, models_dir, request.param)), live, progress=False)
+    return live, request.param
+
+
+def test_live_hvd_in_batches(batch1, batched, tmp_path):
+    """Issue 63: rows of a batch switch on their own, with a draft model or a hidden-state head.
+    Greedy output equals plain greedy decoding; the cache rows logged live equal `svt cache`
+    recomputed on the live run's own steps (the global tree filled in the order its requests
+    finished); the cycles equal the replay of those rows; the model drafter's accepted lengths
+    equal its teacher-forced ones, whatever the cache rows verified at the steps before."""
+    from svt.collect.add_cache import add_cache_to_run
+
+    base, d, fit = batch1
+    tau = 0.5
+    live, _ = batched
+    g = open_run(d / "greedy").scan("requests").sort("request").collect()
+    h = open_run(live).scan("requests").sort("request").collect()
+    assert g["output_ids"].to_list() == h["output_ids"].to_list()
+    meta = json.loads((live / "run.json").read_text())
+    assert meta["batches"] == 2 and meta["hvd"]["batch_size"] == 3
+    assert 0 < meta["hvd"]["cache_cycles"] < meta["hvd"]["cycles"]
+    # a model cycle is one whose drafts the drafts table holds
+    model = open_run(live).scan("drafts").select("request", "step").unique().collect().with_columns(
+        pl.lit("model").alias("source"))
+    steps = open_run(live).scan("steps").collect().join(model, on=["request", "step"], how="left").with_columns(
+        pl.col("source").fill_null("cache"))
+    assert steps["batch_size"].max() == 3
+    # both sources at one engine step: the rows of a batch switch on their own
+    mixed = steps.with_columns((pl.col("request") // 3).alias("b")).group_by("b", "step").agg(
+        pl.col("source").n_unique())
+    assert mixed["source"].max() == 2
+    # cycles: the model drafter's live acceptance is its teacher-forced one, the cache's its oracle's
+    assert meta["hvd"]["cycles"] == _replayed_cycles(live, fit, tau, base["k"]) == steps.height
+    rows = open_run(live).scan("cache_drafts").sort("request", "decode_pos").collect()
+    # each cycle's row is the cache row at the position it started from
+    pos = (steps.sort("request", "step").with_columns(
+        (pl.col("emitted").cum_sum().over("request") - pl.col("emitted")).alias("decode_pos")))
+    chk = pos.join(rows, on=["request", "decode_pos"])
+    assert chk.height == steps.height
+    want = pl.when(pl.col("source") == "model").then(pl.col("model_accepted")).otherwise(pl.col("oracle_accepted"))
+    # (capped at the tokens the request had left, as the teacher-forced and oracle lengths are)
+    left = pl.col("request").replace_strict(dict(zip(h["request"], h["output_ids"].list.len(), strict=True))) - pl.col("decode_pos")
+    got = chk.select(pl.min_horizontal("accepted", left).alias("live"),
+                     pl.min_horizontal(want, "drafted", left).alias("replayed"))
+    assert (got["live"] == got["replayed"]).all()
+    # `svt cache` on the live run rebuilds the same rows from its steps
+    copy = tmp_path / "recached"
+    import shutil
+
+    shutil.copytree(live, copy)
+    add_cache_to_run(copy, device="cpu")
+    again = open_run(copy).scan("cache_drafts").sort("request", "decode_pos").collect()
+    cols = [c for c in rows.columns if c != "lookup_ms"]
+    assert again.select(cols).equals(rows.select(cols))
+
+
+def test_an_interrupted_batched_hvd_run_resumes_with_the_same_global_tree(batch1, batched, models_dir, tmp_path,
+                                                                          monkeypatch):
+    """Killed after its first batch: --resume refills the global tree with the committed responses
+    in the order they finished, so the next batch's cache rows and cycles are the uninterrupted run's."""
+    import svt.collect.hvd_run as hvd_run
+
+    base, d, fit = batch1
+    live, drafter = batched
+    if drafter != "draft-large":
+        pytest.skip("one drafter is enough for the resume path")
+    real, calls = hvd_run.commit_batch, []
+
+    def dying(out_, meta, b, frames):
+        real(out_, meta, b, frames)
+        calls.append(b)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(hvd_run, "commit_batch", dying)
+    cfg = load_collect_config(None, base=_batched_cfg(base, fit, models_dir, drafter))
+    with pytest.raises(KeyboardInterrupt):
+        collect(cfg, tmp_path / "cut", progress=False)
+    monkeypatch.setattr(hvd_run, "commit_batch", real)
+    assert collect(cfg, tmp_path / "cut", progress=False, resume=True).resumed_batches == 1
+    a = open_run(tmp_path / "cut").scan("cache_drafts").sort("request", "decode_pos").collect().drop("lookup_ms")
+    b = open_run(live).scan("cache_drafts").sort("request", "decode_pos").collect().drop("lookup_ms")
+    assert a.select(b.columns).equals(b)
+    assert a["from_global"].filter(a["request"] >= 3).any()  # the next batch did read the refilled tree
+    meta = json.loads((tmp_path / "cut" / "run.json").read_text())["hvd"]
+    assert meta["cycles"] == json.loads((live / "run.json").read_text())["hvd"]["cycles"]

@@ -1,14 +1,25 @@
-"""Live Hybrid Verified Decoding (greedy, one request at a time): at each cycle the cache proposes
-a draft, the yield fit predicts its accepted length from the row's features, and the target
-verifies the cache draft when the prediction exceeds τ, else the model drafter's K drafts.
+"""Live Hybrid Verified Decoding (greedy) in a static batch: at each engine step every row's cache
+proposes a draft, the yield fit predicts its accepted length from the row's features, and the row
+verifies the cache draft when the prediction exceeds τ, else the model drafter's K drafts. Rows
+switch on their own; one target forward verifies every row's draft (padded to the longest).
 
-The cache is fed exactly as ``svt cache`` replays a batch-1 greedy run: a proposal (and its feature
-row) at every decode position, the request's tokens joining its own tree as they are emitted, and
-its response entering the global tree when it finishes. So, because greedy decoding is
-deterministic, the cycles of a live run equal the HVD replay of the same fit and τ on a batch-1
-greedy run of the same requests (checked by the tests and by ``svt evaluate`` on the live run).
+The cache is fed exactly as ``svt cache`` replays a greedy run of the same batches
+(:func:`svt.collect.cache_run.cache_rows_for_batch`): a proposal (and its feature row) at every
+decode position, each request's tokens joining its own tree as they are emitted, and a response
+entering the global tree after the step its request finished (finished requests in request order),
+so a position decided at step s sees exactly the responses that finished before s. Because greedy
+decoding is deterministic, the cycles of a live run equal the HVD replay of its own cache rows, and
+those rows equal ``svt cache`` recomputed on the live run (checked by the tests).
 
-Each model keeps one ``DynamicCache`` (batch 1), cropped to the kept prefix after verification.
+The drafter runs over the whole batch when any row needs it (its drafts for cache rows are dropped,
+as a serving engine's drafter runs over its batch), and not at all at a step where every row takes
+the cache. It keeps up with the tokens the cache rows verified:
+
+- a draft model is fed, before the pending token, the row's *backlog*: the tokens it has not seen
+  (the accepted cache drafts; x_{K-1} after a model draft accepted whole);
+- a hidden-state head's catch-up slots (``svt.collect.head_draft``) come from the target's taps at
+  every verified position, whoever drafted it; a step without the head appends its slots to those
+  still waiting.
 """
 
 from __future__ import annotations
@@ -21,7 +32,6 @@ import polars as pl
 import torch
 
 from svt.collect.cache import CacheDrafter, RequestFeatures
-from svt.collect.kv_cache import cache_kwarg
 from svt.collect.sampling import draft_features, process_probs
 from svt.config import CacheOptions
 
@@ -35,106 +45,155 @@ class HVDLog:
     drafts: list[dict] = field(default_factory=list)  # the model drafter's drafts in model cycles
 
 
-class _Model:
-    """A causal LM with a batch-1 KV cache holding ``length`` tokens of the sequence."""
+def concat_catch_up(a, b):
+    """A head's catch-up slots ``a`` (not yet fed) followed by ``b``'s: every row's last slot stays
+    its last (masked slots in between are neither fed nor kept)."""
+    from svt.collect.head_draft import CatchUp
 
-    def __init__(self, model):
-        from svt.collect.kv_cache import growing_cache
+    return CatchUp(torch.cat([a.ids, b.ids], 1), torch.cat([a.feat, b.feat], 1), torch.cat([a.fed, b.fed], 1),
+                   torch.cat([a.kept, b.kept], 1))
 
-        self.model, self.cache, self.length = model, growing_cache(model.config), 0
-        self.device = next(model.parameters()).device
 
-    def feed(self, tokens: list[int]) -> torch.Tensor:
-        """Append ``tokens``; return their logits ``[len, V]``."""
-        ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
-        pos = torch.arange(self.length, self.length + len(tokens), device=self.device)[None]
-        mask = torch.ones((1, self.length + len(tokens)), dtype=torch.long, device=self.device)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
-                         **{cache_kwarg(self.model): self.cache})
-        self.length += len(tokens)
-        return out.logits[0].float()
-
-    def crop(self, length: int) -> None:
-        if length < self.length:
-            self.cache.crop(length - self.length)  # a negative count drops that many slots
-            self.length = length
+def _draft_model_k(rows, back: list[list[int]], k: int, pad_id: int):
+    """K greedy drafts of a draft model for every row: fed each row's backlog and pending token
+    (right-aligned), then one token at a time. Returns q [nb, K, V] and x [nb, K]."""
+    nb, device = len(back), rows.pending.device
+    S = max((len(b) for b in back), default=0)
+    ids = torch.full((nb, S + 1), pad_id, dtype=torch.long)
+    mask = torch.zeros((nb, S + 1), dtype=torch.long)
+    for j, b in enumerate(back):
+        if b:
+            ids[j, S - len(b) : S] = torch.tensor(b)
+            mask[j, S - len(b) : S] = 1
+    ids, mask = ids.to(device), mask.to(device)
+    ids[:, S] = rows.pending
+    mask[:, S] = 1
+    o = rows.dc.forward(ids, mask)
+    ones1 = torch.ones((nb, 1), dtype=torch.long, device=device)
+    qs, xs = [], []
+    for i in range(k):
+        q = process_probs(o.logits[:, -1], 0.0, 1.0)
+        qs.append(q)
+        xs.append(q.argmax(-1))
+        if i < k - 1:
+            o = rows.dc.forward(xs[-1][:, None], ones1)
+    return torch.stack(qs, 1), torch.stack(xs, 1)
 
 
 @torch.inference_mode()
-def decode_hvd(target, draft, prompt: list[int], *, request: int, k: int, max_new_tokens: int,
-               eos_id: int | None, drafter: CacheDrafter, options: CacheOptions, classes: np.ndarray,
-               predict_yield, tau: float) -> HVDLog:
-    """Decode one request greedily with the HVD switch. ``predict_yield(row) -> float`` scores a
-    cache row (a dict of the ``cache_drafts`` columns)."""
-    log = HVDLog()
-    tm, dm = _Model(target), _Model(draft)
-    ctx = list(prompt)
-    feats = RequestFeatures(options, classes, len(prompt))
-    drafter.start(request, np.asarray(prompt))
-    out_np = np.zeros(0, dtype=np.int64)
-    done = False
+def decode_hvd(target, draft, prompts: list[list[int]], *, requests: list[int], k: int, max_new_tokens: int,
+               eos_id: int | None, pad_id: int, drafter: CacheDrafter, options: CacheOptions,
+               classes: np.ndarray, predict_yield, tau: float) -> list[HVDLog]:
+    """Decode a static batch greedily with the HVD switch; one log per prompt. ``predict_yield(row)
+    -> float`` scores a cache row (a dict of the ``cache_drafts`` columns)."""
+    from svt.collect.engine import _prefill, _sync
+    from svt.collect.head_draft import draft_with_head, is_head, step_catch_up, taps_of
 
-    def propose_row(t: int) -> dict:
-        context = np.asarray(ctx, dtype=np.int64)
-        ids, probs, score, match_len, glob, ms = drafter.propose(request, context)
-        row = feats.row(t, out_np[:t], context, ids, probs, score, match_len, glob)
-        row.update(request=request, decode_pos=t, draft_ids=ids.tolist(), lookup_ms=ms)
-        log.rows.append(row)
+    device = next(target.parameters()).device
+    head = is_head(draft)
+    n = len(prompts)
+    logs = [HVDLog() for _ in range(n)]
+    ctx = [list(p) for p in prompts]
+    feats = [RequestFeatures(options, classes, len(p)) for p in prompts]
+    for r, p in zip(requests, prompts, strict=True):
+        drafter.start(r, np.asarray(p))
+    rows = _prefill(target, draft, prompts, pad_id, device)
+    back: list[list[int]] = [[] for _ in range(n)]  # a draft model's unseen tokens before the pending one
+    active = list(range(n))
+
+    def propose_row(i: int, t: int) -> dict:
+        context = np.asarray(ctx[i], dtype=np.int64)
+        ids, probs, score, match_len, glob, ms = drafter.propose(requests[i], context)
+        out_np = np.asarray(logs[i].output[:t], dtype=np.int64)
+        row = feats[i].row(t, out_np, context, ids, probs, score, match_len, glob)
+        row.update(request=requests[i], decode_pos=t, draft_ids=ids.tolist(), lookup_ms=ms)
+        logs[i].rows.append(row)
         return row
 
     step = 0
-    while not done:
-        t = len(log.output)
-        row = propose_row(t)
-        yhat = float(predict_yield(row))
-        use_cache = yhat > tau
-        n_ctx = len(ctx)
+    while active:
+        nb = len(active)
+        _sync(device)
         t0 = time.perf_counter()
-        if use_cache:
-            x = list(row["draft_ids"])
-            source = "cache"
-        else:  # the model drafter: K greedy drafts from its own cache, caught up with ctx first
-            logits = dm.feed(ctx[dm.length:])[-1:]
-            x, qs = [], []
-            for i in range(k):
-                q = process_probs(logits[-1], 0.0, 1.0)
-                x.append(int(q.argmax()))
-                qs.append(q)
-                if i < k - 1:
-                    logits = dm.feed([x[-1]])
-            source = "model"
+        props = [propose_row(i, len(logs[i].output)) for i in active]
+        yhat = [float(predict_yield(row)) for row in props]
+        use_cache = [y > tau for y in yhat]
+        drafted = not all(use_cache)
+        if drafted:  # the model drafter, over the whole batch
+            if head:
+                def sample(logits):
+                    q = process_probs(logits, 0.0, 1.0)
+                    return q, q.argmax(-1)
+
+                q, xm, _ = draft_with_head(rows.dc, rows.catch, k, sample, False)
+            else:
+                q, xm = _draft_model_k(rows, [back[i] for i in active], k, pad_id)
+            xm_np = xm.cpu().numpy()
+        lens = [len(props[j]["draft_ids"]) if use_cache[j] else k for j in range(nb)]
+        L = max(lens)
+        x_np = np.full((nb, L), pad_id, dtype=np.int64)
+        for j in range(nb):
+            x_np[j, : lens[j]] = props[j]["draft_ids"] if use_cache[j] else xm_np[j]
+        x = torch.from_numpy(x_np).to(device)
+        lens_t = torch.tensor(lens, device=device)
+        _sync(device)
         t1 = time.perf_counter()
-        tl = tm.feed(ctx[tm.length:] + x)[-(len(x) + 1):]  # logits at ctx[-1], x_0 .. x_{n-1}
-        g = tl.argmax(-1).tolist()
+        ar = torch.arange(L + 1, device=device)[None, :]
+        to = rows.tc.forward(torch.cat([rows.pending[:, None], x], 1), (ar <= lens_t[:, None]).long(), hidden=head)
+        g = process_probs(to.logits, 0.0, 1.0).argmax(-1)  # [nb, L + 1]: the target's greedy tokens
+        agree = (x == g[:, :L]) & (ar[:, :L] < lens_t[:, None])
+        acc = agree.long().cumprod(1).sum(1)
+        next_token = g.gather(1, acc[:, None])[:, 0]
+        _sync(device)
         t2 = time.perf_counter()
-        a = 0
-        while a < len(x) and x[a] == g[a]:
-            a += 1
-        new = x[:a] + [g[a]]
-        if source == "model":
-            log.drafts += _model_rows(request, step, x, g, qs, tl[:k], a)
-        tm.crop(n_ctx + a)
-        dm.crop(min(dm.length, n_ctx + a))
-        room = max_new_tokens - t
-        new = new[:room]
-        if eos_id is not None and eos_id in new:
-            new = new[: new.index(eos_id) + 1]
-            log.finish, done = "stop", True
-        log.cycles.append({"request": request, "step": step, "source": source, "drafted": len(x),
-                           "accepted": a, "emitted": len(new), "predicted_yield": yhat,
-                           "draft_ms": (t1 - t0) * 1e3 + row["lookup_ms"], "verify_ms": (t2 - t1) * 1e3})
-        for j, tok in enumerate(new):  # every position gets its proposal, as in `svt cache`
-            if j > 0:
-                propose_row(t + j)
-            log.output.append(int(tok))
-            ctx.append(int(tok))
-            out_np = np.asarray(log.output, dtype=np.int64)
-            drafter.extend(request, [int(tok)])
+        rows.tc.restrict_last(ar < (acc + 1)[:, None])
+        acc_np, g_np = acc.cpu().numpy(), g.cpu().numpy()
+        if head:
+            new = step_catch_up(draft, taps_of(to, draft.cfg.aux_layer_ids), x, acc, next_token)
+            rows.catch = new if drafted else concat_catch_up(rows.catch, new)
+        else:
+            if drafted and k > 1:  # of the drafter's own slots x_0..x_{K-2}, a model row keeps the accepted
+                model = torch.tensor([not c for c in use_cache], device=device)
+                kr = torch.arange(k - 1, device=device)[None, :]
+                rows.dc.restrict_last(model[:, None] & (kr < acc[:, None]))
+            for j, i in enumerate(active):
+                a = int(acc_np[j])
+                if not drafted:
+                    back[i] = back[i] + [int(rows.pending[j])] + x_np[j, :a].tolist()
+                elif use_cache[j]:
+                    back[i] = x_np[j, :a].tolist()
+                else:
+                    back[i] = [int(x_np[j, k - 1])] if a == k else []
+        rows.pending = next_token
+        done = np.zeros(nb, dtype=bool)
+        for j, i in enumerate(active):
+            log, a, t = logs[i], int(acc_np[j]), len(logs[i].output)
+            new_toks = x_np[j, :a].tolist() + [int(g_np[j, a])]
+            new_toks = new_toks[: max_new_tokens - t]
+            if eos_id is not None and eos_id in new_toks:
+                new_toks = new_toks[: new_toks.index(eos_id) + 1]
+                log.finish, done[j] = "stop", True
+            if drafted and not use_cache[j]:
+                log.drafts += _model_rows(requests[i], step, xm_np[j].tolist(), g_np[j].tolist(), q[j],
+                                          to.logits[j, :k], a)
+            log.cycles.append({"request": requests[i], "step": step, "source": "cache" if use_cache[j] else "model",
+                               "drafted": lens[j], "accepted": a, "emitted": len(new_toks),
+                               "predicted_yield": yhat[j], "draft_ms": (t1 - t0) * 1e3,
+                               "verify_ms": (t2 - t1) * 1e3, "batch_size": nb})
+            for m, tok in enumerate(new_toks):  # every position gets its proposal, as in `svt cache`
+                if m > 0:
+                    propose_row(i, t + m)
+                log.output.append(int(tok))
+                ctx[i].append(int(tok))
+                drafter.extend(requests[i], [int(tok)])
+            if len(log.output) >= max_new_tokens:
+                done[j] = True
+        for j in sorted(np.flatnonzero(done), key=lambda j: requests[active[j]]):  # into the global tree
+            drafter.finish(requests[active[j]], np.asarray(logs[active[j]].output))
+        rows.end_step(done, device, True)
+        active = [i for j, i in enumerate(active) if not done[j]]
         step += 1
-        if len(log.output) >= max_new_tokens:
-            done = True
-    drafter.finish(request, np.asarray(log.output))
-    return log
+    return logs
 
 
 def yield_scorer(fit):
@@ -151,13 +210,13 @@ def yield_scorer(fit):
     return score
 
 
-def _model_rows(request: int, step: int, x: list[int], g: list[int], qs: list, target_logits, a: int) -> list[dict]:
-    """The drafts rows of a model cycle: labelled up to and including the first rejection, the soft
-    labels the 0/1 argmax agreement of greedy verification (as the chain engine logs them; min(1, p/q)
-    of unscaled softmaxes is no acceptance probability here)."""
+def _model_rows(request: int, step: int, x: list[int], g: list[int], q: torch.Tensor, target_logits, a: int) -> list[dict]:
+    """The drafts rows of a model cycle (``q`` [K, V]): labelled up to and including the first
+    rejection, the soft labels the 0/1 argmax agreement of greedy verification (as the chain engine
+    logs them; min(1, p/q) of unscaled softmaxes is no acceptance probability here)."""
     k = len(x)
     p = process_probs(target_logits, 0.0, 1.0)
-    f = draft_features(torch.stack(qs)[None], p[None], torch.tensor([x], device=p.device))
+    f = draft_features(q[None], p[None], torch.tensor([x], device=p.device))
     agree = torch.tensor([[float(x[i] == g[i]) for i in range(k)]], device=p.device)
     f["accept_prob"], f["accept_prob_expected"] = agree, agree
     return [{"request": request, "step": step, "position": i, "token": x[i], "label": int(i < a),

@@ -129,10 +129,6 @@ def plan_collection(cfg: CollectConfig, out: Path, *, config_path: Path | None, 
     workloads = load_workloads(cfg.workloads, cfg.requests, config_path, turns=cfg.turns, repeat=cfg.repeat)
     pair = load_pair(resolve_path(cfg.target, config_path), resolve_path(cfg.draft, config_path),
                      device=cfg.device, dtype=cfg.dtype)
-    if pair.draft_kind != "model" and cfg.hvd is not None:
-        raise ConfigError(f"The draft {cfg.draft!r} is a hidden-state head ({pair.draft_kind}): svt's engine drafts "
-                          "chains and trees with it; live HVD still needs a draft model. Remove the `hvd` section "
-                          "(the chain run's `cache` section replays HVD with the head as the model drafter).")
     if old_meta:
         check_resume_inputs(out, old_meta, pair, workloads.hashes)
     live, online = live_policy(cfg, config_path, resume)
