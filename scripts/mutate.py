@@ -1431,6 +1431,28 @@ MUTANTS = [
     M("hvd-resume-tree-empty", "live HVD in batches", "collect/hvd_run.py",
       "    if done:  # rebuild the global tree", "    if False:  # rebuild the global tree", ("tests/collect/test_hvd_live.py",)),
 
+
+    M("decision-winner-includes-oracle", "a flag a user can trust", "simulate/av.py",
+      '        if p["policy"] != "oracle" and (c not in best or p["throughput"] > best[c][1]):',
+      '        if c not in best or p["throughput"] > best[c][1]:', ("tests/simulate/test_cost_intervals.py",)),
+    M("decision-doubt-on-picks-not-regret", "a flag a user can trust", "simulate/av.py",
+      '             "in_doubt": bool(picks) and within < DECISION_AGREE * len(picks)}',
+      '             "in_doubt": bool(picks) and agree < DECISION_AGREE * len(picks)}',
+      ("tests/simulate/test_cost_intervals.py",)),
+    M("decision-regret-unscaled", "a flag a user can trust", "simulate/av.py",
+      "    return (best - thr.get(policy, 0.0)) / best if best > 0 else 0.0",
+      "    return (best - thr.get(policy, 0.0)) if best > 0 else 0.0", ("tests/simulate/test_cost_intervals.py",)),
+    M("busy-flag-at-note-level", "a flag a user can trust", "collect/cost_fit.py",
+      '    if record.get("max_uncertainty", 0.0) > BUSY_UNCERTAINTY:',
+      '    if record.get("max_uncertainty", 0.0) > MAX_UNCERTAINTY:', ("tests/collect/test_cost_fit.py",)),
+    M("hvd-schedule-emitted-wrong", "live HVD in batches", "collect/hvd_live.py",
+      '                         "emitted": sum(len(logs[i].output) for i in active) - before})',
+      '                         "emitted": sum(len(logs[i].output) for i in active)})', ("tests/collect/test_hvd_live.py",)),
+    M("static-interactivity-wrong-batch", "live vs replay", "report/live.py",
+      '        per = steps.with_columns((pl.col("request") // batch_size).alias("_batch")).join(',
+      '        per = steps.with_columns((pl.col("request") % batch_size).alias("_batch")).join(',
+      ("tests/collect/test_hvd_live.py",)),
+
 ]
 
 

@@ -193,3 +193,37 @@ def test_an_interrupted_batched_hvd_run_resumes_with_the_same_global_tree(batch1
     assert a["from_global"].filter(a["request"] >= 3).any()  # the next batch did read the refilled tree
     meta = json.loads((tmp_path / "cut" / "run.json").read_text())["hvd"]
     assert meta["cycles"] == json.loads((live / "run.json").read_text())["hvd"]["cycles"]
+
+
+def test_live_hvd_stands_among_the_live_points(batch1, batched):
+    """Issue 63: a batched live-HVD run logs its engine steps (`schedule`) and `svt evaluate --live`
+    reports its measured throughput and interactivity, and the cost table's price of its own steps,
+    beside the other live runs (the AV replay has no HVD policy to predict it)."""
+    from svt.report import EvaluateOptions, evaluate
+
+    _, d, _ = batch1
+    live, drafter = batched
+    if drafter != "eagle3":
+        pytest.skip("one drafter is enough for the report")
+    sched = open_run(live).scan("schedule").collect()
+    steps = open_run(live).scan("steps").collect()
+    assert sched["batch_size"].sum() == steps.height and sched["emitted"].sum() == steps["emitted"].sum()
+    assert (sched["step_ms"] >= sched["draft_ms"] + sched["verify_ms"] - 1e-3).all()
+    # a step with no model row runs no drafter pass; one with any runs K
+    model = open_run(live).scan("drafts").select("request", "step").unique().collect()
+    assert set(sched["draft_passes"].unique()) <= {0, 4}
+    costs = ROOT / "configs" / "costs" / "h100-llama8b-eagle.yaml"
+    rep = evaluate([d / "greedy"], EvaluateOptions(features=["q_max"], costs=str(costs), live=[str(live)]))
+    row = rep["simulation"]["live"]["runs"][0]
+    assert row["policy"] == "live HVD tau=0.5" and row["replay_tokens_per_s"] is None and row["ratio"] is None
+    assert row["live_tokens_per_s"] == pytest.approx(sched["emitted"].sum() / (sched["step_ms"].sum() / 1e3), rel=1e-6)
+    # interactivity: a request decodes in its static batch's ticks up to its last step
+    per = []
+    for b, rs in enumerate(([0, 1, 2], [3, 4, 5])):
+        part = open_run(live).parts("schedule")[b].collect()  # batch b's shard: its ticks from 0
+        ms = dict(zip(part["tick"].to_list(), part["step_ms"].to_list(), strict=True))
+        for r in rs:
+            g = steps.filter(pl.col("request") == r)
+            per.append(g["emitted"].sum() / (sum(ms[t] for t in g["step"]) / 1e3))
+    assert row["live_interactivity"] == pytest.approx(sum(per) / len(per), rel=1e-6)
+    assert row["table_vs_steps"] > 0 and model.height > 0

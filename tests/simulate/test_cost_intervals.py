@@ -110,3 +110,70 @@ def test_the_report_and_the_pareto_figure_carry_the_ranges(tiny_pair, small_run,
     assert any(type(c).__name__ == "ErrorbarContainer" for c in fig.axes[0].containers)
     assert "40 refits of the cost model" in fig._supxlabel.get_text().replace("\n", " ")
     assert problems(fig) == []
+
+
+def test_the_verdict_is_on_the_decisions_each_winner_counted_over_the_refits():
+    """Issue 63: the report says whether the replay's winner at each B holds over the refits. Refits
+    equal to the table agree everywhere; refits that make drafting dear or cheap change the winner
+    at some B, and the audit counts them exactly as a replay of each refit picks them, names the
+    rivals and the cells they differ on."""
+    from svt.simulate.av import decision_audit, winners
+
+    trace = _trace()
+    same = _table((1.0,) * 4, (1.0,) * 4)
+    points = replay(trace, same, concurrency=(1, 4, 16))
+    got: list = []
+    cost_intervals(trace, same, points, decisions=got)
+    assert [d["in_doubt"] for d in got] == [False, False, False] and all(d["agree"] == 4 for d in got)
+    assert [d["winner"] for d in got] == [winners(points)[b] for b in (1, 4, 16)]
+    assert all(p != "oracle" for p in winners(points).values())
+    # drafting 20x dearer in half the refits: the cheap-draft winner is not the dear-draft one at some B
+    scales = (1.0, 1.0, 20.0, 20.0, 1.0, 20.0)
+    moved = _table((1.0,) * 6, scales)
+    points = replay(trace, moved, concurrency=(1, 4, 16))
+    got = []
+    cost_intervals(trace, moved, points, decisions=got)
+    per_refit = [winners(replay(trace, r, concurrency=(1, 4, 16))) for r in moved.replicates()]
+    refit_points = [replay(trace, r, concurrency=(1, 4, 16)) for r in moved.replicates()]
+    for d in got:
+        c = d["concurrency"]
+        assert d["agree"] == sum(w[c] == d["winner"] for w in per_refit)
+        assert d["agree"] + sum(d["others"].values()) == 6
+        # within 2 % of each refit's best, counted from the refits' own replays
+        best = [max(p["throughput"] for p in pts if p["concurrency"] == c and p["policy"] != "oracle")
+                for pts in refit_points]
+        mine = [next(p["throughput"] for p in pts if p["concurrency"] == c and p["policy"] == d["winner"])
+                for pts in refit_points]
+        assert d["within"] == sum(m >= 0.98 * b - 1e-9 for m, b in zip(mine, best, strict=True))
+        assert d["within"] >= d["agree"]
+        assert d["in_doubt"] == (d["within"] < 0.95 * 6)
+    doubt = [d for d in got if d["in_doubt"]]
+    assert doubt, "drafting 20x dearer changes some winner"
+    for d in doubt:
+        assert d["cells"] and all(c["cell"].startswith(("draft_ms[", "verify ")) for c in d["cells"])
+        assert all(f"[{d['concurrency']}]" in c["cell"] or f"verify {d['concurrency']} rows" in c["cell"]
+                   for c in d["cells"])
+    assert decision_audit(points, [], moved, trace.k)[0]["in_doubt"] is False  # no refits: nothing to doubt
+
+
+def test_two_policies_within_the_noise_of_each_other_are_no_doubt():
+    """A refit that prefers a rival by 1 % is no reason to doubt the pick (either costs nothing);
+    one that prefers it by 10 % is. In doubt only when fewer than 95 % of the refits keep the pick
+    within 2 % of their best."""
+    from svt.simulate.av import decision_audit
+
+    def pts(a, b):
+        return [{"policy": "fixed K=2", "concurrency": 1, "throughput": a},
+                {"policy": "fixed K=3", "concurrency": 1, "throughput": b},
+                {"policy": "oracle", "concurrency": 1, "throughput": 10 * a}]
+
+    costs = _table()
+    close = [pts(100.0, 101.0)] * 19 + [pts(100.0, 110.0)]
+    d = decision_audit(pts(100.0, 99.0), close, costs, 3)[0]
+    assert (d["winner"], d["agree"], d["within"], d["in_doubt"]) == ("fixed K=2", 0, 19, False)
+    assert d["others"] == {"fixed K=3": 20} and d["worst_regret"] == pytest.approx(10 / 110)
+    far = [pts(100.0, 101.0)] * 18 + [pts(100.0, 110.0)] * 2
+    d = decision_audit(pts(100.0, 99.0), far, costs, 3)[0]
+    assert (d["within"], d["in_doubt"]) == (18, True)
+    assert {c["cell"] for c in d["cells"]} == {
+        "draft_ms[1][2]", "draft_ms[1][3]", "verify 1 rows x 3 tokens", "verify 1 rows x 4 tokens"}

@@ -83,9 +83,12 @@ def _draft_model_k(rows, back: list[list[int]], k: int, pad_id: int):
 @torch.inference_mode()
 def decode_hvd(target, draft, prompts: list[list[int]], *, requests: list[int], k: int, max_new_tokens: int,
                eos_id: int | None, pad_id: int, drafter: CacheDrafter, options: CacheOptions,
-               classes: np.ndarray, predict_yield, tau: float) -> list[HVDLog]:
-    """Decode a static batch greedily with the HVD switch; one log per prompt. ``predict_yield(row)
-    -> float`` scores a cache row (a dict of the ``cache_drafts`` columns)."""
+               classes: np.ndarray, predict_yield, tau: float) -> tuple[list[HVDLog], list[dict]]:
+    """Decode a static batch greedily with the HVD switch: one log per prompt, and one ``schedule``
+    row per engine step (:data:`svt.traces.schema` SCHEDULE; ``step_ms`` is the whole step: the
+    cache's proposals and the yield fit's scores, the drafter, the verify, the emission and the
+    bookkeeping). ``predict_yield(row) -> float`` scores a cache row (a dict of the ``cache_drafts``
+    columns)."""
     from svt.collect.engine import _prefill, _sync
     from svt.collect.head_draft import draft_with_head, is_head, step_catch_up, taps_of
 
@@ -97,7 +100,12 @@ def decode_hvd(target, draft, prompts: list[list[int]], *, requests: list[int], 
     feats = [RequestFeatures(options, classes, len(p)) for p in prompts]
     for r, p in zip(requests, prompts, strict=True):
         drafter.start(r, np.asarray(p))
+    _sync(device)
+    t_in = time.perf_counter()
     rows = _prefill(target, draft, prompts, pad_id, device)
+    _sync(device)
+    prefill_ms = (time.perf_counter() - t_in) * 1e3
+    schedule: list[dict] = []
     back: list[list[int]] = [[] for _ in range(n)]  # a draft model's unseen tokens before the pending one
     active = list(range(n))
 
@@ -113,6 +121,7 @@ def decode_hvd(target, draft, prompts: list[list[int]], *, requests: list[int], 
     step = 0
     while active:
         nb = len(active)
+        before = sum(len(logs[i].output) for i in active)
         _sync(device)
         t0 = time.perf_counter()
         props = [propose_row(i, len(logs[i].output)) for i in active]
@@ -191,9 +200,16 @@ def decode_hvd(target, draft, prompts: list[list[int]], *, requests: list[int], 
         for j in sorted(np.flatnonzero(done), key=lambda j: requests[active[j]]):  # into the global tree
             drafter.finish(requests[active[j]], np.asarray(logs[active[j]].output))
         rows.end_step(done, device, True)
+        _sync(device)
+        t3 = time.perf_counter()
+        schedule.append({"tick": step, "batch_size": nb, "admitted": n if step == 0 else 0,
+                         "prefill_ms": prefill_ms if step == 0 else 0.0, "draft_ms": (t1 - t0) * 1e3,
+                         "verify_ms": (t2 - t1) * 1e3, "step_ms": (t3 - t0) * 1e3,
+                         "draft_passes": k if drafted else 0, "verify_tokens": nb * (L + 1),
+                         "emitted": sum(len(logs[i].output) for i in active) - before})
         active = [i for j, i in enumerate(active) if not done[j]]
         step += 1
-    return logs
+    return logs, schedule
 
 
 def yield_scorer(fit):

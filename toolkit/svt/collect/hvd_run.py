@@ -120,13 +120,20 @@ def collect_hvd(plan: CollectPlan) -> RunSummary:
     for b, batch in enumerate(plan.batches):
         if b in done:
             continue
-        logs = decode_hvd(pair.target, pair.draft, [plan.ids[r] for r in batch], requests=batch, k=cfg.k,
+        logs, schedule = decode_hvd(pair.target, pair.draft, [plan.ids[r] for r in batch], requests=batch, k=cfg.k,
                           max_new_tokens=cfg.max_new_tokens, eos_id=pair.tokenizer.eos_token_id, pad_id=pad_id,
                           drafter=drafter, options=options, classes=classes, predict_yield=score, tau=cfg.hvd.tau)
-        commit_batch(out, meta, b, _batch_frames(plan, batch, logs))
+        commit_batch(out, meta, b, {**_batch_frames(plan, batch, logs), "schedule": schedule_frame(schedule)})
     summary = finish_run(out, meta, time.time() - t_start, resumed=len(done))
     _record_cycles(out)
     return summary
+
+
+def schedule_frame(rows: list[dict]) -> pl.DataFrame:
+    """A batch's ``schedule`` shard, in the table's types."""
+    from svt.traces.schema import TABLES as T
+
+    return pl.DataFrame(rows).cast({c: t for c, t in T["schedule"].columns.items()})
 
 
 def _refill_global_tree(drafter: CacheDrafter, out: Path) -> None:

@@ -165,9 +165,10 @@ def measurement_block(repeats: int, spreads: dict[str, dict], falls: dict[str, l
     if fit is None:
         warnings += notes
     else:
-        from svt.collect.cost_fit import fit_warnings
+        from svt.collect.cost_fit import fit_notes, fit_warnings
 
         warnings += fit_warnings(fit)
+        notes += fit_notes(fit)
     if before["threads"] > before["cores"]:  # its own load is then anywhere up to its threads
         warnings.append(f"{before['threads']} threads on {before['cores']} cores: the times include threads waiting "
                         "for each other, and other processes' load cannot be told from this one's (profile with "

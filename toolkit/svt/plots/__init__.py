@@ -145,12 +145,17 @@ def _live_points(ax, sim: dict, policies: list[str], colors) -> None:
     """Live runs (``svt evaluate --live``) as crosses in their policy's colour, each labelled with
     its batch size: where the engine landed beside the replay's curve."""
     runs = [r for r in ((sim.get("live") or {}).get("runs") or []) if r.get("live_interactivity")]
-    for j, r in enumerate(runs):
+    labelled = set()
+    for r in runs:
+        hvd = r["policy"].startswith("live HVD")  # no replay curve of its own: a marker of its own
         i = policies.index(r["policy"]) if r["policy"] in policies else 0
-        ax.plot([r["live_interactivity"]], [r["live_tokens_per_s"]], "X", color=colors[i % len(colors)], ms=8,
-                mec="k", mew=0.6, label="live runs (engine), policy's colour" if j == 0 else None, zorder=5)
-        ax.annotate(f"live B={r['batch_size']}", (r["live_interactivity"], r["live_tokens_per_s"]), fontsize=6,
-                    xytext=(4, -8), textcoords="offset points")
+        label = "live HVD (engine)" if hvd else "live runs (engine), policy's colour"
+        ax.plot([r["live_interactivity"]], [r["live_tokens_per_s"]], "*" if hvd else "X",
+                color="k" if hvd else colors[i % len(colors)], ms=11 if hvd else 8, mec="k", mew=0.6,
+                label=None if label in labelled else label, zorder=5)
+        labelled.add(label)
+        ax.annotate(f"{'HVD ' if hvd else ''}live B={r['batch_size']}", (r["live_interactivity"], r["live_tokens_per_s"]),
+                    fontsize=6, xytext=(4, -8), textcoords="offset points")
 
 
 def _whiskers(ax, points: list[dict], color) -> None:

@@ -1,13 +1,15 @@
 """Live runs against the replay: what the engine delivered beside what the replay predicts for the
 same policy at the same batch size, and what the difference is made of.
 
-For each live run (any policy svt's engine runs: fixed K, K = 0 plain decoding, live AV), from its
-``schedule`` table (one row per engine step):
+For each live run (any policy svt's engine runs: fixed K, K = 0 plain decoding, live AV, live HVD),
+from its ``schedule`` table (one row per engine step):
 
 - **measured**: decode tokens/s = tokens emitted / the steps' wall-clock (``step_ms``: draft, verify,
   acceptance, bookkeeping, cache compaction); the prefill of admitted requests is timed apart and
   left out, as are loading and writing the run;
-- **predicted**: the replay's point for the same policy and batch size on the evaluated trace;
+- **predicted**: the replay's point for the same policy and batch size on the evaluated trace (none
+  for live HVD: the AV replay has no HVD policy, and HVD's own replay prices cycles at batch 1; its
+  row stands among the live points, priced step by step by the table);
 - **the parts of the ratio**: tokens per request-step (the replay's against the live run's:
   acceptance and the schedule), and the live run's own steps priced by the cost table:
   ``table / steps`` (the table's whole price of each step, ``step_ms`` included, over the steps'
@@ -32,6 +34,8 @@ from svt.traces.io import open_run
 def live_policy(meta: dict, path: str, fits: list[str], fit_names: list[str]) -> str:
     """The replay policy a live run ran: ``fixed K=k``, or ``AV <predictor>`` for a live-AV run
     whose fit is among ``fits`` (``fit_names``: their predictor names in the replay)."""
+    if (meta.get("hvd") or {}).get("live"):
+        return f"live HVD tau={meta['hvd']['tau']:g}"
     av = meta.get("av")
     if not av:
         return f"fixed K={int(meta['k'])}"
@@ -52,9 +56,11 @@ def read_live(path: str, fits: list[str], fit_names: list[str]) -> dict:
     """A live run's measured decode figures and its own steps (for pricing them with a cost table)."""
     run = open_run(path)
     meta = run.meta
-    if (meta.get("config") or {}).get("engine", "svt") != "svt" or meta.get("hvd") or meta.get("import"):
-        raise DataError(f"{path}: not a run of svt's batched engine (an HVD, tree, imported or other engine's "
-                        "run): --live compares that engine's runs with the AV replay.")
+    engine = (meta.get("config") or {}).get("engine", "svt")
+    hvd = meta.get("hvd")
+    if engine not in ("svt", "hvd") or (hvd and not hvd.get("live")) or meta.get("import"):
+        raise DataError(f"{path}: not a run of svt's batched engine or of live HVD (a tree, imported or other "
+                        "engine's run): --live compares those engines' runs with the replay.")
     if not run.has("schedule"):
         raise DataError(f"{path}: has no `schedule` table (collected before svt logged its engine steps): "
                         "collect it again to compare it live.")
@@ -89,16 +95,27 @@ def read_live(path: str, fits: list[str], fit_names: list[str]) -> dict:
         "mean_batch": float(s["mean_batch"]),
         "live_tokens_per_s": s["tokens"] / (s["step"] / 1e3) if s["step"] > 0 else None,
         "live_tokens_per_step": s["tokens"] / s["rows"],
-        "live_interactivity": _interactivity(run, sched) if kind == "continuous" else None,
+        "live_interactivity": _interactivity(run, sched, kind, int(cfg.get("batch_size", 1))),
         "_steps": sched.select("batch_size", "verify_tokens", "draft_passes").to_numpy().astype(np.int64),
     }
 
 
-def _interactivity(run, sched: pl.DataFrame) -> float:
-    """Mean over requests of tokens / the wall-clock of the engine steps it decoded in (a continuous
-    run's steps are its engine ticks)."""
-    per = (run.scan("steps").select("request", "step", "emitted").collect()
-           .join(sched.select(pl.col("tick").alias("step"), "step_ms"), on="step", how="left"))
+def _interactivity(run, sched: pl.DataFrame, kind: str, batch_size: int) -> float:
+    """Mean over requests of tokens / the wall-clock of the engine steps it decoded in. A continuous
+    run's steps are its engine ticks; a static run's ticks count from 0 in each batch's shard
+    (``part-b``: requests b * B .. b * B + B - 1), and a request decodes in its batch's ticks up to
+    its last step."""
+    from svt.traces.io import SHARD_RE, scan_shard
+
+    steps = run.scan("steps").select("request", "step", "emitted").collect()
+    if kind == "continuous":
+        per = steps.join(sched.select(pl.col("tick").alias("step"), "step_ms"), on="step", how="left")
+    else:
+        parts = [scan_shard(f, "schedule").select(pl.lit(int(SHARD_RE.fullmatch(f.name).group(1))).alias("_batch"),
+                                                  pl.col("tick").alias("step"), "step_ms")
+                 for f in run.shards["schedule"]]
+        per = steps.with_columns((pl.col("request") // batch_size).alias("_batch")).join(
+            pl.concat(parts).collect(), on=["_batch", "step"], how="left")
     if per["step_ms"].null_count():
         raise DataError(f"{run.path}: steps whose engine step is not in its `schedule` table.")
     r = per.group_by("request").agg(pl.col("emitted").sum(), pl.col("step_ms").sum())
@@ -124,16 +141,19 @@ def compare_live(lives: list[dict], points: list[dict], costs) -> dict:
     for live in lives:
         steps = live.pop("_steps")
         point = by_key.get((live["policy"], live["batch_size"]))
-        if point is None:
+        if point is None and live["policy"].startswith("live HVD"):  # among the live points, unreplayed
+            point = {"throughput": None, "tokens_per_step": None}
+        elif point is None:
             raise DataError(f"{live['run']}: the replay has no point for {live['policy']} at B = {live['batch_size']} "
                             "(a K above the evaluated run's?).")
         priced = priced_seconds(steps, costs)
         priced_fwd = priced_seconds(steps, costs, with_step=False)
         measured = live["live_tokens_per_s"]
         fwd = live["forwards_s"] or None
-        rows.append({**live, "replay_tokens_per_s": float(point["throughput"]),
-                     "replay_tokens_per_step": float(point["tokens_per_step"]),
-                     "ratio": float(point["throughput"]) / measured if measured else None,
+        thr = point["throughput"]
+        rows.append({**live, "replay_tokens_per_s": None if thr is None else float(thr),
+                     "replay_tokens_per_step": None if thr is None else float(point["tokens_per_step"]),
+                     "ratio": float(thr) / measured if measured and thr is not None else None,
                      "table_s": priced, "table_vs_steps": priced / live["decode_s"] if live["decode_s"] else None,
                      "table_vs_forwards": priced_fwd / fwd if fwd else None,
                      "step_vs_forwards": live["decode_s"] / fwd if fwd else None})

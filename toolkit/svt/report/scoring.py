@@ -419,7 +419,7 @@ def simulation(drafts: pl.DataFrame, feats: list[Feature], opts: EvaluateOptions
     live = av_lives[0] if av_lives else None
     concurrency = tuple(sorted({*concurrency, *(x["batch_size"] for x in lives)}))
     for x in lives:
-        if x["k"] > trace.k:
+        if x["k"] > trace.k and not x["policy"].startswith("live HVD"):
             raise DataError(f"{x['run']} drafted K = {x['k']}, more than the evaluated run's K = {trace.k}: the "
                             "replay has no such policy.")
     points = replay(trace, costs, concurrency=concurrency, engine_rule=True)
@@ -429,7 +429,8 @@ def simulation(drafts: pl.DataFrame, feats: list[Feature], opts: EvaluateOptions
         replay_intervals(trace, costs, points, n=opts.replay_bootstrap, seed=opts.seed, engine_rule=True)
     from svt.simulate.av import cost_intervals
 
-    refits = cost_intervals(trace, costs, points)  # the cost model's uncertainty, when the table keeps its refits
+    decisions: list[dict] = []  # whether each batch size's winner holds over the cost model's refits
+    refits = cost_intervals(trace, costs, points, decisions=decisions)  # when the table keeps its refits
     if live:
         suffix = " [engine rule]" if live["rule"] == "engine" else ""
         rep = next(p for p in points if p["policy"] == f"AV {live['predictor']}{suffix}"
@@ -446,6 +447,7 @@ def simulation(drafts: pl.DataFrame, feats: list[Feature], opts: EvaluateOptions
             "costs": {"path": str(opts.costs), "kind": costs.kind, "drafter": costs.drafter,
                       "description": costs.description.strip(), "fingerprint": costs.fingerprint(),
                       "warnings": list(costs.measurement.get("warnings", [])) + costs.pair_problems(metas or []),
+                      "decisions": decisions,
                       "beyond_table": costs.beyond(trace.k, concurrency, int(np.unique(trace.request).size))},
             "requests": int(trace.request.max()) + 1, "request_steps": int(trace.a.size), "schedule": schedule,
             "verification": verification,

@@ -287,20 +287,101 @@ def _vs_best_fixed(points: list[dict]) -> dict[tuple, float]:
             else float("nan") for p in points}
 
 
-def cost_intervals(trace: StepTrace, costs: CostTable, points: list[dict], *, engine_rule: bool = False) -> int:
+#: a decision holds when in at least this share of the cost model's refits the replay's winner is
+#: within ``DECISION_REGRET`` of that refit's best (two policies within the noise of each other are
+#: not a doubt: either choice costs nothing)
+DECISION_AGREE = 0.95
+DECISION_REGRET = 0.02
+
+
+def winners(points: list[dict]) -> dict[int, str]:
+    """The policy a user would pick at each concurrency: the highest throughput among the policies
+    an engine can run (the oracle knows the future and is left out)."""
+    best: dict[int, tuple[str, float]] = {}
+    for p in points:
+        c = int(p["concurrency"])
+        if p["policy"] != "oracle" and (c not in best or p["throughput"] > best[c][1]):
+            best[c] = (p["policy"], float(p["throughput"]))
+    return {c: w for c, (w, _) in best.items()}
+
+
+def _regret(points: list[dict], c: int, policy: str) -> float:
+    """How much throughput ``policy`` gives up at concurrency ``c`` against the best there."""
+    thr = {p["policy"]: float(p["throughput"]) for p in points if int(p["concurrency"]) == c and p["policy"] != "oracle"}
+    best = max(thr.values())
+    return (best - thr.get(policy, 0.0)) / best if best > 0 else 0.0
+
+
+def _policy_k(policy: str, k: int) -> int | None:
+    """A fixed policy's draft length (None for AV policies, which may verify any of 0..K)."""
+    return int(policy.removeprefix("fixed K=")) if policy.startswith("fixed K=") else None
+
+
+def decision_cells(costs: CostTable, batch: int, policies: list[str], k: int) -> list[dict]:
+    """The cost cells at ``batch`` on which ``policies`` differ (a fixed K's draft of K and its
+    verify of K + 1 tokens a row; an AV policy's draft of K and its verify of 1..K + 1), widest 95 %
+    interval first (``measurement.fit.interval95``, relative to the fitted value; None when the
+    table keeps no intervals)."""
+    ivl = ((costs.measurement or {}).get("fit") or {}).get("interval95") or {}
+    ks = {_policy_k(p, k) for p in policies}
+    draft = sorted({x for x in ks if x} | ({k} if None in ks else set()))
+    verify = sorted({x + 1 for x in ks if x is not None} | (set(range(1, k + 2)) if None in ks else set()))
+
+    def width(kind: str, j: int) -> float | None:
+        row = ivl.get(kind, {}).get(batch, ivl.get(kind, {}).get(str(batch), {}))
+        cell = row.get(j, row.get(str(j)))
+        if not cell:
+            return None
+        fitted = costs.draft_ms.get(batch, {}).get(j) if kind == "draft" else costs.verify(j * batch, rows=batch)
+        return float(max(cell[1] - fitted, fitted - cell[0]) / fitted) if fitted else None
+
+    cells = [{"cell": f"draft_ms[{batch}][{j}]", "interval95": width("draft", j)} for j in draft]
+    cells += [{"cell": f"verify {batch} rows x {m} tokens", "interval95": width("verify", m)} for m in verify]
+    return sorted(cells, key=lambda c: -(c["interval95"] or 0.0))
+
+
+def decision_audit(points: list[dict], refit_points: list[list[dict]], costs: CostTable, k: int) -> list[dict]:
+    """Per concurrency: the replay's winner; how many of the cost model's refits pick it
+    (``agree``) and which others they pick; in how many it stays within ``DECISION_REGRET`` of the
+    refit's best (``within``); and ``in_doubt`` when that is fewer than ``DECISION_AGREE`` of them,
+    with the cells the rivals differ on, widest interval first."""
+    out = []
+    picks = [winners(r) for r in refit_points]
+    for c, w in sorted(winners(points).items()):
+        votes: dict[str, int] = {}
+        for pk in picks:
+            votes[pk.get(c, "")] = votes.get(pk.get(c, ""), 0) + 1
+        agree = votes.pop(w, 0)
+        regrets = [_regret(r, c, w) for r in refit_points]
+        within = sum(x <= DECISION_REGRET for x in regrets)
+        d = {"concurrency": c, "winner": w, "refits": len(picks), "agree": agree,
+             "others": dict(sorted(votes.items(), key=lambda kv: -kv[1])), "within": within,
+             "worst_regret": max(regrets, default=0.0),
+             "in_doubt": bool(picks) and within < DECISION_AGREE * len(picks)}
+        if d["in_doubt"]:
+            d["cells"] = decision_cells(costs, c, [w, *d["others"]], k)
+        out.append(d)
+    return out
+
+
+def cost_intervals(trace: StepTrace, costs: CostTable, points: list[dict], *, engine_rule: bool = False,
+                   decisions: list | None = None) -> int:
     """Add ``cost_ci95`` to each replay point: the 2.5 and 97.5 percentiles of its throughput, its
     interactivity and its throughput over the best fixed draft length at the same concurrency
     (``vs_best_fixed``), over replays on the cost model's bootstrap refits
     (``CostTable.replicates``). The ratio is paired (one refit prices both policies), so it says
-    whether a gain survives the uncertainty of the costs. Returns how many refits were replayed
-    (0: the table keeps none, nothing added)."""
+    whether a gain survives the uncertainty of the costs. With ``decisions`` (a list), the winner
+    audit of each concurrency is appended to it (:func:`decision_audit`). Returns how many refits
+    were replayed (0: the table keeps none, nothing added)."""
     reps = costs.replicates()
     if len(reps) < 2:
         return 0
     concurrency = tuple(sorted({int(p["concurrency"]) for p in points}))
     draws: dict[tuple, list[float]] = {}
+    refit_points = []
     for rep in reps:
         got = replay(trace, rep, concurrency=concurrency, engine_rule=engine_rule)
+        refit_points.append(got)
         ratio = _vs_best_fixed(got)
         for q in got:
             key = (q["policy"], q["concurrency"])
@@ -315,6 +396,8 @@ def cost_intervals(trace: StepTrace, costs: CostTable, points: list[dict], *, en
                 ci[m] = [float(np.percentile(v, 2.5)), float(np.percentile(v, 97.5))]
         if ci:
             p["cost_ci95"] = ci
+    if decisions is not None:
+        decisions += decision_audit(points, refit_points, costs, trace.k)
     return len(reps)
 
 

@@ -179,7 +179,38 @@ def _refit_lines(sim: dict) -> list[str]:
             "fit (the profile's repeats resampled, the model refitted). The ranges are the 2.5 and 97.5 percentiles "
             "over those replays; `x best fixed K` is the policy's throughput over the best fixed draft length's at "
             "the same B, priced by the same refit each time, so a gain whose range lies above 1 holds whatever the "
-            "costs' noise. The ranges do not include the requests' own sampling noise (`--replay-bootstrap`).\n"]
+            "costs' noise. The ranges do not include the requests' own sampling noise (`--replay-bootstrap`).\n",
+            *decision_lines(sim["costs"].get("decisions") or [])]
+
+
+def decision_lines(decisions: list[dict]) -> list[str]:
+    """The verdict a user acts on: does each batch size's winner hold over the cost model's refits
+    (within 2 % of each refit's best in at least 95 % of them)?"""
+    if not decisions:
+        return []
+
+    def held(d):
+        return (f"B = {d['concurrency']}: {d['winner']} (the pick of {d['agree']}/{d['refits']} refits, within 2 % "
+                f"of the best in {d['within']})")
+
+    doubt = [d for d in decisions if d["in_doubt"]]
+    if not doubt:
+        return ["**The costs hold for the decisions**: at every B the replay's best policy stays within 2 % of the "
+                "best in at least 95 % of the cost model's refits (" + "; ".join(held(d) for d in decisions) + ").\n"]
+    out = ["**The cost table puts decisions in doubt**: at these B the replay's best policy falls more than 2 % "
+           "behind another in over 5 % of the cost model's refits, so which policy wins rests on the profile's "
+           "noise; profile again on a quiet machine, or with more repeats, before acting on it."]
+    for d in doubt:
+        others = ", ".join(f"{p or 'none'} in {n}" for p, n in d["others"].items())
+        cells = ", ".join(c["cell"] + ("" if c["interval95"] is None else f" (±{c['interval95']:.0%})")
+                          for c in d.get("cells", [])[:4])
+        out.append(f"- B = {d['concurrency']}: {d['winner']} is the pick of {d['agree']} of {d['refits']} refits "
+                   f"({others}) and within 2 % of the best in {d['within']} (it gives up to "
+                   f"{d['worst_regret']:.0%}); the cells they differ on, widest interval first: {cells}.")
+    ok = [d for d in decisions if not d["in_doubt"]]
+    if ok:
+        out.append("- holding: " + "; ".join(held(d) for d in ok) + ".")
+    return ["\n".join(out) + "\n"]
 
 
 def _beyond_lines(sim: dict) -> list[str]:
