@@ -90,16 +90,6 @@ def test_a_tree_run_grows_the_heads_trees(models_dir, tmp_path):
     assert meta["tree"]["accepted_per_step"] > 1.5  # the trained head's trees are accepted most of the time
 
 
-@pytest.mark.parametrize(("extra", "message"), [
-    ({"hvd": {"fit": "fit.json", "tau": 2.0}, "batch_size": 1, "cache": True}, "live HVD still needs a draft model"),
-])
-def test_a_head_where_svt_cannot_run_one_yet_is_one_clear_message(models_dir, tmp_path, extra, message):
-    from svt.collect import collect
-
-    with pytest.raises(ConfigError, match=message):
-        collect(_cfg(models_dir, **extra), tmp_path / "run", progress=False)
-
-
 def test_a_reference_run_refuses_a_head(models_dir, tmp_path):
     from svt.collect import collect
 

@@ -162,8 +162,13 @@ def teacher_forced_accepted(draft_model, sequences: list[tuple[list[int], list[i
     """
     import torch
 
+    from svt.collect.block_draft import block_teacher_forced_accepted, is_block
     from svt.collect.head_draft import head_teacher_forced_accepted, is_head
 
+    if is_block(draft_model):  # a block drafter: every anchor's block in one forward
+        if target is None:
+            raise ValueError("a block drafter's teacher-forced drafts need its target (target=...)")
+        return block_teacher_forced_accepted(draft_model, target, sequences, k)
     if is_head(draft_model):  # a hidden-state head drafts from the target's features
         if target is None:
             raise ValueError("a hidden-state head's teacher-forced drafts need its target (target=...)")

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from svt.collect.block_draft import draft_with_block, is_block
 from svt.collect.head_draft import (
     draft_with_head,
     is_head,
@@ -308,6 +309,8 @@ def _draft_k(rows: _Rows, params: SamplingParams, generator, hidden: bool, go_on
             q = process_probs(logits, params.temperature, params.top_p)
             return q, draft_token(q, params.greedy, generator)
 
+        if is_block(rows.dc.model):  # one forward drafts the block (svt.collect.block_draft)
+            return draft_with_block(rows.dc, rows.catch, rows.pending, K, sample, hidden, go_on)[:3]
         return draft_with_head(rows.dc, rows.catch, K, sample, hidden, go_on)
     ones1 = torch.ones((nb, 1), dtype=torch.long, device=rows.pending.device)
     feed = torch.stack([rows.unseen, rows.pending], 1)

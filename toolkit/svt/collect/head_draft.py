@@ -28,8 +28,11 @@ from svt.models.eagle3 import HiddenStateHead
 
 
 def is_head(draft) -> bool:
-    """Whether ``draft`` is a hidden-state head (drafts from the target's features)."""
-    return isinstance(draft, HiddenStateHead)
+    """Whether ``draft`` drafts from the target's features: a hidden-state head (EAGLE-3, MTP) or a
+    block-parallel drafter (DFlash, DSpark), which read the same catch-up slots."""
+    from svt.models.block import BlockDrafter
+
+    return isinstance(draft, (HiddenStateHead, BlockDrafter))
 
 
 def drafter_kind(draft) -> str:

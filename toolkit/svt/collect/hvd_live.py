@@ -89,6 +89,7 @@ def decode_hvd(target, draft, prompts: list[list[int]], *, requests: list[int], 
     cache's proposals and the yield fit's scores, the drafter, the verify, the emission and the
     bookkeeping). ``predict_yield(row) -> float`` scores a cache row (a dict of the ``cache_drafts``
     columns)."""
+    from svt.collect.block_draft import draft_with_block, is_block
     from svt.collect.engine import _prefill, _sync
     from svt.collect.head_draft import draft_with_head, is_head, step_catch_up, taps_of
 
@@ -134,7 +135,10 @@ def decode_hvd(target, draft, prompts: list[list[int]], *, requests: list[int], 
                     q = process_probs(logits, 0.0, 1.0)
                     return q, q.argmax(-1)
 
-                q, xm, _ = draft_with_head(rows.dc, rows.catch, k, sample, False)
+                if is_block(draft):
+                    q, xm, _, _ = draft_with_block(rows.dc, rows.catch, rows.pending, k, sample, False)
+                else:
+                    q, xm, _ = draft_with_head(rows.dc, rows.catch, k, sample, False)
             else:
                 q, xm = _draft_model_k(rows, [back[i] for i in active], k, pad_id)
             xm_np = xm.cpu().numpy()

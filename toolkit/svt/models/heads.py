@@ -318,16 +318,20 @@ def load_mtp(path: str | Path, target, *, device=None, dtype=None):
 
 
 def load_head(path: str | Path, target, *, device=None, dtype=None):
-    """An EAGLE-3 or MTP head directory, by its ``architectures``."""
+    """An EAGLE-3, MTP, DFlash or DSpark directory, by its ``architectures``."""
+    from svt.models.block import is_block_dir, load_block
     from svt.models.mtp import is_mtp_dir
 
+    if is_block_dir(Path(path)):
+        return load_block(path, target, device=device, dtype=dtype)
     if is_mtp_dir(Path(path)):
         return load_mtp(path, target, device=device, dtype=dtype)
     return load_eagle3(path, target, device=device, dtype=dtype)
 
 
 def is_head_dir(path: str | Path) -> bool:
+    from svt.models.block import is_block_dir
     from svt.models.eagle3 import is_eagle3_dir
     from svt.models.mtp import is_mtp_dir
 
-    return is_eagle3_dir(Path(path)) or is_mtp_dir(Path(path))
+    return is_eagle3_dir(Path(path)) or is_mtp_dir(Path(path)) or is_block_dir(Path(path))
