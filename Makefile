@@ -165,6 +165,9 @@ models: setup
 	# (EAGLE-3 ~35 min, MTP ~10 min on 2 quiet cores)
 	$(PY) -m svt.models.train_eagle3 --kind eagle3 --target data/models/target --out data/models
 	$(PY) -m svt.models.train_eagle3 --kind mtp --target data/models/target --out data/models
+	# the block-parallel drafters (DFlash, DSpark), on the same continuations (~10 min each on 2 quiet cores)
+	$(PY) -m svt.models.train_block --kind dspark --target data/models/target --out data/models
+	$(PY) -m svt.models.train_block --kind dflash --target data/models/target --out data/models
 
 workloads: setup
 	$(PY) -m svt.models.workloads --out data/workloads

@@ -1453,6 +1453,26 @@ MUTANTS = [
       '        per = steps.with_columns((pl.col("request") % batch_size).alias("_batch")).join(',
       ("tests/collect/test_hvd_live.py",)),
 
+
+    M("block-markov-prev-not-advanced", "block drafters", "collect/block_draft.py", "        prev = x\n",
+      "        prev = prev\n", ("tests/collect/test_engine_block.py",)),
+    M("block-slots-kept-in-cache", "block drafters", "collect/block_draft.py",
+      "    dc.restrict_last(torch.cat([catch.kept, torch.zeros_like(ones)], 1))",
+      "    dc.restrict_last(torch.cat([catch.kept, ones], 1))", ("tests/collect/test_engine_block.py",)),
+    M("dflash-draft-slots-off-by-one", "block drafters", "models/block.py",
+      "        return hidden if self.cfg.sample_from_anchor else hidden[..., 1:, :]",
+      "        return hidden if self.cfg.sample_from_anchor else hidden[..., :-1, :]", ("tests/collect/test_engine_block.py",)),
+    M("block-attention-causal", "block drafters", "models/block.py",
+      "        mask = attention_mask.bool()[:, None, :].expand(-1, block, -1)  # non-causal: every live slot, the whole block",
+      "        mask = attention_mask.bool()[:, None, :].expand(-1, block, -1).clone()\n"
+      "        mask[:, :, -block:] &= torch.ones(block, block, dtype=torch.bool, device=mask.device).tril()",
+      ("tests/collect/test_engine_block.py",)),
+    M("block-teacher-prev-shifted", "block drafters", "collect/block_draft.py",
+      "            prev = seq_t[a : a + L]  # the tokens before each slot's, as accepted",
+      "            prev = seq_t[a + 1 : a + 1 + L]", ("tests/collect/test_engine_block.py",)),
+    M("block-mask-id-unchecked", "block drafters", "models/block.py",
+      "    if not 0 <= cfg.mask_token_id < V:", "    if False:", ("tests/models/test_block.py",)),
+
 ]
 
 

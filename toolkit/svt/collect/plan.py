@@ -129,6 +129,13 @@ def plan_collection(cfg: CollectConfig, out: Path, *, config_path: Path | None, 
     workloads = load_workloads(cfg.workloads, cfg.requests, config_path, turns=cfg.turns, repeat=cfg.repeat)
     pair = load_pair(resolve_path(cfg.target, config_path), resolve_path(cfg.draft, config_path),
                      device=cfg.device, dtype=cfg.dtype)
+    if pair.draft_kind in ("dflash", "dspark"):
+        if cfg.tree is not None:
+            raise ConfigError(f"The draft {cfg.draft!r} is a block-parallel drafter ({pair.draft_kind}): it drafts one "
+                              "chain a block; svt's draft trees are built from heads and draft models. Remove `tree`.")
+        if cfg.k > pair.draft.cfg.n_drafts:
+            raise ConfigError(f"`k` = {cfg.k}, but the {pair.draft_kind} drafter's block has {pair.draft.cfg.n_drafts} "
+                              f"draft slots (block_size {pair.draft.cfg.block_size}): set k <= {pair.draft.cfg.n_drafts}.")
     if old_meta:
         check_resume_inputs(out, old_meta, pair, workloads.hashes)
     live, online = live_policy(cfg, config_path, resume)

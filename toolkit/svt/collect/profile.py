@@ -80,6 +80,37 @@ def _prefill_head(head, batch: int, context: int, device):
 
 
 @torch.inference_mode()
+def _block_draft_times(model, cache, batch: int, k: int, context: int, device) -> list[float]:
+    """Cumulative ms after each of ``k`` drafts as svt's engine drafts with a block drafter
+    (:mod:`svt.collect.block_draft`): the fusion of ``k + 1`` catch-up slots' taps and one forward
+    over them and the block (the first draft), then each slot's LM head (and DSpark's Markov and
+    confidence heads) and its sample, in order: drafting k costs one pass and k small steps."""
+    from svt.collect.block_draft import block_ids
+    from svt.collect.sampling import process_probs
+
+    dt = next(model.parameters()).dtype
+    n_ctx, bs = k + 1, model.cfg.block_size
+    taps = torch.randn((batch, n_ctx, len(model.cfg.aux_layer_ids) * model.cfg.target_hidden_size), device=device,
+                       dtype=dt)
+    anchor = torch.full((batch,), 11, device=device)
+    ids = torch.cat([torch.full((batch, n_ctx), 11, device=device), block_ids(model, anchor)], 1)
+    width = context + n_ctx + bs
+    times = []
+    t0 = time.perf_counter()
+    o = model(ids, model.fuse(taps), torch.ones((batch, width), dtype=torch.long, device=device),
+              context + torch.arange(n_ctx + bs, device=device)[None].expand(batch, -1), cache, block=bs)
+    h = model.draft_slots(o.hidden)
+    prev = anchor
+    for i in range(min(k, h.shape[1])):
+        q = process_probs(model.slot_logits(h[:, i], prev), 1.0, 1.0)
+        model.confidence(h[:, i], prev)
+        prev = torch.multinomial(q, 1).squeeze(-1)
+        _sync(device)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+@torch.inference_mode()
 def _head_draft_times(head, cache, batch: int, k: int, context: int, device) -> list[float]:
     """Cumulative ms after each of ``k`` drafts as svt's engine drafts with a head: the fusion of the
     target's taps and the catch-up forward of ``k + 1`` slots (the first draft), then ``k - 1``
@@ -187,14 +218,17 @@ def measurement_block(repeats: int, spreads: dict[str, dict], falls: dict[str, l
 @torch.inference_mode()
 def _draft_runs(draft, b: int, k: int, repeats: int, context: int, device) -> np.ndarray:
     """Cumulative ms after each of ``k`` drafts at batch ``b``, one row per repeat (after a warm-up)."""
+    from svt.collect.block_draft import is_block
+
     head = is_head(draft)
     run = _forward(draft)
     cache = _prefill_head(draft, b, context, device) if head else _prefill(draft, b, context, device)
     tok = torch.full((b, 1), 11, device=device)
     runs = []
+    timer = _block_draft_times if is_block(draft) else _head_draft_times
     for rep in range(repeats + 1):  # the first is a warm-up
         _sync(device)
-        times = _head_draft_times(draft, cache, b, k, context, device) if head else []
+        times = timer(draft, cache, b, k, context, device) if head else []
         t0 = time.perf_counter()
         for _ in range(0 if head else k):
             run(input_ids=tok, use_cache=True, **{cache_kwarg(draft): cache})

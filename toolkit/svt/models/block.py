@@ -299,7 +299,9 @@ def save_block(model: BlockDrafter, path: Path, dtype: torch.dtype = torch.bfloa
 
 def block_kind(cfg: dict) -> str | None:
     """``dflash`` / ``dspark`` for a published block drafter's config.json, else None."""
-    arch = cfg.get("architectures") or []
+    arch = cfg.get("architectures") if isinstance(cfg, dict) else None
+    if not isinstance(arch, list):
+        return None
     for kind, name in ARCHITECTURES.items():
         if name in arch:
             return kind
@@ -402,7 +404,8 @@ def load_block(path: str | Path, target, *, device=None, dtype=None) -> BlockDra
     _check_heads(raw, path, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads)
     bound = raw.get("svt_target_weights_sha256_16")
     target_path = getattr(target, "name_or_path", None) or getattr(tc, "_name_or_path", None)
-    if bound and target_path and Path(str(target_path)).is_dir() and weights_hash(target_path) != bound:
+    target_path = Path(str(target_path)) if target_path else None
+    if bound and target_path is not None and target_path.is_dir() and weights_hash(target_path) != bound:
         raise ModelLoadError(f"{path}: this {cfg.kind} drafter was trained on a target with weights {bound}; the "
                              f"target at {target_path} has {weights_hash(target_path)}. A drafter reads its own "
                              "target's hidden states: train one for this target.")

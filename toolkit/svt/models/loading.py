@@ -79,17 +79,20 @@ class ModelPair:
 
     @property
     def draft_kind(self) -> str:
-        """``model`` (a separate causal LM), or a head over the target's hidden states (``eagle3``,
-        ``mtp``)."""
+        """``model`` (a separate causal LM), a head over the target's hidden states (``eagle3``,
+        ``mtp``) or a block-parallel drafter over them (``dflash``, ``dspark``)."""
+        from svt.models.block import BlockDrafter
         from svt.models.eagle3 import HiddenStateHead
 
-        return self.draft.kind if isinstance(self.draft, HiddenStateHead) else "model"
+        return self.draft.kind if isinstance(self.draft, (HiddenStateHead, BlockDrafter)) else "model"
 
     def identity(self) -> dict:
         """What run.json records about the pair (a head's parameters exclude a shared embedding)."""
-        own = [p for n, p in self.draft.named_parameters()
-               if not (self.draft_kind != "model" and self.draft.shared_embedding and n.startswith("embed_tokens"))
-               and not n.startswith("shared_head.head")]
+        block = self.draft_kind in ("dflash", "dspark")
+        own = self.draft.own_parameters() if block else [
+            p for n, p in self.draft.named_parameters()
+            if not (self.draft_kind != "model" and self.draft.shared_embedding and n.startswith("embed_tokens"))
+            and not n.startswith("shared_head.head")]
         from svt.models.lean import forward_name
 
         draft = {"path": str(self.draft_path), "weights_sha256_16": weights_hash(self.draft_path),
@@ -98,7 +101,13 @@ class ModelPair:
                  "forward": forward_name(self.draft)}
         if self.draft_kind != "model":
             draft["aux_layer_ids"] = list(self.draft.cfg.aux_layer_ids)
-            draft["draft_vocab_size"] = self.draft.cfg.draft_vocab_size
+            draft["draft_vocab_size"] = getattr(self.draft.cfg, "draft_vocab_size", self.draft.cfg.vocab_size)
+        if block:
+            draft["layout"] = {"block_size": self.draft.cfg.block_size, "mask_token_id": self.draft.cfg.mask_token_id,
+                               "target_layer_ids": list(self.draft.cfg.target_layer_ids),
+                               "sample_from_anchor": self.draft.cfg.sample_from_anchor,
+                               "markov_rank": self.draft.cfg.markov_rank,
+                               "confidence_head": self.draft.cfg.enable_confidence_head}
         return {
             "target": {"path": str(self.target_path), "weights_sha256_16": weights_hash(self.target_path),
                        "config_sha256_16": config_hash(self.target_path),
