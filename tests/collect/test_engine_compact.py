@@ -108,13 +108,13 @@ def test_default_policy_compacts_a_long_low_acceptance_batch(tiny_pair):
 
 def test_finished_rows_leave_before_the_caches_compact(tiny_pair, compact_every_step):
     """The row with the most live slots finishes: the compacted width is the longest row left."""
-    from svt.collect.engine import _prefill
+    from svt.collect.engine import prefill_rows
 
     tok = tiny_pair.tokenizer
     long, short = tok.encode("import os\nimport sys\nimport json\n" * 4), tok.encode("x = 1\n")
     dev = torch.device("cpu")
     with torch.inference_mode():
-        rows = _prefill(tiny_pair.target, tiny_pair.draft, [long, short, short], tok.pad_token_id, dev)
+        rows = prefill_rows(tiny_pair.target, tiny_pair.draft, [long, short, short], tok.pad_token_id, dev)
         rows.end_step(np.array([True, False, False]), dev, compact=True)
     assert compact_every_step["n"] == 2  # both caches compacted, after the drop
     for cache in (rows.tc, rows.dc):

@@ -119,7 +119,7 @@ def test_a_config_copied_elsewhere_runs_from_a_third_folder(tmp_path, monkeypatc
         (here / "bad.yaml").write_text("engine: reference\ntarget: builtin:target\nstand_in: {rate: 0.5}\n"
                                        "workloads: [nothere.jsonl]\ntemperature: 0\ncache: true\n")
         collect(load_collect_config(here / "bad.yaml"), "out3", config_path=here / "bad.yaml", progress=False)
-    with pytest.raises(ConfigError, match=r"'builtin:nope': svt's built-in models are builtin:draft-large"):
+    with pytest.raises(ConfigError, match=r"'builtin:nope': svt's built-in models are builtin:dflash, builtin:draft-large"):
         collect(load_collect_config(here / "reference.yaml", {"target": "builtin:nope"}), "out4",
                 config_path=here / "reference.yaml", progress=False)
     assert not (elsewhere / "out3").exists() and not (elsewhere / "out4").exists()

@@ -27,7 +27,7 @@ def forwards(monkeypatch):
     """(rows, width, real positions) of every forward of the target outside prefills: its verify
     forwards, one per step."""
     seen, state = [], {"prefill": False}
-    real, real_prefill = eng._Cache.forward, eng._prefill
+    real, real_prefill = eng._Cache.forward, eng.prefill_rows
 
     def counting(self, ids, new_mask, hidden=False, **extra):
         if getattr(self.model, "_svt_is_target", False) and not state["prefill"]:
@@ -42,7 +42,7 @@ def forwards(monkeypatch):
             state["prefill"] = False
 
     monkeypatch.setattr(eng._Cache, "forward", counting)
-    monkeypatch.setattr(eng, "_prefill", prefill)
+    monkeypatch.setattr(eng, "prefill_rows", prefill)
     return seen
 
 

@@ -9,7 +9,8 @@ import torch
 from safetensors.torch import load_file
 
 from svt.errors import ModelLoadError
-from svt.models.block import build_target_layer_ids, load_block, save_block
+from svt.models.block import build_target_layer_ids, save_block
+from svt.models.heads import load_block
 from svt.models.train_block import make_block
 
 
@@ -71,11 +72,28 @@ def _edit(tmp_path, target, change, kind="dspark"):
     (lambda c: (c["dflash_config"].pop("block_size"), c.pop("block_size")), "has no `block_size`"),
     (lambda c: c["dflash_config"].update(markov_head_type="gated"), "vanilla Markov head only"),
     (lambda c: (c["dflash_config"].update(markov_rank=32), c.update(markov_rank=32)), "but its config needs"),
-    (lambda c: c.update(svt_target_weights_sha256_16="0123456789abcdef"), "trained on a target with weights"),
 ])
 def test_a_checkpoint_that_does_not_fit_its_target_is_one_error_naming_the_field(target, tmp_path, change, message):
     with pytest.raises(ModelLoadError, match=message):
         load_block(_edit(tmp_path, target, change), target)
+
+
+def test_a_drafter_bound_to_another_target_is_refused_by_name(tmp_path, models_dir):
+    """svt records the target a drafter was trained on; another target (even of the same shape) is
+    one error naming both weights hashes."""
+    from svt.models import load_pair
+    from svt.models.loading import weights_hash
+
+    pair = load_pair(models_dir / "target", models_dir / "draft-small", device="cpu", dtype="bfloat16")
+    ok = tmp_path / "ok"
+    save_block(make_block(pair.target, "dspark", mask_token_id=7), ok,
+               extra={"svt_target_weights_sha256_16": weights_hash(models_dir / "target")})
+    assert load_pair(models_dir / "target", ok, device="cpu", dtype="bfloat16").draft_kind == "dspark"
+    other = tmp_path / "other"
+    save_block(make_block(pair.target, "dspark", mask_token_id=7), other,
+               extra={"svt_target_weights_sha256_16": "0123456789abcdef"})
+    with pytest.raises(ModelLoadError, match="trained on a target with weights 0123456789abcdef"):
+        load_pair(models_dir / "target", other, device="cpu", dtype="bfloat16")
 
 
 def test_a_collection_refuses_a_block_larger_k_and_trees(tmp_path, models_dir):

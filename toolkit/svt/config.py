@@ -262,9 +262,8 @@ class CollectConfig:
                    "distributions when k = 0 (nothing is drafted)", "set")
         if self.schedule == "continuous":  # (vLLM's own scheduler batches continuously: the key is svt's engine's)
             _check(self.engine in ("svt", "vllm") and self.hvd is None and self.tree is None, "schedule",
-                   "static for the hvd, tree and reference engines (live HVD runs static batches, whose "
-                   "finishing order `svt cache` replays; trees decode one request at a time; reference runs "
-                   "run no target)", self.schedule)
+                   "static for live HVD (`svt cache` replays static batches' finishing order), trees and "
+                   "reference runs", self.schedule)
         _check(self.temperature >= 0, "temperature", "a number >= 0 (0 = greedy)", self.temperature)
         _check(0 < self.top_p <= 1, "top_p", "a number in (0, 1]", self.top_p)
         _check(self.batch_size >= 1, "batch_size", "an integer >= 1", self.batch_size)

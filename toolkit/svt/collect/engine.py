@@ -215,7 +215,7 @@ class _Cache:
         self.live = torch.cat([self.live, other.live])
 
 
-def _sync(device) -> None:
+def sync_device(device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -266,7 +266,7 @@ class _Rows:
             self.catch = merge_catch_up(self.catch, new.catch)
 
 
-def _prefill(target, draft, prompts: list[list[int]], pad_id: int, device, first: int = 0,
+def prefill_rows(target, draft, prompts: list[list[int]], pad_id: int, device, first: int = 0,
              use_draft: bool = True) -> _Rows:
     """Prefill both models with prompt[:-1] (left-padded); prompt[-1] is each row's pending token.
     ``first``: the index of ``prompts[0]`` among all the run's prompts; ``use_draft=False`` (plain
@@ -431,23 +431,23 @@ def run_batch(
     rows: _Rows | None = None
     tick = first_tick
     while admitted < N or (rows is not None and rows.active.numel()):
-        _sync(device)
+        sync_device(device)
         t_in = time.perf_counter()
         n_new = min(width - (0 if rows is None else rows.active.numel()), N - admitted)
         if n_new > 0:  # prefill the next prompts into the free slots
-            new = _prefill(target, draft, prompts[admitted : admitted + n_new], pad_id, device, admitted, K > 0)
+            new = prefill_rows(target, draft, prompts[admitted : admitted + n_new], pad_id, device, admitted, K > 0)
             if rows is None or not rows.active.numel():
                 rows = new
             else:
                 _merge(rows, new)
             admitted += n_new
-        _sync(device)
+        sync_device(device)
         t0 = time.perf_counter()
         nb = rows.active.numel()
         row_ids = rows.active.cpu().numpy()
         stopper = None if av is None or av.lengths is None else av.lengths.start(nb, K)
         q, x, hid = _draft_k(rows, params, generator, log.hidden, None if stopper is None else stopper.go_on)
-        _sync(device)
+        sync_device(device)
         t1 = time.perf_counter()
         kept = torch.full((nb,), K, dtype=torch.long, device=device)
         drafted = None if stopper is None else torch.from_numpy(stopper.lengths).to(device)
@@ -472,7 +472,7 @@ def run_batch(
             acc, next_token, label_ok = res.accepted, res.next_token, res.label_ok
             if av is not None:
                 acc, next_token = trim(p, acc, next_token, kept, greedy=greedy, generator=generator)
-        _sync(device)
+        sync_device(device)
         t2 = time.perf_counter()
         _advance_caches(rows, x, acc, next_token, K, pad_id,
                         taps_of(to, draft.cfg.aux_layer_ids) if head else None)
@@ -480,7 +480,7 @@ def run_batch(
                                   (q, p, x, hid, label_ok, acc, kept, drafted), eos_id=eos_id, log=log, av=av,
                                   generator=generator, times=((t1 - t0) * 1e3, (t2 - t1) * 1e3), explored=explored)
         rows.end_step(done, device, compact)
-        _sync(device)
+        sync_device(device)
         t3 = time.perf_counter()
         out.add(out.schedule, tick=np.array([tick], np.int32), batch_size=np.array([nb], np.int16),
                 admitted=np.array([max(n_new, 0)], np.int16), prefill_ms=np.array([(t0 - t_in) * 1e3], np.float32),

@@ -88,10 +88,12 @@ def decode_hvd(target, draft, prompts: list[list[int]], *, requests: list[int], 
     row per engine step (:data:`svt.traces.schema` SCHEDULE; ``step_ms`` is the whole step: the
     cache's proposals and the yield fit's scores, the drafter, the verify, the emission and the
     bookkeeping). ``predict_yield(row) -> float`` scores a cache row (a dict of the ``cache_drafts``
-    columns)."""
-    from svt.collect.block_draft import draft_with_block, is_block
-    from svt.collect.engine import _prefill, _sync
-    from svt.collect.head_draft import draft_with_head, is_head, step_catch_up, taps_of
+    columns).
+
+    Long because one engine step's timed phases (proposals, draft, verify, emission) and the order
+    in which the cache's trees are fed, which the replay must reproduce, read best in one place."""
+    from svt.collect.engine import prefill_rows, sync_device
+    from svt.collect.head_draft import is_head
 
     device = next(target.parameters()).device
     head = is_head(draft)
@@ -101,10 +103,10 @@ def decode_hvd(target, draft, prompts: list[list[int]], *, requests: list[int], 
     feats = [RequestFeatures(options, classes, len(p)) for p in prompts]
     for r, p in zip(requests, prompts, strict=True):
         drafter.start(r, np.asarray(p))
-    _sync(device)
+    sync_device(device)
     t_in = time.perf_counter()
-    rows = _prefill(target, draft, prompts, pad_id, device)
-    _sync(device)
+    rows = prefill_rows(target, draft, prompts, pad_id, device)
+    sync_device(device)
     prefill_ms = (time.perf_counter() - t_in) * 1e3
     schedule: list[dict] = []
     back: list[list[int]] = [[] for _ in range(n)]  # a draft model's unseen tokens before the pending one
@@ -123,25 +125,14 @@ def decode_hvd(target, draft, prompts: list[list[int]], *, requests: list[int], 
     while active:
         nb = len(active)
         before = sum(len(logs[i].output) for i in active)
-        _sync(device)
+        sync_device(device)
         t0 = time.perf_counter()
         props = [propose_row(i, len(logs[i].output)) for i in active]
         yhat = [float(predict_yield(row)) for row in props]
         use_cache = [y > tau for y in yhat]
         drafted = not all(use_cache)
         if drafted:  # the model drafter, over the whole batch
-            if head:
-                def sample(logits):
-                    q = process_probs(logits, 0.0, 1.0)
-                    return q, q.argmax(-1)
-
-                if is_block(draft):
-                    q, xm, _, _ = draft_with_block(rows.dc, rows.catch, rows.pending, k, sample, False)
-                else:
-                    q, xm, _ = draft_with_head(rows.dc, rows.catch, k, sample, False)
-            else:
-                q, xm = _draft_model_k(rows, [back[i] for i in active], k, pad_id)
-            xm_np = xm.cpu().numpy()
+            q, xm_np = _model_drafts(draft, rows, [back[i] for i in active], k, pad_id)
         lens = [len(props[j]["draft_ids"]) if use_cache[j] else k for j in range(nb)]
         L = max(lens)
         x_np = np.full((nb, L), pad_id, dtype=np.int64)
@@ -149,7 +140,7 @@ def decode_hvd(target, draft, prompts: list[list[int]], *, requests: list[int], 
             x_np[j, : lens[j]] = props[j]["draft_ids"] if use_cache[j] else xm_np[j]
         x = torch.from_numpy(x_np).to(device)
         lens_t = torch.tensor(lens, device=device)
-        _sync(device)
+        sync_device(device)
         t1 = time.perf_counter()
         ar = torch.arange(L + 1, device=device)[None, :]
         to = rows.tc.forward(torch.cat([rows.pending[:, None], x], 1), (ar <= lens_t[:, None]).long(), hidden=head)
@@ -157,54 +148,28 @@ def decode_hvd(target, draft, prompts: list[list[int]], *, requests: list[int], 
         agree = (x == g[:, :L]) & (ar[:, :L] < lens_t[:, None])
         acc = agree.long().cumprod(1).sum(1)
         next_token = g.gather(1, acc[:, None])[:, 0]
-        _sync(device)
+        sync_device(device)
         t2 = time.perf_counter()
         rows.tc.restrict_last(ar < (acc + 1)[:, None])
         acc_np, g_np = acc.cpu().numpy(), g.cpu().numpy()
-        if head:
-            new = step_catch_up(draft, taps_of(to, draft.cfg.aux_layer_ids), x, acc, next_token)
-            rows.catch = new if drafted else concat_catch_up(rows.catch, new)
-        else:
-            if drafted and k > 1:  # of the drafter's own slots x_0..x_{K-2}, a model row keeps the accepted
-                model = torch.tensor([not c for c in use_cache], device=device)
-                kr = torch.arange(k - 1, device=device)[None, :]
-                rows.dc.restrict_last(model[:, None] & (kr < acc[:, None]))
-            for j, i in enumerate(active):
-                a = int(acc_np[j])
-                if not drafted:
-                    back[i] = back[i] + [int(rows.pending[j])] + x_np[j, :a].tolist()
-                elif use_cache[j]:
-                    back[i] = x_np[j, :a].tolist()
-                else:
-                    back[i] = [int(x_np[j, k - 1])] if a == k else []
+        _keep_up(draft, rows, back, active, to, x_np, acc, next_token, use_cache, drafted, k)
         rows.pending = next_token
         done = np.zeros(nb, dtype=bool)
         for j, i in enumerate(active):
-            log, a, t = logs[i], int(acc_np[j]), len(logs[i].output)
-            new_toks = x_np[j, :a].tolist() + [int(g_np[j, a])]
-            new_toks = new_toks[: max_new_tokens - t]
-            if eos_id is not None and eos_id in new_toks:
-                new_toks = new_toks[: new_toks.index(eos_id) + 1]
-                log.finish, done[j] = "stop", True
+            a = int(acc_np[j])
             if drafted and not use_cache[j]:
-                log.drafts += _model_rows(requests[i], step, xm_np[j].tolist(), g_np[j].tolist(), q[j],
-                                          to.logits[j, :k], a)
-            log.cycles.append({"request": requests[i], "step": step, "source": "cache" if use_cache[j] else "model",
-                               "drafted": lens[j], "accepted": a, "emitted": len(new_toks),
-                               "predicted_yield": yhat[j], "draft_ms": (t1 - t0) * 1e3,
-                               "verify_ms": (t2 - t1) * 1e3, "batch_size": nb})
-            for m, tok in enumerate(new_toks):  # every position gets its proposal, as in `svt cache`
-                if m > 0:
-                    propose_row(i, t + m)
-                log.output.append(int(tok))
-                ctx[i].append(int(tok))
-                drafter.extend(requests[i], [int(tok)])
-            if len(log.output) >= max_new_tokens:
-                done[j] = True
+                logs[i].drafts += _model_rows(requests[i], step, xm_np[j].tolist(), g_np[j].tolist(), q[j],
+                                              to.logits[j, :k], a)
+            logs[i].cycles.append({"request": requests[i], "step": step, "batch_size": nb,
+                                   "source": "cache" if use_cache[j] else "model", "drafted": lens[j],
+                                   "accepted": a, "predicted_yield": yhat[j], "draft_ms": (t1 - t0) * 1e3,
+                                   "verify_ms": (t2 - t1) * 1e3})
+            done[j] = _emit(logs[i], x_np[j, :a].tolist() + [int(g_np[j, a])], max_new_tokens, eos_id,
+                            lambda m, i=i: propose_row(i, m), ctx[i], drafter, requests[i])
         for j in sorted(np.flatnonzero(done), key=lambda j: requests[active[j]]):  # into the global tree
             drafter.finish(requests[active[j]], np.asarray(logs[active[j]].output))
         rows.end_step(done, device, True)
-        _sync(device)
+        sync_device(device)
         t3 = time.perf_counter()
         schedule.append({"tick": step, "batch_size": nb, "admitted": n if step == 0 else 0,
                          "prefill_ms": prefill_ms if step == 0 else 0.0, "draft_ms": (t1 - t0) * 1e3,
@@ -214,6 +179,75 @@ def decode_hvd(target, draft, prompts: list[list[int]], *, requests: list[int], 
         active = [i for j, i in enumerate(active) if not done[j]]
         step += 1
     return logs, schedule
+
+
+def _model_drafts(draft, rows, back: list[list[int]], k: int, pad_id: int):
+    """The model drafter's K greedy drafts for every row: q [nb, K, V] and the drafts (numpy)."""
+    from svt.collect.block_draft import draft_with_block, is_block
+    from svt.collect.head_draft import draft_with_head, is_head
+
+    if not is_head(draft):
+        q, xm = _draft_model_k(rows, back, k, pad_id)
+        return q, xm.cpu().numpy()
+
+    def sample(logits):
+        q = process_probs(logits, 0.0, 1.0)
+        return q, q.argmax(-1)
+
+    if is_block(draft):
+        q, xm, _, _ = draft_with_block(rows.dc, rows.catch, rows.pending, k, sample, False)
+    else:
+        q, xm, _ = draft_with_head(rows.dc, rows.catch, k, sample, False)
+    return q, xm.cpu().numpy()
+
+
+def _keep_up(draft, rows, back: list[list[int]], active: list[int], to, x_np: np.ndarray, acc: torch.Tensor,
+             next_token: torch.Tensor, use_cache: list[bool], drafted: bool, k: int) -> None:
+    """After a verify, the drafter keeps up with every row's verified tokens, whoever drafted them: a
+    head's next catch-up slots (appended to those still waiting when it did not run); a draft
+    model's kept slots and each row's backlog (see the module)."""
+    from svt.collect.head_draft import is_head, step_catch_up, taps_of
+
+    device = acc.device
+    if is_head(draft):
+        new = step_catch_up(draft, taps_of(to, draft.cfg.aux_layer_ids), torch.from_numpy(x_np).to(device), acc,
+                            next_token)
+        rows.catch = new if drafted else concat_catch_up(rows.catch, new)
+        return
+    if drafted and k > 1:  # of the drafter's own slots x_0..x_{K-2}, a model row keeps the accepted
+        model = torch.tensor([not c for c in use_cache], device=device)
+        kr = torch.arange(k - 1, device=device)[None, :]
+        rows.dc.restrict_last(model[:, None] & (kr < acc[:, None]))
+    acc_np, pending = acc.cpu().numpy(), rows.pending.tolist()
+    for j, i in enumerate(active):
+        a = int(acc_np[j])
+        if not drafted:
+            back[i] = back[i] + [int(pending[j])] + x_np[j, :a].tolist()
+        elif use_cache[j]:
+            back[i] = x_np[j, :a].tolist()
+        else:
+            back[i] = [int(x_np[j, k - 1])] if a == k else []
+
+
+def _emit(log: HVDLog, toks: list[int], max_new_tokens: int, eos_id, propose, ctx: list[int], drafter,
+          request: int) -> bool:
+    """Append a row's verified tokens (cut at ``max_new_tokens`` and after ``eos_id``), each new
+    position after the first given its cache proposal as `svt cache` gives it; completes the row's
+    last cycle with the tokens emitted; returns whether the row finished."""
+    t = len(log.output)
+    toks = toks[: max_new_tokens - t]
+    done = False
+    if eos_id is not None and eos_id in toks:
+        toks = toks[: toks.index(eos_id) + 1]
+        log.finish, done = "stop", True
+    log.cycles[-1]["emitted"] = len(toks)
+    for m, tok in enumerate(toks):
+        if m > 0:
+            propose(t + m)
+        log.output.append(int(tok))
+        ctx.append(int(tok))
+        drafter.extend(request, [int(tok)])
+    return done or len(log.output) >= max_new_tokens
 
 
 def yield_scorer(fit):

@@ -319,7 +319,6 @@ def load_mtp(path: str | Path, target, *, device=None, dtype=None):
 
 def load_head(path: str | Path, target, *, device=None, dtype=None):
     """An EAGLE-3, MTP, DFlash or DSpark directory, by its ``architectures``."""
-    from svt.models.block import is_block_dir, load_block
     from svt.models.mtp import is_mtp_dir
 
     if is_block_dir(Path(path)):
@@ -330,8 +329,56 @@ def load_head(path: str | Path, target, *, device=None, dtype=None):
 
 
 def is_head_dir(path: str | Path) -> bool:
-    from svt.models.block import is_block_dir
     from svt.models.eagle3 import is_eagle3_dir
     from svt.models.mtp import is_mtp_dir
 
     return is_eagle3_dir(Path(path)) or is_mtp_dir(Path(path)) or is_block_dir(Path(path))
+
+
+def is_block_dir(path: str | Path) -> bool:
+    """Whether ``path/config.json`` names a DFlash or DSpark architecture."""
+    from svt.models.block import block_kind
+
+    try:
+        cfg = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(cfg, dict) and block_kind(cfg) is not None
+
+
+def load_block(path: str | Path, target, *, device=None, dtype=None):
+    """A DFlash or DSpark directory for ``target``, in eval mode. The layout must fit the target:
+    its width (it reads the target's embedding and LM head), vocabulary, layer ids (each below the
+    target's layer count), mask token inside the vocabulary, and weights of the config's shapes (the
+    target a drafter was trained on is checked by ``load_pair``, which knows the target's path)."""
+    from svt.models.block import BlockDrafter, config_from_hf
+
+    path = Path(path)
+    raw = _read_config(path)
+    where = str(path / "config.json")
+    cfg = config_from_hf(raw, where)
+    tc = target.config
+    L, H, V = int(tc.num_hidden_layers), int(tc.hidden_size), int(tc.vocab_size)
+    for name, got, want in (("hidden_size", cfg.hidden_size, H), ("target_hidden_size", cfg.target_hidden_size, H),
+                            ("vocab_size", cfg.vocab_size, V)):
+        if got != want:
+            raise ModelLoadError(f"{where}: `{name}` = {got}, but the target's is {want} (a {cfg.kind} drafter reads "
+                                 "the target's hidden states, embedding and LM head).")
+    bad = [i for i in cfg.target_layer_ids if not isinstance(i, int) or not 0 <= i < L]
+    if bad or not cfg.target_layer_ids:
+        raise ModelLoadError(f"{where}: `target_layer_ids` {list(cfg.target_layer_ids)} must be layers of the target "
+                             f"(0..{L - 1}; id i reads the output of layer i).")
+    if not 0 <= cfg.mask_token_id < V:
+        raise ModelLoadError(f"{where}: `mask_token_id` {cfg.mask_token_id} is outside the vocabulary (0..{V - 1}).")
+    if cfg.block_size < 2:
+        raise ModelLoadError(f"{where}: `block_size` {cfg.block_size} must be at least 2.")
+    if cfg.kind == "dspark" and cfg.enable_confidence_head and cfg.confidence_head_with_markov and not cfg.markov_rank:
+        raise ModelLoadError(f"{where}: a confidence head `with_markov` needs a Markov head (`markov_rank` > 0).")
+    _check_heads(raw, path, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads)
+    model = _build(lambda: BlockDrafter(cfg, target.get_input_embeddings(), target.get_output_embeddings()), path)
+    state = _read_weights(path)
+    own = {k: v.shape for k, v in model.state_dict().items() if not k.startswith(("embed_tokens.", "lm_head."))}
+    _check_state(state, own, path, cfg.kind)
+    dtype, device = _shared_placement(target, dtype, device, path)
+    model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=False)
+    return model.to(device, dtype).eval()

@@ -209,6 +209,7 @@ def load_pair(target_path: str | Path, draft_path: str | Path, *, device: str = 
         if len(tokenizer) > target.config.vocab_size:
             raise ModelLoadError(f"The tokenizer has {len(tokenizer)} tokens but the target only "
                                  f"{target.config.vocab_size}.")
+        check_bound(draft_path, target_path)
         head = load_head(draft_path, target, device=dev, dtype=dt)
         return ModelPair(target, head, tokenizer, dev, dt, target_path, draft_path)
     check_draft_tokenizer(tokenizer, target_path, draft_path)
@@ -223,3 +224,17 @@ def load_pair(target_path: str | Path, draft_path: str | Path, *, device: str = 
     if len(tokenizer) > vt:
         raise ModelLoadError(f"The tokenizer has {len(tokenizer)} tokens but the models only {vt}.")
     return ModelPair(target, draft, tokenizer, dev, dt, target_path, draft_path)
+
+
+def check_bound(draft_path: Path, target_path: Path) -> None:
+    """A drafter svt trained records its target's weights hash (``svt_target_weights_sha256_16`` in
+    its config.json); another target is refused by name (a drafter reads its own target's hidden
+    states: on another target of the same shape it drafts, silently, nothing the target accepts)."""
+    try:
+        bound = json.loads((Path(draft_path) / "config.json").read_text()).get("svt_target_weights_sha256_16")
+    except (OSError, ValueError, AttributeError):
+        return
+    if bound and weights_hash(Path(target_path)) != bound:
+        raise ModelLoadError(f"{draft_path}: this drafter was trained on a target with weights {bound}; the target "
+                             f"at {target_path} has {weights_hash(Path(target_path))}. A drafter reads its own "
+                             "target's hidden states: train one for this target.")

@@ -47,9 +47,9 @@ import torch.nn.functional as F
 
 from svt.models.block import BlockConfig, BlockDrafter, save_block
 from svt.models.train_eagle3 import (
-    _held_windows,
-    _windows,
     generate_continuations,
+    held_windows,
+    sample_windows,
     swap_in,
     target_view,
     write_figures,
@@ -232,7 +232,7 @@ def train_block(target, stream: np.ndarray, held: torch.Tensor, cfg: BlockTraini
     while step < n_steps:
         for g in opt.param_groups:
             g["lr"] = _lr(step, n_steps, cfg)
-        ids = _windows(stream, generated, cfg, rng)
+        ids = sample_windows(stream, generated, cfg, rng)
         anchor = anchor_batch(ids.shape[0], ids.shape[1], cfg.anchors, model.cfg.block_size, rng)
         with torch.no_grad():
             taps, logits = target_view(target, ids, model.cfg.aux_layer_ids)
@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> None:
     tok = hf_tok.backend_tokenizer
     train_texts, held_texts, tasks = read_corpus()
     stream, _ = training_stream(tok, train_texts, tasks, seed=0)
-    held = _held_windows(held_texts, tok, cfg)
+    held = held_windows(held_texts, tok, cfg)
     target = load_causal_lm(args.target, "target", torch.device("cpu"), torch.float32)
     for p in target.parameters():
         p.requires_grad_(False)

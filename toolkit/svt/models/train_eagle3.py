@@ -162,7 +162,7 @@ def generate_continuations(target, stream: np.ndarray, cfg: HeadTraining, eos: i
     return np.concatenate(rows)
 
 
-def _windows(stream, generated, cfg: HeadTraining, rng) -> torch.Tensor:
+def sample_windows(stream, generated, cfg: HeadTraining, rng) -> torch.Tensor:
     n_gen = int(rng.binomial(cfg.batch, cfg.generated_share)) if len(generated) else 0
     rows = [generated[i] for i in rng.integers(0, len(generated), size=n_gen)] if n_gen else []
     starts = rng.integers(0, len(stream) - cfg.context, size=cfg.batch - n_gen)
@@ -256,7 +256,7 @@ def train_head(target, stream: np.ndarray, held: torch.Tensor, cfg: HeadTraining
     while step < n_steps:
         for g in opt.param_groups:
             g["lr"] = _lr(step, n_steps, cfg)
-        ids = _windows(stream, generated, cfg, rng)
+        ids = sample_windows(stream, generated, cfg, rng)
         with torch.no_grad():
             taps, logits = target_view(target, ids, head.cfg.aux_layer_ids)
         loss, losses, accs = ttt_loss(head, ids, taps, logits, cfg.ttt_steps, cfg.step_decay)
@@ -287,7 +287,7 @@ def train_head(target, stream: np.ndarray, held: torch.Tensor, cfg: HeadTraining
     return head, figures
 
 
-def _held_windows(held_texts: list[str], tok, cfg: HeadTraining, n: int = 32) -> torch.Tensor:
+def held_windows(held_texts: list[str], tok, cfg: HeadTraining, n: int = 32) -> torch.Tensor:
     from svt.models.train_tiny import encode_stream
 
     held_stream = encode_stream(tok, held_texts)
@@ -346,7 +346,7 @@ def main(argv: list[str] | None = None) -> None:
     tok = hf_tok.backend_tokenizer
     train_texts, held_texts, tasks = read_corpus()
     stream, _ = training_stream(tok, train_texts, tasks, seed=0)
-    held = _held_windows(held_texts, tok, cfg)
+    held = held_windows(held_texts, tok, cfg)
     target = load_causal_lm(args.target, "target", torch.device("cpu"), torch.float32)
     for p in target.parameters():
         p.requires_grad_(False)
