@@ -7,6 +7,12 @@ AV+length policies by throughput) and how many of the profile's own refits agree
 user acts on.
 
     python benchmarks/bench_profile_flag.py [--rounds 10] [--run RUN --fit FIT] [--busy 2]
+    python benchmarks/bench_profile_flag.py --judge RUN   # the tables already profiled, against RUN
+
+``--judge RUN`` profiles nothing: it replays RUN on every table the last run wrote and reports, per
+table, the decision audit over its own refits, and, across the quiet tables, how the winner at each
+batch size changes from profile to profile and what following one profile's pick gives up under
+another's table (reports/bench/profile_judge.json): the variation the refits do not cover.
 
 Results go to reports/bench/profile_flag.json and profile_flag.md. Run it on a quiet machine.
 """
@@ -46,8 +52,41 @@ def decisions(run: str, fit: str | None, costs: Path) -> list[dict]:
     return ((rep.get("simulation") or {}).get("costs") or {}).get("decisions", [])
 
 
+def judge(run: str, work: Path) -> dict:
+    import numpy as np
+
+    from svt.report import EvaluateOptions, evaluate
+    from svt.simulate.av import winners
+
+    audits, quiet_points = [], []
+    for state in ("quiet", "busy"):
+        for costs in sorted(work.glob(f"{state}-*.yaml"), key=lambda c: int(c.stem.split("-")[1])):
+            sim = evaluate([run], EvaluateOptions(features=["q_max"], costs=str(costs)))["simulation"]
+            audits.append({"table": costs.name, "flagged": bool(sim["costs"]["warnings"]),
+                           "in_doubt": [d["concurrency"] for d in sim["costs"]["decisions"] if d["in_doubt"]],
+                           "decisions": len(sim["costs"]["decisions"])})
+            if state == "quiet":
+                quiet_points.append(sim["points"])
+            print(json.dumps(audits[-1]), flush=True)
+    across = {}
+    for b in sorted({int(p["concurrency"]) for p in quiet_points[0]}):
+        picks = [winners(pts)[b] for pts in quiet_points]
+        regrets = []
+        for i, w in enumerate(picks):
+            for j, pts in enumerate(quiet_points):
+                if i != j:
+                    thr = {p["policy"]: p["throughput"] for p in pts if p["concurrency"] == b and p["policy"] != "oracle"}
+                    regrets.append((max(thr.values()) - thr[w]) / max(thr.values()))
+        across[b] = {"winners": {w: picks.count(w) for w in sorted(set(picks))},
+                     "median_regret": float(np.median(regrets)) if regrets else 0.0,
+                     "max_regret": float(max(regrets, default=0.0))}
+        print(b, json.dumps(across[b]), flush=True)
+    return {"run": run, "tables": audits, "across_quiet_profiles": across}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--judge", metavar="RUN", help="replay RUN on the tables already profiled; profile nothing")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--busy", type=int, default=2, help="spinning processes in the busy half")
     ap.add_argument("--run")
@@ -55,6 +94,11 @@ def main() -> None:
     args = ap.parse_args()
     work = ROOT / "runs" / "bench-profile-flag"
     work.mkdir(parents=True, exist_ok=True)
+    if args.judge:
+        out = ROOT / "reports" / "bench"
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "profile_judge.json").write_text(json.dumps(judge(args.judge, work), indent=1))
+        return
     rows = []
     for state in ("quiet", "busy"):
         spinners = []

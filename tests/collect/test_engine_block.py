@@ -80,7 +80,10 @@ def _block_q(target, model, seq, n, drafts, temperature):
     block forward; DSpark's slots read the drafts before them as their previous tokens."""
     ids = torch.tensor([seq[:n]])
     taps, _ = target_view(target, ids, model.cfg.aux_layer_ids)
-    h = model.draft_slots(block_forward(model, ids, taps, torch.tensor([[n - 1]])))[0, 0]
+    block = block_forward(model, ids, taps, torch.tensor([[n - 1]]))[0, 0]
+    # the published layouts, written out here: DSpark's every slot is a draft (anchored first),
+    # DFlash's drafts are the mask slots after the anchor
+    h = block if model.cfg.sample_from_anchor else block[1:]
     prev = [seq[n - 1], *drafts[:-1]]
     return torch.stack([process_probs(model.slot_logits(h[i][None], torch.tensor([prev[i]]))[0], temperature, 1.0)
                         for i in range(len(drafts))])
