@@ -104,7 +104,7 @@ def _batched_cfg(base, fit, models_dir, drafter):
     return {**base, "draft": str(models_dir / drafter), "batch_size": 3, "hvd": {"fit": str(fit), "tau": 0.5}}
 
 
-@pytest.fixture(scope="module", params=["draft-large", "eagle3", "mtp"])
+@pytest.fixture(scope="module", params=["draft-large", "eagle3", "mtp", "dspark"])
 def batched(request, batch1, models_dir):
     base, d, fit = batch1
     live = d / f"batched-{request.param}"
