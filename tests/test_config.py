@@ -25,7 +25,7 @@ def test_yaml_file_and_single_workload_string(tmp_path):
     ({"k": 0, "av": {"fit": "f.json", "costs": "c.yaml"}}, "Expected `k` to be at least 1 for a run with av"),
     ({"k": 0, "log": {"hidden": True}}, "Expected `log` to be without hidden states"),
     ({"schedule": "dynamic"}, "Expected `schedule` to be static or continuous"),
-    ({"schedule": "continuous", "engine": "reference"}, "Expected `schedule` to be static for the hvd, tree"),
+    ({"schedule": "continuous", "engine": "reference"}, "Expected `schedule` to be static for live HVD"),
     ({"k": "five"}, "Expected `k` to be an integer"),
     ({"top_p": 0}, "Expected `top_p` to be a number in"),
     ({"temperature": -1}, "Expected `temperature`"),
