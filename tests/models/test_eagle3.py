@@ -280,17 +280,17 @@ def test_head_training_learns_and_an_interrupted_stage_resumes_to_the_same_head(
     assert last["held_out_ce_by_step"][0] < first["held_out_ce_by_step"][0]
     assert (tmp_path / "continuations-t-s0-n4-p8-c32.npy").is_file()
 
-    real_lr = tr._lr
+    real_lr = tr.cosine_lr
 
     def dies_at_25(step, n, c):
         if step == 25:
             raise KeyboardInterrupt
         return real_lr(step, n, c)
 
-    monkeypatch.setattr(tr, "_lr", dies_at_25)
+    monkeypatch.setattr(tr, "cosine_lr", dies_at_25)
     with pytest.raises(KeyboardInterrupt):
         tr.train_head(target, stream, held, cfg, tmp_path / "b", eos=1, target_id="t", kind=kind)
-    monkeypatch.setattr(tr, "_lr", real_lr)
+    monkeypatch.setattr(tr, "cosine_lr", real_lr)
     resumed, _ = tr.train_head(target, stream, held, cfg, tmp_path / "b", eos=1, target_id="t", kind=kind)
     for (n, a), (_, b) in zip(head.state_dict().items(), resumed.state_dict().items(), strict=True):
         torch.testing.assert_close(a, b, msg=n)

@@ -47,6 +47,7 @@ import torch.nn.functional as F
 
 from svt.models.block import BlockConfig, BlockDrafter, save_block
 from svt.models.train_eagle3 import (
+    cosine_lr,
     generate_continuations,
     held_windows,
     sample_windows,
@@ -79,14 +80,6 @@ class BlockTraining:
     eval_every: int = 100
     checkpoint_minutes: float = 5.0
     layers: int = 2
-
-
-def _lr(step: int, n: int, cfg: BlockTraining) -> float:
-    if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
-    frac = (step - cfg.warmup) / max(1, n - cfg.warmup)
-    lo = cfg.final_lr_share
-    return cfg.lr * (lo + (1 - lo) * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
 def rarest_token(stream: np.ndarray, vocab: int, avoid: tuple[int, ...] = (0,)) -> int:
@@ -231,7 +224,7 @@ def train_block(target, stream: np.ndarray, held: torch.Tensor, cfg: BlockTraini
     t0, last_ckpt = time.time(), time.time()
     while step < n_steps:
         for g in opt.param_groups:
-            g["lr"] = _lr(step, n_steps, cfg)
+            g["lr"] = cosine_lr(step, n_steps, cfg)
         ids = sample_windows(stream, generated, cfg, rng)
         anchor = anchor_batch(ids.shape[0], ids.shape[1], cfg.anchors, model.cfg.block_size, rng)
         with torch.no_grad():
@@ -247,7 +240,7 @@ def train_block(target, stream: np.ndarray, held: torch.Tensor, cfg: BlockTraini
             ev = evaluate_block(model, target, held, cfg)
             model.train()
             rate = (step - (curve[-1]["step"] if curve else 0)) * cfg.batch * cfg.context / max(time.time() - t0, 1e-9)
-            curve.append({"step": step, "tokens": step * cfg.batch * cfg.context, "lr": _lr(step - 1, n_steps, cfg),
+            curve.append({"step": step, "tokens": step * cfg.batch * cfg.context, "lr": cosine_lr(step - 1, n_steps, cfg),
                           "train_loss": round(float(loss.detach()), 4), **{f"train_{k}": v for k, v in info.items()},
                           **ev})
             log(f"[{kind}] step {step}/{n_steps} loss {float(loss.detach()):.3f} held-out top-1 by slot "

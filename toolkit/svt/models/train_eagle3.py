@@ -58,7 +58,9 @@ class HeadTraining:
     checkpoint_minutes: float = 5.0
 
 
-def _lr(step: int, n: int, cfg: HeadTraining) -> float:
+def cosine_lr(step: int, n: int, cfg) -> float:
+    """A linear warm-up over ``cfg.warmup`` steps, then a cosine decay to ``cfg.final_lr_share`` of
+    ``cfg.lr`` (the heads' and the block drafters' schedule)."""
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
     frac = (step - cfg.warmup) / max(1, n - cfg.warmup)
@@ -255,7 +257,7 @@ def train_head(target, stream: np.ndarray, held: torch.Tensor, cfg: HeadTraining
     t0, last_ckpt = time.time(), time.time()
     while step < n_steps:
         for g in opt.param_groups:
-            g["lr"] = _lr(step, n_steps, cfg)
+            g["lr"] = cosine_lr(step, n_steps, cfg)
         ids = sample_windows(stream, generated, cfg, rng)
         with torch.no_grad():
             taps, logits = target_view(target, ids, head.cfg.aux_layer_ids)
@@ -270,7 +272,7 @@ def train_head(target, stream: np.ndarray, held: torch.Tensor, cfg: HeadTraining
             ev = evaluate_head(head, target, held, cfg)
             head.train()
             rate = (step - (curve[-1]["step"] if curve else 0)) * cfg.batch * cfg.context / max(time.time() - t0, 1e-9)
-            curve.append({"step": step, "tokens": step * cfg.batch * cfg.context, "lr": _lr(step - 1, n_steps, cfg),
+            curve.append({"step": step, "tokens": step * cfg.batch * cfg.context, "lr": cosine_lr(step - 1, n_steps, cfg),
                           "train_loss": round(float(loss.detach()), 4), "train_top1_by_step": [round(a, 4) for a in accs],
                           **ev})
             log(f"[{kind}] step {step}/{n_steps} loss {float(loss.detach()):.3f} held-out top-1 by step "
