@@ -64,6 +64,11 @@ def _edit(tmp_path, target, change, kind="dspark"):
 
 @pytest.mark.parametrize(("change", "message"), [
     (lambda c: c.update(hidden_size=128), "`hidden_size` = 128, but the target's is 256"),
+    # found by probing: a wrong type was a traceback, or a message that contradicted itself
+    (lambda c: c["dflash_config"].update(block_size="x"), "expected `block_size` to be an integer"),
+    (lambda c: c["dflash_config"].update(mask_token_id=None), "expected `mask_token_id` to be an integer"),
+    (lambda c: c.update(hidden_size="256"), "expected `hidden_size` to be an integer"),
+    (lambda c: c["dflash_config"].update(target_layer_ids="abc"), "non-empty list of layer ids"),
     (lambda c: c.update(vocab_size=4096), "`vocab_size` = 4096"),
     (lambda c: c["dflash_config"].update(target_layer_ids=[0, 1, 4]), r"`target_layer_ids` \[0, 1, 4\]"),
     (lambda c: c["dflash_config"].update(mask_token_id=2048), "`mask_token_id` 2048 is outside the vocabulary"),

@@ -328,6 +328,25 @@ def config_from_hf(d: dict, where: str) -> BlockConfig:
     if (dspark["markov_head_type"] or "vanilla") != "vanilla":
         raise ModelLoadError(f"{where}: `markov_head_type` {dspark['markov_head_type']!r}: svt (as vLLM) loads the "
                              "vanilla Markov head only.")
+    def whole(name: str, value, lo: int = 1) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+            raise ModelLoadError(f"{where}: expected `{name}` to be an integer >= {lo}, but got {value!r}.")
+        return value
+
+    for name in ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers", "vocab_size"):
+        whole(name, d.get(name))
+    for name in ("num_key_value_heads", "target_hidden_size"):
+        if name in d:
+            whole(name, d[name])
+    whole("block_size", layout["block_size"])
+    whole("mask_token_id", layout["mask_token_id"], 0)
+    ids = layout["target_layer_ids"]
+    if not isinstance(ids, list) or not ids:
+        raise ModelLoadError(f"{where}: expected `target_layer_ids` to be a non-empty list of layer ids, but got {ids!r}.")
+    for i in ids:
+        whole("target_layer_ids", i, 0)
+    if dspark["markov_rank"] is not None:
+        whole("markov_rank", dspark["markov_rank"], 0)
     known = set(BlockConfig.__dataclass_fields__)
     return BlockConfig(
         kind=kind, hidden_size=d["hidden_size"], intermediate_size=d["intermediate_size"],
