@@ -192,3 +192,43 @@ def test_prompts_keep_their_last_tokens_and_chats_their_plain_rendering(tiny_pai
     plain = encode_prompt(Prompt("w", None, msgs), tok, 512)  # no template: svt's plain rendering
     assert plain == tok.encode("### system\nBe brief.\n### user\nx = 1\n### assistant\n", add_special_tokens=False)
     # the real templates (tests/collect/fixtures/templates) are tested in test_chat_templates.py
+
+
+def test_each_step_times_the_forwards_it_ran(tiny_pair, monkeypatch):
+    """``forward_ms`` is the time inside that step's own model forwards: with every forward made
+    SLOW ms slower, each step's forward_ms grows by SLOW x its forwards (K draft passes and one verify;
+    none from another step or from a prefill), and its work outside them (step - forward) does not."""
+    import time
+
+    import svt.collect.engine as E
+
+    tok = tiny_pair.tokenizer
+    prompts = _ids(tok, PROMPTS[:3])
+    K, SLOW = 3, 4.0
+
+    def run():
+        log = run_batch(tiny_pair.target, tiny_pair.draft, prompts, SamplingParams(1.0, 1.0, K, 12), eos_id=None,
+                        pad_id=tok.pad_token_id, generator=torch.Generator().manual_seed(0), slots=2)
+        return {c: np.concatenate(v) for c, v in log.schedule.items()}
+
+    fast = run()
+    assert (fast["forward_ms"] > 0).all() and (fast["forward_ms"] <= fast["step_ms"]).all()
+    real = E._Cache.forward
+
+    def slow(self, *a, **kw):
+        out = real(self, *a, **kw)
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < SLOW / 1e3:
+            pass
+        self.forward_s += SLOW / 1e3
+        return out
+
+    monkeypatch.setattr(E._Cache, "forward", slow)
+    slowed = run()
+    assert np.array_equal(slowed["batch_size"], fast["batch_size"])  # the same steps
+    extra = slowed["forward_ms"] - fast["forward_ms"]
+    # a draft model's K passes + the target's verify: (K + 1) forwards a step, each SLOW ms dearer
+    assert np.median(extra) == pytest.approx((K + 1) * SLOW, rel=0.2)
+    assert (extra < (K + 1) * SLOW * 2).all()  # not accumulated across steps or prefills
+    outside = np.median(slowed["step_ms"] - slowed["forward_ms"]), np.median(fast["step_ms"] - fast["forward_ms"])
+    assert abs(outside[0] - outside[1]) < SLOW

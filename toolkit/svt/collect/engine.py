@@ -140,6 +140,11 @@ class _Cache:
         self.cache_key = cache_kwarg(model)  # `cache` or `past_key_values`, as this transformers names it
         self.mask = torch.zeros((batch, 0), dtype=torch.long, device=device)
         self.live = torch.zeros(batch, dtype=torch.long, device=device)
+        # seconds spent inside this cache's model forwards (the engine's step minus these is its work
+        # outside them: what a cost profile's step_ms holds); ``sync``: wait for the device around
+        # each forward so a GPU's time lands in it (a cost profile's steps; not a collection's)
+        self.forward_s = 0.0
+        self.sync = False
 
     def forward(self, ids: torch.Tensor, new_mask: torch.Tensor, hidden: bool = False, **extra):
         """Append ``ids`` ``[B, T]`` (``new_mask`` marks real slots); return logits [B, T, V].
@@ -147,6 +152,9 @@ class _Cache:
         pos = self.live[:, None] + (new_mask.cumsum(1) - 1).clamp(min=0)
         self.mask = torch.cat([self.mask, new_mask], 1)
         self.last_width = ids.shape[1]
+        if self.sync:
+            sync_device(ids.device)
+        t0 = time.perf_counter()
         out = self.run(
             input_ids=ids,
             attention_mask=self.mask,
@@ -156,6 +164,9 @@ class _Cache:
             output_hidden_states=hidden,
             **extra,
         )
+        if self.sync:
+            sync_device(ids.device)
+        self.forward_s += time.perf_counter() - t0
         self.live = self.live + new_mask.sum(1)
         return out
 
@@ -394,6 +405,7 @@ def run_batch(
     slots: int | None = None,
     on_finish=None,
     first_tick: int = 0,
+    sync_forwards: bool = False,
 ) -> BatchLog:
     """Speculative sampling for a list of prompts until every request has finished; log everything.
 
@@ -410,7 +422,9 @@ def run_batch(
     (it may ``log.take`` their rows: the time it takes is outside every step's).
     ``params.k == 0`` is plain decoding through the same engine (the drafter never runs). Steps are
     numbered from ``first_tick``: under continuous batching a request's steps are the engine's ticks
-    it decoded in (so ``step`` orders every request's steps in time).
+    it decoded in (so ``step`` orders every request's steps in time). Each step's ``forward_ms`` is the
+    time inside its model forwards; ``sync_forwards`` waits for the device around each (a GPU's
+    forwards are otherwise queued, not run, when the clock reads: a cost profile's steps set it).
 
     Long because one step's timed phases (admission, draft, verify, acceptance) and its order of
     random draws, which resumed and static runs reproduce bit for bit, read best in one place.
@@ -441,6 +455,8 @@ def run_batch(
             else:
                 _merge(rows, new)
             admitted += n_new
+        rows.tc.sync = rows.dc.sync = sync_forwards
+        f0 = rows.tc.forward_s + rows.dc.forward_s
         sync_device(device)
         t0 = time.perf_counter()
         nb = rows.active.numel()
@@ -485,7 +501,8 @@ def run_batch(
         out.add(out.schedule, tick=np.array([tick], np.int32), batch_size=np.array([nb], np.int16),
                 admitted=np.array([max(n_new, 0)], np.int16), prefill_ms=np.array([(t0 - t_in) * 1e3], np.float32),
                 draft_ms=np.array([(t1 - t0) * 1e3], np.float32), verify_ms=np.array([(t2 - t1) * 1e3], np.float32),
-                step_ms=np.array([(t3 - t0) * 1e3], np.float32), draft_passes=np.array([x.shape[1]], np.int16),
+                step_ms=np.array([(t3 - t0) * 1e3], np.float32),
+                forward_ms=np.array([(rows.tc.forward_s + rows.dc.forward_s - f0) * 1e3], np.float32), draft_passes=np.array([x.shape[1]], np.int16),
                 verify_tokens=np.array([int(fmask.numel())], np.int32),
                 emitted=np.array([int(emitted.sum())], np.int32))
         tick += 1

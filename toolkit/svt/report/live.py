@@ -14,7 +14,8 @@ from its ``schedule`` table (one row per engine step):
   acceptance and the schedule), and the live run's own steps priced by the cost table:
   ``table / steps`` (the table's whole price of each step, ``step_ms`` included, over the steps'
   wall-clock: 1 when the table prices the engine's steps right, whatever the policy's tokens),
-  ``table / forwards`` (its forward cells alone over the forwards as timed in the steps) and
+  ``table / forwards`` (its forward cells alone over the time inside the steps' model forwards,
+  ``forward_ms``; the draft and verify phases for runs logged before it) and
   ``step / forwards`` (the engine's work outside its forwards).
 
 Several live runs of the same policy and batch size (rounds) get their median and range.
@@ -80,8 +81,11 @@ def read_live(path: str, fits: list[str], fit_names: list[str]) -> dict:
         raise DataError(f"{path}: its `schedule` table ({per_tick['rows'][0]:,} rows decoded, {per_tick['tokens'][0]:,} "
                         f"tokens) disagrees with its `steps` table ({steps['rows'][0]:,} request-steps, "
                         f"{steps['tokens'][0]:,} tokens): the tables are not one run's.")
+    # the forwards as timed inside the steps (runs before forward_ms: the draft and verify phases,
+    # their sampling and acceptance test included)
+    fwd = pl.col("forward_ms") if "forward_ms" in sched.columns else pl.col("draft_ms") + pl.col("verify_ms")
     s = sched.select(
-        pl.col("step_ms").sum().alias("step"), (pl.col("draft_ms") + pl.col("verify_ms")).sum().alias("fwd"),
+        pl.col("step_ms").sum().alias("step"), fwd.sum().alias("fwd"),
         pl.col("prefill_ms").sum().alias("prefill"), pl.col("emitted").sum().alias("tokens"),
         pl.col("batch_size").sum().alias("rows"), pl.col("batch_size").mean().alias("mean_batch"),
         pl.len().alias("steps")).row(0, named=True)

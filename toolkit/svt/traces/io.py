@@ -96,7 +96,7 @@ def remove_partial(path: Path, tries: int = 50) -> None:
 def write_shard(run_dir: Path, table: str, shard: int, frame: pl.DataFrame) -> Path:
     """Cast ``frame`` to the table's schema and write it as one shard, atomically."""
     spec = get_table(table)
-    frame = frame.select([pl.col(c).cast(t) for c, t in spec.columns.items()])
+    frame = frame.select([pl.col(c).cast(t) for c, t in spec.present(frame.columns).items()])
     folder = Path(run_dir) / table
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / shard_name(shard)
@@ -151,12 +151,31 @@ def check_shard_schema(path: Path, spec: TableSchema) -> None:
             raise SchemaError(
                 f"{path}: column `{col}` has type {found[col]}; expected {_kind(dtype)} ({dtype})."
             )
+    for col, dtype in spec.optional.items():
+        if col in found and _kind(found[col]) != _kind(dtype):
+            raise SchemaError(f"{path}: column `{col}` has type {found[col]}; expected {_kind(dtype)} ({dtype}).")
+
+
+def check_optional_alike(files: list[Path], spec: TableSchema) -> None:
+    """Every shard of a table carries the same optional columns (a run's drafter logs its confidence
+    in every batch or in none): one that differs is a shard of another run."""
+    if not spec.optional or len(files) < 2:
+        return
+    first = {c for c in spec.optional if c in pl.read_parquet_schema(files[0])}
+    for f in files[1:]:
+        got = {c for c in spec.optional if c in pl.read_parquet_schema(f)}
+        if got != first:
+            one, other = (files[0], f) if first - got else (f, files[0])
+            col = sorted(first ^ got)[0]
+            raise SchemaError(f"{one}: carries the column `{col}`, which {other} does not: the shards of "
+                              f"`{spec.name}` are not one run's.")
 
 
 def check_shard_values(path: Path, spec: TableSchema, lacks: frozenset[str] = frozenset()) -> None:
     """Nulls where not allowed, NaN or out-of-range probabilities, labels outside {0, 1}. ``lacks``:
     columns the run's source does not carry (an imported trace; run.json says which): all null."""
     lf = pl.scan_parquet(path)
+    names = lf.collect_schema().names()
     checks = []
     for col in spec.columns:
         if col in lacks:
@@ -164,6 +183,8 @@ def check_shard_values(path: Path, spec: TableSchema, lacks: frozenset[str] = fr
         elif col not in spec.nullable:
             checks.append(pl.col(col).null_count().alias(f"null:{col}"))
     for col in spec.probabilities:
+        if col in spec.optional and col not in names:
+            continue
         bad = pl.col(col).is_nan() | (pl.col(col) < 0) | (pl.col(col) > 1)
         checks.append(bad.sum().alias(f"prob:{col}"))
     if spec.name == "drafts":
@@ -332,7 +353,12 @@ class Run:
         if not files:
             raise SchemaError(f"{self.path}: the run has no `{table}` table.")
         lf = pl.scan_parquet([str(f) for f in files])
-        return lf.with_columns([pl.col(c).cast(t) for c, t in spec.columns.items()])
+        return lf.with_columns([pl.col(c).cast(t) for c, t in spec.present(lf.collect_schema().names()).items()])
+
+    def carries(self, table: str, column: str) -> bool:
+        """Whether the run's ``table`` holds the optional ``column`` (its shards carry it alike)."""
+        files = self.shards.get(table) or []
+        return bool(files) and column in pl.read_parquet_schema(files[0])
 
 
 def open_run(path: str | Path, *, deep: bool = True, tables: list[str] | None = None) -> Run:
@@ -369,6 +395,7 @@ def open_run(path: str | Path, *, deep: bool = True, tables: list[str] | None = 
             raise SchemaError(f"{path / name}: no shards; every run needs a `{name}` table.")
         for f in files:
             check_shard_schema(f, spec)
+        check_optional_alike(files, spec)
         # an optional table removed whole (e.g. hidden states, to save space) is absent, not damaged
         recs = (recorded.get(name) or {}) if isinstance(recorded, dict) and (files or spec.required) else None
         if recs is not None:
@@ -401,7 +428,8 @@ def check_top_position(path: Path, meta: dict, top: int | None) -> None:
 
 def scan_shard(path: str | Path, table: str) -> pl.LazyFrame:
     """One shard of ``table`` as a lazy frame cast to the schema's dtypes (as :meth:`Run.parts`)."""
-    return pl.scan_parquet(str(path)).with_columns([pl.col(c).cast(t) for c, t in get_table(table).columns.items()])
+    lf = pl.scan_parquet(str(path))
+    return lf.with_columns([pl.col(c).cast(t) for c, t in get_table(table).present(lf.collect_schema().names()).items()])
 
 
 def _check_records(path: Path, table: str, files: list[Path], recs: dict) -> None:
@@ -491,7 +519,12 @@ def scan_runs(paths: list[str | Path], table: str = "drafts", *, deep: bool = Tr
     """Several runs' ``table`` as one lazy frame with a leading ``run`` column (the directory name)."""
     frames = []
     check_distinct_runs(paths)
+    spec = get_table(table)
+    optional = set(spec.optional)
     for p in paths:
         run = open_run(p, deep=deep, tables=[table, "requests"] if table != "requests" else [table])
+        optional &= {c for c in spec.optional if run.carries(table, c)}
         frames.append(run.scan(table).with_columns(pl.lit(Path(p).name).alias("run")))
-    return pl.concat(frames, how="vertical").select(["run", *get_table(table).columns])
+    # an optional column stays where every run carries it (a confidence head's, when every run has one)
+    keep = ["run", *spec.columns, *[c for c in spec.optional if c in optional]]
+    return pl.concat([f.select(keep) for f in frames], how="vertical")

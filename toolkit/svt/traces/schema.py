@@ -6,7 +6,7 @@ contract between collectors (svt's or another engine's) and every later stage.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import polars as pl
 
@@ -15,7 +15,10 @@ SCHEMA_VERSION = 1
 
 @dataclass(frozen=True)
 class TableSchema:
-    """Columns a table must have (name -> dtype) and which of them may hold nulls."""
+    """Columns a table must have (name -> dtype) and which of them may hold nulls. ``optional``:
+    columns a run may carry or not (name -> dtype; e.g. a drafter's own confidence, which only some
+    drafters compute): where present they are typed, range-checked and carried in every shard of
+    the table alike; where absent a reader that needs one says so."""
 
     name: str
     columns: dict[str, pl.DataType]
@@ -23,6 +26,12 @@ class TableSchema:
     # columns that must lie in [0, 1] (probabilities); checked on read
     probabilities: frozenset[str] = frozenset()
     required: bool = True
+    optional: dict[str, pl.DataType] = field(default_factory=dict)
+
+    def present(self, names) -> dict[str, pl.DataType]:
+        """The columns a shard with columns ``names`` holds: every required one, then the optional
+        ones it carries (name -> dtype)."""
+        return {**self.columns, **{c: t for c, t in self.optional.items() if c in names}}
 
 
 DRAFTS = TableSchema(
@@ -44,10 +53,14 @@ DRAFTS = TableSchema(
         "label": pl.Int8(),
     },
     # the target's columns are null on drafts live AV trimmed before verification (never computed)
-    nullable=frozenset({"label", "p_sampled", "p_max", "accept_prob", "accept_prob_expected"}),
+    nullable=frozenset({"label", "p_sampled", "p_max", "accept_prob", "accept_prob_expected", "confidence"}),
     probabilities=frozenset(
-        {"q_max", "q_sampled", "q_margin", "p_sampled", "p_max", "accept_prob", "accept_prob_expected"}
+        {"q_max", "q_sampled", "q_margin", "p_sampled", "p_max", "accept_prob", "accept_prob_expected",
+         "confidence"}
     ),
+    # a drafter's own confidence head (DSpark): its probability that the draft is accepted given the
+    # drafts before it were, computed from the slot's hidden state and the previous token when drafting
+    optional={"confidence": pl.Float32()},
 )
 
 STEPS = TableSchema(
@@ -207,6 +220,8 @@ SCHEDULE = TableSchema(
         "emitted": pl.Int32(),  # tokens emitted by all rows
     },
     required=False,
+    # the time inside the step's model forwards (its work outside them: step_ms - forward_ms)
+    optional={"forward_ms": pl.Float32()},
 )
 
 TABLES: dict[str, TableSchema] = {t.name: t for t in (DRAFTS, STEPS, REQUESTS, HIDDEN, DISTS, CACHE_DRAFTS,
