@@ -85,3 +85,19 @@ def steps_agreeing(drafts, steps):
     return s.with_columns(pl.col("_a").cast(pl.Int16).alias("accepted"), kept.cast(pl.Int16).alias("kept"),
                           pl.min_horizontal(pl.col("emitted"), pl.col("_a") + 1).cast(pl.Int16).alias("emitted")
                           ).with_columns((pl.col("kept") == pl.col("drafted")).alias("explored")).drop("_a", "_l", "_r")
+
+
+@pytest.fixture(scope="session")
+def dspark_run(tmp_path_factory, models_dir):
+    """A real 12-request run of the built-in target drafted by the built-in DSpark (its confidence
+    head logged with every draft), T = 1, continuous batches of 4."""
+    from svt.collect import collect
+    from svt.config import load_collect_config
+
+    base = {"target": str(models_dir / "target"), "draft": str(models_dir / "dspark"),
+            "workloads": [str(ROOT / "data" / "workloads" / f"{w}.jsonl") for w in ("code", "prose")],
+            "requests": 12, "batch_size": 4, "schedule": "continuous", "max_new_tokens": 40, "k": 4, "device": "cpu",
+            "max_prompt_tokens": 256, "log": {"hidden": False, "dists_fraction": 0.0}}
+    out = tmp_path_factory.mktemp("runs") / "dspark"
+    collect(load_collect_config(None, base=base), out, progress=False)
+    return out

@@ -85,8 +85,12 @@ def _block_q(target, model, seq, n, drafts, temperature):
     # DFlash's drafts are the mask slots after the anchor
     h = block if model.cfg.sample_from_anchor else block[1:]
     prev = [seq[n - 1], *drafts[:-1]]
-    return torch.stack([process_probs(model.slot_logits(h[i][None], torch.tensor([prev[i]]))[0], temperature, 1.0)
-                        for i in range(len(drafts))])
+    q = torch.stack([process_probs(model.slot_logits(h[i][None], torch.tensor([prev[i]]))[0], temperature, 1.0)
+                     for i in range(len(drafts))])
+    if model.confidence_head is None:
+        return q, None
+    # the confidence head reads the slot's state and the token before it (never the slot's own draft)
+    return q, torch.cat([model.confidence(h[i][None], torch.tensor([prev[i]])) for i in range(len(drafts))])
 
 
 @pytest.mark.parametrize(("kind", "slots"), [("dspark", None), ("dflash", None), ("dspark", 2)])
@@ -109,6 +113,10 @@ def _check_logged_drafts(target, model, slots):
     d = {k: np.concatenate(v) for k, v in log.drafts.items()}
     s = {k: np.concatenate(v) for k, v in log.steps.items()}
     assert (d["label"] == 1).mean() > 0.15 and (d["label"] == 0).any(), "the test needs accepted and rejected drafts"
+    # DSpark's confidence head is logged with every draft; DFlash has none, and no column
+    assert ("confidence" in d) == (model.confidence_head is not None)
+    if "confidence" in d:
+        assert d["confidence"].shape == d["q_max"].shape and 0.005 < d["confidence"].std()
     checked = 0
     for r, prompt in enumerate(prompts):
         seq = prompt + log.outputs[r]
@@ -118,8 +126,10 @@ def _check_logged_drafts(target, model, slots):
             rows = (d["request"] == r) & (d["step"] == step)
             x = d["token"][rows]
             emitted += int(s["emitted"][(s["request"] == r) & (s["step"] == step)][0])
-            q = _block_q(target, model, seq, n, x.tolist(), T)
+            q, conf = _block_q(target, model, seq, n, x.tolist(), T)
             np.testing.assert_allclose(d["q_max"][rows], q.max(-1).values.numpy(), atol=3e-5)
+            if conf is not None:
+                np.testing.assert_allclose(d["confidence"][rows], conf.numpy(), atol=3e-5)
             np.testing.assert_allclose(d["q_sampled"][rows], q.gather(-1, torch.from_numpy(x)[:, None])[:, 0].numpy(),
                                        atol=3e-5)
             checked += K

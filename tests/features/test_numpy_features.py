@@ -13,7 +13,8 @@ def _q_columns(rng, n=400):
     q = rng.uniform(0, 1, n).astype(np.float32)
     q[:6] = [0.0, 1.0, 1e-9, 1 - 1e-9, 0.5, 1e-6]  # the clip's edges
     return {"q_max": q, "q_sampled": q, "q_entropy": rng.uniform(0, 3, n).astype(np.float32),
-            "q_margin": (q * rng.uniform(0, 1, n)).astype(np.float32)}
+            "q_margin": (q * rng.uniform(0, 1, n)).astype(np.float32),
+            "confidence": rng.permutation(q)}  # a confidence head's column, edges included
 
 
 @pytest.mark.parametrize("name", sorted(n for n, f in FEATURES.items() if f.numpy is not None))

@@ -123,3 +123,43 @@ def test_missing_required_table(tmp_path):
     (path / "steps" / "part-00000.parquet").unlink()
     with pytest.raises(SchemaError, match="every run needs a `steps` table"):
         open_run(path)
+
+
+def _with_confidence(values=(0.9, 0.6, 0.4, 0.8, 0.7, 0.2)):
+    return _drafts().with_columns(pl.Series("confidence", list(values), dtype=pl.Float64))
+
+
+def test_an_optional_column_is_kept_typed_and_read_where_every_shard_carries_it(tmp_path):
+    """A drafter's confidence (the schema's optional `confidence`) travels through write, read and
+    several runs' scan; a run without it reads as before; a scan of both drops it (not every run has it)."""
+    from svt.traces.io import carried_columns
+
+    a = _make_run(tmp_path / "a", drafts=_with_confidence())
+    run = open_run(a)
+    assert run.carries("drafts", "confidence") and run.scan("drafts").collect_schema()["confidence"] == pl.Float32
+    assert run.scan("drafts").collect()["confidence"].to_list() == pytest.approx([0.9, 0.6, 0.4, 0.8, 0.7, 0.2])
+    b = _make_run(tmp_path / "b")
+    assert not open_run(b).carries("drafts", "confidence") and "confidence" not in open_run(b).scan("drafts").collect_schema()
+    assert "confidence" in scan_runs([a, a.parent / "a"][:1]).collect_schema()
+    assert "confidence" not in scan_runs([a, b]).collect_schema()
+    assert carried_columns([a]) == {"confidence"} and carried_columns([a, b]) == set()
+
+
+def test_a_shard_that_carries_an_optional_column_its_siblings_do_not_is_an_error(tmp_path):
+    path = _make_run(tmp_path / "r")
+    _with_confidence().with_columns(pl.col("request") + 1).write_parquet(path / "drafts" / "part-00001.parquet")
+    with pytest.raises(SchemaError, match=r"part-00001.parquet: carries the column `confidence`, which .*part-00000"
+                                          r".* does not: the shards of `drafts` are not one run's"):
+        open_run(path, deep=False)
+
+
+@pytest.mark.parametrize("values, what", [((0.9, 1.5, 0.4, 0.8, 0.7, 0.2), "column `confidence` has 1 bad value"),
+                                          (("a",) * 6, "column `confidence` has type String")])
+def test_an_optional_columns_values_and_type_are_checked(tmp_path, values, what):
+    df = _drafts().with_columns(pl.Series("confidence", list(values)))
+    path = tmp_path / "r"
+    write_meta(path, {"schema_version": SCHEMA_VERSION, "run_id": "t", "k": 3})
+    _make_run(path)
+    df.write_parquet(path / "drafts" / "part-00000.parquet")
+    with pytest.raises(SchemaError, match=what):
+        open_run(path)

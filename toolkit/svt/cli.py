@@ -418,13 +418,17 @@ def evaluate(
     \f
     Long because typer declares each option as a parameter; the body is the checks, one call and the writing.
     """
-    from svt.features import DEFAULT_FEATURES
+    from svt.features import run_features
     from svt.report import EvaluateOptions, write_report
     from svt.report import evaluate as build
     from svt.report.console import evaluate_tables
+    from svt.traces.io import carried_columns
+
+    # the default features, and a confidence head's own where every run's drafter logged one
+    feature = feature or list(run_features(carried_columns(runs)))
 
     if cluster is not None:
-        _evaluate_on_cluster(runs, out_dir, list(feature or DEFAULT_FEATURES), cluster, cluster_engine, overwrite=overwrite,
+        _evaluate_on_cluster(runs, out_dir, list(feature), cluster, cluster_engine, overwrite=overwrite,
                              bins=bins, by=by, bootstrap=bootstrap, fits=fit, costs=costs, live=live,
                              reference_run=reference_run, baseline=baseline, feature_module=feature_module,
                              replay_bootstrap=replay_bootstrap, score_unverified=score_unverified,
@@ -437,7 +441,7 @@ def evaluate(
     except SvtError as exc:
         raise _fail(exc) from None
     paths = {"costs": costs, "reference_run": reference_run}
-    opts = EvaluateOptions(features=list(feature or DEFAULT_FEATURES), feature_module=feature_module,
+    opts = EvaluateOptions(features=list(feature), feature_module=feature_module,
                            n_bins=bins, bootstrap=bootstrap, seed=seed, by=by, replay_bootstrap=replay_bootstrap,
                            fits=[str(f) for f in fit or []], high_yield=high_yield, score_unverified=score_unverified,
                            live=[str(p) for p in live or []], **{k: str(v) if v else None for k, v in paths.items()})

@@ -309,20 +309,21 @@ def prefill_rows(target, draft, prompts: list[list[int]], pad_id: int, device, f
 
 
 def _draft_k(rows: _Rows, params: SamplingParams, generator, hidden: bool, go_on=None):
-    """Up to K draft tokens for every row: ``q`` [nb, L, V], ``x`` [nb, L] and the last hidden
-    states. ``go_on(i, q_i) -> bool`` (AV+length) is asked after each draft whether another pass is
+    """Up to K draft tokens for every row: ``q`` [nb, L, V], ``x`` [nb, L], the last hidden
+    states and the drafter's own confidence in each draft [nb, L] (a DSpark confidence head; else
+    None). ``go_on(i, q_i) -> bool`` (AV+length) is asked after each draft whether another pass is
     needed (L < K when no row drafts on); without it L = K."""
     nb, K = rows.active.numel(), params.k
     if K == 0:  # plain decoding
-        return None, torch.zeros((nb, 0), dtype=torch.long, device=rows.pending.device), []
+        return None, torch.zeros((nb, 0), dtype=torch.long, device=rows.pending.device), [], None
     if rows.catch is not None:
         def sample(logits):
             q = process_probs(logits, params.temperature, params.top_p)
             return q, draft_token(q, params.greedy, generator)
 
         if is_block(rows.dc.model):  # one forward drafts the block (svt.collect.block_draft)
-            return draft_with_block(rows.dc, rows.catch, rows.pending, K, sample, hidden, go_on)[:3]
-        return draft_with_head(rows.dc, rows.catch, K, sample, hidden, go_on)
+            return draft_with_block(rows.dc, rows.catch, rows.pending, K, sample, hidden, go_on)
+        return (*draft_with_head(rows.dc, rows.catch, K, sample, hidden, go_on), None)
     ones1 = torch.ones((nb, 1), dtype=torch.long, device=rows.pending.device)
     feed = torch.stack([rows.unseen, rows.pending], 1)
     fmask = torch.stack([rows.has_unseen, torch.ones_like(rows.has_unseen)], 1)
@@ -339,7 +340,7 @@ def _draft_k(rows: _Rows, params: SamplingParams, generator, hidden: bool, go_on
             o = rows.dc.forward(x[:, None], ones1, hidden=hidden)
         else:
             break
-    return torch.stack(qs, 1), torch.stack(toks, 1), hid
+    return torch.stack(qs, 1), torch.stack(toks, 1), hid, None
 
 
 def _advance_caches(rows: _Rows, x: torch.Tensor, acc: torch.Tensor, next_token: torch.Tensor, K: int,
@@ -462,14 +463,14 @@ def run_batch(
         nb = rows.active.numel()
         row_ids = rows.active.cpu().numpy()
         stopper = None if av is None or av.lengths is None else av.lengths.start(nb, K)
-        q, x, hid = _draft_k(rows, params, generator, log.hidden, None if stopper is None else stopper.go_on)
+        q, x, hid, conf = _draft_k(rows, params, generator, log.hidden, None if stopper is None else stopper.go_on)
         sync_device(device)
         t1 = time.perf_counter()
         kept = torch.full((nb,), K, dtype=torch.long, device=device)
         drafted = None if stopper is None else torch.from_numpy(stopper.lengths).to(device)
         explored = True
         if av is not None:  # the budget is decided on q alone, before the target runs
-            kept, explored = _live_av(av, q, nb, K, generator, drafted)
+            kept, explored = _live_av(av, q, nb, K, generator, drafted, conf)
         # verify with one target forward over [y, x_0, ..., x_{kept-1}] (p_0..p_kept), each row's
         # trimmed drafts never computed: rows padded (masked) to the longest kept row
         W = x.shape[1] + 1 if av is None else int(kept.max()) + 1
@@ -493,7 +494,7 @@ def run_batch(
         _advance_caches(rows, x, acc, next_token, K, pad_id,
                         taps_of(to, draft.cfg.aux_layer_ids) if head else None)
         emitted, done = _log_step(out, n_out, rows, row_ids, [request_ids[r] for r in row_ids], tick, params,
-                                  (q, p, x, hid, label_ok, acc, kept, drafted), eos_id=eos_id, log=log, av=av,
+                                  (q, p, x, hid, label_ok, acc, kept, drafted, conf), eos_id=eos_id, log=log, av=av,
                                   generator=generator, times=((t1 - t0) * 1e3, (t2 - t1) * 1e3), explored=explored)
         rows.end_step(done, device, compact)
         sync_device(device)
@@ -518,7 +519,7 @@ def _log_step(out: BatchLog, n_out, rows: _Rows, row_ids, req_ids, tick: int, pa
     """Emit one step's tokens and log its rows (two device-to-host transfers); returns the tokens
     each row emitted and which rows finished. A row's drafts are logged up to its drafted length
     (AV+length: ``drafted``; else every drafted position)."""
-    q, p, x, hid, label_ok, acc, kept, drafted = step
+    q, p, x, hid, label_ok, acc, kept, drafted, conf = step
     L, nb = x.shape[1], row_ids.size
     ar = torch.arange(L, device=x.device)[None, :]
     verified = ar < kept[:, None]  # trimmed drafts carry no label (null)
@@ -541,6 +542,8 @@ def _log_step(out: BatchLog, n_out, rows: _Rows, row_ids, req_ids, tick: int, pa
             feats["accept_prob_expected"] = ok
         for col in P_COLUMNS:  # a trimmed draft's target distribution was never computed: null
             feats[col] = torch.where(verified, feats[col], nan)
+        if conf is not None:  # the drafter's confidence head, computed when it drafted
+            feats["confidence"] = conf.to(feats["q_max"].dtype)
         floats = torch.stack(list(feats.values())).float().cpu().numpy()  # [n_feats, nb, L]
         proposed = np.arange(L)[None, :] < len_np[:, None]
         _log_drafts(out, req, tick, L, new_tok, label_np, feats, floats, proposed)
@@ -605,15 +608,19 @@ def _log_steps(out: BatchLog, req, step_no: int, drafted, acc_np, kept_np, emitt
     )
 
 
-def _live_av(av: LiveAV, q: torch.Tensor, nb: int, K: int, generator, drafted=None) -> tuple[torch.Tensor, bool]:
+def _live_av(av: LiveAV, q: torch.Tensor, nb: int, K: int, generator, drafted=None,
+             head_conf=None) -> tuple[torch.Tensor, bool]:
     """Drafts kept per row by the AV budget rule (all those drafted on an exploration step).
     ``drafted`` [nb]: AV+length's lengths (None: K each); the budget chooses among them, their
-    confidences 0 past each row's length, as the replay's AV+length does."""
+    confidences 0 past each row's length, as the replay's AV+length does. ``head_conf`` [nb, L]: the
+    drafter's confidence head (the ``confidence`` feature's column), when it has one."""
     from svt.simulate.av import av_keep
 
     L = q.shape[1]
     explore = av.explore > 0 and float(torch.rand((), generator=generator, device=q.device)) < av.explore
     feats = {k: v.float().cpu().numpy() for k, v in q_stats(q).items()}
+    if head_conf is not None:
+        feats["confidence"] = head_conf.float().cpu().numpy()
     # always scored, so an online estimator sees the confidences in force at drafting time
     conf = np.asarray(av.confidence(feats, np.tile(np.arange(L), (nb, 1))), dtype=np.float64)
     lengths = np.full(nb, K) if drafted is None else drafted.cpu().numpy()

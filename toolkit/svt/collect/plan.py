@@ -117,6 +117,27 @@ def live_policy(cfg: CollectConfig, config_path: Path | None, resume: bool) -> t
                   rule=cfg.av.rule, length=cfg.av.length), online
 
 
+def drafter_columns(pair: ModelPair) -> set[str]:
+    """The optional drafts columns the pair's drafter logs (``confidence``: a confidence head's)."""
+    head = getattr(pair.draft, "confidence_head", None)
+    return {"confidence"} if head is not None else set()
+
+
+def check_av_columns(cfg: CollectConfig, pair: ModelPair, config_path: Path | None) -> None:
+    """Live AV on a feature this drafter does not compute (the ``confidence`` of a drafter with no
+    confidence head) is one error naming the feature and the drafter, before any work."""
+    from svt.features import OPTIONAL_COLUMNS, get_feature
+    from svt.fit import Fitter
+
+    fit = Fitter.load(resolve_path(cfg.av.fit, config_path))
+    names = getattr(fit, "features", None) or [fit.feature]
+    have = drafter_columns(pair)
+    for name in names:
+        for col in sorted(set(get_feature(name).expr.meta.root_names()) & set(OPTIONAL_COLUMNS) - have):
+            raise ConfigError(f"`av.fit` scores the feature {name!r}, which reads `{col}`: only {OPTIONAL_COLUMNS[col]} "
+                              f"computes it, and the draft {cfg.draft!r} ({pair.draft_kind}) does not.")
+
+
 def plan_collection(cfg: CollectConfig, out: Path, *, config_path: Path | None, resume: bool, overwrite: bool,
                     progress: bool, shard: tuple[int, int] | None) -> CollectPlan:
     """Check everything and load the pair; then clear the staging folder of an overwrite."""
@@ -139,6 +160,8 @@ def plan_collection(cfg: CollectConfig, out: Path, *, config_path: Path | None, 
     if old_meta:
         check_resume_inputs(out, old_meta, pair, workloads.hashes)
     live, online = live_policy(cfg, config_path, resume)
+    if live is not None:
+        check_av_columns(cfg, pair, config_path)
     if cfg.hvd is not None:
         from svt.collect.hvd_live import yield_scorer
         from svt.fit import Fitter

@@ -252,7 +252,8 @@ def features_table(run_paths: list, feature_names: list[str], engine, *, tol: fl
     done: list[dict] = [{} for _ in runs]
     if not fused:
         infos = _finish(checks, engine, done)
-    columns = dict(get_table("drafts").columns)
+    spec = get_table("drafts")  # the optional columns every run carries (a confidence head's) join them
+    columns = spec.present({c for c in spec.optional if all(r.carries("drafts", c) for r in runs)})
     by = None if by == "run" else by  # the runs are groups already when there are several, as on one machine
     if by is not None and by not in columns:
         raise DataError(f"Cannot group by {by!r}: the drafts table has no such column (columns: "

@@ -114,6 +114,10 @@ def check_feature(f: Feature, frame: pl.DataFrame | pl.LazyFrame) -> None:
     lists), or one that fails on the first rows is one clear error naming it. Every value is checked
     again where it is computed (:func:`feature_values`)."""
     lazy = frame.lazy()
+    names = lazy.collect_schema().names()
+    for col in sorted(set(f.expr.meta.root_names()) & set(OPTIONAL_COLUMNS) - set(names)):
+        raise ConfigError(f"Feature {f.name!r} reads `{col}`, which these drafts do not carry: only "
+                          f"{OPTIONAL_COLUMNS[col]} logs it (in every run evaluated together).")
     try:
         dtype = lazy.select(f.expr.alias("_x")).collect_schema()["_x"]
         feature_values(f, lazy.head(EARLY_CHECK_ROWS))
@@ -213,6 +217,24 @@ _builtin("logit_margin",
           .clip(EPS, 1).log()).clip(upper_bound=40.0),
          "top-2 logit margin log q1 - log q2, capped at 40 (vLLM's online-estimator variant)", True)
 _builtin("position", pl.col("position").cast(pl.Float64), "draft position (0-based)", True)
+_builtin("confidence", pl.col("confidence").cast(pl.Float64),
+         "the drafter's own confidence head (DSpark, trained with it): its probability that the draft is "
+         "accepted given the drafts before it were, from the slot's hidden state and the previous token "
+         "(never the drafted one: lossless as q_max is); only runs whose drafter has one carry the column", True,
+         True, numpy=lambda c: np.asarray(c["confidence"], dtype=np.float64))
+_builtin("logit_confidence", _logit("confidence"),
+         "log-odds of the drafter's confidence head (the online estimator on it: a temperature and "
+         "per-position offsets, as TensorRT-LLM calibrates the head with a temperature)", True,
+         numpy=lambda c: _np_logit(c["confidence"]))
+
+#: features that read a column only some runs carry (the schema's optional columns): column -> what logs it
+OPTIONAL_COLUMNS = {"confidence": "a drafter with a confidence head (DSpark with enable_confidence_head)"}
+
+
+def run_features(carried: set[str]) -> tuple[str, ...]:
+    """The features a report scores by default on runs that carry the optional columns ``carried``:
+    :data:`DEFAULT_FEATURES`, then each optional column's own feature (``confidence``)."""
+    return (*DEFAULT_FEATURES, *[c for c in OPTIONAL_COLUMNS if c in carried])
 
 BUILTIN = tuple(FEATURES)
 DEFAULT_FEATURES = ("q_max", "logit_qmax", "q_sampled", "logit_qsampled", "gumbel_qsampled",

@@ -149,7 +149,7 @@ def full_tables(imported: Imported) -> Imported:
             if c not in lacks.get(table, []):
                 lacks.setdefault(table, []).append(c)
         frame = frame.with_columns([pl.lit(None, dtype=spec.columns[c]).alias(c) for c in missing])
-        out[table] = frame.select([pl.col(c).cast(t) for c, t in spec.columns.items()])
+        out[table] = frame.select([pl.col(c).cast(t) for c, t in spec.present(frame.columns).items()])
     return Imported(out["drafts"], out["steps"], out["requests"], {t: c for t, c in lacks.items() if c},
                     imported.source, imported.greedy, imported.request_names, imported.drafter, imported.svt_source,
                     imported.tree)

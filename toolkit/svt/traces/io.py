@@ -12,7 +12,7 @@ from typing import Any
 
 import polars as pl
 
-from svt.errors import ConfigError, DataError, SchemaError
+from svt.errors import ConfigError, DataError, SchemaError, SvtError
 from svt.fileio import atomic_path, json_text, parse_json, write_text_atomic
 from svt.traces.derived import check_derived, row_checks
 from svt.traces.schema import SCHEMA_VERSION, TABLES, TableSchema, get_table
@@ -513,6 +513,20 @@ def open_runs(paths: list[str | Path], *, complete: bool = True, **kwargs) -> li
         for r in runs:
             r.require_complete()
     return runs
+
+
+def carried_columns(paths, table: str = "drafts") -> set[str]:
+    """The optional columns of ``table`` every run in ``paths`` carries (none where a run cannot be
+    opened: the reader that opens it properly says why)."""
+    spec = get_table(table)
+    carried = set(spec.optional)
+    for p in paths:
+        try:
+            run = open_run(p, deep=False, tables=[table])
+        except (SvtError, OSError):
+            return set()
+        carried &= {c for c in spec.optional if run.carries(table, c)}
+    return carried
 
 
 def scan_runs(paths: list[str | Path], table: str = "drafts", *, deep: bool = True) -> pl.LazyFrame:
