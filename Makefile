@@ -76,7 +76,17 @@ demo: setup
 	  --out reports/demo-draft-model/costs-cpu.yaml --quiet --overwrite
 	$(DEMO_T) $(VENV)/bin/svt evaluate runs/demo-draft-model --out reports/demo-draft-model --overwrite \
 	  --costs reports/demo-draft-model/costs-cpu.yaml
-	$(DEMO_T) $(VENV)/bin/svt evaluate runs/demo runs/demo-draft-model --out reports/drafters --overwrite --by run
+	# the same prompts (the first 96) drafted by the built-in DSpark, a block-parallel drafter with its own
+	# confidence head: the head against the online estimator, raw and calibrated online, and AV under an
+	# H100 roofline for a parallel drafter (reports/demo-dspark/)
+	$(DEMO_T) $(VENV)/bin/svt collect configs/collect/demo-dspark.yaml --out runs/demo-dspark --overwrite --quiet
+	$(DEMO_T) $(VENV)/bin/svt fit runs/demo-dspark --model irls-online --out reports/demo-dspark/fits/irls-online.json --overwrite
+	$(DEMO_T) $(VENV)/bin/svt fit runs/demo-dspark --model irls-online --feature logit_confidence \
+	  --out reports/demo-dspark/fits/irls-online-confidence.json --overwrite
+	$(DEMO_T) $(VENV)/bin/svt evaluate runs/demo-dspark --out reports/demo-dspark --overwrite --bootstrap 100 \
+	  --fit reports/demo-dspark/fits/irls-online.json --fit reports/demo-dspark/fits/irls-online-confidence.json \
+	  --costs configs/costs/h100-llama8b-parallel.yaml
+	$(DEMO_T) $(VENV)/bin/svt evaluate runs/demo runs/demo-draft-model runs/demo-dspark --out reports/drafters --overwrite --by run
 	# Hybrid Verified Decoding: a greedy run with SuffixDecoding cache drafts, three yield predictors,
 	# the replay under the measured CPU costs and under an H100 roofline model
 	$(DEMO_T) $(VENV)/bin/svt collect configs/collect/hvd.yaml --out runs/hvd --overwrite
@@ -99,6 +109,7 @@ demo: setup
 	$(DEMO_T) $(VENV)/bin/svt plot all reports/hvd-h100 --link reports/hvd-ref --vmax 60
 	$(DEMO_T) $(VENV)/bin/svt plot all reports/demo-draft-model
 	$(DEMO_T) $(VENV)/bin/svt plot all reports/drafters
+	$(DEMO_T) $(VENV)/bin/svt plot all reports/demo-dspark
 	$(DEMO_T) $(VENV)/bin/svt plot all reports/demo --fit reports/demo/fits/irls-online.json \
 	  --link reports/hvd --link reports/hvd-h100 --link reports/hvd-ref
 	@echo "make demo, the time of each step:"; cat $(DEMO_TIMES); \

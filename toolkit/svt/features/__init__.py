@@ -117,7 +117,7 @@ def check_feature(f: Feature, frame: pl.DataFrame | pl.LazyFrame) -> None:
     names = lazy.collect_schema().names()
     for col in sorted(set(f.expr.meta.root_names()) & set(OPTIONAL_COLUMNS) - set(names)):
         raise ConfigError(f"Feature {f.name!r} reads `{col}`, which these drafts do not carry: only "
-                          f"{OPTIONAL_COLUMNS[col]} logs it (in every run evaluated together).")
+                          f"{OPTIONAL_COLUMNS[col]} logs it (in every run read together).")
     try:
         dtype = lazy.select(f.expr.alias("_x")).collect_schema()["_x"]
         feature_values(f, lazy.head(EARLY_CHECK_ROWS))

@@ -218,7 +218,7 @@ def features(report: dict, ax=None):
                label="excluding the first position", zorder=3)
     labels = [f"{shown(n, feats[n])}{'' if feats[n]['lossless'] else '  (lossy)'}" for n in names]
     ax.axvline(0.5, color="0.5", lw=0.8, ls="--")
-    ax.set(yticks=y, yticklabels=labels, xlabel="AUC (hard labels; 0.5 = chance; −name: scored negated, lower = accept)",
+    ax.set(yticks=y, yticklabels=labels, xlabel="AUC (hard labels; 0.5 = chance)\n−name: scored negated (lower = accept)",
            title="Acceptance features")
     ax.grid(axis="x", alpha=0.3)
     ax.legend(fontsize=7, loc="lower left", framealpha=0.9)  # the points sit right of chance

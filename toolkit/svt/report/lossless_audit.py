@@ -17,7 +17,9 @@ import polars as pl
 from svt.features import Feature, feature_values
 from svt.metrics.lossless import bias
 
-Q_ONLY = ("workload", "q_max", "q_entropy", "q_margin", "p_max", "accept_prob_expected", "label")
+# the columns a draft shares with every other token the drafter could have drawn at its position
+# (a confidence head's reads the slot and the token before it, so it is one of them)
+Q_ONLY = ("workload", "q_max", "q_entropy", "q_margin", "p_max", "accept_prob_expected", "label", "confidence")
 
 
 def candidate_distributions(dists: pl.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
