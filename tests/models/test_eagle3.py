@@ -61,6 +61,24 @@ def test_training_time_test_equals_the_cached_forward_step_by_step():
             torch.testing.assert_close(o.hidden[:, -1], outs[k].hidden[:, i], atol=1e-4, rtol=1e-4)
 
 
+@torch.no_grad()
+def test_an_unroll_of_the_later_chains_only_equals_the_whole_unrolls_tail():
+    """``ttt(start=s)``: step 0 over every position (the keys the chains attend to), the later
+    steps over chains s.. only; every output equals the whole unroll's from s on, and with
+    ``logits=False`` the LM head of its normed output gives the same logits."""
+    target = tiny_target()
+    head = random_head(target)
+    ids = torch.randint(2, 50, (2, 16))
+    taps, _ = target_view(target, ids, head.cfg.aux_layer_ids)
+    whole = head.ttt(ids, head.fuse(taps), 4)
+    for start in (1, 6):
+        part = head.ttt(ids, head.fuse(taps), 4, logits=False, start=start)
+        for w, p in zip(whole, part, strict=True):
+            assert p.logits is None and p.hidden.shape[1] == w.hidden.shape[1] - start
+            torch.testing.assert_close(p.hidden, w.hidden[:, start:], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(head.logits_of(p.last_hidden), w.logits[:, start:], atol=1e-5, rtol=1e-5)
+
+
 def test_saved_in_the_published_form(tmp_path):
     target = tiny_target()
     head = random_head(target)

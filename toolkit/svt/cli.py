@@ -125,11 +125,14 @@ def _collect_summary(cfg, summary) -> None:
         from svt.traces.io import read_meta
 
         drafter = read_meta(summary.run_dir).get("drafter") or {}
-        how = {"model": f"the draft {drafter.get('path')} teacher-forced on the reference labels its cache drafts",
-               "stand-in": "a stand-in drafter's draws label its cache drafts"}.get(
-            drafter.get("kind"), "cache drafts only")
+        how = {"model": f"no target forward; the draft {drafter.get('path')} teacher-forced on the reference labels "
+                        "its cache drafts",
+               "head": f"the {drafter.get('head')} drafter {drafter.get('path')} over the target's hidden states of the "
+                       "reference labels its cache drafts",
+               "stand-in": "no target forward; a stand-in drafter's draws label its cache drafts"}.get(
+            drafter.get("kind"), "no target forward; cache drafts only")
         _say(f"wrote {summary.run_dir}: {summary.requests} requests, {summary.output_tokens:,} reference "
-             f"tokens (a reference run: no target forward, no acceptance labels; {how}) in {summary.seconds:.1f} s")
+             f"tokens (a reference run: no acceptance labels; {how}) in {summary.seconds:.1f} s")
         _reading_notes(summary.run_dir)
         return
     if cfg.tree is not None:

@@ -164,9 +164,19 @@ def head_teacher_forced_accepted(head: HiddenStateHead, target, sequences, k: in
             ids[b, : len(s)] = torch.tensor(s)
         ids = ids.to(device)
         with torch.inference_mode():
-            taps = taps_of(target(input_ids=ids, output_hidden_states=True), head.cfg.aux_layer_ids)
-            steps = head.ttt(ids, head.fuse(taps), k)
-            guess = torch.stack([s.logits.argmax(-1) for s in steps], -1).cpu().numpy()  # [B, width - 1, k]
+            # the target's base model: its hidden states, not its LM head over every position
+            base = getattr(target, "model", target)
+            taps = taps_of(base(input_ids=ids, output_hidden_states=True), head.cfg.aux_layer_ids)
+            # the chains from the shortest prompt's first decode position on: later steps and the
+            # LM head run only where some request decodes (n - 2 .. n + m - 3), not over the prompts
+            start = max(min(len(p) for p, _ in chunk) - 2, 0)
+            steps = head.ttt(ids, head.fuse(taps), k, logits=False, start=start)
+            guess = np.zeros((len(chunk), width - 1, k), dtype=np.int64)
+            for b, (p, o) in enumerate(chunk):
+                lo, hi = max(len(p) - 2, 0), max(len(p) + len(o) - 2, 0)
+                if hi > lo:
+                    guess[b, lo:hi] = torch.stack([head.logits_of(s.last_hidden[b, lo - start : hi - start]).argmax(-1)
+                                                   for s in steps], -1).cpu().numpy()
         for b, (p, o) in enumerate(chunk):
             o = np.asarray(o, dtype=np.int64)
             n, m = len(p), o.size

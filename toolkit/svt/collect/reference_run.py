@@ -7,7 +7,10 @@ The run's ``cache_drafts`` hold the SuffixDecoding draft at every position with 
 against the reference, and the model drafter's yield from either
 
 - a real drafter teacher-forced on the reference (``draft:``): its greedy agreement with the text,
-  the accepted length a lossless greedy verifier would grant if the target had written the text; or
+  the accepted length a lossless greedy verifier would grant if the target had written the text. A
+  draft model reads the text alone; a hidden-state drafter (EAGLE-3, MTP, DFlash, DSpark) reads the
+  target's hidden states of it, so the target runs one teacher-forced forward per batch of requests
+  (the only target forward of a reference run); or
 - a stand-in drafter (``stand_in:``) whose conditional acceptance by position is given: at each
   position, draft i is accepted with probability ``accept[i]`` when drafts 0..i-1 were, drawn
   independently per position from the run's seed and the request id (so the draws do not depend
@@ -104,9 +107,8 @@ def _drafter(cfg_draft: str | None, stand_in: dict | None, k: int, seed: int, to
     check_model_dir(path, "draft")
     from svt.models.heads import is_head_dir
 
-    if is_head_dir(path):
-        raise ConfigError(f"{str(path)!r} is a hidden-state head (EAGLE-3 or MTP): it drafts from the target's hidden states, which a "
-                          "reference run (no target forward) does not compute. Use a draft model or `stand_in`.")
+    if is_head_dir(path):  # EAGLE-3, MTP, DFlash, DSpark: they draft from the target's hidden states
+        return _hidden_state_drafter(path, target_path, k, device, dtype)
     check_draft_tokenizer(tokenizer, target_path, path)
     dev = resolve_device(device)
     model = load_causal_lm(path, "draft", dev, resolve_dtype(dtype, dev))
@@ -116,6 +118,28 @@ def _drafter(cfg_draft: str | None, stand_in: dict | None, k: int, seed: int, to
              "note": "a real drafter teacher-forced on the reference: its accepted length is its greedy agreement "
                      "with the text (what a greedy verifier grants if the target wrote the text)"}
     return teacher_forced_model_yields(model, k), model, entry
+
+
+def _hidden_state_drafter(path: Path, target_path: Path, k: int, device: str, dtype: str):
+    """A hidden-state drafter (an EAGLE-3 or MTP head, a DFlash or DSpark block drafter) over its
+    target: the target runs teacher-forced over prompt + reference, a batch of requests a forward
+    (its tapped hidden states held for that batch only), and the drafter drafts K from every position
+    as it drafts in serving, its own recurrence for the later slots; its accepted length at a
+    position is its greedy agreement with the reference (:func:`svt.collect.cache.teacher_forced_accepted`,
+    the function a greedy run's cache drafts use, tested equal to live greedy decoding)."""
+    from svt.models.loading import load_pair, weights_hash
+
+    pair = load_pair(target_path, path, device=device, dtype=dtype)  # the head bound to its target, checked
+    if pair.draft_kind in ("dflash", "dspark") and k > pair.draft.cfg.n_drafts:
+        raise ConfigError(f"`k` = {k}, but the {pair.draft_kind} drafter's block has {pair.draft.cfg.n_drafts} draft "
+                          f"slots: set k <= {pair.draft.cfg.n_drafts}.")
+    entry = {"kind": "head", "head": pair.draft_kind, "path": str(path), "weights_sha256_16": weights_hash(path),
+             "target": {"path": str(target_path), "weights_sha256_16": weights_hash(target_path)},
+             "note": f"a {pair.draft_kind} drafter over its target, teacher-forced on the reference: the target's "
+                     "hidden states of prompt + reference feed it at every position; its accepted length is its "
+                     "greedy agreement with the text (what a greedy verifier grants if the target wrote the text)"}
+    # the cache's character classes come from the tokenizer (a head has no config of its own): no model here
+    return teacher_forced_model_yields(pair.draft, k, target=pair.target), None, entry
 
 
 def collect_reference(cfg: CollectConfig, out: str | Path, *, config_path=None, overwrite: bool = False,
@@ -197,10 +221,12 @@ def _write_requests(run_dir: Path, cfg: CollectConfig, config: dict, prompts, id
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "config": config,
         "status": "running", "engine": "reference",
         "models": {"target": {"path": str(target_path), "weights_sha256_16": target_hash,
-                              "note": "tokenizer only: a reference run makes no target forward"},
+                              "note": ("its hidden states of prompt + reference feed the hidden-state drafter (one "
+                                       "teacher-forced forward per batch; no decoding)") if drafter["kind"] == "head"
+                              else "tokenizer only: a reference run makes no target forward"},
                    "tokenizer": {"path": str(target_path), "vocab_size": len(tok)},
                    **({"draft": {"path": drafter["path"], "weights_sha256_16": drafter["weights_sha256_16"]}}
-                      if drafter["kind"] == "model" else {})},
+                      if drafter["kind"] in ("model", "head") else {})},
         "sampling": {"temperature": 0.0, "top_p": 1.0, "greedy": True, "reference": True,
                      "features_from": "none: a reference run has no target probabilities (its output is the "
                                       "reference text)"},
@@ -209,7 +235,7 @@ def _write_requests(run_dir: Path, cfg: CollectConfig, config: dict, prompts, id
                                 f"max_new_tokens = {cfg.max_new_tokens} tokens",
                       "lacks": "target probabilities: no acceptance features, AV replay or losslessness audit"},
         "workloads": workloads.files, "workload_sha256": workloads.hashes, "workload_reading": workloads.reading,
-        "seed": cfg.seed, "device": "none (no target forward)" if drafter["kind"] != "model" else cfg.device,
+        "seed": cfg.seed, "device": "none (no model)" if drafter["kind"] == "stand-in" else cfg.device,
         "environment": {"python": platform.python_version()},
         "batches": -(-len(prompts) // cfg.batch_size),
     }
@@ -256,7 +282,7 @@ def recache_reference(run_dir: Path, options: CacheOptions, device: str = "auto"
         if draft is not None:
             raise ConfigError(f"{run_dir}: a stand-in reference run has no draft model; --draft does not apply.")
         model_yields, model, _ = _drafter(None, drafter, k, seed, tok, device, "auto", tok_path)
-    elif drafter.get("kind") == "model":
+    elif drafter.get("kind") in ("model", "head"):
         path = located("draft", draft, drafter)
         model_yields, model, _ = _drafter(str(path), None, k, seed, tok, device, "auto", tok_path)
     else:

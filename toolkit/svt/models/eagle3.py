@@ -228,7 +228,8 @@ class HiddenStateHead(nn.Module):
         return self._finish(attn, residual)
 
     # -- training-time test -------------------------------------------------------------------
-    def ttt(self, tokens: torch.Tensor, fused: torch.Tensor, steps: int) -> list[HeadOutput]:
+    def ttt(self, tokens: torch.Tensor, fused: torch.Tensor, steps: int, logits: bool = True,
+            start: int = 0) -> list[HeadOutput]:
         """Every chain unrolled ``steps`` deep at once (training-time test).
 
         ``tokens`` [B, n] and ``fused`` [B, n, H] (the fused target feature of each token). Chain
@@ -237,6 +238,11 @@ class HiddenStateHead(nn.Module):
         attends to the step-0 slots ``0..i`` plus its own steps ``1..k``: exactly what the engine's
         KV cache holds when it drafts from position ``i``. Output ``k`` [B, n - 1, ...] predicts
         ``t_{i+2+k}``; entries whose token runs past the window read padding (mask them in a loss).
+        ``logits=False`` leaves each output's logits None (:meth:`logits_of` its ``last_hidden`` where
+        they are wanted: the LM head is most of an unroll's work). ``start``: only the chains from
+        position ``start`` on are wanted (every output covers ``start .. n - 2``): step 0 still runs
+        over every position, whose keys and values the chains attend to, the later steps over the
+        wanted chains only (a reference run's decode positions, not its prompt's).
         """
         B, n = tokens.shape
         L = n - 1
@@ -249,8 +255,9 @@ class HiddenStateHead(nn.Module):
         outs, feature, k0 = [], fused[:, :L], None
         diag_k, diag_v = [], []
         for step in range(steps):
-            x, residual = self._inputs(ext[:, 1 + step : 1 + step + L], feature)
-            q, k, v = self._qkv(x, pos + step)
+            lo = 0 if step == 0 else start
+            x, residual = self._inputs(ext[:, 1 + step + lo : 1 + step + L], feature)
+            q, k, v = self._qkv(x, pos[:, lo:] + step)
             if rep > 1:
                 k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
             if step == 0:
@@ -260,11 +267,14 @@ class HiddenStateHead(nn.Module):
                 diag_k.append(k)
                 diag_v.append(v)
                 s0 = (q @ k0.transpose(-1, -2)).float() * scale  # scores and softmax in float32, as SDPA
-                s0 = s0.masked_fill(~causal, float("-inf"))
-                sd = torch.stack([(q * kk).sum(-1) for kk in diag_k], -1).float() * scale  # [B, h, L, step]
+                s0 = s0.masked_fill(~causal[start:], float("-inf"))
+                sd = torch.stack([(q * kk).sum(-1) for kk in diag_k], -1).float() * scale  # [B, h, L', step]
                 w = torch.cat([s0, sd], -1).softmax(-1).to(v0.dtype)
                 attn = w[..., :L] @ v0 + (w[..., L:, None] * torch.stack(diag_v, -2)).sum(-2)
-            o = self._finish(attn, residual)
+            o = self._finish(attn, residual, logits)
+            if step == 0 and start:
+                o = HeadOutput(None if o.logits is None else o.logits[:, start:], o.hidden[:, start:],
+                               o.last_hidden[:, start:])
             outs.append(o)
             feature = o.hidden
         return outs
@@ -313,14 +323,18 @@ class Eagle3Head(HiddenStateHead):
     def _attention(self) -> nn.Module:
         return self.midlayer.self_attn
 
-    def _finish(self, attn: torch.Tensor, residual: torch.Tensor) -> HeadOutput:
-        """``attn`` [B, h, T, d] -> logits and features."""
+    def _finish(self, attn: torch.Tensor, residual: torch.Tensor, logits: bool = True) -> HeadOutput:
+        """``attn`` [B, h, T, d] -> logits (None unless ``logits``) and features."""
         m = self.midlayer
         B, _, T, _ = attn.shape
         r = m.self_attn.o_proj(attn.transpose(1, 2).reshape(B, T, -1)) + residual
         hidden = m.mlp(m.post_attention_layernorm(r)) + r
         last = self.norm(hidden)
-        return HeadOutput(self.full_logits(self.lm_head(last)), hidden, last)
+        return HeadOutput(self.logits_of(last) if logits else None, hidden, last)
+
+    def logits_of(self, last_hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head over normed outputs, in the target's vocabulary."""
+        return self.full_logits(self.lm_head(last_hidden))
 
 
 # -- the published directory form ----------------------------------------------------------------

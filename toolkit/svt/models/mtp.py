@@ -91,12 +91,15 @@ class MTPHead(HiddenStateHead):
     def _attention(self) -> nn.Module:
         return self.self_attn
 
-    def _finish(self, attn: torch.Tensor, residual: torch.Tensor) -> HeadOutput:
+    def _finish(self, attn: torch.Tensor, residual: torch.Tensor, logits: bool = True) -> HeadOutput:
         B, _, T, _ = attn.shape
         r = self.self_attn.o_proj(attn.transpose(1, 2).reshape(B, T, -1)) + residual
         hidden = self.mlp(self.post_attention_layernorm(r)) + r
         last = self.shared_head.norm(hidden)
-        return HeadOutput(self.shared_head.head(last), hidden, last)
+        return HeadOutput(self.logits_of(last) if logits else None, hidden, last)
+
+    def logits_of(self, last_hidden: torch.Tensor) -> torch.Tensor:
+        return self.shared_head.head(last_hidden)
 
 
 def own_state(head: MTPHead) -> dict[str, torch.Tensor]:
@@ -117,13 +120,13 @@ def mtp_config_dict(head: MTPHead) -> dict:
             "bos_token_id": c.bos_token_id, "eos_token_id": c.eos_token_id, "pad_token_id": c.pad_token_id}
 
 
-def save_mtp(head: MTPHead, path: Path, dtype: torch.dtype = torch.bfloat16) -> None:
+def save_mtp(head: MTPHead, path: Path, dtype: torch.dtype = torch.bfloat16, extra: dict | None = None) -> None:
     from safetensors.torch import save_file
 
     path.mkdir(parents=True, exist_ok=True)
     save_file({k: v.to(dtype) for k, v in own_state(head).items()}, path / "model.safetensors",
               metadata={"format": "pt"})
-    cfg = {**mtp_config_dict(head), "torch_dtype": str(dtype).removeprefix("torch.")}
+    cfg = {**mtp_config_dict(head), "torch_dtype": str(dtype).removeprefix("torch."), **(extra or {})}
     (path / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
 
 

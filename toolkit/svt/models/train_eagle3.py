@@ -377,9 +377,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.kind == "mtp":
         from svt.models.mtp import save_mtp
 
-        save_mtp(head, stage)
-    else:
-        save_head(head, stage)
+        save_mtp(head, stage, extra={"svt_target_weights_sha256_16": target_id})
+    else:  # the target's hash in the head's own directory: a collection with another target refuses it
+        save_head(head, stage, extra={"svt_target_weights_sha256_16": target_id})
     swap_in(stage, args.out / args.kind)
     write_figures(args.out, args.kind, figures)
     print(f"[{args.kind}] saved to {args.out / args.kind}: "

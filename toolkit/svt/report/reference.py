@@ -36,7 +36,8 @@ def cache_only_report(runs: list, opts, infos: list[dict], metas: list[dict]) ->
                         "have none (only cache drafts). Pass yield fits only.")
     drafters = [m.get("drafter") or {} for m in metas]
     kinds = sorted({d.get("kind", "model") for d in drafters})
-    desc = {"stand-in": "a stand-in drafter drawn from given acceptance rates", "model": "a real drafter"}
+    desc = {"stand-in": "a stand-in drafter drawn from given acceptance rates", "model": "a real drafter",
+            "head": "a real hidden-state drafter over the target"}
     note = NO_PROBABILITIES.format(drafter=", ".join(desc.get(k, k) for k in kinds))
     if not all(m.get("engine") == "reference" for m in metas):
         note = ("No model-drafter drafts in these runs (cache-only, e.g. vLLM's `suffix` method): only the cache, "

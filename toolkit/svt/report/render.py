@@ -56,7 +56,7 @@ def _cache_only_markdown(report: dict) -> str:
             lines.append(f"{who}Model drafter: **a stand-in** (conditional acceptance by position "
                          f"{', '.join(f'{a:.3f}' for a in drafter['accept'])}, {drafter['source']}; "
                          f"{drafter['tokens_per_cycle']:.2f} tokens per cycle expected). {drafter['note']}.\n")
-        elif drafter.get("kind") == "model":
+        elif drafter.get("kind") in ("model", "head"):
             lines.append(f"{who}Model drafter: `{drafter['path']}`, {drafter['note']}.\n")
     lines += reading_lines(report)
     for section in SECTIONS:
