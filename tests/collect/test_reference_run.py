@@ -303,11 +303,11 @@ def _agreement(models_dir, tmp_path, draft, workload, n, tokens, k=4):
 
 
 def test_a_reference_run_with_a_head_bound_to_another_target_is_refused(models_dir, tmp_path):
-    from svt.errors import ModelLoadError
-
     import shutil
 
     from safetensors.torch import load_file, save_file
+
+    from svt.errors import ModelLoadError
 
     other = tmp_path / "other-target"  # the same shape, other weights: the head would draft, silently, nothing
     shutil.copytree(models_dir / "target", other)
