@@ -90,9 +90,14 @@ def test_a_tree_run_grows_the_heads_trees(models_dir, tmp_path):
     assert meta["tree"]["accepted_per_step"] > 1.5  # the trained head's trees are accepted most of the time
 
 
-def test_a_reference_run_refuses_a_head(models_dir, tmp_path):
+def test_a_reference_run_takes_a_head_over_its_target(models_dir, tmp_path):
+    """Once refused ("a reference run computes no hidden states"): the target now runs
+    teacher-forced over the reference and feeds the head (tests/collect/test_reference_run.py holds
+    it equal to live greedy decoding)."""
     from svt.collect import collect
+    from svt.traces.io import read_meta
 
     cfg = _cfg(models_dir, engine="reference", temperature=0.0)
-    with pytest.raises(ConfigError, match="reference run"):
-        collect(cfg, tmp_path / "run", progress=False)
+    collect(cfg, tmp_path / "run", progress=False)
+    drafter = read_meta(tmp_path / "run")["drafter"]
+    assert drafter["kind"] == "head" and drafter["target"]["path"] == str((models_dir / "target").resolve())
