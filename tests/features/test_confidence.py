@@ -62,3 +62,22 @@ def test_live_av_on_the_confidence_of_a_drafter_without_a_head_is_refused_before
                                           r"drafter with a confidence head .* does not"):
         collect(load_collect_config(None, base=base), tmp_path / "out", progress=False)
     assert not (tmp_path / "out" / "drafts").exists()
+
+
+def test_runs_with_and_without_the_column_evaluate_and_fit_together_on_their_common_columns(dspark_run, small_run):
+    """A DSpark run beside a draft-model run (as `make demo`'s drafters report reads them): the
+    confidence column is dropped where not every run carries it, and the runs score and fit as one."""
+    from svt.features import run_features
+    from svt.fit import fit_runs
+    from svt.report import EvaluateOptions
+    from svt.report.evaluate import evaluate
+    from svt.traces.io import carried_columns
+
+    runs = [small_run, dspark_run]
+    feats = list(run_features(carried_columns(runs)))
+    assert "confidence" not in feats
+    rep = evaluate(runs, EvaluateOptions(features=feats, bootstrap=0, by="run"))
+    alone = [evaluate([r], EvaluateOptions(features=["q_max"], bootstrap=0))["features"]["q_max"]["n"] for r in runs]
+    assert rep["features"]["q_max"]["n"] == sum(alone)
+    est = fit_runs(runs, "logistic")
+    assert est.training_["rows"] > 0

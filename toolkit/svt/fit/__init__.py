@@ -47,7 +47,7 @@ from svt.traces.identity import (  # noqa: E402  isort: skip
     run_identity,
     run_record,
 )
-from svt.traces.io import open_run, open_runs  # noqa: E402  isort: skip
+from svt.traces.io import common_columns, open_run, open_runs  # noqa: E402  isort: skip
 from svt.fit.held_out import check_pair, evaluation_mask, scoring_unverified, split_mask, training_tokens  # noqa: E402, F401  isort: skip
 
 
@@ -77,9 +77,11 @@ def load_drafts_for_fit(runs: list[str | Path], where: pl.Expr | None = None) ->
     batch_size`` from the run's config; one request at a time for foreign runs) at the same step.
     """
     frames, infos = [], []
-    for i, (path, run) in enumerate(zip(runs, open_runs(runs), strict=True)):
+    opened = open_runs(runs)
+    cols = common_columns(opened)  # a confidence head's column where every run carries one
+    for i, (path, run) in enumerate(zip(runs, opened, strict=True)):
         bs = int((run.meta.get("config") or {}).get("batch_size", 1) or 1)
-        frames.append(run.uncensored_drafts().with_columns(pl.lit(i).alias("_run"),
+        frames.append(run.uncensored_drafts().select(cols).with_columns(pl.lit(i).alias("_run"),
                                                       (pl.col("request") // bs).alias("_batch")))
         infos.append(run_record(path, run))
     lf = pl.concat(frames)
@@ -107,9 +109,12 @@ def replay_arrays(runs: list[str | Path], feature: str, where: pl.Expr | None = 
 
     f = get_feature(feature)
     parts, infos = [], []
-    for i, (path, run) in enumerate(zip(runs, open_runs(runs), strict=True)):
+    opened = open_runs(runs)
+    cols = common_columns(opened)
+    for i, (path, run) in enumerate(zip(runs, opened, strict=True)):
         bs = int((run.meta.get("config") or {}).get("batch_size", 1) or 1)
         for p in run.uncensored_parts():
+            p = p.select(cols)
             p = p.filter(where) if where is not None else p
             parts.append((i, bs, p))
         infos.append(run_record(path, run))

@@ -19,7 +19,7 @@ from svt.metrics import ordered
 from svt.metrics.ordered import bootstrap_intervals, order_keys, pack_rows, score_tables
 from svt.metrics.tables import length_calibration_from_steps
 from svt.traces.identity import data_identity, experiment
-from svt.traces.io import open_run, open_runs
+from svt.traces.io import common_columns, open_run, open_runs
 
 SOFT_LABELS = ("accept_prob", "accept_prob_expected")
 
@@ -77,8 +77,10 @@ def open_for_evaluation(runs: list[Path]) -> Opened:
     names = [Path(r).name for r in runs]
     if len(set(names)) != len(names):
         names = [str(r) for r in runs]
-    for i, (path, name, run) in enumerate(zip(runs, names, open_runs(runs), strict=True)):
-        parts.append([p.with_columns(pl.lit(name).alias("run"), pl.lit(i).alias("_run"))
+    opened = open_runs(runs)
+    cols = common_columns(opened)  # a confidence head's column where every run carries one
+    for i, (path, name, run) in enumerate(zip(runs, names, opened, strict=True)):
+        parts.append([p.select(cols).with_columns(pl.lit(name).alias("run"), pl.lit(i).alias("_run"))
                       for p in run.uncensored_parts()])
         if run.has("dists"):
             dists.append(run.scan("dists").with_columns(pl.lit(name).alias("run")))

@@ -515,6 +515,13 @@ def open_runs(paths: list[str | Path], *, complete: bool = True, **kwargs) -> li
     return runs
 
 
+def common_columns(runs, table: str = "drafts") -> list[str]:
+    """The columns of ``table`` every opened run in ``runs`` holds: the required ones, then the
+    optional ones all of them carry (several runs read as one frame)."""
+    spec = get_table(table)
+    return [*spec.columns, *[c for c in spec.optional if all(r.carries(table, c) for r in runs)]]
+
+
 def carried_columns(paths, table: str = "drafts") -> set[str]:
     """The optional columns of ``table`` every run in ``paths`` carries (none where a run cannot be
     opened: the reader that opens it properly says why)."""
