@@ -8,7 +8,6 @@ import numpy as np
 import polars as pl
 import pytest
 
-from svt.errors import ConfigError
 from tests.conftest import ROOT
 
 WORKLOADS = [str(ROOT / "data" / "workloads" / f"{w}.jsonl") for w in ("code", "prose")]
