@@ -104,8 +104,10 @@ demo: setup
 	# text feed the head at every position (reports/hvd-ref-eagle3/, beside reports/hvd-ref/)
 	$(DEMO_T) $(VENV)/bin/svt collect configs/collect/hvd-reference.yaml --set draft=builtin:eagle3 \
 	  --out runs/hvd-ref-eagle3 --overwrite
+	$(DEMO_T) $(VENV)/bin/svt fit runs/hvd-ref-eagle3 --model yield-mlp --out reports/hvd-ref-eagle3/fits/yield-mlp.json \
+	  --overwrite
 	$(DEMO_T) $(VENV)/bin/svt evaluate runs/hvd-ref-eagle3 --out reports/hvd-ref-eagle3 --overwrite \
-	  --fit reports/hvd-ref/fits/yield-mlp.json --costs configs/costs/h100-llama8b-eagle.yaml
+	  --fit reports/hvd-ref-eagle3/fits/yield-mlp.json --costs configs/costs/h100-llama8b-eagle.yaml
 	$(DEMO_T) $(VENV)/bin/svt evaluate runs/hvd --out reports/hvd-h100 --overwrite --feature q_max \
 	  --fit reports/hvd/fits/yield-mlp.json --fit reports/hvd/fits/yield-linear.json \
 	  --fit reports/hvd/fits/yield-gbm.json --costs configs/costs/h100-llama8b-eagle.yaml \
