@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 KEYS = {"drafts": ["request", "step", "position"], "steps": ["request", "step"], "requests": ["request"],
         "hidden": ["request", "step", "position"], "dists": ["request", "step", "position"], "references": ["request"],
         "schedule": ["tick", "batch_size", "admitted", "draft_passes", "verify_tokens", "emitted"]}
-TIMES = {"steps": ("draft_ms", "verify_ms"), "schedule": ("prefill_ms", "draft_ms", "verify_ms", "step_ms")}
+TIMES = {"steps": ("draft_ms", "verify_ms"),
+         "schedule": ("prefill_ms", "draft_ms", "verify_ms", "step_ms", "forward_ms")}
 
 
 @pytest.fixture(scope="module")

@@ -163,3 +163,15 @@ def test_an_optional_columns_values_and_type_are_checked(tmp_path, values, what)
     df.write_parquet(path / "drafts" / "part-00000.parquet")
     with pytest.raises(SchemaError, match=what):
         open_run(path)
+
+
+def test_a_steps_forward_time_beyond_the_step_is_an_error(tmp_path):
+    path = _make_run(tmp_path / "r")
+    sched = pl.DataFrame({"tick": [0, 1], "batch_size": [1, 1], "admitted": [1, 0], "prefill_ms": [1.0, 0.0],
+                          "draft_ms": [1.0, 1.0], "verify_ms": [2.0, 2.0], "step_ms": [3.5, 3.5], "draft_passes": [3, 3],
+                          "verify_tokens": [4, 4], "emitted": [2, 3], "forward_ms": [3.0, 3.0]})
+    write_shard(path, "schedule", 0, sched)
+    open_run(path)  # within the step: fine
+    write_shard(path, "schedule", 0, sched.with_columns(pl.Series("forward_ms", [3.0, 4.0])))
+    with pytest.raises(SchemaError, match="column `forward_ms` has 1 bad value"):
+        open_run(path)

@@ -215,6 +215,9 @@ def check_shard_values(path: Path, spec: TableSchema, lacks: frozenset[str] = fr
         checks.append((pl.col("verify_tokens") < pl.col("batch_size")).sum().alias("sched:verify_tokens"))
         for col in ("admitted", "draft_passes", "emitted"):
             checks.append((pl.col(col) < 0).sum().alias(f"sched:{col}"))
+        if "forward_ms" in names:  # the time inside a step's forwards: within the step
+            checks.append((~pl.col("forward_ms").is_finite() | (pl.col("forward_ms") < 0)
+                           | (pl.col("forward_ms") > pl.col("step_ms"))).sum().alias("sched:forward_ms"))
     if spec.name == "cache_drafts":
         checks.append((pl.col("draft_len") != pl.col("draft_ids").list.len()).sum().alias("len:draft_len"))
         checks.append(((pl.col("oracle_accepted") < 0) | (pl.col("oracle_accepted") > pl.col("draft_len")))
