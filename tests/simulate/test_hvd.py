@@ -87,3 +87,35 @@ def test_a_prediction_equal_to_tau_does_not_verify_the_cache():
     by = {x["policy"]: x for x in rows if x["group"] == "all"}
     assert by["hvd p tau=2"]["cycles"] == by["model-only"]["cycles"] == 3
     assert by["hvd p tau=1.999"]["cycles"] == by["cache-only"]["cycles"] == 2
+
+
+def test_request_intervals_are_replays_of_resampled_requests():
+    """Each row's ``request_ci95`` is the percentile range of the same row replayed on requests drawn
+    with replacement (checked against replaying the drawn lists from scratch), every policy priced on
+    the same draw; a single request has no spread."""
+    from svt.simulate.hvd import REQUEST_BOOTSTRAP
+
+    rng = np.random.default_rng(3)
+    reqs = _random_requests(rng, n=9)
+    preds = {"p": [np.where(r.draft_len > 0, rng.random(r.draft_len.size) * 8, 0.0) for r in reqs]}
+    rows = replay_hvd(reqs, preds, 3, COSTS, (0.0, 2.0), bootstrap=40, seed=7)
+    draws = np.random.default_rng(7).integers(0, len(reqs), size=(40, len(reqs)))  # group "all" draws first
+    ref: dict = {}
+    for d in draws:
+        for r in replay_hvd([reqs[j] for j in d], {"p": [preds["p"][j] for j in d]}, 3, COSTS, (0.0, 2.0)):
+            if r["group"] == "all":
+                for m in ("cycles_per_1000", "speedup_vs_greedy", "speedup_vs_model", "speedup_vs_cache"):
+                    ref.setdefault((r["policy"], m), []).append(r[m])
+    seen = 0
+    for r in rows:
+        if r["group"] != "all":
+            continue
+        for m, (lo, hi) in r["request_ci95"].items():
+            assert [lo, hi] == pytest.approx(list(np.percentile(ref[(r["policy"], m)], [2.5, 97.5])), rel=1e-9)
+            seen += 1
+    assert seen == 6 * 4  # greedy, model-only, cache-only, two τ and the oracle switch: every metric
+    assert all("request_ci95" not in r for r in replay_hvd(reqs, preds, 3, COSTS, (0.0,)))  # opt-in
+    one = replay_hvd(reqs[:1], {"p": preds["p"][:1]}, 3, COSTS, (0.0,), bootstrap=REQUEST_BOOTSTRAP)
+    for r in one:
+        for m, (lo, hi) in r["request_ci95"].items():
+            assert lo == pytest.approx(hi) == pytest.approx(r[m])

@@ -81,7 +81,7 @@ def hvd_tree(pos: pl.DataFrame, k: int, costs, fitted: dict[str, np.ndarray] | N
     """HVD replay with chain cache drafts and with tree cache drafts (verify cost: all of a tree's
     nodes), each switched by its own raw score (the sum of the cache's probabilities, an expected
     yield) across τ, and tree drafts also by each tree yield fit (``fitted``: predictions on ``pos``)."""
-    from svt.simulate.hvd import TAUS, HVDRequest, best_tau, replay_hvd
+    from svt.simulate.hvd import REQUEST_BOOTSTRAP, TAUS, HVDRequest, best_tau, replay_hvd
 
     chain, tree, pc, pt = [], [], [], []
     fitted = fitted or {}
@@ -97,8 +97,9 @@ def hvd_tree(pos: pl.DataFrame, k: int, costs, fitted: dict[str, np.ndarray] | N
         pt.append(part["tree_score"].to_numpy().astype(np.float64))
         for i, n in enumerate(fitted):
             per_fit[n].append(part[f"_fit_{i}"].to_numpy().astype(np.float64))
-    rows_c = replay_hvd(chain, {"chain score": pc}, k, costs, TAUS)
-    rows_t = replay_hvd(tree, {"tree score": pt, **per_fit}, k, costs, TAUS)
+    # the same seed: chain and tree rows priced on the same request resamples
+    rows_c = replay_hvd(chain, {"chain score": pc}, k, costs, TAUS, bootstrap=REQUEST_BOOTSTRAP, seed=0)
+    rows_t = replay_hvd(tree, {"tree score": pt, **per_fit}, k, costs, TAUS, bootstrap=REQUEST_BOOTSTRAP, seed=0)
     names = {("chain", "greedy"): "greedy", ("chain", "model-only"): "model-only",
              ("chain", "cache-only"): "cache-only chain", ("tree", "cache-only"): "cache-only tree",
              ("chain", "oracle-switch"): "oracle-switch chain", ("tree", "oracle-switch"): "oracle-switch tree"}
@@ -155,7 +156,7 @@ def cache_tree_report(runs: list[Path], rows: pl.DataFrame, k: int, costs, n_bin
 
 def cache_tree_markdown(report: dict) -> list[str]:
     """report.md's suffix-tree sections."""
-    from svt.report.text import cost_warnings, fmt, md_table
+    from svt.report.text import cost_warnings, fmt, md_table, with_request_ci
 
     ct = report.get("cache_tree")
     if not ct:
@@ -202,14 +203,17 @@ def cache_tree_markdown(report: dict) -> list[str]:
                   f"**Covers {hv.get('coverage', 'all requests')}.** "
                   f"Costs: `{hv['costs']['path']}` ({hv['costs']['kind']}). {hv['requests']} requests, K = {hv['k']}; "
                   f"{hv['note']}. Each source switched by its own score across τ (tree drafts also by each tree "
-                  "yield fit).\n",
+                  "yield fit). Brackets: 2.5 and 97.5 percentiles over request-level bootstrap resamples (chain "
+                  "and tree rows on the same resamples).\n",
                   *cost_warnings(hv["costs"]),
                   md_table(["group", "policy", "cycles / 1000 tok", "tokens / cycle", "cache cycles",
                             "speed-up vs greedy", "vs model-only"],
-                           [[r["group"], r["policy"], fmt(r["cycles_per_1000"], 1), fmt(r["mean_accepted_length"], 3),
-                             fmt(r["cache_share"], 3), fmt(r["speedup_vs_greedy"], 3), fmt(r["speedup_vs_model"], 3)]
+                           [[r["group"], r["policy"], with_request_ci(r, "cycles_per_1000", 1),
+                             fmt(r["mean_accepted_length"], 3), fmt(r["cache_share"], 3),
+                             with_request_ci(r, "speedup_vs_greedy"), with_request_ci(r, "speedup_vs_model")]
                             for r in hv["rows"]]
-                           + [[b["group"], f"hvd {b['predictor']} best τ={b['tau']:g}", fmt(b["cycles_per_1000"], 1),
-                               "", fmt(b["cache_share"], 3), fmt(b["speedup_vs_greedy"], 3),
-                               fmt(b["speedup_vs_model"], 3)] for b in hv["best"]]), ""]
+                           + [[b["group"], f"hvd {b['predictor']} best τ={b['tau']:g}",
+                               with_request_ci(b, "cycles_per_1000", 1), "", fmt(b["cache_share"], 3),
+                               with_request_ci(b, "speedup_vs_greedy"), with_request_ci(b, "speedup_vs_model")]
+                            for b in hv["best"]]), ""]
     return lines

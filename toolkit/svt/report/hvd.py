@@ -175,7 +175,7 @@ def _hvd_report(runs: list[Path], fit_paths: list[str], run_ids: list, *, costs_
     report = {"cache": cache_opportunity(rows, high_yield), "yield": out_yield, "hvd": None}
     if costs_path:
         from svt.simulate.cost_files import load_costs
-        from svt.simulate.hvd import HVDRequest, best_tau, replay_hvd
+        from svt.simulate.hvd import REQUEST_BOOTSTRAP, HVDRequest, best_tau, replay_hvd
 
         costs = load_costs(costs_path)
         costs.check_covers(k, f"{costs_path}: ")
@@ -190,7 +190,7 @@ def _hvd_report(runs: list[Path], fit_paths: list[str], run_ids: list, *, costs_
 
         lives = [m["hvd"] for m in (open_run(r, deep=False, tables=["requests"]).meta for r in runs) if m.get("hvd")]
         taus = tuple(sorted({*TAUS, *(float(v["tau"]) for v in lives)}))
-        points = replay_hvd(reqs, per_pred, k, costs, taus)
+        points = replay_hvd(reqs, per_pred, k, costs, taus, bootstrap=REQUEST_BOOTSTRAP, seed=seed)
         from svt.simulate.hvd import cost_intervals
 
         refits = cost_intervals(reqs, per_pred, k, costs, taus, points)
@@ -200,6 +200,7 @@ def _hvd_report(runs: list[Path], fit_paths: list[str], run_ids: list, *, costs_
                          "k": k, "requests": len(reqs),
                          "coverage": coverage,
                          "batch_size": 1, "collected_batch_size": batch_sizes, "rows": points, "cost_refits": refits,
+                         "request_bootstrap": REQUEST_BOOTSTRAP,
                          "best": best_tau(points),
                          "note": "each request replayed at batch 1; the global tree's timing follows the collection's "
                                  f"batches of {'/'.join(map(str, batch_sizes))}; τ chosen on the replayed requests "

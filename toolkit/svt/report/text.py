@@ -33,6 +33,12 @@ def ci_text(block: dict, key: str) -> str:
     return f" [{ci[0]:.4f}, {ci[1]:.4f}]" if ci else ""
 
 
+def with_request_ci(row: dict, key: str, digits: int = 3) -> str:
+    """A replay row's value with its request-bootstrap range (``request_ci95``) where it has one."""
+    ci = (row.get("request_ci95") or {}).get(key)
+    return fmt(row.get(key), digits) + (f" [{fmt(ci[0], digits)}, {fmt(ci[1], digits)}]" if ci else "")
+
+
 def feature_rows(features: dict, scope: str | None = None, ci: bool = True) -> list[list[str]]:
     """One row per feature: name, lossless, then the HEAD metrics of ``scope`` (None = overall)."""
     rows = []

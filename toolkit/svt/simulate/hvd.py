@@ -113,45 +113,85 @@ def _row(policy: str, group: str, r: WalkResult, base: dict[str, WalkResult], **
             "cache_share": r.cache_cycles / max(r.cycles, 1), "ms": r.ms,
             "ms_per_token": r.ms / max(r.tokens, 1),
             "speedup_vs_greedy": base["greedy"].ms / r.ms if r.ms else float("nan"),
-            "speedup_vs_model": base["model-only"].ms / r.ms if r.ms else float("nan")}
+            "speedup_vs_model": base["model-only"].ms / r.ms if r.ms else float("nan"),
+            "speedup_vs_cache": base["cache-only"].ms / r.ms if r.ms else float("nan")}
+
+
+REQUEST_BOOTSTRAP = 200  # request-level resamples behind each replay row's interval
+CI_METRICS = ("cycles_per_1000", "speedup_vs_greedy", "speedup_vs_model", "speedup_vs_cache")
 
 
 def replay_hvd(requests: list[HVDRequest], predictions: dict[str, list[np.ndarray]], k: int,
-               costs: CostTable, taus: tuple[float, ...] = TAUS) -> list[dict]:
+               costs: CostTable, taus: tuple[float, ...] = TAUS, *, bootstrap: int = 0, seed: int = 0) -> list[dict]:
     """Rows per policy and group (``all`` and each workload). ``predictions[name][i]`` is the
-    predicted yield at every position of ``requests[i]``."""
+    predicted yield at every position of ``requests[i]``. ``bootstrap``: add ``request_ci95`` to
+    every row, the 2.5 and 97.5 percentiles of its cycles per 1000 tokens and of its speed-ups over
+    greedy, model-only and cache-only over that many resamples of the group's requests (with
+    replacement; every policy of a group priced on the same resample, so a ratio's two sides move
+    together)."""
     groups = {"all": list(range(len(requests)))}
     for i, r in enumerate(requests):
         groups.setdefault(r.workload, []).append(i)
-    rows = []
-    for g, idx in groups.items():
-        def total(fn, idx=idx):
-            acc = WalkResult()
-            for i in idx:
-                acc += fn(i)
-            return acc
+    n_of = [r.draft_len.size for r in requests]
+    # policy -> (row extras, per request: cycles, tokens, ms, and its cache cycles)
+    policies: dict[str, tuple[dict, np.ndarray, np.ndarray]] = {}
 
-        base = {"greedy": total(lambda i: walk(requests[i], None, k, costs, consult=False)),
-                "model-only": total(lambda i: walk(requests[i], np.zeros(requests[i].draft_len.size, bool),
-                                                   k, costs, consult=False))}
-        rows.append(_row("greedy", g, base["greedy"], base))
-        rows.append(_row("model-only", g, base["model-only"], base))
-        cache_only = total(lambda i: walk(requests[i], np.ones(requests[i].draft_len.size, bool), k, costs,
-                                          consult=True))
-        rows.append(_row("cache-only", g, cache_only, base))
-        for name, preds in predictions.items():
-            for tau in taus:
-                r = total(lambda i, tau=tau, preds=preds: walk(
-                    requests[i], preds[i] > tau, k, costs, consult=tau < math.inf))
-                rows.append(_row(f"hvd {name} tau={tau:g}", g, r, base, predictor=name, tau=tau))
-        rows.append(_row("oracle-switch", g, total(lambda i: oracle_walk(requests[i], k, costs)), base))
+    def add(name, fn, **extra):
+        walks = [fn(i, r) for i, r in enumerate(requests)]
+        policies[name] = (extra, np.array([(w.cycles, w.tokens, w.ms) for w in walks], dtype=np.float64).reshape(-1, 3),
+                          np.array([w.cache_cycles for w in walks], dtype=np.float64))
+
+    add("greedy", lambda i, r: walk(r, None, k, costs, consult=False))
+    add("model-only", lambda i, r: walk(r, np.zeros(n_of[i], bool), k, costs, consult=False))
+    add("cache-only", lambda i, r: walk(r, np.ones(n_of[i], bool), k, costs, consult=True))
+    for name, preds in predictions.items():
+        for tau in taus:
+            add(f"hvd {name} tau={tau:g}", lambda i, r, tau=tau, preds=preds: walk(
+                r, preds[i] > tau, k, costs, consult=tau < math.inf), predictor=name, tau=tau)
+    add("oracle-switch", lambda i, r: oracle_walk(r, k, costs))
+    rows = []
+    rng = np.random.default_rng(seed)
+    for g, idx in groups.items():
+        idx = np.asarray(idx)
+        base = {}
+        for name in ("greedy", "model-only", "cache-only"):
+            _, arr, cc = policies[name]
+            base[name] = _sum(arr[idx], cc[idx])
+        draws = rng.integers(0, idx.size, size=(bootstrap, idx.size)) if bootstrap and idx.size else None
+        base_ms = {n: policies[n][1][idx][draws][..., 2].sum(1) for n in base} if draws is not None else {}
+        for name, (extra, arr, cc) in policies.items():
+            row = _row(name, g, _sum(arr[idx], cc[idx]), base, **extra)
+            if draws is not None:
+                row["request_ci95"] = _request_ci(arr[idx][draws].sum(1), base_ms)
+            rows.append(row)
     return rows
+
+
+def _sum(arr: np.ndarray, cache_cycles: np.ndarray) -> WalkResult:
+    return WalkResult(cycles=int(arr[:, 0].sum()), tokens=int(arr[:, 1].sum()), ms=float(arr[:, 2].sum()),
+                      cache_cycles=int(cache_cycles.sum()))
+
+
+def _request_ci(sums: np.ndarray, base_ms: dict[str, np.ndarray]) -> dict[str, list[float]]:
+    """``sums``: (resamples, 3) cycles, tokens, ms of one policy; ``base_ms``: the single sources'
+    ms on the same resamples."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ms = np.where(sums[:, 2] > 0, sums[:, 2], np.nan)
+        vals = {"cycles_per_1000": 1000.0 * sums[:, 0] / np.maximum(sums[:, 1], 1),
+                "speedup_vs_greedy": base_ms["greedy"] / ms, "speedup_vs_model": base_ms["model-only"] / ms,
+                "speedup_vs_cache": base_ms["cache-only"] / ms}
+    out = {}
+    for m, v in vals.items():
+        v = v[np.isfinite(v)]
+        if v.size:
+            out[m] = [float(np.percentile(v, 2.5)), float(np.percentile(v, 97.5))]
+    return out
 
 
 def cost_intervals(requests: list[HVDRequest], predictions: dict[str, list[np.ndarray]], k: int, costs: CostTable,
                    taus: tuple[float, ...], rows: list[dict]) -> int:
     """Add ``cost_ci95`` to each row of :func:`replay_hvd`: the 2.5 and 97.5 percentiles of its
-    speed-ups against greedy decoding and against model-only drafting over replays on the cost
+    speed-ups against greedy decoding, model-only and cache-only drafting over replays on the cost
     model's bootstrap refits (``CostTable.replicates``; each refit prices both sides of a ratio).
     Returns how many refits were replayed (0: the table keeps none)."""
     reps = costs.replicates()
@@ -160,11 +200,11 @@ def cost_intervals(requests: list[HVDRequest], predictions: dict[str, list[np.nd
     draws: dict[tuple, list[float]] = {}
     for rep in reps:
         for r in replay_hvd(requests, predictions, k, rep, taus):
-            for m in ("speedup_vs_greedy", "speedup_vs_model"):
+            for m in ("speedup_vs_greedy", "speedup_vs_model", "speedup_vs_cache"):
                 draws.setdefault((r["policy"], r["group"], m), []).append(r[m])
     for r in rows:
         ci = {}
-        for m in ("speedup_vs_greedy", "speedup_vs_model"):
+        for m in ("speedup_vs_greedy", "speedup_vs_model", "speedup_vs_cache"):
             v = draws.get((r["policy"], r["group"], m))
             if v is not None and np.isfinite(v).all():
                 ci[m] = [float(np.percentile(v, 2.5)), float(np.percentile(v, 97.5))]
@@ -185,5 +225,6 @@ def best_tau(rows: list[dict]) -> list[dict]:
             out[key] = r
     return [{"predictor": p, "group": g, "tau": r["tau"], "cycles_per_1000": r["cycles_per_1000"],
              "speedup_vs_greedy": r["speedup_vs_greedy"], "speedup_vs_model": r["speedup_vs_model"],
-             "cache_share": r["cache_share"], **({"cost_ci95": r["cost_ci95"]} if r.get("cost_ci95") else {})}
+             "speedup_vs_cache": r["speedup_vs_cache"], "cache_share": r["cache_share"],
+             **{c: r[c] for c in ("cost_ci95", "request_ci95") if r.get(c)}}
             for (p, g), r in out.items()]

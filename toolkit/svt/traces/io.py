@@ -16,6 +16,7 @@ from svt.errors import ConfigError, DataError, SchemaError, SvtError
 from svt.fileio import atomic_path, json_text, parse_json, write_text_atomic
 from svt.traces.derived import check_derived, row_checks
 from svt.traces.schema import SCHEMA_VERSION, TABLES, TableSchema, get_table
+from svt.traces.values import BAD_VALUE, common_checks, table_checks, tree_structure
 
 RUN_META = "run.json"
 SHARD_RE = re.compile(r"part-(\d{5})\.parquet")
@@ -172,107 +173,22 @@ def check_optional_alike(files: list[Path], spec: TableSchema) -> None:
 
 
 def check_shard_values(path: Path, spec: TableSchema, lacks: frozenset[str] = frozenset()) -> None:
-    """Nulls where not allowed, NaN or out-of-range probabilities, labels outside {0, 1}. ``lacks``:
-    columns the run's source does not carry (an imported trace; run.json says which): all null."""
+    """Nulls where not allowed, NaN or out-of-range probabilities, labels outside {0, 1}, and each
+    table's own bounds (``svt.traces.values``). ``lacks``: columns the run's source does not carry
+    (an imported trace; run.json says which): all null."""
     lf = pl.scan_parquet(path)
     names = lf.collect_schema().names()
-    checks = []
-    for col in spec.columns:
-        if col in lacks:
-            checks.append(pl.col(col).is_not_null().sum().alias(f"lack:{col}"))
-        elif col not in spec.nullable:
-            checks.append(pl.col(col).null_count().alias(f"null:{col}"))
-    for col in spec.probabilities:
-        if col in spec.optional and col not in names:
-            continue
-        bad = pl.col(col).is_nan() | (pl.col(col) < 0) | (pl.col(col) > 1)
-        checks.append(bad.sum().alias(f"prob:{col}"))
-    if spec.name == "drafts":
-        checks.append((~pl.col("label").is_in([0, 1])).sum().alias("label:label"))
-        checks.append((pl.col("q_entropy").is_nan() | (pl.col("q_entropy") < 0)).sum().alias("nonneg:q_entropy"))
-        checks.append((pl.col("position") < 0).sum().alias("nonneg:position"))
-        for col in ("p_sampled", "p_max", "accept_prob", "accept_prob_expected"):  # null: trimmed before verifying
-            if col not in lacks:
-                checks.append((pl.col(col).is_null() & pl.col("label").is_not_null()).sum().alias(f"pnull:{col}"))
-    if spec.name == "cache_trees":
-        checks.append((~pl.col("label").is_in([0, 1])).sum().alias("label:label"))
-        for col in ("depth", "node", "decode_pos", "match_len"):
-            checks.append((pl.col(col) < 0).sum().alias(f"nonneg:{col}"))
-        checks.append((pl.col("node") <= pl.col("parent")).sum().alias("tree:parent"))
-        for col in ("score", "lookup_ms"):
-            checks.append((~pl.col(col).is_finite() | (pl.col(col) < 0)).sum().alias(f"nonneg:{col}"))
-    if spec.name == "tree_drafts":
-        for col in ("label", "match"):
-            checks.append((~pl.col(col).is_in([0, 1])).sum().alias(f"label:{col}"))
-        for col in ("depth", "rank", "node"):
-            checks.append((pl.col(col) < 0).sum().alias(f"nonneg:{col}"))
-        checks.append((pl.col("parent") >= pl.col("node")).sum().alias("tree:parent"))
-        checks.append((pl.col("q_entropy").is_nan() | (pl.col("q_entropy") < 0)).sum().alias("nonneg:q_entropy"))
-    if spec.name == "schedule":
-        for col in ("prefill_ms", "draft_ms", "verify_ms", "step_ms"):
-            checks.append((~pl.col(col).is_finite() | (pl.col(col) < 0)).sum().alias(f"nonneg:{col}"))
-        checks.append((pl.col("batch_size") < 1).sum().alias("sched:batch_size"))
-        checks.append((pl.col("verify_tokens") < pl.col("batch_size")).sum().alias("sched:verify_tokens"))
-        for col in ("admitted", "draft_passes", "emitted"):
-            checks.append((pl.col(col) < 0).sum().alias(f"sched:{col}"))
-        if "forward_ms" in names:  # the time inside a step's forwards: within the step
-            checks.append((~pl.col("forward_ms").is_finite() | (pl.col("forward_ms") < 0)
-                           | (pl.col("forward_ms") > pl.col("step_ms"))).sum().alias("sched:forward_ms"))
-    if spec.name == "cache_drafts":
-        checks.append((pl.col("draft_len") != pl.col("draft_ids").list.len()).sum().alias("len:draft_len"))
-        checks.append(((pl.col("oracle_accepted") < 0) | (pl.col("oracle_accepted") > pl.col("draft_len")))
-                      .sum().alias("yield:oracle_accepted"))
-        for col in ("model_accepted", "match_len", "decode_pos", "context_len", "prev_draft_len", "prev_match_len"):
-            checks.append((pl.col(col) < 0).sum().alias(f"nonneg:{col}"))
-        for col in ("score", "lookup_ms", "hist_yield_mean", "hist_yield_max"):
-            checks.append((~pl.col(col).is_finite() | (pl.col(col) < 0)).sum().alias(f"nonneg:{col}"))
+    checks = common_checks(spec, names, lacks) + table_checks(spec.name, names, lacks)
     derived = {f"derived:{col}": what for col, _, what in row_checks(spec.name)}
     checks += [expr.alias(f"derived:{col}") for col, expr, _ in row_checks(spec.name)]
     row = lf.select(checks).collect().row(0, named=True)
     if spec.name in ("tree_drafts", "cache_trees") and not any(row.values()):
         row = tree_structure(lf, ("request", "step") if spec.name == "tree_drafts" else ("request", "decode_pos"))
     for key, n in row.items():
-        if not n:
-            continue
-        kind, col = key.split(":", 1)
-        what = {
-            "null": "null, which this column does not allow",
-            "prob": "NaN or outside [0, 1]",
-            "label": "a label other than 0, 1 or null",
-            "nonneg": "NaN, infinite or negative",
-            "len": "a value other than the length of `draft_ids`",
-            "yield": "a value outside [0, draft_len]",
-            "tree": "a parent that is not an earlier node of its tree",
-            "nodes": "nodes not numbered 0, 1, ... within their tree (a row missing or repeated)",
-            "depth": "a depth other than its parent's + 1",
-            "path": "labels that are not one accepted path (two accepted siblings, or a label below a node "
-                    "that was not accepted)",
-            "lack": "values, but run.json says the run's source lacks this column",
-            "sched": "a value no engine step has (a batch below 1 row, fewer verified positions than rows, a "
-                     "negative count)",
-            "pnull": "nulls on verified drafts (null is for drafts live AV trimmed before the target saw them)",
-            "derived": derived.get(key, ""),
-        }[kind]
-        raise SchemaError(f"{path}: column `{col}` has {n} bad value(s): {what}.")
-
-
-def tree_structure(lf: pl.LazyFrame, key: tuple[str, ...] = ("request", "step")) -> dict[str, int]:
-    """Counts of the tree rows (``tree_drafts``, or ``cache_trees`` keyed by decode position) that
-    break the tree's structure, by check: nodes numbered 0, 1, ... in each tree, depth = the
-    parent's + 1, and the labels one path from the root (a node is tried only under an accepted
-    parent, and at most one child of a node is accepted)."""
-    step = list(key)
-    f = lf.select(*step, "node", "parent", "depth", "label").collect()
-    par = f.select(*step, pl.col("node").alias("parent"), pl.col("depth").alias("_pd"),
-                   pl.col("label").alias("_pl"))
-    j = f.join(par, on=[*step, "parent"], how="left")
-    kid = j.filter(pl.col("parent") >= 0)
-    accepted_siblings = f.filter(pl.col("label") == 1).group_by(*step, "parent").len().filter(pl.col("len") > 1)
-    return {"nodes:node": f.select((pl.col("node") != pl.int_range(pl.len()).over(step, order_by="node")).sum()).item(),
-            "depth:depth": kid.select((pl.col("_pd").is_null() | (pl.col("depth") != pl.col("_pd") + 1)).sum()).item()
-            + f.select(((pl.col("parent") < 0) & (pl.col("depth") != 0)).sum()).item(),
-            "path:label": kid.select((pl.col("label").is_not_null() & (pl.col("_pl") != 1).fill_null(True)).sum()).item()
-            + accepted_siblings.height}
+        if n:
+            kind, col = key.split(":", 1)
+            what = derived.get(key, "") if kind == "derived" else BAD_VALUE[kind]
+            raise SchemaError(f"{path}: column `{col}` has {n} bad value(s): {what}.")
 
 
 @dataclass
