@@ -6,7 +6,10 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-torch.set_num_threads(2)
+# under pytest-xdist (make test: one worker per core) each worker keeps to one core: two workers of
+# two threads each oversubscribe a 2-core machine, and torch's spinning threads then slow every step
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, (os.cpu_count() or 2) // WORKERS))
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = Path(os.environ.get("SVT_TEST_MODELS", ROOT / "data" / "models"))
@@ -56,10 +59,12 @@ def greedy_run(tmp_path_factory, models_dir):
 
 
 def reseal(run_dir) -> None:
-    """Record the current shards in run.json, as a foreign writer that wrote them would: lets a test
-    reach the value checks behind the shard records."""
+    """Record the current shards in run.json (and its row counts), as a foreign writer that wrote them
+    would: lets a test reach the value checks behind the shard records."""
     from svt.traces.io import list_shards, read_meta, record_shards, write_meta
     from svt.traces.schema import TABLES
+
+    import polars as pl
 
     meta = read_meta(run_dir)
     meta["shards"] = {}
@@ -67,6 +72,8 @@ def reseal(run_dir) -> None:
         files = list_shards(run_dir, t)
         if files:
             record_shards(meta, t, files)
+            if t in (meta.get("counts") or {}):  # and the counts, as a careful editor would
+                meta["counts"][t] = sum(pl.scan_parquet(f).select(pl.len()).collect().item() for f in files)
     write_meta(run_dir, meta)
 
 

@@ -321,3 +321,41 @@ def test_features_reading_columns_an_import_lacks_are_left_out_as_on_one_machine
         assert got["features_not_computed"] == ref["features_not_computed"]
         assert set(got["length_calibration"]) == set(ref["length_calibration"])
         _equal_tables(got["features"], ref["features"])
+
+
+def test_a_port_that_answers_but_is_no_dask_scheduler_is_refused_quickly(small_run, tmp_path):
+    """An HTTP server's port: dask's own handshake waited on it without end (killed after 400 s).
+    One clear error within the handshake bound; a real scheduler's address passes the probe."""
+    import http.server
+    import threading
+    import time
+
+    from distributed import LocalCluster
+
+    from svt.distributed.engines.dask_engine import HANDSHAKE_S, probe_scheduler
+
+    srv = http.server.HTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        t0 = time.monotonic()
+        r = CliRunner().invoke(app, ["evaluate", str(small_run), "--out", str(tmp_path / "r"), "--cluster",
+                                     f"tcp://127.0.0.1:{srv.server_address[1]}"])
+        assert time.monotonic() - t0 < 15
+        assert r.exit_code != 0 and "is not a dask scheduler" in r.output and "Traceback" not in r.output
+    finally:
+        srv.shutdown()
+    with LocalCluster(n_workers=0, processes=False, protocol="tcp://", dashboard_address=None) as cluster:
+        t0 = time.monotonic()
+        probe_scheduler(cluster.scheduler_address)
+        assert time.monotonic() - t0 < HANDSHAKE_S
+
+
+def test_a_local_cluster_far_above_the_cores_is_refused():
+    import os
+
+    from svt.distributed.engines.base import MAX_WORKERS_PER_CORE, parse_cluster
+
+    most = MAX_WORKERS_PER_CORE * (os.cpu_count() or 1)
+    assert parse_cluster(f"local:{most}") == (most, None)
+    with pytest.raises(ConfigError, match="worker processes on a machine with"):
+        parse_cluster(f"local:{most + 1}")

@@ -176,6 +176,53 @@ def test_hvd_tables_say_they_cover_the_held_out_requests(greedy_run, tmp_path):
     assert md.read_text().count(f"**Covers the {n} requests every yield fit held out") == 2
 
 
+def test_a_yield_fit_knows_which_reference_run_it_saw(ref_run, models_dir, tmp_path):
+    """A reference run writes an empty drafts table, so an identity of the drafts is the same for
+    every reference run: a fit of one was taken for a fit of any other, whose requests it then
+    skipped by the first run's request ids. The identity is of the cache drafts the fit read: a run
+    of other text is scored whole, an identical re-collection under another id is still known."""
+    import shutil
+
+    from svt.collect.reference_run import collect_reference
+    from svt.config import load_collect_config
+    from svt.fit import fit_runs
+    from svt.traces.io import read_meta, write_meta
+
+    fit = fit_runs([ref_run], "yield-linear", test_fraction=0.5, seed=0)
+    assert fit.training_["runs"][0]["data"]["table"] == "cache_drafts"
+    assert fit.training_["runs"][0]["data"]["rows"] > 0
+    fit.save(tmp_path / "y.json")
+    cfg = load_collect_config(None, base={
+        "engine": "reference", "target": str(models_dir / "target"), "stand_in": {"rate": 0.6},
+        "workloads": [str(ROOT / "data" / "workloads" / "toolcalls.jsonl")], "requests": 6, "batch_size": 6,
+        "max_new_tokens": 40, "k": 5, "temperature": 0, "cache": True, "max_prompt_tokens": 256, "seed": 3})
+    other = tmp_path / "other"
+    collect_reference(cfg, other, progress=False)
+    rep = evaluate([other], EvaluateOptions(costs=COSTS, fits=[str(tmp_path / "y.json")]))
+    assert rep["yield"]["coverage"] == rep["hvd"]["coverage"] == "all 6 requests"
+    again = tmp_path / "again"  # the training run's data under another run id: its training requests are known
+    shutil.copytree(ref_run, again)
+    meta = read_meta(again)
+    meta["run_id"] = "a-re-collection"
+    write_meta(again, meta)
+    rep = evaluate([again], EvaluateOptions(costs=COSTS, fits=[str(tmp_path / "y.json")]))
+    assert rep["yield"]["requests"] == 18 - fit.training_["train_requests"]
+    # the run's identity without a fit's table (the cluster's reading): of the rows it has
+    from svt.traces.identity import data_identity, identity_table, run_identity
+    from svt.traces.io import open_run
+
+    assert identity_table(open_run(other, deep=False)) == "cache_drafts"
+    assert run_identity(open_run(other, deep=False))["rows"] > 0
+    # a fit written before this was known recorded the empty drafts' identity: it identifies nothing
+    old = json.loads((tmp_path / "y.json").read_text())
+    old["training"]["runs"][0]["data"] = {"table": "drafts",
+                                          **data_identity(open_run(other, deep=False).parts("drafts"))}
+    assert old["training"]["runs"][0]["data"]["rows"] == 0
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    rep = evaluate([other], EvaluateOptions(costs=COSTS, fits=[str(tmp_path / "old.json")]))
+    assert rep["yield"]["coverage"] == "all 6 requests"
+
+
 def test_reference_run_of_other_prompts_is_refused(greedy_run, ref_run):
     from svt.report.reference import realism_section
 

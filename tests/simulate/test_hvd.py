@@ -99,21 +99,26 @@ def test_request_intervals_are_replays_of_resampled_requests():
     reqs = _random_requests(rng, n=9)
     preds = {"p": [np.where(r.draft_len > 0, rng.random(r.draft_len.size) * 8, 0.0) for r in reqs]}
     rows = replay_hvd(reqs, preds, 3, COSTS, (0.0, 2.0), bootstrap=40, seed=7)
-    draws = np.random.default_rng(7).integers(0, len(reqs), size=(40, len(reqs)))  # group "all" draws first
+    rng = np.random.default_rng(7)  # the groups draw in order: "all", then each workload as first seen
+    members = {"all": list(range(len(reqs)))}
+    for i, r in enumerate(reqs):
+        members.setdefault(r.workload, []).append(i)
     ref: dict = {}
-    for d in draws:
-        for r in replay_hvd([reqs[j] for j in d], {"p": [preds["p"][j] for j in d]}, 3, COSTS, (0.0, 2.0)):
-            if r["group"] == "all":
-                for m in ("cycles_per_1000", "speedup_vs_greedy", "speedup_vs_model", "speedup_vs_cache"):
-                    ref.setdefault((r["policy"], m), []).append(r[m])
+    for g, idx in members.items():
+        for d in rng.integers(0, len(idx), size=(40, len(idx))):
+            picked = [idx[j] for j in d]
+            for r in replay_hvd([reqs[j] for j in picked], {"p": [preds["p"][j] for j in picked]}, 3, COSTS,
+                                (0.0, 2.0)):
+                if r["group"] == "all":  # the whole resample (of one workload's requests, for a workload)
+                    for m in ("cycles_per_1000", "speedup_vs_greedy", "speedup_vs_model", "speedup_vs_cache"):
+                        ref.setdefault((g, r["policy"], m), []).append(r[m])
     seen = 0
     for r in rows:
-        if r["group"] != "all":
-            continue
         for m, (lo, hi) in r["request_ci95"].items():
-            assert [lo, hi] == pytest.approx(list(np.percentile(ref[(r["policy"], m)], [2.5, 97.5])), rel=1e-9)
+            want = ref[(r["group"], r["policy"], m)]
+            assert [lo, hi] == pytest.approx(list(np.percentile(want, [2.5, 97.5])), rel=1e-9)
             seen += 1
-    assert seen == 6 * 4  # greedy, model-only, cache-only, two τ and the oracle switch: every metric
+    assert seen == 3 * 6 * 4  # 3 groups x (greedy, model-only, cache-only, two τ, the oracle switch) x 4 metrics
     assert all("request_ci95" not in r for r in replay_hvd(reqs, preds, 3, COSTS, (0.0,)))  # opt-in
     one = replay_hvd(reqs[:1], {"p": preds["p"][:1]}, 3, COSTS, (0.0,), bootstrap=REQUEST_BOOTSTRAP)
     for r in one:

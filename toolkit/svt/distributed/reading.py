@@ -35,7 +35,7 @@ def check_unit(unit: dict, meta: dict, lacks: dict, shas: dict, requests: list[s
         req = pl.concat([scan_shard(f, "requests") for f in requests]) if requests else None
         problem = part_problem(meta, set(lacks.get("drafts", [])), parts, req)
     top = parts["drafts"].select(pl.col("position").max()).collect().item() if "drafts" in parts else None
-    ident = Identity()
+    ident = Identity(identity_table)
     if identity_table in parts:
         ident.add(parts[identity_table])
     return {"problem": problem, "top": top, "identity": ident}
@@ -69,7 +69,9 @@ class RunCheck:
         names = {t: [f.name for f in fs] for t, fs in run.shards.items()}
         derived = not run.has("steps") or names.get(chain, []) == names["steps"]
         requests = [str(f) for f in run.shards.get("requests", [])] or None
-        ident_table = "drafts" if run.has("drafts") else ("cache_drafts" if run.has("cache_drafts") else None)
+        from svt.traces.identity import identity_table
+
+        ident_table = identity_table(run)
         return cls(path, run, units, (run.meta, lacks, shas, requests, derived, ident_table))
 
     def task(self, name: str) -> tuple:
@@ -92,10 +94,10 @@ class RunCheck:
         # looks wrong in each): the cross-table checks read the tables whole, as on one machine
         if not self.args[4] or any(g["problem"] for g in got.values()):
             check_derived(self.run)
-        identity = Identity()
+        identity = Identity(self.args[5])
         for name in sorted(got):
             identity.merge(got[name]["identity"])
-        return {"table": self.args[5] or "cache_drafts", **identity.result()}
+        return {"table": self.args[5], **identity.result()}
 
 
 def run_check(task: tuple) -> dict:

@@ -379,7 +379,7 @@ def fit_prepared(runs, cls, est, test_fraction: float, seed: int, where, trainin
         return est
     if any("data" not in info for info in t.infos):  # (a cluster's training step reads it on the workers)
         for info, run in zip(t.infos, open_runs(runs), strict=True):  # a re-collection is recognised by its data
-            info["data"] = run_identity(run)
+            info["data"] = run_identity(run, cls.table)
     ids = t.requests.unique().sort("_run", "request")
     est.training_ = {"runs": t.infos, "rows": t.rows, "k": t.k, "test_fraction": test_fraction, "split_seed": seed,
                      "train_requests": ids.height,

@@ -31,6 +31,7 @@ from svt.traces.identity import (
     import_source,
     model_pair,
     request_signatures,
+    identifies,
     run_identity,
     same_data,
 )
@@ -73,9 +74,18 @@ def _seen(fit: Fitter, run_ids: list, paths: list | None) -> list[tuple[int | No
             if src is not None:
                 hit = next((j for j, t in enumerate(trained) if t.get("run_id") == src[0]), None)
                 requests = src[1] if hit is not None else None
-            if hit is None and any(isinstance(t.get("data"), dict) for t in trained):
-                ident = run_identity(run)
-                hit = next((j for j, t in enumerate(trained) if same_data(t.get("data"), ident)[0]), None)
+            if hit is None:  # an identical re-collection: the same rows in the table the fit read
+                idents: dict = {}
+                for j, t in enumerate(trained):
+                    data = t.get("data")
+                    if not identifies(data):  # an identity of no rows (an empty drafts table) identifies nothing
+                        continue
+                    table = data.get("table") or "drafts"
+                    if table not in idents:
+                        idents[table] = run_identity(run, table)
+                    if idents[table]["table"] == table and same_data(data, idents[table])[0]:
+                        hit = j
+                        break
         out.append((hit, requests))
     return out
 

@@ -29,6 +29,7 @@ from pathlib import Path
 import polars as pl
 
 from svt.errors import SchemaError
+from svt.traces.whole import schedule_problem, steps_problem
 
 # float32 values computed from one distribution: a bound may be met exactly, never passed by more
 # than rounding
@@ -39,14 +40,27 @@ def _above(a: str, b: str) -> pl.Expr:
     return (pl.col(a) > pl.col(b) * (1 + _REL) + _ABS).sum()
 
 
+_ENTROPY_WHAT = ("below -ln `q_max` (a distribution whose largest probability is q has entropy at least "
+                 "-ln q)")
+
+
+def _entropy_below_bound() -> pl.Expr:
+    """Rows whose entropy is below -ln q_max, beyond float32 rounding of both."""
+    bound = -pl.col("q_max").cast(pl.Float64).log()
+    return (pl.col("q_entropy").cast(pl.Float64) < bound * (1 - 1e-4) - 1e-4).sum()
+
+
 def row_checks(table: str) -> list[tuple[str, pl.Expr, str]]:
     """(column, count of rows breaking it, what is wrong) for the within-row checks of ``table``."""
     if table == "drafts":
         return [("q_sampled", _above("q_sampled", "q_max"), "above `q_max` (the largest probability of its distribution)"),
-                ("q_margin", _above("q_margin", "q_max"), "above `q_max` (a margin below the largest probability)"),
+                ("q_entropy", _entropy_below_bound(), _ENTROPY_WHAT),
+                ("q_margin", _above("q_margin", "q_max") + (pl.col("q_margin") < 0).sum(),
+                 "negative or above `q_max` (a margin is `q_max` minus the second largest probability)"),
                 ("p_sampled", _above("p_sampled", "p_max"), "above `p_max` (the largest probability of its distribution)")]
     if table == "tree_drafts":
         return [("q_token", _above("q_token", "q_max"), "above `q_max` (the largest probability of its distribution)"),
+                ("q_entropy", _entropy_below_bound(), _ENTROPY_WHAT),
                 ("path_prob", _above("path_prob", "q_token"), "above `q_token` (a path's probability is the product "
                                                               "of its nodes' `q_token`)")]
     if table == "steps":
@@ -197,6 +211,18 @@ def check_derived(run) -> None:
         found = _path_problem(run.scan("tree_drafts"))
     if found:
         raise SchemaError(f"{Path(run.path)}: {found}.")
+    _check_pairs(run, meta, greedy)
+    found = None
+    if run.has("steps"):  # after the drafts and steps agree step by step: the steps as a whole
+        found = steps_problem(meta, run.scan("steps"), run.scan("requests") if run.has("requests") else None)
+    if not found and run.has("schedule"):
+        found = schedule_problem(meta, run.scan("schedule"))
+    if found:
+        raise SchemaError(f"{Path(run.path)}: {found}.")
+
+
+def _check_pairs(run, meta: dict, greedy: bool | None) -> None:
+    """The drafts (or tree nodes) of each step against its steps row."""
     if not run.has("steps"):
         return
     if isinstance(meta.get("tree"), dict):
@@ -240,10 +266,17 @@ def part_problem(meta: dict, lacks: set, parts: dict[str, pl.LazyFrame], request
         found = _acceptance_problem(parts["drafts"], greedy)
     if not found and "tree_drafts" in parts:
         found = _path_problem(parts["tree_drafts"])
-    if found or "steps" not in parts or table not in parts or (table == "drafts" and "label" in lacks):
+    if found:
         return found
-    if table == "tree_drafts":
-        found = _tree_problem(parts[table], parts["steps"], bool(greedy))
-    else:
-        found = _chain_problem(parts["drafts"], parts["steps"], bool(meta.get("hvd")))
-    return f"the {table} and steps tables disagree: {found}" if found else None
+    if "steps" in parts and table in parts and not (table == "drafts" and "label" in lacks):
+        if table == "tree_drafts":
+            found = _tree_problem(parts[table], parts["steps"], bool(greedy))
+        else:
+            found = _chain_problem(parts["drafts"], parts["steps"], bool(meta.get("hvd")))
+        if found:
+            return f"the {table} and steps tables disagree: {found}"
+    if "steps" in parts:
+        found = steps_problem(meta, parts["steps"], requests)
+    if not found and "schedule" in parts:
+        found = schedule_problem(meta, parts["schedule"])
+    return found

@@ -39,6 +39,13 @@ import polars as pl
 SCORE_TOLERANCE = 1e-4
 STRUCTURE_COLUMNS = ("request", "step", "position", "token", "label")
 SCORE_COLUMNS = ("q_max", "q_sampled", "q_entropy")
+# the columns each table's identity hashes (structure, scores): a yield fit reads cache drafts, whose
+# decode positions, lengths and both sources' yields are what it learned from
+IDENTITY_COLUMNS = {
+    "drafts": (STRUCTURE_COLUMNS, SCORE_COLUMNS),
+    "cache_drafts": (("request", "decode_pos", "draft_len", "match_len", "oracle_accepted", "model_accepted"),
+                     ("score",)),
+}
 N_PROJECTIONS = 8
 _CHUNK = 1 << 20
 _MASK = (1 << 64) - 1
@@ -89,13 +96,14 @@ def _names(part) -> list[str]:
     return part.collect_schema().names() if isinstance(part, pl.LazyFrame) else part.columns
 
 
-def data_identity(parts, *, compiled: bool = True) -> dict:
+def data_identity(parts, *, compiled: bool = True, table: str = "drafts") -> dict:
     """The data identity of a drafts table (frames, lazy or not, read one at a time):
     ``sha256`` (every fingerprinted column, exactly), ``structure_sha256``, ``rows`` and
     ``score_sketch`` (see the module docstring). ``compiled``: hash through the compiled loop
     (`svt.traces.identity_kernel`); ``False`` runs the numpy definition (the reference: the same
-    hashes, sketches equal up to float rounding)."""
-    acc = Identity()
+    hashes, sketches equal up to float rounding). ``table``: which table's columns are hashed
+    (:data:`IDENTITY_COLUMNS`)."""
+    acc = Identity(table)
     for part in _frames(parts):
         acc.add(part, compiled=compiled)
     return acc.result()
@@ -104,7 +112,8 @@ def data_identity(parts, *, compiled: bool = True) -> dict:
 class Identity:
     """The data identity accumulated frame by frame (frames of one table, in any order)."""
 
-    def __init__(self):
+    def __init__(self, table: str = "drafts"):
+        self.table = table
         self.exact, self.structure = _OrderFreeHash(), _OrderFreeHash()
         self.sketch: dict[str, np.ndarray] = {}
         self.s_cols = self.p_cols = None
@@ -116,8 +125,9 @@ class Identity:
     def columns_of(self, names: list[str]) -> list[str]:
         """The columns hashed, from a frame's column names (fixed by the first frame)."""
         if self.s_cols is None:
-            self.s_cols = [c for c in STRUCTURE_COLUMNS if c in names]
-            self.p_cols = [c for c in SCORE_COLUMNS if c in names]
+            structure, scores = IDENTITY_COLUMNS[self.table]
+            self.s_cols = [c for c in structure if c in names]
+            self.p_cols = [c for c in scores if c in names]
             self.sketch = {c: np.zeros(N_PROJECTIONS) for c in self.p_cols}
         return self.columns
 
@@ -162,7 +172,7 @@ class Identity:
     def _native(self, frame: pl.DataFrame) -> bool:
         """Whether the compiled loop can read the columns where they are: all five structure columns,
         integers, and float score columns (else each column is copied into uint64 bit patterns)."""
-        return (self.s_cols == list(STRUCTURE_COLUMNS) and all(frame.schema[c].is_integer() for c in self.s_cols)
+        return (self.table == "drafts" and self.s_cols == list(STRUCTURE_COLUMNS) and all(frame.schema[c].is_integer() for c in self.s_cols)
                 and all(frame.schema[c].is_float() for c in self.p_cols))
 
     def _add_native(self, frame: pl.DataFrame) -> None:
@@ -302,11 +312,28 @@ def same_data(a: dict | None, b: dict | None, tolerance: float = SCORE_TOLERANCE
                    f"draft (over the float tolerance {tolerance:g}): treated as different draws")
 
 
-def run_identity(run) -> dict:
-    """The data identity of an opened run (:class:`svt.traces.io.Run`): of its drafts, or of its
-    cache drafts when it has no model drafts (a reference run)."""
-    table = "drafts" if run.has("drafts") else "cache_drafts"
-    return {"table": table, **data_identity(run.parts(table) if run.has(table) else [])}
+def identity_table(run, prefer: str | None = None) -> str:
+    """The table a run's data identity is taken over: ``prefer`` (the table a fit read) where the run
+    has rows in it, else its drafts where it has any, else its cache drafts. By rows, not by shards:
+    a reference or stand-in run writes an empty drafts shard, and an identity of no rows is the
+    identity of every such run."""
+    for table in (prefer, "drafts", "cache_drafts"):
+        if table in IDENTITY_COLUMNS and run.has(table) and run.rows(table) > 0:
+            return table
+    return prefer if prefer in IDENTITY_COLUMNS else "drafts"
+
+
+def run_identity(run, table: str | None = None) -> dict:
+    """The data identity of an opened run (:class:`svt.traces.io.Run`) over
+    :func:`identity_table`'s table (``table``: the one a fit read, where the run has rows in it)."""
+    table = identity_table(run, table)
+    return {"table": table, **data_identity(run.parts(table) if run.has(table) else [], table=table)}
+
+
+def identifies(record: dict | None) -> bool:
+    """Whether a recorded data identity can identify a run: it has rows (no rows match every empty run)."""
+    rows = record.get("rows") if isinstance(record, dict) else None
+    return isinstance(rows, int) and not isinstance(rows, bool) and rows > 0
 
 
 def run_record(path, run) -> dict:

@@ -17,6 +17,7 @@ from svt.fileio import atomic_path, json_text, parse_json, write_text_atomic
 from svt.traces.derived import check_derived, row_checks
 from svt.traces.schema import SCHEMA_VERSION, TABLES, TableSchema, get_table
 from svt.traces.values import BAD_VALUE, common_checks, table_checks, tree_structure
+from svt.traces.whole import check_counts
 
 RUN_META = "run.json"
 SHARD_RE = re.compile(r"part-(\d{5})\.parquet")
@@ -202,6 +203,10 @@ class Run:
     def has(self, table: str) -> bool:
         return bool(self.shards.get(table))
 
+    def rows(self, table: str) -> int:
+        """Rows of ``table`` over its shards (read from the Parquet footers; 0 without shards)."""
+        return sum(_rows(f) for f in self.shards.get(table, []))
+
     def lacks(self, table: str) -> list[str]:
         """Columns of ``table`` the run's source does not carry (null throughout): an imported
         trace's run.json names them (``import.lacks``); a collected run lacks none."""
@@ -322,6 +327,7 @@ def open_run(path: str | Path, *, deep: bool = True, tables: list[str] | None = 
         if deep:
             _check_deep(files, spec, frozenset(run.lacks(name)), recs or {})
         run.shards[name] = files
+    check_counts(run)  # run.json's counts and batches against the tables, on every read
     if deep and "drafts" in run.shards:
         check_top_position(path, meta, run.scan("drafts").select(pl.col("position").max()).collect().item())
     if deep:

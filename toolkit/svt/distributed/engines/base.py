@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from svt.errors import ConfigError
 
 ENGINES: dict[str, type] = {}
@@ -40,6 +42,9 @@ def register(cls: type) -> type:
     return cls
 
 
+MAX_WORKERS_PER_CORE = 4  # a local cluster's workers: more per core only adds processes competing for it
+
+
 def parse_cluster(spec: str) -> tuple[int | None, str | None]:
     """``local:N`` -> (N, None); an address (``tcp://host:port``) -> (None, address)."""
     if spec.startswith("local:"):
@@ -49,6 +54,12 @@ def parse_cluster(spec: str) -> tuple[int | None, str | None]:
             n = 0
         if n < 1:
             raise ConfigError(f"Expected --cluster local:N with N >= 1 workers, but got {spec!r}.")
+        cores = os.cpu_count() or 1
+        if n > MAX_WORKERS_PER_CORE * cores:  # each worker is a process of its own: hundreds would swamp the machine
+            raise ConfigError(f"--cluster {spec}: {n} worker processes on a machine with {cores} cores; a local "
+                              f"cluster takes at most {MAX_WORKERS_PER_CORE * cores} ({MAX_WORKERS_PER_CORE} a core). "
+                              "For more workers, start a scheduler and workers on other machines and pass its "
+                              "address.")
         return n, None
     if "://" not in spec:
         raise ConfigError(f"Expected --cluster local:N or a scheduler address such as tcp://host:8786, but got {spec!r}.")

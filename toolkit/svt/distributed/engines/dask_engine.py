@@ -7,6 +7,41 @@ from svt.distributed.engines.base import Engine, peak_rss_gib, register
 from svt.errors import ConfigError
 
 
+HANDSHAKE_S = 5.0  # a dask scheduler greets a new connection at once; a port silent this long is not one
+
+
+def probe_scheduler(address: str, seconds: float = HANDSHAKE_S) -> None:
+    """Refuse a ``tcp://`` address whose port answers but is not a dask scheduler (an HTTP server, a
+    database), before dask's own handshake, which waits on such a port without end: a scheduler
+    writes its handshake as soon as a connection opens, so one that sends nothing within
+    ``seconds``, or sends text, is something else. Other protocols (tls://, ucx://) go to dask as
+    they are."""
+    import socket
+
+    if not address.startswith("tcp://"):
+        return
+    from distributed.comm.addressing import parse_host_port
+
+    try:
+        host, port = parse_host_port(address.removeprefix("tcp://"))
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"Could not join the dask scheduler at {address}: {exc}.") from None
+    try:
+        with socket.create_connection((host, port), timeout=seconds) as sock:
+            sock.settimeout(seconds)
+            first = sock.recv(16)
+    except TimeoutError:
+        raise ConfigError(f"Could not join the dask scheduler at {address}: the port answers but sent no dask "
+                          f"handshake within {seconds:g} s; it is not a dask scheduler (check the port: "
+                          "`dask scheduler` prints its address).") from None
+    except OSError as exc:
+        raise ConfigError(f"Could not join the dask scheduler at {address}: {exc}.") from None
+    if not first or first[:4] in (b"HTTP", b"SSH-", b"<!DO", b"<htm", b"220 ", b"+OK ", b"-ERR"):
+        what = f"it answered {first[:12]!r}" if first else "it closed the connection"
+        raise ConfigError(f"Could not join the dask scheduler at {address}: {what}, which is not a dask scheduler's "
+                          "handshake (check the port: `dask scheduler` prints its address).")
+
+
 @register
 class DaskEngine(Engine):
     name = "dask"
@@ -28,6 +63,7 @@ class DaskEngine(Engine):
                                          dashboard_address=None, silence_logs=logging.CRITICAL)
             self.client = Client(self._cluster)
         else:
+            probe_scheduler(address)
             try:
                 self.client = Client(address, timeout="10s")
             except (OSError, ValueError, TypeError) as exc:  # unreachable, or an address dask cannot parse
