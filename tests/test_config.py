@@ -51,3 +51,14 @@ def test_bad_set_syntax_and_missing_file(tmp_path):
     (tmp_path / "bad.yaml").write_text("a: [1,\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_collect_config(tmp_path / "bad.yaml")
+
+
+@pytest.mark.parametrize("text", ["", "# only a comment\n"])
+def test_an_empty_config_file_says_it_is_empty(tmp_path, text):
+    """It said "Missing required config key `target`", pointing at a key instead of the file."""
+    from svt.config import load_collect_config
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(text)
+    with pytest.raises(ConfigError, match="the file is empty"):
+        load_collect_config(cfg)

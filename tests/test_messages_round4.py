@@ -59,6 +59,17 @@ def test_a_chain_fit_on_a_tree_run_names_the_run_and_the_model_that_fits_it(tree
     assert not (tmp_path / "f.json").exists()
 
 
+@pytest.mark.parametrize("command", [("evaluate",), ("fit", "--model", "logistic")])
+def test_the_cluster_names_a_tree_run_and_what_reads_it(tree_run, tmp_path, command):
+    """--cluster called a tree run "a reference or cache-only run" (evaluate) and said only "No labelled
+    drafts" (fit): it names the run's kind, and the fit the model that fits it."""
+    r = _cli(*command, tree_run, "--out", tmp_path / ("f.json" if command[0] == "fit" else "o"), "--cluster", "local:1")
+    assert r.exit_code != 0 and f"{tree_run} is a tree run" in r.output, r.output
+    assert "reference or cache-only" not in r.output and "Traceback" not in r.output
+    if command[0] == "fit":
+        assert "tree-logistic" in r.output
+
+
 def test_run_json_says_the_config_chose_path_attention(tree_run):
     att = json.loads((tree_run / "run.json").read_text())["tree"]["attention"]
     assert "chosen by the config" in att["target"] and "takes no tree mask" not in att["target"], att

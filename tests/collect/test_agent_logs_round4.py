@@ -80,6 +80,19 @@ def test_long_heads_are_skipped_and_counted_when_asked(target, tmp_path):
     assert read_meta(tmp_path / "run")["counts"]["requests"] == 2
 
 
+def test_long_heads_are_skipped_before_the_requests_are_picked(target, tmp_path):
+    """`requests: N` with `on_long_head: skip` picked N rows, then skipped the long ones among them
+    (76 of 78 usable rows run for requests: 80): the long rows leave first, then N usable rows run."""
+    rows = _rows(0, 6)
+    rows[0:0] = _rows(3, 0)  # three long rows first: the first rows picked
+    wl = _write(tmp_path, rows)
+    r = _collect(tmp_path, target, wl, on_long_head="skip", requests=4)
+    assert r.exit_code == 0, r.output
+    reading = read_meta(tmp_path / "run")["workload_reading"]
+    assert reading["requests"] == 4 and reading["skipped_long_head"] == {"agent": 3}
+    assert read_meta(tmp_path / "run")["counts"]["requests"] == 4
+
+
 def test_opening_assistant_turns_are_counted_with_turns_all(target, tmp_path):
     wl = _write(tmp_path, _rows(0, 2, opening=2))
     prompts = read_workload(wl, turns="all", counts=(counts := {}))

@@ -148,3 +148,15 @@ def test_drafts_from_a_saved_target_read_its_record_and_refuse_another_sharpenin
     (tmp_path / "training.json").write_text("{}")
     with pytest.raises(SystemExit, match="no target record"):
         saved_target(models_dir / "target", tmp_path, "cpu")
+
+
+@pytest.mark.parametrize("where", ["no-target", "no-record"])
+def test_drafts_from_is_checked_before_the_data_is_prepared(tmp_path, models_dir, monkeypatch, where):
+    """The recipe tokenized 5.6 M tokens (36 s) before saying --drafts-from or its record was missing."""
+    import svt.models.recipe as recipe
+
+    monkeypatch.setattr(recipe, "prepare_data", lambda *a, **k: pytest.fail("the data was prepared first"))
+    target = tmp_path / "nowhere" if where == "no-target" else models_dir / "target"
+    with pytest.raises(SystemExit) as exc:
+        recipe.main(["--out", str(tmp_path), "--drafts-from", str(target)])
+    assert exc.value.code == 2 if where == "no-target" else "holds no target record" in str(exc.value)

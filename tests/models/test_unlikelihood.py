@@ -210,3 +210,16 @@ def test_the_standalone_stage_refuses_a_missing_record_or_target_in_one_line(tmp
     (tmp_path / "training.json").write_text((models_dir / "training.json").read_text())
     with pytest.raises(SystemExit, match="no model.safetensors"):
         ul.main(["--out", str(tmp_path), "--target", str(tmp_path / "nowhere"), "--trial"])
+
+
+@pytest.mark.parametrize("bad, said", [(["--target", "nowhere"], "no model.safetensors"),
+                                       (["--set", "nonsense=1"], "FIELD=VALUE with FIELD one of")])
+def test_each_argument_is_checked_before_any_work(tmp_path, models_dir, monkeypatch, bad, said):
+    """A missing --target or an unknown --set key was reported as "not the pair's training record" (the
+    record is read first) after the data was prepared: each is named, before anything is read."""
+    import svt.models.train_tiny as tt
+
+    monkeypatch.setattr(tt, "prepare_data", lambda *a, **k: pytest.fail("the data was prepared first"))
+    args = ["--out", str(tmp_path), "--target", str(models_dir / "target"), "--trial", *bad]
+    with pytest.raises(SystemExit, match=said):
+        ul.main([a if a != "nowhere" else str(tmp_path / "nowhere") for a in args])

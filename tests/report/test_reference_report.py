@@ -56,6 +56,9 @@ def test_reference_report_has_the_cache_sections_and_says_what_it_lacks(ref_run,
                  "Workloads: 18 requests (prose 6, edit 6, toolcalls 6) from the workloads' 270 prompts (prose 150, edit 60, toolcalls 60); chat turns: prose last"):
         assert text in md
     assert rep["hvd"]["coverage"] == rep["yield"]["coverage"] == "all 18 requests"
+    # the document's checks say which requests each row counts (the two-sided section's scored half)
+    scored = rep["two_sided"]["groups"]["all"]["requests"]
+    assert 0 < scored < 18 and f"on {scored} requests: τ chosen on a seeded half" in md
     # the realism table of a reference run: one text, no columns that only a target run fills
     table = md.split("How far the pair is from the data")[1].split("\n## ")[0]
     assert "| group | requests | text: repeats prompt+text | text: repeats itself | cache yield | top-10% share |" in table

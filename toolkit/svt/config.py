@@ -435,10 +435,13 @@ def load_collect_config(path: str | Path | None, overrides: dict[str, Any] | Non
     data: dict[str, Any] = dict(base or {})
     if path is not None:
         path = Path(path)
-        loaded = read_yaml(path, "Config file") or {}
-        if not isinstance(loaded, dict):
+        loaded = read_yaml(path, "Config file")
+        if loaded is None and not base:
+            raise ConfigError(f"{path}: the file is empty (or only comments); a collect config needs at least "
+                              "`target`, `draft` and `workloads` (see configs/collect/demo.yaml).")
+        if not isinstance(loaded or {}, dict):
             raise ConfigError(f"{path}: expected a YAML mapping at the top level.")
-        data = _merge(data, loaded)
+        data = _merge(data, loaded or {})
     data = _merge(data, absolute_paths(overrides or {}))
     if data.get("cache") is False and data.get("hvd") is not None:
         raise ConfigError("Expected `cache` to be unset, true or a mapping of options when `hvd` is set (live HVD "

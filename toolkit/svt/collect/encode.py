@@ -201,12 +201,34 @@ def _long_heads(long: list[LongHead]) -> ConfigError:
                        "max_prompt_tokens, or set `on_long_head: skip` to leave them out (counted in run.json).")
 
 
+def head_fits(tokenizer, max_prompt_tokens: int, max_new_tokens: int):
+    """The predicate ``load_workloads(keep=...)`` takes under ``on_long_head: skip``: a prompt whose
+    head fits ``max_prompt_tokens``."""
+    def fits(prompt: Prompt) -> bool:
+        try:
+            encode(prompt, tokenizer, max_prompt_tokens, max_new_tokens)
+        except LongHead:
+            return False
+        return True
+    return fits
+
+
+def long_head_filter(cfg, config_path):
+    """``head_fits`` for a collect config under ``on_long_head: skip`` (the target's tokenizer), else None."""
+    if cfg.on_long_head != "skip":
+        return None
+    from svt.config import resolve_path
+    from svt.models.loading import load_tokenizer
+
+    return head_fits(load_tokenizer(resolve_path(cfg.target, config_path)), cfg.max_prompt_tokens, cfg.max_new_tokens)
+
+
 def encode_workloads(workloads: WorkloadSet, tokenizer, max_prompt_tokens: int, max_new_tokens: int,
                      on_long_head: str = "error") -> list[Encoded]:
     """:func:`encode_all` over a collection's prompts. With ``on_long_head: skip`` the prompts whose
     head exceeds ``max_prompt_tokens`` are removed from ``workloads.prompts`` and counted per
     workload in ``workloads.reading["skipped_long_head"]``; the prompts that stay keep their order."""
-    if on_long_head != "skip":
+    if on_long_head != "skip" or "skipped_long_head" in workloads.reading:  # (left out when they were read)
         return encode_all(workloads.prompts, tokenizer, max_prompt_tokens, max_new_tokens)
     kept, out, skipped = [], [], dict.fromkeys(workloads.names, 0)
     for p in workloads.prompts:

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from svt import __version__
-from svt.collect.encode import check_positions, encode_workloads, position_limit
+from svt.collect.encode import check_positions, encode_workloads, long_head_filter, position_limit
 from svt.collect.engine import LiveAV
 from svt.collect.workloads import WorkloadSet, load_workloads
 from svt.config import CollectConfig, resolve_path, to_dict
@@ -147,7 +147,8 @@ def plan_collection(cfg: CollectConfig, out: Path, *, config_path: Path | None, 
 
         check_shardable(cfg)
     old_meta = prepare_dir(out, resume=resume, overwrite=overwrite, config=config)
-    workloads = load_workloads(cfg.workloads, cfg.requests, config_path, turns=cfg.turns, repeat=cfg.repeat)
+    workloads = load_workloads(cfg.workloads, cfg.requests, config_path, turns=cfg.turns, repeat=cfg.repeat,
+                               keep=long_head_filter(cfg, config_path))
     pair = load_pair(resolve_path(cfg.target, config_path), resolve_path(cfg.draft, config_path),
                      device=cfg.device, dtype=cfg.dtype)
     if pair.draft_kind in ("dflash", "dspark"):

@@ -34,7 +34,7 @@ import polars as pl
 
 from svt import __version__
 from svt.collect.cache_run import teacher_forced_model_yields
-from svt.collect.encode import check_positions, encode_workloads, position_limit
+from svt.collect.encode import check_positions, encode_workloads, head_fits, position_limit
 from svt.collect.engines import CollectOptions, Engine
 from svt.collect.workloads import load_workloads
 from svt.config import CacheOptions, CollectConfig, StandInConfig, resolve_path, to_dict
@@ -152,11 +152,12 @@ def collect_reference(cfg: CollectConfig, out: str | Path, *, config_path=None, 
     final = Path(out)
     config = to_dict(cfg)
     prepare_dir(final, resume=False, overwrite=overwrite, config=config)  # fails fast; again while held
-    workloads = load_workloads(cfg.workloads, cfg.requests, config_path, turns=cfg.turns, repeat=cfg.repeat,
-                               need_reference=True, on_missing_reference=cfg.on_missing_reference)
     target_path = resolve_path(cfg.target, config_path).resolve()
     check_model_dir(target_path, "target (its tokenizer)")
     tok = load_tokenizer(target_path)
+    keep = head_fits(tok, cfg.max_prompt_tokens, cfg.max_new_tokens) if cfg.on_long_head == "skip" else None
+    workloads = load_workloads(cfg.workloads, cfg.requests, config_path, turns=cfg.turns, repeat=cfg.repeat,
+                               need_reference=True, on_missing_reference=cfg.on_missing_reference, keep=keep)
     encoded = encode_workloads(workloads, tok, cfg.max_prompt_tokens, cfg.max_new_tokens, cfg.on_long_head)
     prompts = workloads.prompts
     ids = [e.prompt_ids for e in encoded]

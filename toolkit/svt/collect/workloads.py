@@ -247,10 +247,12 @@ def workload_entry(entry, default_turns: str) -> tuple[str, str]:
 
 def load_workloads(workloads: list, requests: int | None, config_path: str | Path | None = None, *,
                    turns: str = "last", repeat: bool = False, need_reference: bool = False,
-                   on_missing_reference: str = "skip") -> WorkloadSet:
+                   on_missing_reference: str = "skip", keep=None) -> WorkloadSet:
     """Resolve, read and interleave a config's workloads (names must be distinct). With
     ``need_reference`` (a reference run) rows without a usable reference are skipped and counted,
-    or refused (``on_missing_reference: error``)."""
+    or refused (``on_missing_reference: error``). ``keep``: a predicate of the rows that can run
+    (``on_long_head: skip``: a head that fits); the others are left out and counted
+    (``skipped_long_head``) *before* the requests are picked, so ``requests`` usable rows run."""
     entries = [workload_entry(w, turns) for w in workloads]
     paths = [resolve_workload(w, config_path) for w, _ in entries]
     names = [p.stem for p in paths]
@@ -270,6 +272,13 @@ def load_workloads(workloads: list, requests: int | None, config_path: str | Pat
             raise ConfigError(f"Workload {empty[0]!r}: no row has a usable reference (a non-empty `reference`, "
                               "`response` or `completion`, or a last assistant turn), so a reference run has "
                               "nothing to measure.")
+    long = None
+    if keep is not None:
+        long = {n: sum(not keep(p) for p in w) for n, w in zip(names, read, strict=True)}
+        read = [[p for p in w if keep(p)] for w in read]
+        if not any(read):
+            raise ConfigError("Every prompt's head is longer than max_prompt_tokens: nothing is left to run. Raise "
+                              "max_prompt_tokens.")
     prompts = interleave(read, requests, repeat=repeat)
     source = {p.where: n for n, w in zip(names, read, strict=True) for p in w}
     seen, repeated, taken = set(), 0, dict.fromkeys(names, 0)
@@ -287,5 +296,7 @@ def load_workloads(workloads: list, requests: int | None, config_path: str | Pat
     if need_reference:
         reading["on_missing_reference"] = on_missing_reference
         reading["skipped_no_reference"] = skipped
+    if long is not None:
+        reading["skipped_long_head"] = long
     return WorkloadSet(names, paths, prompts, {n: file_sha256(p) for n, p in zip(names, paths, strict=True)},
                        reading)

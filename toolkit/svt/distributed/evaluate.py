@@ -183,6 +183,9 @@ def _open(paths: list) -> list:
     for path in paths:
         check = RunCheck.open(path)
         check.run.require_complete()
+        if isinstance(check.run.meta.get("tree"), dict):
+            raise ConfigError(f"{path} is a tree run: its drafts are tree nodes (`tree_drafts`), whose report "
+                              "(acceptance by depth, the tree replay) is computed on one machine (without --cluster).")
         if not check.run.has("drafts") or (check.run.meta.get("counts") or {}).get("drafts") == 0:
             raise ConfigError(f"{path} has no model drafts (a reference or cache-only run): its report is the "
                               "cache report, computed on one machine (without --cluster).")

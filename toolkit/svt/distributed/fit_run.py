@@ -79,7 +79,9 @@ def cluster_training(engine):
         got = engine.map(shard_training, shards, columns, train_ids)
         rows, positives = sum(g["rows"] for g in got), sum(g["positives"] for g in got)
         if rows == 0:
-            raise DataError("No labelled drafts: nothing to fit.")
+            from svt.fit import no_drafts
+
+            raise no_drafts(runs)
         if positives in (0, rows):
             raise DataError(f"Only one class among the {rows} labelled drafts: a predictor cannot be fitted.")
         feats = [(name, get_feature(name).expr) for name in est.features]

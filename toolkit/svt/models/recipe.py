@@ -191,6 +191,10 @@ def _parse(argv):
         ap.error(f"--device {args.device!r}: cpu or cuda[:N].")
     if args.device != "cpu" and not torch.cuda.is_available():
         ap.error(f"--device {args.device}: torch sees no CUDA device here.")
+    if args.drafts_from is not None:  # checked before any work (the data preparation takes half a minute)
+        if not (args.drafts_from / "model.safetensors").is_file():
+            ap.error(f"--drafts-from {args.drafts_from}: no model.safetensors there.")
+        saved_target_record(args.out)
     # a checkpoint made on one device is not resumed on another (its numbers differ)
     args.work = args.work if args.device == "cpu" else args.work.with_name(args.work.name + "-cuda")
     return args
@@ -231,17 +235,24 @@ def train_target(args, stream, held, vocab: int, eos: int, figures: dict):
     return target
 
 
+def saved_target_record(out: Path) -> dict:
+    """OUT/training.json's target entry, checked to be this recipe's (sharpened as it sharpens)."""
+    try:
+        entry = json.loads((out / "training.json").read_text())["models"]["target"]
+        sharpened = float(entry.get("sharpen", 0))
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError) as exc:
+        raise SystemExit(f"--drafts-from: {out}/training.json holds no target record ({exc}).") from None
+    if sharpened != SHARPEN:
+        raise SystemExit(f"--drafts-from: the saved target was sharpened by {entry.get('sharpen')}, this recipe by "
+                         f"{SHARPEN}.")
+    return entry
+
+
 def saved_target(path: Path, out: Path, device: str):
     """A saved target (sharpened, as the drafts' teacher) and its entry of OUT/training.json."""
     from transformers import AutoModelForCausalLM
 
-    try:
-        entry = json.loads((out / "training.json").read_text())["models"]["target"]
-    except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise SystemExit(f"--drafts-from: {out}/training.json holds no target record ({exc}).") from None
-    if float(entry.get("sharpen", 0)) != SHARPEN:
-        raise SystemExit(f"--drafts-from: the saved target was sharpened by {entry.get('sharpen')}, this recipe by "
-                         f"{SHARPEN}.")
+    entry = saved_target_record(out)
     target = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
     for p in target.parameters():
         p.requires_grad_(False)

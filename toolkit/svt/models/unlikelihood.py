@@ -330,6 +330,10 @@ def _parse(argv):
     args = ap.parse_args(argv)
     if args.steps < 1 or args.threads < 1:
         ap.error("--steps and --threads must be >= 1.")
+    # every argument checked before any work (the data preparation alone takes half a minute)
+    args.overrides = overrides(args.set)
+    if not (args.target / "model.safetensors").is_file():
+        raise SystemExit(f"--target {args.target}: no model.safetensors there.")
     return args
 
 
@@ -347,15 +351,13 @@ def main(argv: list[str] | None = None) -> None:
         factor, seed = float(training["models"]["target"]["sharpen"]), int(training["seed"])
     except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
         raise SystemExit(f"{args.out}/training.json: not the pair's training record ({exc}).") from None
-    if not (args.target / "model.safetensors").is_file():
-        raise SystemExit(f"--target {args.target}: no model.safetensors there.")
     source_id = weights_hash(args.target)
     tok, stream, held, _ = prepare_data(seed)
     eos, vocab = tok.token_to_id(EOS), tok.get_vocab_size()
     model = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32)
     with torch.no_grad():
         model.model.norm.weight.div_(factor)  # as trained: the stage trains the unsharpened model
-    cfg = UnlikelihoodConfig(steps=args.steps, **overrides(args.set))
+    cfg = UnlikelihoodConfig(steps=args.steps, **args.overrides)
     tag = hashlib.sha256(json.dumps(asdict(cfg), sort_keys=True).encode()).hexdigest()[:8]
     result = run_stage(model, stream, held, cfg, args.work / f"target-unlikelihood-{source_id}-{tag}", vocab=vocab,
                        eos=eos)

@@ -80,11 +80,14 @@ def document_checks(report: dict) -> dict | None:
         out["high_yield"] = {"predictor": name, "threshold": yl.get("high_yield"),
                              "precision": block.get("precision"), "recall": block.get("recall"),
                              "document": "precision 78-88 %, recall 61-80 % at yield >= 6"}
-    held = ((report.get("two_sided") or {}).get("groups") or {}).get("all")
+    two = report.get("two_sided") or {}
+    held = (two.get("groups") or {}).get("all")
     if held:  # τ chosen on other requests than those counted, with the run's own model drafter
         out["cycles_per_1000"] = {"model_only": held["model_only"]["cycles_per_1000"],
-                                  "hvd": held["one_sided"]["cycles_per_1000"],
-                                  "document": "571 for EAGLE3 against 200 for HVD"}
+                                  "hvd": held["one_sided"]["cycles_per_1000"], "requests": held.get("requests"),
+                                  "split": two.get("split"), "document": "571 for EAGLE3 against 200 for HVD"}
+    if rows:
+        out["hvd_vs_greedy"]["split"] = out["hvd_vs_cache_only"]["split"] = hmap.get("split")
     if cache:
         out["top10_token_share"] = {g: c.get("top10_token_share") for g, c in cache.items()}
         out["top10_document"] = "the top 10 % of drafts carry most accepted tokens where the cache rarely matches"

@@ -49,13 +49,11 @@ def request_seed(seed: int, request: int) -> int:
 
 def collect_vllm(cfg, out: str | Path, *, config_path=None, overwrite: bool = False, progress: bool = True):
     """Run the config's workloads through vLLM with tracing on; write the run ``out``."""
-    from svt.collect.encode import check_positions, encode_workloads, position_limit
+    from svt.collect.encode import check_positions, encode_workloads, head_fits, position_limit
     from svt.collect.workloads import load_workloads
     from svt.config import resolve_path, to_dict
 
     out = _check_request(cfg, out, overwrite)
-    workloads = load_workloads(cfg.workloads, cfg.requests, config_path, turns=cfg.turns, repeat=cfg.repeat)
-    prompts = workloads.prompts
     target = resolve_path(cfg.target, config_path)
     draft = resolve_path(cfg.draft, config_path)
     for what, p in (("target", target), ("draft", draft)):
@@ -64,6 +62,8 @@ def collect_vllm(cfg, out: str | Path, *, config_path=None, overwrite: bool = Fa
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(target))
+    keep = head_fits(tok, cfg.max_prompt_tokens, cfg.max_new_tokens) if cfg.on_long_head == "skip" else None
+    workloads = load_workloads(cfg.workloads, cfg.requests, config_path, turns=cfg.turns, repeat=cfg.repeat, keep=keep)
     encoded = encode_workloads(workloads, tok, cfg.max_prompt_tokens, cfg.max_new_tokens, cfg.on_long_head)
     prompts = workloads.prompts  # less the prompts whose head is too long (on_long_head: skip)
     ids = [e.prompt_ids for e in encoded]

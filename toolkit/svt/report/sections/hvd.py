@@ -234,7 +234,8 @@ def map_markdown(report: dict) -> list[str]:
         rows = []
         if "hvd_vs_greedy" in checks:
             c = checks["hvd_vs_greedy"]
-            rows.append(["HVD faster than greedy", f"{c['better']} of {c['pairs']} (workload, strength) pairs",
+            on = f"; {c['split']}" if c.get("split") else ""
+            rows.append(["HVD faster than greedy", f"{c['better']} of {c['pairs']} (workload, strength) pairs{on}",
                          c["document"]])
             c = checks["hvd_vs_cache_only"]
             rows.append(["HVD faster than cache-only", f"{c['better']} of {c['pairs']} ({c['ties']} ties)",
@@ -245,8 +246,9 @@ def map_markdown(report: dict) -> list[str]:
                          f"{fmt(c['precision'], 3)} / {fmt(c['recall'], 3)}", c["document"]])
         if "cycles_per_1000" in checks:
             c = checks["cycles_per_1000"]
+            on = f" (on {c['requests']} requests: {c['split']})" if c.get("requests") and c.get("split") else ""
             rows.append(["cycles per 1000 tokens, model-only against HVD",
-                         f"{fmt(c['model_only'], 1)} against {fmt(c['hvd'], 1)}", c["document"]])
+                         f"{fmt(c['model_only'], 1)} against {fmt(c['hvd'], 1)}{on}", c["document"]])
         if "top10_token_share" in checks:
             rows.append(["accepted tokens carried by the top 10 % of cache drafts",
                          ", ".join(f"{g} {fmt(v, 2)}" for g, v in checks["top10_token_share"].items()),
