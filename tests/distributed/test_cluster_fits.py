@@ -116,3 +116,22 @@ def test_a_fit_with_nothing_to_score_keeps_its_block_and_why(small_run, tmp_path
     name = next(n for n in ref if n != "q_max")
     assert got[name]["n"] == ref[name]["n"] == 0
     assert got[name]["reasons"] == ref[name]["reasons"] and got[name]["description"] == ref[name]["description"]
+
+
+def test_two_runs_keep_their_own_scored_requests(small_run, greedy_run, tmp_path):
+    """The scored requests are kept per run: a fit of two runs scores each one's own held-out
+    requests, as on one machine (pooled request ids would score one run's training requests that
+    share an id with the other's held-out ones)."""
+    fit = tmp_path / "two.json"
+    r = CliRunner().invoke(app, ["fit", str(small_run), str(greedy_run), "--model", "logistic", "--features",
+                                 "logit_qmax", "--out", str(fit)])
+    assert r.exit_code == 0, r.output
+    args = ["evaluate", str(small_run), str(greedy_run), "--out", str(tmp_path / "c"), "--cluster", "local:2",
+            "--feature", "q_max", "--fit", str(fit)]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    got = json.loads((tmp_path / "c" / "report.json").read_text())["features"]
+    ref = evaluate([small_run, greedy_run], EvaluateOptions(features=["q_max"], fits=[str(fit)]))["features"]
+    name = next(n for n in ref if n != "q_max")
+    _same(got[name], ref[name])
+    assert got[name]["n"] < got["q_max"]["n"]

@@ -148,6 +148,19 @@ def test_the_chosen_weights_are_the_least_repetitive_admissible_ones(stream, tmp
         torch.testing.assert_close(v, state["best"]["state"][k])
 
 
+def test_the_gate_is_held_to_the_weights_from_before_the_stage(stream, tmp_path, monkeypatch):
+    """The gate may fall by max_gate_top1_drop from the weights *before* the stage, not from the last
+    measurement: a gate that slides 0.015 per measurement is admissible at step 2 (0.015 below) and
+    not at step 4 (0.03 below), though step 4 is 0.015 below step 2 and repeats less."""
+    gates = iter([0.90, 0.885, 0.87])  # before, step 2, step 4
+    reps = iter([0.5, 0.3, 0.1])
+    monkeypatch.setattr(ul, "induction_gate", lambda *a, **k: {"top1": next(gates), "cross_entropy": 1.0})
+    monkeypatch.setattr(ul, "self_repetition", lambda *a, **k: next(reps))
+    cfg = replace(CFG, max_gate_top1_drop=0.02)
+    result = ul.run_stage(_tiny(), stream, _held(), cfg, tmp_path / "w", vocab=VOCAB, eos=0, log=lambda *a, **k: None)
+    assert result["accepted"] and result["chosen_step"] == 2 and result["after"]["gate_top1"] == 0.885
+
+
 def test_overrides_are_typed_and_unknown_fields_are_one_message():
     assert ul.overrides(["lr=1e-4", "ngram=8"]) == {"lr": 1e-4, "ngram": 8}
     with pytest.raises(SystemExit, match="FIELD=VALUE"):

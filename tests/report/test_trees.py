@@ -45,6 +45,13 @@ def test_tree_report_adds_up_and_agrees_with_sklearn(greedy_trees):
     steps = run.scan("steps").collect()
     assert sum(r["nodes"] for r in t["by_depth"]) == nodes.height
     assert sum(r["accepted"] for r in t["by_depth"]) == steps["accepted"].cast(pl.Int64).sum()
+    # the conditional rate per depth: accepted among the verified nodes of the depth, not among all
+    for r in t["by_depth"]:
+        at = nodes.filter(pl.col("depth") == r["depth"])
+        verified = at.filter(pl.col("label").is_not_null())
+        assert r["verified"] == verified.height
+        assert r["conditional"] == pytest.approx((verified["label"] == 1).sum() / verified.height)
+    assert any(r["nodes"] > r["verified"] > 0 for r in t["by_depth"])  # a depth where the two differ
     tried = nodes.filter(pl.col("label").is_not_null())
     row = next(c for c in t["calibration"] if c["predictor"] == "q_token" and c["label"] == "accepted given tried")
     assert row["n"] == tried.height

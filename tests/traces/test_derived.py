@@ -82,6 +82,8 @@ CHAIN = [
                                          .otherwise(pl.col("workload")).alias("workload")),
      "is workload 'other' in drafts"),
     ("steps", lambda f: f.filter(~_first_row(f)), "drafts of a step the steps table does not hold"),
+    # every draft row of one verified step gone (its steps row kept): a step with no drafts at all
+    ("drafts", lambda f: f.filter(~_at(f, pl.col("label").is_not_null())), "a step with `kept` > 0 but no drafts"),
 ]
 
 
