@@ -10,7 +10,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export HF_HUB_DISABLE_TELEMETRY := 1
 
-.PHONY: setup test demo bench lint models workloads clean mutate regression baseline setup-vllm test-vllm gpu-check docs
+.PHONY: setup test demo bench bench-check bench-baseline lint models workloads clean mutate regression baseline setup-vllm test-vllm gpu-check docs
 
 setup: $(VENV)/.svt-installed $(VENV)/.svt-kernels
 
@@ -143,6 +143,14 @@ regression: setup
 
 baseline: setup
 	$(call ci_evaluate,ci/baseline,)
+
+# speed regressions: the benchmarks' ratios (svt against scikit-learn) at a CI size against the committed
+# baseline, benchmarks/baseline.json; a ratio more than 15 % below it in two runs in a row fails (CI runs it)
+bench-check: setup
+	$(PY) benchmarks/bench_check.py
+
+bench-baseline: setup
+	$(PY) benchmarks/bench_check.py --update
 
 bench: setup
 	$(PY) benchmarks/bench_collect.py

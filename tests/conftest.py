@@ -77,6 +77,20 @@ def reseal(run_dir) -> None:
     write_meta(run_dir, meta)
 
 
+def outputs_agreeing(run_dir) -> None:
+    """Each request's ``output_ids`` cut to the tokens its steps emit (a test that fabricates steps
+    emitting less, e.g. drafts never verified, keeps the run whole: the reader checks that a
+    request's steps add up to its output). Call before :func:`reseal`."""
+    import polars as pl
+
+    steps = pl.read_parquet(sorted((run_dir / "steps").glob("part-*.parquet")))
+    emitted = steps.group_by("request").agg(pl.col("emitted").cast(pl.Int64).sum().alias("_e"))
+    for part in sorted((run_dir / "requests").glob("part-*.parquet")):
+        r = pl.read_parquet(part)
+        r.join(emitted, on="request", how="left", maintain_order="left").with_columns(
+            pl.col("output_ids").list.head(pl.col("_e").fill_null(0))).drop("_e").write_parquet(part)
+
+
 def steps_agreeing(drafts, steps):
     """``steps`` with ``accepted``, ``kept`` and ``explored`` recomputed from ``drafts``' labels (a
     test that fabricates labels keeps the run's tables agreeing, as the run validator requires):

@@ -295,6 +295,9 @@ def _perturbed_copy(run, out, rel=1e-7, seed=0):
         df = df.with_columns(*(
             (pl.col(c) * (shared if c != "q_entropy" else pl.Series(1.0 - rel * rng.random(df.height))))
             .cast(df.schema[c]).alias(c) for c in ("q_max", "q_sampled", "q_margin", "q_entropy")))
+        # an entropy stays at least -ln q_max, as a distribution's does
+        df = df.with_columns(pl.max_horizontal("q_entropy", -pl.col("q_max").cast(pl.Float64).log())
+                             .cast(pl.Float32).alias("q_entropy"))
         # the acceptance probability follows the probabilities it is computed from
         df = df.with_columns(pl.min_horizontal(pl.lit(1.0), pl.col("p_sampled") / pl.col("q_sampled"))
                              .cast(pl.Float32).alias("accept_prob"))

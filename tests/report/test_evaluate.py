@@ -13,7 +13,7 @@ from svt.errors import DataError
 from svt.report import EvaluateOptions, evaluate
 from svt.traces import open_run, write_meta, write_shard
 
-from ..conftest import reseal, steps_agreeing
+from ..conftest import outputs_agreeing, reseal, steps_agreeing
 
 REQUIRED = ("lossless", "auc", "log_loss", "ece", "brier", "mean_pred", "accept_rate", "n")
 
@@ -87,6 +87,7 @@ def test_no_labelled_drafts_is_an_error(small_run, tmp_path):
     write_shard(path, "drafts", 0, drafts)
     write_shard(path, "steps", 0, steps_agreeing(drafts, run.scan("steps").collect()))
     write_shard(path, "requests", 0, run.scan("requests").collect())
+    outputs_agreeing(path)
     reseal(path)
     with pytest.raises(DataError, match="No labelled drafts"):
         evaluate([path])

@@ -30,6 +30,7 @@ def _engine(rec: Recorder, requests=4, steps=5, seed=0, aborted=(), unfinished=(
         ids = rng.integers(1, 100, (requests, K))
         q = rng.random((requests, K, 4)).astype(np.float32)
         q[..., 0] = q[..., [0, 1, 3]].max(axis=-1)  # q_max bounds q_margin and q_sampled, as a distribution's do
+        q[..., 2] = np.maximum(q[..., 2], -np.log(q[..., 0]))  # and its entropy is at least -ln q_max
         rec.proposed(names, ids, q, draft_ms=1.0)
         # the last request gets only 2 of its 3 drafts verified (the scheduler trimmed one)
         num = [K] * (requests - 1) + [2]
@@ -313,7 +314,9 @@ def test_steps_after_the_output_ended_are_dropped(tmp_path):
                  async_scheduling=True)
     out = [5]
     for step in range(3):
-        rec.proposed(["a"], np.array([[1, 2, 3]]), np.full((1, K, 4), 0.5), 1.0)
+        q = np.full((1, K, 4), 0.5)
+        q[..., 2] = np.log(2.0)  # the entropy of a distribution whose largest probability is 0.5: at least ln 2
+        rec.proposed(["a"], np.array([[1, 2, 3]]), q, 1.0)
         p = np.full((K, 4), 0.5)
         p[:, 2] = p[:, 3] = [1.0, 0.0, 0.0]  # greedy: acceptance is the 0/1 argmax agreement (draft 1 accepted)
         rec.verified(["a"], [K], np.array([1, 2, 3]), p, np.array([[1, 2, -1, -1]]), 1.0)

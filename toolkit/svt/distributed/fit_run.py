@@ -59,7 +59,7 @@ def cluster_training(engine):
 
         if not isinstance(est, LogisticFitter) or len(runs) != 1 or where is not None:
             raise ConfigError("--cluster fits the logistic model on one run: fit the others on one machine.")
-        run, identity = read_run(runs[0], engine)  # deeply, on the workers
+        run, identity = read_run(runs[0], engine, "drafts")  # deeply, on the workers
         run.require_complete()
         if run.censored:
             raise ConfigError(f"{runs[0]} was collected with live AV (censored labels): fit it on one machine.")

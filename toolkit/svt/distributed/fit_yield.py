@@ -91,7 +91,7 @@ def cluster_yield_training(engine):
         if type(est) is not YieldLinear or len(runs) != 1 or where is not None:
             raise ConfigError("--cluster fits yield-linear on one run's cache drafts: fit the others on one machine.")
         get_cache_features(est.features)  # an unknown feature is refused before the run is read
-        run, identity = read_run(runs[0], engine)
+        run, identity = read_run(runs[0], engine, "cache_drafts")  # the identity of the rows it reads
         run.require_complete()
         if not run.has("cache_drafts"):
             raise DataError(f"{runs[0]}: no `cache_drafts` table; collect a greedy run with `cache: true` "

@@ -52,7 +52,8 @@ class RunCheck:
     args: tuple
 
     @classmethod
-    def open(cls, path: str | Path) -> RunCheck:
+    def open(cls, path: str | Path, read: str | None = None) -> RunCheck:
+        """``read``: the table whose identity a fit records (the one it read), where the run has rows in it."""
         from svt.traces.io import open_run
 
         path = Path(path)
@@ -71,7 +72,7 @@ class RunCheck:
         requests = [str(f) for f in run.shards.get("requests", [])] or None
         from svt.traces.identity import identity_table
 
-        ident_table = identity_table(run)
+        ident_table = identity_table(run, read)
         return cls(path, run, units, (run.meta, lacks, shas, requests, derived, ident_table))
 
     def task(self, name: str) -> tuple:
@@ -104,11 +105,11 @@ def run_check(task: tuple) -> dict:
     return check_unit(*task)
 
 
-def read_run(path: str | Path, engine):
+def read_run(path: str | Path, engine, table: str | None = None):
     """The run at ``path`` opened and read deeply on ``engine``'s workers: ``(run, identity)``, the
     :class:`svt.traces.io.Run` and the data identity :func:`svt.traces.identity.run_identity`
     gives."""
-    check = RunCheck.open(path)
+    check = RunCheck.open(path, table)
     names = sorted(check.units)
     got = engine.map(run_check, [check.task(n) for n in names])
     return check.run, check.finish(dict(zip(names, got, strict=True)))
