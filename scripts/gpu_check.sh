@@ -45,9 +45,9 @@ step() {  # step NAME SECONDS CMD...: run it with a time limit, record rc and se
 }
 
 if [ "$DEVICE" = "cpu" ]; then SIZE=tiny; DTYPE=float32; PROMPTS=2; NEW=16; REPEATS=1; BATCHES=1,2
-  LIVE="--rounds 1 --ks 0,1 --batches 1,2 --requests 4 --tokens 8"
+  LIVE="--rounds 1 --ks 0,1 --batches 1,2 --requests 4 --tokens 8"; REF_REQUESTS=5
 else SIZE=1b; DTYPE=bfloat16; PROMPTS=16; NEW=64; REPEATS=3; BATCHES=1,2,4,8,16,32,64
-  LIVE="--rounds 2 --ks 0,3 --batches 1,8,32 --requests 64 --tokens 96 --av"; fi
+  LIVE="--rounds 2 --ks 0,3 --batches 1,8,32 --requests 64 --tokens 96 --av"; REF_REQUESTS=120; fi
 WORK="$OUT/work"
 
 # 1. environment
@@ -81,8 +81,26 @@ step bench-collect 240 "$PY" benchmarks/bench_collect.py --device "$DEVICE" --dt
 # shellcheck disable=SC2086  # LIVE: the benchmark's options
 step live-replay 300 "$PY" benchmarks/bench_live.py $LIVE --set device="$DEVICE" --set dtype="$DTYPE" \
   --work "$WORK/live" --out "$OUT/live.json"
+# 6. reference runs with a hidden-state head (the target teacher-forced over real text, its EAGLE-3 head
+# drafting from its hidden states): the built-in pair on the shipped workloads' references, then a
+# served model and its published head where GPU_CHECK_REF_TARGET and GPU_CHECK_REF_HEAD name local
+# folders (GPU_CHECK_REF_WORKLOADS: a JSONL log with references; default the shipped ones)
+step reference-head 240 "$PY" -m svt.cli collect configs/collect/hvd-reference.yaml --set draft=builtin:eagle3 \
+  --set device="$DEVICE" --set requests="$REF_REQUESTS" --quiet --overwrite --out "$WORK/ref-eagle3"
+step reference-head-report 120 "$PY" -m svt.cli evaluate "$WORK/ref-eagle3" --out "$OUT/reference-head" --overwrite \
+  --costs configs/costs/h100-llama8b-eagle.yaml
+if [ -d "${GPU_CHECK_REF_TARGET:-/nonexistent}" ] && [ -d "${GPU_CHECK_REF_HEAD:-/nonexistent}" ]; then
+  step reference-real-head 300 "$PY" -m svt.cli collect configs/collect/hvd-reference.yaml \
+    --set target="$GPU_CHECK_REF_TARGET" --set draft="$GPU_CHECK_REF_HEAD" --set device="$DEVICE" \
+    --set dtype="$DTYPE" ${GPU_CHECK_REF_WORKLOADS:+--set workloads="[$GPU_CHECK_REF_WORKLOADS]"} \
+    --set requests="$REF_REQUESTS" --quiet --overwrite --out "$WORK/ref-real"
+  step reference-real-head-report 120 "$PY" -m svt.cli evaluate "$WORK/ref-real" --out "$OUT/reference-real-head" \
+    --overwrite --costs configs/costs/h100-llama8b-eagle.yaml
+else
+  echo "gpu-check: no served model and head to run a reference run on (set GPU_CHECK_REF_TARGET and GPU_CHECK_REF_HEAD to local folders); skipped"
+fi
 rm -rf "$WORK"
-# 6. the summary
+# 7. the summary
 "$PY" - "$OUT" <<'PYEOF'
 import json, sys, datetime as dt
 from pathlib import Path
@@ -121,6 +139,14 @@ b = summary["bench_collect"]
 if b:
     lines += ["", "| path (built-in pair) | tokens/s | vs hf assisted |", "|---|---|---|",
               *(f"| {k} | {v['median']:.0f} | {b['ratio_vs_assisted'][k]['median']:.2f}x |" for k, v in b["tokens_per_s"].items())]
+for name in ("reference-head", "reference-real-head"):  # cycles per 1000 tokens of each reference run's HVD replay
+    rep = load(f"{name}/report.json")
+    rows = {r["policy"]: r for r in ((rep or {}).get("hvd") or {}).get("rows", []) if r["group"] == "all"}
+    if rows:
+        best = min((r for p, r in rows.items() if p.startswith("hvd ")), key=lambda r: r["ms"], default=None)
+        cells = [f"{p} {rows[p]['cycles_per_1000']:.0f}" for p in ("model-only", "cache-only", "oracle-switch") if p in rows]
+        lines += ["", f"{name} (cycles per 1000 tokens, H100 roofline): " + ", ".join(cells)
+                  + (f", best HVD {best['cycles_per_1000']:.0f} ({best['policy']})" if best else "")]
 live = out / "live.md"
 if live.is_file():
     summary["live"] = load("live.json")["points"]

@@ -37,7 +37,10 @@ def test_cpu_dry_run_passes_every_step(tmp_path):
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["all_passed"]
     assert [s["step"] for s in summary["steps"]] == ["env", "tests", "random-pair", "costs-tiny", "costs-random",
-                                                     "bench-collect", "live-replay"]
+                                                     "bench-collect", "live-replay", "reference-head",
+                                                     "reference-head-report"]
+    assert "no served model and head to run a reference run on" in res.stdout
+    assert (tmp_path / "out" / "reference-head" / "report.json").is_file()
     assert {(p["policy"], p["batch"]) for p in summary["live"]} == {(f"fixed K={k}", b) for k in (0, 1) for b in (1, 2)}
     assert set(summary["costs"]) == {"costs-builtin", "costs-random-tiny"}
     assert summary["bench_collect"]["device"] == "cpu" and "1 passed" in " ".join(summary["tests_tail"])

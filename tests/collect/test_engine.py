@@ -229,9 +229,8 @@ def test_each_step_times_the_forwards_it_ran(tiny_pair, monkeypatch):
     extra = slowed["forward_ms"] - fast["forward_ms"]
     # a draft model's K passes + the target's verify: (K + 1) forwards a step, each SLOW ms dearer
     assert np.median(extra) == pytest.approx((K + 1) * SLOW, rel=0.2)
-    # not accumulated across steps or prefills (that would grow the extra step after step); a quantile, not
-    # every step: two runs' steps differ by the host's noise, a stall of tens of ms in one of them is seen
-    assert np.quantile(extra, 0.9) < (K + 1) * SLOW * 2
-    assert extra.sum() == pytest.approx(len(extra) * (K + 1) * SLOW, rel=0.3)
+    # (the median, not every step: two runs' steps differ by the host's noise, and a busy host, e.g. a
+    # parallel test worker, stalls a few steps of either run by hundreds of ms; a forward time accumulated
+    # across steps or prefills grows the extra step after step, which moves the median far past the bound)
     outside = np.median(slowed["step_ms"] - slowed["forward_ms"]), np.median(fast["step_ms"] - fast["forward_ms"])
     assert abs(outside[0] - outside[1]) < SLOW

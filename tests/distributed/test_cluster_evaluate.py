@@ -341,7 +341,7 @@ def test_a_port_that_answers_but_is_no_dask_scheduler_is_refused_quickly(small_r
         r = CliRunner().invoke(app, ["evaluate", str(small_run), "--out", str(tmp_path / "r"), "--cluster",
                                      f"tcp://127.0.0.1:{srv.server_address[1]}"])
         assert time.monotonic() - t0 < 15
-        assert r.exit_code != 0 and "is not a dask scheduler" in r.output and "Traceback" not in r.output
+        assert r.exit_code != 0 and "sent no dask handshake" in r.output and "Traceback" not in r.output
     finally:
         srv.shutdown()
     with LocalCluster(n_workers=0, processes=False, protocol="tcp://", dashboard_address=None) as cluster:

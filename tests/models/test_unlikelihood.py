@@ -226,7 +226,8 @@ def test_the_standalone_stage_refuses_a_missing_record_or_target_in_one_line(tmp
 
 
 @pytest.mark.parametrize("bad, said", [(["--target", "nowhere"], "no model.safetensors"),
-                                       (["--set", "nonsense=1"], "FIELD=VALUE with FIELD one of")])
+                                       (["--set", "nonsense=1"], "FIELD=VALUE with FIELD one of"),
+                                       (["--set", "steps=5"], "FIELD=VALUE with FIELD one of")])  # --steps sets it
 def test_each_argument_is_checked_before_any_work(tmp_path, models_dir, monkeypatch, bad, said):
     """A missing --target or an unknown --set key was reported as "not the pair's training record" (the
     record is read first) after the data was prepared: each is named, before anything is read."""

@@ -124,3 +124,8 @@ def test_request_intervals_are_replays_of_resampled_requests():
     for r in one:
         for m, (lo, hi) in r["request_ci95"].items():
             assert lo == pytest.approx(hi) == pytest.approx(r[m])
+
+
+def test_no_requests_replay_to_empty_rows_and_no_traceback():
+    rows = replay_hvd([], {"p": []}, 3, COSTS, (0.0,), bootstrap=10)
+    assert rows and all(r["tokens"] == 0 and r["cycles"] == 0 and "request_ci95" not in r for r in rows)

@@ -119,3 +119,28 @@ def test_a_continuous_runs_schedule_above_its_slots_is_refused(dspark_run, tmp_p
     bad = _edited(dspark_run, tmp_path, {"schedule": lambda f: f.with_columns(
         pl.when(pl.int_range(pl.len()) == 0).then(5).otherwise(pl.col("batch_size")).cast(pl.Int16).alias("batch_size"))})
     _refused_everywhere(bad, "above the run's 4 slots")
+
+
+def test_an_optional_table_removed_whole_is_absent_not_damaged(greedy_run, tmp_path):
+    """run.json counts the cache drafts; the folder removed to save space: the run still reads."""
+    run = tmp_path / "lean"
+    shutil.copytree(greedy_run, run)
+    assert read_meta(run)["counts"]["cache_drafts"] > 0
+    for table in ("cache_drafts", "cache_trees"):
+        shutil.rmtree(run / table, ignore_errors=True)
+    open_run(run, deep=False)
+    read_run(run, InProcess())
+
+
+def test_a_step_repeated_in_another_shard_is_refused_on_the_cluster_too(greedy_run, tmp_path):
+    """Each shard alone is whole; the same (request, step) in two shards is caught by reading the run
+    whole, on the cluster as on one machine."""
+    bad = tmp_path / "dup"
+    shutil.copytree(greedy_run, bad)
+    shards = sorted((bad / "steps").glob("*.parquet"))
+    first, second = pl.read_parquet(shards[0]), pl.read_parquet(shards[1])
+    pl.concat([second, first.head(1)]).write_parquet(shards[1])
+    reseal(bad)
+    for read in (open_run, lambda r: read_run(r, InProcess())):
+        with pytest.raises(SchemaError):
+            read(bad)

@@ -209,6 +209,8 @@ def head_fits(tokenizer, max_prompt_tokens: int, max_new_tokens: int):
             encode(prompt, tokenizer, max_prompt_tokens, max_new_tokens)
         except LongHead:
             return False
+        except ConfigError:  # another problem of the row: said when (and only if) the row is picked
+            return True
         return True
     return fits
 

@@ -291,10 +291,11 @@ def collection_context(cfg, config_path, tokenizer) -> int:
     for the collection) plus half of ``max_new_tokens`` (the middle of the decode). Forwards cost
     more the longer the cache they attend to, so a table profiled at another context mis-prices the
     collection's steps."""
-    from svt.collect.encode import encode_workloads
+    from svt.collect.encode import encode_workloads, head_fits
     from svt.collect.workloads import load_workloads
 
-    workloads = load_workloads(cfg.workloads, cfg.requests, config_path, turns=cfg.turns, repeat=cfg.repeat)
+    keep = head_fits(tokenizer, cfg.max_prompt_tokens, cfg.max_new_tokens) if cfg.on_long_head == "skip" else None
+    workloads = load_workloads(cfg.workloads, cfg.requests, config_path, turns=cfg.turns, repeat=cfg.repeat, keep=keep)
     encoded = encode_workloads(workloads, tokenizer, cfg.max_prompt_tokens, cfg.max_new_tokens, cfg.on_long_head)
     if not encoded:
         return 128

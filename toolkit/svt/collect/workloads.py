@@ -274,8 +274,9 @@ def load_workloads(workloads: list, requests: int | None, config_path: str | Pat
                               "nothing to measure.")
     long = None
     if keep is not None:
-        long = {n: sum(not keep(p) for p in w) for n, w in zip(names, read, strict=True)}
-        read = [[p for p in w if keep(p)] for w in read]
+        flags = [[keep(p) for p in w] for w in read]  # each row tokenized once
+        long = {n: sum(not f for f in fs) for n, fs in zip(names, flags, strict=True)}
+        read = [[p for p, f in zip(w, fs, strict=True) if f] for w, fs in zip(read, flags, strict=True)]
         if not any(read):
             raise ConfigError("Every prompt's head is longer than max_prompt_tokens: nothing is left to run. Raise "
                               "max_prompt_tokens.")

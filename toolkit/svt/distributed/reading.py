@@ -32,13 +32,19 @@ def check_unit(unit: dict, meta: dict, lacks: dict, shas: dict, requests: list[s
     parts = {t: scan_shard(f, t) for t, f in unit.items()}
     problem = None
     if derived:
-        req = pl.concat([scan_shard(f, "requests") for f in requests]) if requests else None
+        # the unit's own requests shard (every svt writer pairs them by name; a request found in another
+        # shard is a problem here, and the driver then reads the run whole), else the whole table
+        own = [unit["requests"]] if "requests" in unit else requests
+        req = pl.concat([scan_shard(f, "requests") for f in own]) if own else None
         problem = part_problem(meta, set(lacks.get("drafts", [])), parts, req)
+    # the requests this unit's steps decode: a request in two units' steps is checked on the whole run
+    stepped = (parts["steps"].select(pl.col("request").unique()).collect()["request"].to_list()
+               if "steps" in parts else [])
     top = parts["drafts"].select(pl.col("position").max()).collect().item() if "drafts" in parts else None
     ident = Identity(identity_table)
     if identity_table in parts:
         ident.add(parts[identity_table])
-    return {"problem": problem, "top": top, "identity": ident}
+    return {"problem": problem, "top": top, "identity": ident, "stepped": stepped}
 
 
 @dataclass
@@ -93,7 +99,8 @@ class RunCheck:
             check_top_position(self.path, self.run.meta, max(tops) if tops else None)
         # tables that do not pair by name, or a problem found in a pair (a step split over two shards
         # looks wrong in each): the cross-table checks read the tables whole, as on one machine
-        if not self.args[4] or any(g["problem"] for g in got.values()):
+        stepped = [r for g in got.values() for r in g.get("stepped", [])]
+        if not self.args[4] or any(g["problem"] for g in got.values()) or len(set(stepped)) != len(stepped):
             check_derived(self.run)
         identity = Identity(self.args[5])
         for name in sorted(got):

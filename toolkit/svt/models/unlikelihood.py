@@ -303,7 +303,7 @@ def run_stage(model, stream: np.ndarray, held: torch.Tensor, cfg: UnlikelihoodCo
 
 def overrides(pairs: list[str]) -> dict:
     """``FIELD=VALUE`` strings as typed config fields."""
-    types = {f.name: f.type for f in fields(UnlikelihoodConfig)}
+    types = {f.name: f.type for f in fields(UnlikelihoodConfig) if f.name != "steps"}  # (--steps sets it)
     out = {}
     for pair in pairs:
         key, _, value = pair.partition("=")

@@ -152,7 +152,7 @@ def replay_hvd(requests: list[HVDRequest], predictions: dict[str, list[np.ndarra
     rows = []
     rng = np.random.default_rng(seed)
     for g, idx in groups.items():
-        idx = np.asarray(idx)
+        idx = np.asarray(idx, dtype=np.intp)
         base = {}
         for name in ("greedy", "model-only", "cache-only"):
             _, arr, cc = policies[name]

@@ -45,6 +45,8 @@ IDENTITY_COLUMNS = {
     "drafts": (STRUCTURE_COLUMNS, SCORE_COLUMNS),
     "cache_drafts": (("request", "decode_pos", "draft_len", "match_len", "oracle_accepted", "model_accepted"),
                      ("score",)),
+    "tree_drafts": (("request", "step", "node", "parent", "token", "label"), ("q_token", "q_max", "q_entropy")),
+    "cache_trees": (("request", "decode_pos", "node", "parent", "token", "label"), ("prob", "score")),
 }
 N_PROJECTIONS = 8
 _CHUNK = 1 << 20
@@ -317,7 +319,7 @@ def identity_table(run, prefer: str | None = None) -> str:
     has rows in it, else its drafts where it has any, else its cache drafts. By rows, not by shards:
     a reference or stand-in run writes an empty drafts shard, and an identity of no rows is the
     identity of every such run."""
-    for table in (prefer, "drafts", "cache_drafts"):
+    for table in (prefer, "drafts", "tree_drafts", "cache_drafts"):
         if table in IDENTITY_COLUMNS and run.has(table) and run.rows(table) > 0:
             return table
     return prefer if prefer in IDENTITY_COLUMNS else "drafts"

@@ -204,8 +204,15 @@ class Run:
         return bool(self.shards.get(table))
 
     def rows(self, table: str) -> int:
-        """Rows of ``table`` over its shards (read from the Parquet footers; 0 without shards)."""
-        return sum(_rows(f) for f in self.shards.get(table, []))
+        """Rows of ``table`` over its shards: run.json's records where every shard has one (the
+        reader checked them against the footers when it opened the run), else the Parquet footers;
+        0 without shards."""
+        files = self.shards.get(table, [])
+        recs = ((self.meta.get("shards") or {}).get(table) or {}) if isinstance(self.meta.get("shards"), dict) else {}
+        rows = [(recs.get(f.name) or {}).get("rows") for f in files]
+        if files and all(isinstance(n, int) and not isinstance(n, bool) for n in rows):
+            return sum(rows)
+        return sum(_rows(f) for f in files)
 
     def lacks(self, table: str) -> list[str]:
         """Columns of ``table`` the run's source does not carry (null throughout): an imported

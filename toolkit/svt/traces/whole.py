@@ -7,11 +7,11 @@ Each table can pass its own checks while the run they make is impossible. What i
   of those tables, and a run collected by svt holds one shard per batch (``batches``, or the
   batches of its shard of a sharded collection);
 - **the steps** (:func:`steps_problem`, with the other cross-table checks): one row per (request,
-  step); every step emits at least one token (the target's own); no step decodes more rows than
-  the run's batch size; and in a run svt collected, a request's steps numbered without gaps (from
-  0 in a static batch, engine ticks in a continuous one, where a request decodes at every tick
-  from its admission to its end) and its emitted tokens adding up to its output's length (the
-  engine appends to an output only what its steps emit).
+  step); no step decodes more rows than the run's batch size; and in a run svt collected, every
+  step emitting at least one token (the target's own), a request's steps numbered without gaps
+  (from 0 in a static batch, engine ticks in a continuous one, where a request decodes at every
+  tick from its admission to its end) and its emitted tokens adding up to its output's length (the
+  engine appends to an output only what its steps emit). An import keeps its source's steps.
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ def check_counts(run) -> None:
     counts = meta.get("counts") if isinstance(meta.get("counts"), dict) else {}
     for table in COUNTED:
         said = counts.get(table)
-        if not _int(said) or table not in run.shards:
+        # an optional table removed whole (hidden states, cache drafts: to save space) is absent, not damaged
+        if not _int(said) or not run.has(table):
             continue
         rows = run.rows(table)
         if rows != said:
@@ -75,11 +76,11 @@ def steps_problem(meta: dict, steps: pl.LazyFrame, requests: pl.LazyFrame | None
     batch = cfg.get("batch_size")
     schedule = meta.get("schedule") if isinstance(meta.get("schedule"), dict) else {}
     static = schedule.get("kind", "static") == "static"
-    checks = [
-        (pl.col("_u") != pl.col("_n"), "a (request, step) pair held twice"),
-        (pl.col("_silent") > 0, "a step that emits no token (every step emits at least the target's own)"),
-    ]
-    if collected_by_svt(meta):  # (an import may lose steps its source lost, e.g. a vLLM spool's lost flush, said)
+    checks = [(pl.col("_u") != pl.col("_n"), "a (request, step) pair held twice")]
+    # (an import keeps its source's steps as they were: a vLLM spool's lost flush leaves a gap, which its
+    # run.json says; an arctic simulation logs a step that accepted nothing at a response's end)
+    if collected_by_svt(meta):
+        checks.append((pl.col("_silent") > 0, "a step that emits no token (every step emits at least the target's own)"))
         checks.append((pl.col("_hi") - pl.col("_lo") + 1 != pl.col("_u"), "step numbers with gaps"))
         if static and not meta.get("hvd"):
             checks.append((pl.col("_lo") != 0, "steps not numbered from 0 (a static batch numbers them from 0)"))

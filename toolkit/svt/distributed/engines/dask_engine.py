@@ -27,13 +27,20 @@ def probe_scheduler(address: str, seconds: float = HANDSHAKE_S) -> None:
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"Could not join the dask scheduler at {address}: {exc}.") from None
     try:
-        with socket.create_connection((host, port), timeout=seconds) as sock:
+        sock = socket.create_connection((host, port), timeout=seconds)
+    except TimeoutError:
+        raise ConfigError(f"Could not join the dask scheduler at {address}: no answer within {seconds:g} s (a wrong "
+                          "host, or a firewall that drops the connection).") from None
+    except OSError as exc:
+        raise ConfigError(f"Could not join the dask scheduler at {address}: {exc}.") from None
+    try:
+        with sock:
             sock.settimeout(seconds)
             first = sock.recv(16)
     except TimeoutError:
         raise ConfigError(f"Could not join the dask scheduler at {address}: the port answers but sent no dask "
-                          f"handshake within {seconds:g} s; it is not a dask scheduler (check the port: "
-                          "`dask scheduler` prints its address).") from None
+                          f"handshake within {seconds:g} s: not a dask scheduler, or one too busy to greet a "
+                          "connection (check the port: `dask scheduler` prints its address).") from None
     except OSError as exc:
         raise ConfigError(f"Could not join the dask scheduler at {address}: {exc}.") from None
     if not first or first[:4] in (b"HTTP", b"SSH-", b"<!DO", b"<htm", b"220 ", b"+OK ", b"-ERR"):
