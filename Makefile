@@ -28,8 +28,10 @@ $(VENV)/.svt-kernels: $(VENV)/.svt-installed $(KERNEL_SOURCES)
 
 # the suite without the end-to-end tests (marked slow: the README tour, the GPU dry run, the
 # notebooks that collect, two shard processes); `make test-slow` runs those, .ci/run both
+# one pytest-xdist worker per core (each keeps to its core: tests/conftest.py), tests handed out as
+# workers free up
 test: setup
-	$(PY) -m pytest -m "not slow and not vllm"
+	$(PY) -m pytest -m "not slow and not vllm" -n auto --dist worksteal
 
 test-slow: setup
 	$(PY) -m pytest -m "slow and not vllm"

@@ -1548,12 +1548,9 @@ MUTANTS = [
     M("identity-of-empty-table", "fits know their rows", "traces/identity.py",
       "        if table in IDENTITY_COLUMNS and run.has(table) and run.rows(table) > 0:",
       "        if table in IDENTITY_COLUMNS and run.has(table):", ("tests/report/test_reference_report.py",)),
-    M("empty-identity-matches", "fits know their rows", "fit/held_out.py",
-      "                    if not identifies(data):", "                    if not isinstance(data, dict):",
-      ("tests/report/test_reference_report.py",)),
     M("cache-identity-of-request-ids-only", "fits know their rows", "traces/identity.py",
       '    "cache_drafts": (("request", "decode_pos", "draft_len", "match_len", "oracle_accepted", "model_accepted"),',
-      '    "cache_drafts": (("request",),', ("tests/report/test_reference_report.py",)),
+      '    "cache_drafts": (("request",),', ("tests/traces/test_identity.py",)),
     # no hang; messages that point the right way; tests that could not see (reliability round 5)
     M("scheduler-probe-skipped", "no hang", "distributed/engines/dask_engine.py",
       "            probe_scheduler(address)\n", "", ("tests/distributed/test_cluster_evaluate.py",)),

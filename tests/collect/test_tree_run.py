@@ -83,7 +83,7 @@ def _first_step_rows(frame: pl.DataFrame) -> pl.Expr:
 
 @pytest.mark.parametrize("damage,words", [
     (lambda f: f.with_columns(pl.when(pl.col("node") == 1).then(pl.col("node")).otherwise(pl.col("parent"))
-                              .alias("parent")), "parent"),
+                              .alias("parent")), "a parent that is not an earlier node"),
     (lambda f: f.filter(~(_first_step_rows(f) & (pl.col("node") == 1))), "numbered 0, 1"),
     (lambda f: pl.concat([f, f.head(1)]), "numbered 0, 1"),
     (lambda f: f.with_columns(pl.when(pl.col("parent") >= 0).then(pl.col("depth") + 1).otherwise(pl.col("depth"))

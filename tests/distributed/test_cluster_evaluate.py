@@ -336,11 +336,17 @@ def test_a_port_that_answers_but_is_no_dask_scheduler_is_refused_quickly(small_r
 
     srv = http.server.HTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
+    got = []
+    try:  # in a thread of its own, so that a hang fails this test in 30 s instead of holding the suite
         t0 = time.monotonic()
-        r = CliRunner().invoke(app, ["evaluate", str(small_run), "--out", str(tmp_path / "r"), "--cluster",
-                                     f"tcp://127.0.0.1:{srv.server_address[1]}"])
+        worker = threading.Thread(target=lambda: got.append(CliRunner().invoke(app, [
+            "evaluate", str(small_run), "--out", str(tmp_path / "r"), "--cluster",
+            f"tcp://127.0.0.1:{srv.server_address[1]}"])), daemon=True)
+        worker.start()
+        worker.join(30)
+        assert not worker.is_alive(), "svt evaluate --cluster still waits on a port that is no dask scheduler"
         assert time.monotonic() - t0 < 15
+        r = got[0]
         assert r.exit_code != 0 and "sent no dask handshake" in r.output and "Traceback" not in r.output
     finally:
         srv.shutdown()

@@ -41,3 +41,18 @@ def test_compiled_identity_is_the_numpy_definition(cols):
     assert data_identity(frame.sample(fraction=1.0, shuffle=True, seed=1))["sha256"] == ref["sha256"]
     other = frame.with_columns(pl.col("position").reverse())  # one column changed: another hash
     assert data_identity(other)["sha256"] != ref["sha256"]
+
+
+@pytest.mark.parametrize("column", ["decode_pos", "draft_len", "match_len", "oracle_accepted", "model_accepted"])
+def test_a_cache_drafts_identity_sees_each_fact_a_yield_fit_reads(greedy_run, column):
+    """A yield fit's training identity is of the cache drafts it read: one row's position, length or
+    either source's yield changed (request ids and row count kept) is other data."""
+    from svt.traces.io import open_run
+
+    frame = open_run(greedy_run, deep=False).scan("cache_drafts").collect()
+    changed = frame.with_columns(pl.when(pl.int_range(pl.len()) == 0).then(pl.col(column) + 1)
+                                 .otherwise(pl.col(column)).cast(frame.schema[column]).alias(column))
+    a, b = data_identity(frame, table="cache_drafts"), data_identity(changed, table="cache_drafts")
+    assert a["rows"] == b["rows"] == frame.height > 0
+    assert a["structure_sha256"] != b["structure_sha256"]
+    assert data_identity(frame, table="cache_drafts", compiled=False)["sha256"] == a["sha256"]

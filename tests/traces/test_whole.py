@@ -132,15 +132,18 @@ def test_an_optional_table_removed_whole_is_absent_not_damaged(greedy_run, tmp_p
     read_run(run, InProcess())
 
 
-def test_a_step_repeated_in_another_shard_is_refused_on_the_cluster_too(greedy_run, tmp_path):
-    """Each shard alone is whole; the same (request, step) in two shards is caught by reading the run
-    whole, on the cluster as on one machine."""
+def test_a_request_repeated_in_another_shard_is_refused_on_the_cluster_too(greedy_run, tmp_path):
+    """A request's rows (its requests row, steps and drafts) copied whole into another batch's shards:
+    each shard alone is whole, so the cluster's shard-by-shard check passes each; the same (request,
+    step) in two shards is caught by reading the run whole, on the cluster as on one machine."""
     bad = tmp_path / "dup"
     shutil.copytree(greedy_run, bad)
-    shards = sorted((bad / "steps").glob("*.parquet"))
-    first, second = pl.read_parquet(shards[0]), pl.read_parquet(shards[1])
-    pl.concat([second, first.head(1)]).write_parquet(shards[1])
+    r0 = pl.read_parquet(sorted((bad / "requests").glob("*.parquet"))[0])["request"][0]
+    for table in ("requests", "steps", "drafts"):
+        shards = sorted((bad / table).glob("*.parquet"))
+        first, second = pl.read_parquet(shards[0]), pl.read_parquet(shards[1])
+        pl.concat([second, first.filter(pl.col("request") == r0)]).write_parquet(shards[1])
     reseal(bad)
     for read in (open_run, lambda r: read_run(r, InProcess())):
-        with pytest.raises(SchemaError):
+        with pytest.raises(SchemaError, match="held twice"):
             read(bad)

@@ -31,7 +31,6 @@ from svt.traces.identity import (
     import_source,
     model_pair,
     request_signatures,
-    identifies,
     run_identity,
     same_data,
 )
@@ -78,11 +77,13 @@ def _seen(fit: Fitter, run_ids: list, paths: list | None) -> list[tuple[int | No
                 idents: dict = {}
                 for j, t in enumerate(trained):
                     data = t.get("data")
-                    if not identifies(data):  # an identity of no rows (an empty drafts table) identifies nothing
+                    if not isinstance(data, dict):
                         continue
                     table = data.get("table") or "drafts"
                     if table not in idents:
                         idents[table] = run_identity(run, table)
+                    # the same table's rows (an empty drafts table's identity, recorded by an older svt for a
+                    # reference run, identifies nothing: this run's identity is of the table it has rows in)
                     if idents[table]["table"] == table and same_data(data, idents[table])[0]:
                         hit = j
                         break

@@ -332,12 +332,6 @@ def run_identity(run, table: str | None = None) -> dict:
     return {"table": table, **data_identity(run.parts(table) if run.has(table) else [], table=table)}
 
 
-def identifies(record: dict | None) -> bool:
-    """Whether a recorded data identity can identify a run: it has rows (no rows match every empty run)."""
-    rows = record.get("rows") if isinstance(record, dict) else None
-    return isinstance(rows, int) and not isinstance(rows, bool) and rows > 0
-
-
 def run_record(path, run) -> dict:
     """What a fit records of a run it was trained on: where, its id, K and the model pair (offline
     fits add the run's data identity, so an identical re-collection under a new run id is still
