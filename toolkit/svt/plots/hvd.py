@@ -34,22 +34,24 @@ def hvd(report: dict, ax=None):
     else:
         fig, axes = ax.figure, [ax] * len(groups)
     preds = list(dict.fromkeys(r["predictor"] for r in sim["rows"] if "predictor" in r))
+    # bands: the cost model's 95 % range where the table keeps refits, else the requests' (any cost file)
+    key = "cost_ci95" if sim.get("cost_refits") else "request_ci95"
     for a, g in zip(axes, groups, strict=True):
         rows = [r for r in sim["rows"] if r["group"] == g]
         for i, p in enumerate(preds):
             pts = sorted((r["tau"], r["speedup_vs_greedy"]) for r in rows
                           if r.get("predictor") == p and r["tau"] is not None and math.isfinite(r["tau"]))
             a.plot(*zip(*pts, strict=True), "-o", ms=3, lw=1.2, color=palette(len(preds))[i], label=f"HVD {p}")
-            band = sorted((r["tau"], *r["cost_ci95"]["speedup_vs_greedy"]) for r in rows
+            band = sorted((r["tau"], *r[key]["speedup_vs_greedy"]) for r in rows
                           if r.get("predictor") == p and r["tau"] is not None and math.isfinite(r["tau"])
-                          and (r.get("cost_ci95") or {}).get("speedup_vs_greedy"))
-            if band:  # the cost model's 95 % range (its bootstrap refits)
+                          and (r.get(key) or {}).get("speedup_vs_greedy"))
+            if band:
                 a.fill_between(*zip(*band, strict=True), color=palette(len(preds))[i], alpha=0.18, lw=0)
         for pol, style in (("model-only", ("k", "--")), ("cache-only", ("0.45", ":")), ("oracle-switch", ("C3", "-."))):
             row = next(r for r in rows if r["policy"] == pol)
             a.axhline(row["speedup_vs_greedy"], color=style[0], ls=style[1], lw=1,
                       label=pol + (" (bound)" if pol == "oracle-switch" else ""))
-            ci = (row.get("cost_ci95") or {}).get("speedup_vs_greedy")
+            ci = (row.get(key) or {}).get("speedup_vs_greedy")
             if ci:
                 a.axhspan(*ci, color=style[0], alpha=0.08, lw=0)
         a.axhline(1.0, color="0.8", lw=0.8)
@@ -63,7 +65,8 @@ def hvd(report: dict, ax=None):
                  f"{'; UNRELIABLE: measured on a busy or noisy machine' if sim['costs'].get('warnings') else ''})",
                  fontsize=9)
     add_caption(fig, report, f"   bands: 95 % over {sim['cost_refits']} refits of the cost model"
-                if sim.get("cost_refits") else "")
+                if sim.get("cost_refits") else f"   bands: 95 % over {sim['request_bootstrap']} resamples of the "
+                "requests" if sim.get("request_bootstrap") else "")
     return fig
 
 
