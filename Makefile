@@ -28,10 +28,10 @@ $(VENV)/.svt-kernels: $(VENV)/.svt-installed $(KERNEL_SOURCES)
 
 # the suite without the end-to-end tests (marked slow: the README tour, the GPU dry run, the
 # notebooks that collect, two shard processes); `make test-slow` runs those, .ci/run both
-# one pytest-xdist worker per core (each keeps to its core: tests/conftest.py), tests handed out as
-# workers free up
+# one process: pytest-xdist (-n auto) was measured slower on 2 cores (each worker builds its own session
+# fixtures, and torch already uses both cores); on a larger machine `$(PY) -m pytest -n auto ...` works
 test: setup
-	$(PY) -m pytest -m "not slow and not vllm" -n auto --dist worksteal
+	$(PY) -m pytest -m "not slow and not vllm"
 
 test-slow: setup
 	$(PY) -m pytest -m "slow and not vllm"
