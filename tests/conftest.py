@@ -61,10 +61,10 @@ def greedy_run(tmp_path_factory, models_dir):
 def reseal(run_dir) -> None:
     """Record the current shards in run.json (and its row counts), as a foreign writer that wrote them
     would: lets a test reach the value checks behind the shard records."""
+    import polars as pl
+
     from svt.traces.io import list_shards, read_meta, record_shards, write_meta
     from svt.traces.schema import TABLES
-
-    import polars as pl
 
     meta = read_meta(run_dir)
     meta["shards"] = {}

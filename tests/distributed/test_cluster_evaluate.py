@@ -333,7 +333,6 @@ def test_a_port_that_answers_but_is_no_dask_scheduler_is_refused_quickly(small_r
     import time
 
     from distributed import LocalCluster
-
     from svt.distributed.engines.dask_engine import HANDSHAKE_S, probe_scheduler
 
     srv = http.server.HTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)

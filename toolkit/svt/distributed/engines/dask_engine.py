@@ -6,7 +6,6 @@ from __future__ import annotations
 from svt.distributed.engines.base import Engine, peak_rss_gib, register
 from svt.errors import ConfigError
 
-
 HANDSHAKE_S = 5.0  # a dask scheduler greets a new connection at once; a port silent this long is not one
 
 
