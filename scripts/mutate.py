@@ -1585,6 +1585,8 @@ MUTANTS = [
       '                      "scored": {i: np.sort(scored.filter(pl.col("_run") == i)["request"].to_numpy())',
       '                      "scored": {i: np.sort(scored["request"].unique().to_numpy())',
       ("tests/distributed/test_cluster_fits.py",)),
+    M("resume-prompts-unchecked", "messages", "collect/plan.py",
+      "    if old_meta:\n        check_resume_prompts(out, ids)\n", "", ("tests/collect/test_runner.py",)),
     # request-bootstrap intervals on every HVD replay row
     M("hvd-ci-base-other-resample", "HVD intervals", "simulate/hvd.py",
       "        base_ms = {n: policies[n][1][idx][draws][..., 2].sum(1) for n in base} if draws is not None else {}",

@@ -94,6 +94,24 @@ def test_resume_refuses_a_different_config(cfg, tmp_path):
         collect(cfg, tmp_path / "run", resume=True, progress=False)
 
 
+def test_resume_refuses_committed_requests_of_other_prompts(cfg, tmp_path):
+    """The same config and prompt files can pick other prompts (a picking rule changed between two
+    sessions): a committed request whose prompt tokens are not this session's is refused by name."""
+    from tests.conftest import reseal
+
+    collect(cfg, tmp_path / "run", progress=False)
+    shard = sorted((tmp_path / "run" / "requests").glob("*.parquet"))[0]
+    f = pl.read_parquet(shard)
+    f.with_columns(pl.when(pl.int_range(pl.len()) == 0).then(pl.col("prompt_ids").list.concat(pl.lit([7], pl.List(pl.Int32))))
+                   .otherwise(pl.col("prompt_ids")).alias("prompt_ids")).write_parquet(shard)
+    reseal(tmp_path / "run")
+    meta = json.loads((tmp_path / "run" / "run.json").read_text())
+    meta["status"] = "running"
+    (tmp_path / "run" / "run.json").write_text(json.dumps(meta))
+    with pytest.raises(ConfigError, match=f"request {f['request'][0]} was committed with other prompt tokens"):
+        collect(cfg, tmp_path / "run", resume=True, progress=False)
+
+
 def test_overwrite_refuses_a_directory_that_is_not_a_run(cfg, tmp_path):
     d = tmp_path / "precious"
     d.mkdir()

@@ -90,6 +90,26 @@ def check_resume_inputs(out: Path, old_meta: dict, pair, workload_hashes: dict[s
                               "the run started. Use --overwrite.")
 
 
+def check_resume_prompts(out: Path, ids: list[list[int]]) -> None:
+    """The requests a resumed run committed must be the prompt tokens this session picks for them:
+    the same config and prompt files can pick other rows or tokens (a changed picking rule, such
+    as `on_long_head: skip` now leaving long rows out before picking; a chat template), and one run
+    would then mix two sets of prompts."""
+    import polars as pl
+
+    from svt.traces.io import list_shards
+
+    files = list_shards(out, "requests")
+    if not files:
+        return
+    done = pl.read_parquet(files, columns=["request", "prompt_ids"])
+    for r, p in zip(done["request"].to_list(), done["prompt_ids"].to_list(), strict=True):
+        if not 0 <= r < len(ids) or list(p) != list(ids[r]):
+            raise ConfigError(f"Cannot resume {str(out)!r}: request {r} was committed with other prompt tokens than "
+                              "this session picks for it (how svt picks or tokenizes the prompts changed since the "
+                              "run started). Use --overwrite.")
+
+
 def live_policy(cfg: CollectConfig, config_path: Path | None, resume: bool) -> tuple[LiveAV | None, object | None]:
     """The live-AV policy (and its online estimator) of a config with ``av:``; checked in full here."""
     if cfg.av is None:
@@ -175,6 +195,8 @@ def plan_collection(cfg: CollectConfig, out: Path, *, config_path: Path | None, 
     limits = [n for n in (position_limit(pair.target_path), position_limit(pair.draft_path)) if n is not None]
     check_positions(prompts, [len(x) + cfg.max_new_tokens + cfg.k + 1 for x in ids], min(limits, default=None),
                     "the target or the draft", "Lower `max_prompt_tokens` or `max_new_tokens`.")
+    if old_meta:
+        check_resume_prompts(out, ids)
     # an overwrite is written beside the old run and swapped in when complete
     staged = overwrite and out.is_dir() and any(out.iterdir())
     target = staging_path(out) if staged else out
