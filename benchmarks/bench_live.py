@@ -100,7 +100,8 @@ def main(argv=None) -> dict:
 
             points.append({"policy": policy, "batch": b, "rounds": len(rs), **{key: st(key) for key in (
                 "ratio", "replay_tokens_per_s", "live_tokens_per_s", "table_vs_steps", "table_vs_forwards", "step_vs_forwards",
-                "mean_batch", "live_tokens_per_step", "replay_tokens_per_step")}})
+                "mean_batch", "waiting_mean_batch", "live_tokens_per_step", "replay_tokens_per_step")
+                if all(r.get(key) is not None for r in rs)}})
     result = {"config": {"rounds": args.rounds, "ks": ks, "batches": batches, "requests": args.requests,
                          "max_new_tokens": args.tokens}, "points": points, "runs": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -110,12 +111,13 @@ def main(argv=None) -> dict:
         return f"{s['median']:,.{d}f} [{s['min']:,.{d}f}-{s['max']:,.{d}f}]"
 
     lines = ["| policy, B | replay / live | replay tok/s | live tok/s | table / steps | table / forwards | step / forwards | "
-             "mean batch | tok/step live | tok/step replay |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "mean batch | while requests wait | tok/step live | tok/step replay |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for p in points:
         lines.append(f"| {p['policy']}, B = {p['batch']} | {f(p['ratio'])} | {f(p['replay_tokens_per_s'], 0)} | "
                      f"{f(p['live_tokens_per_s'], 0)} | {f(p['table_vs_steps'])} | {f(p['table_vs_forwards'])} | "
                      f"{f(p['step_vs_forwards'])} | "
-                     f"{f(p['mean_batch'])} | {f(p['live_tokens_per_step'], 3)} | {f(p['replay_tokens_per_step'], 3)} |")
+                     f"{f(p['mean_batch'])} | {f(p['waiting_mean_batch']) if 'waiting_mean_batch' in p else '—'} | "
+                     f"{f(p['live_tokens_per_step'], 3)} | {f(p['replay_tokens_per_step'], 3)} |")
     md = "\n".join(lines)
     args.out.with_suffix(".md").write_text(md + "\n")
     print(md)

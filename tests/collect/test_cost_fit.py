@@ -143,17 +143,19 @@ def _fake_profile(monkeypatch, slow):
     calls = {"draft": {}, "verify": {}}
     rng = np.random.default_rng(0)
 
-    def draft_runs(draft, b, k, repeats, context, device):
-        n = calls["draft"][b] = calls["draft"].get(b, 0) + 1
-        base = np.array([true_draft(b, j) for j in range(1, k + 1)])
-        return base * slow("draft", b, n) * rng.lognormal(0, 0.01, (repeats, k))
+    def measure(target, draft, draft_batches, verify_cells, k, repeats, context, device, seed=0):
+        d, v = {}, {}
+        for b in draft_batches:
+            n = calls["draft"][b] = calls["draft"].get(b, 0) + 1
+            base = np.array([true_draft(b, j) for j in range(1, k + 1)])
+            d[b] = base * slow("draft", b, n) * rng.lognormal(0, 0.01, (repeats, k))
+        for b, widths in verify_cells.items():
+            n = calls["verify"][b] = calls["verify"].get(b, 0) + 1
+            v.update({(b, m): list(true_verify(b, m) * slow("verify", b, n) * rng.lognormal(0, 0.01, repeats))
+                      for m in widths})
+        return d, v, [1.0] * repeats
 
-    def verify_runs(target, b, widths, repeats, context, device):
-        n = calls["verify"][b] = calls["verify"].get(b, 0) + 1
-        return {m: list(true_verify(b, m) * slow("verify", b, n) * rng.lognormal(0, 0.01, repeats)) for m in widths}
-
-    monkeypatch.setattr(profile, "_draft_runs", draft_runs)
-    monkeypatch.setattr(profile, "_verify_runs", verify_runs)
+    monkeypatch.setattr(profile, "_measure", measure)
     monkeypatch.setattr(profile, "machine_load", lambda: {"load_1min": 0.0, "cores": 2, "threads": 2})
     monkeypatch.setattr(profile, "step_overheads", lambda *a: ({}, {}))  # real engine steps: test_profile.py
     target = type("T", (), {"parameters": lambda self: iter([__import__("torch").zeros(1)])})()
@@ -179,3 +181,83 @@ def test_a_machine_busy_throughout_is_not_measured_again_but_flagged(monkeypatch
     table, calls = _fake_profile(monkeypatch, lambda what, b, n: wobble[b + 7 * n + (what == "draft")])
     assert max(calls["draft"].values()) == 1 and max(calls["verify"].values()) == 1
     assert table.measurement["warnings"] and table.measurement["fit"]["remeasured"] == []
+
+
+def _drifting_profile(monkeypatch, order=None):
+    """profile_pair with cells that cost exactly their true times on a machine whose speed falls
+    steadily to half while it is profiled (a quiet 2-core VM drifted 2x within minutes): the clock
+    advances by each sample's cost times the slowdown so far. ``order`` replaces the interleaving."""
+    import svt.collect.profile as profile
+
+    clock = {"now": 0.0, "samples": 0}
+    total = (len(BATCHES) * (K + 2)) * (profile.REPEATS + 1)
+
+    def spend(ms):
+        ms *= 1.0 + clock["samples"] / total  # 1x at the start, 2x at the end
+        clock["samples"] += 1
+        clock["now"] += ms / 1e3
+        return ms
+
+    class Draft:
+        def __init__(self, draft, b, k, context, device):
+            self.b, self.k = b, k
+
+        def sample(self):
+            slow = spend(1.0) / 1.0
+            return [true_draft(self.b, j) * slow for j in range(1, self.k + 1)]
+
+    class Verify:
+        def __init__(self, target, b, m, cache, context, device):
+            self.b, self.m = b, m
+
+        def sample(self):
+            return spend(true_verify(self.b, self.m))
+
+    monkeypatch.setattr(profile, "_DraftCell", Draft)
+    monkeypatch.setattr(profile, "_VerifyCell", Verify)
+    monkeypatch.setattr(profile, "_prefill", lambda *a: None)
+    monkeypatch.setattr(profile.time, "perf_counter", lambda: clock["now"])
+    monkeypatch.setattr(profile, "machine_load", lambda: {"load_1min": 0.0, "cores": 2, "threads": 2})
+    monkeypatch.setattr(profile, "step_overheads", lambda *a: ({}, {}))
+    if order is not None:
+        monkeypatch.setattr(profile, "_interleaved", order)
+    target = type("T", (), {"parameters": lambda self: iter([__import__("torch").zeros(1)])})()
+    return profile.profile_pair(target, object(), k=K, batches=BATCHES)
+
+
+def _shape_error(table) -> float:
+    """How far the table's cells are from the true costs' shape: the largest deviation of a cell's
+    fitted / true ratio from the median ratio (a uniform level is no error: the machine's speed)."""
+    r = np.array([table.verify_rows_ms[b][m] / true_verify(b, m) for b in BATCHES for m in range(1, K + 2)]
+                 + [table.draft_ms[b][K] / true_draft(b, K) for b in BATCHES])
+    return float(np.max(np.abs(r / np.median(r) - 1)))
+
+
+def test_cells_interleaved_keep_the_tables_shape_on_a_drifting_machine(monkeypatch):
+    """Every cell is sampled once a pass, in a fresh order: the drift slows every cell alike, so the
+    table's shape (what the replay's decisions rest on) holds, its level is the profile's average,
+    and the drift is recorded and noted. Cell after cell, the same drift bends the table: the first
+    cells measured near 1x, the last near 2x."""
+    table = _drifting_profile(monkeypatch)
+    drift = table.measurement["drift"]
+    assert _shape_error(table) < 0.08, _shape_error(table)
+    assert drift["passes"] == 15 and drift["slowest"] / drift["fastest"] > 1.7
+    assert any("speed moved while it was profiled" in n for n in table.measurement["raw_notes"])
+
+    def one_cell_after_another(cells, repeats, seed):
+        out = []
+        for c in cells:
+            c.sample()
+            out.append([c.sample() for _ in range(repeats)])
+        return out, [1.0] * repeats
+
+    assert _shape_error(_drifting_profile(monkeypatch, one_cell_after_another)) > 0.3
+
+
+def test_a_steady_machine_records_no_drift():
+    from svt.collect.profile import DRIFT_NOTE, drift_record
+
+    d = drift_record([10.0, 10.2, 9.9, 10.1])
+    assert d["passes"] == 4 and d["range"] < DRIFT_NOTE and d["pass_ms_median"] == pytest.approx(10.05)
+    assert drift_record([10.0, 20.0, 10.0])["range"] == pytest.approx(1.0)
+    assert drift_record([])["passes"] == 0

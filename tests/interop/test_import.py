@@ -389,13 +389,21 @@ def test_a_lacked_column_must_be_empty(tmp_path):
         open_run(tmp_path / "run")
 
 
-def test_what_only_the_reader_checks_is_caught_before_the_swap(tmp_path):
-    """A value the importer does not check itself (a negative entropy) is caught by reading the
-    staged run back in full: nothing is written."""
+@pytest.mark.parametrize("importer_checks", [True, False])
+def test_what_only_the_reader_checks_is_caught_before_the_swap(tmp_path, monkeypatch, importer_checks):
+    """A negative entropy is said by the import naming the source's row; without that check (any
+    value the importer does not check itself) reading the staged run back in full still catches
+    it: nothing is written either way."""
+    import svt.interop.base as base
+
+    if not importer_checks:
+        monkeypatch.setattr(base, "_check_within_rows", lambda *a: None)
     (tmp_path / "t.csv").write_text("r,s,p,l,e\n0,0,0,1,-0.5\n")
     (tmp_path / "m.yaml").write_text("rows: drafts\ncolumns: {request: r, step: s, position: p, label: l, "
                                      "q_entropy: e}\n")
-    with pytest.raises(SchemaError, match="`q_entropy` has 1 bad value"):
+    err, match = ((ImportFormatError, r"request 0 step 0 position 0 has `q_entropy` -0.5: NaN or negative")
+                  if importer_checks else (SchemaError, "`q_entropy` has 1 bad value"))
+    with pytest.raises(err, match=match):
         import_trace("table", tmp_path / "t.csv", tmp_path / "run", mapping=tmp_path / "m.yaml")
     assert not (tmp_path / "run").exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
@@ -450,3 +458,38 @@ def test_an_accepted_draft_with_acceptance_probability_0_is_refused(tmp_path):
                                      "accept_prob: p}\n")
     with pytest.raises(ImportFormatError, match="position 1 was accepted with an acceptance probability of 0"):
         import_trace("table", tmp_path / "t.csv", tmp_path / "run", mapping=tmp_path / "m.yaml")
+
+
+@pytest.mark.parametrize(("cols", "rows", "match"), [
+    # a normalised entropy (in [0, 1]) mapped to svt's q_entropy, in nats: below -ln q_max
+    ("q_max: c, q_entropy: h", "0,0,0,1,0.9,0.4\n0,0,1,0,0.2,0.4\n",
+     r"request 0 step 0 position 1 has `q_entropy` 0.4: below -ln `q_max`"),
+    ("q_max: c, q_margin: h", "0,0,0,1,0.9,0.05\n0,0,1,0,0.3,0.5\n",
+     r"request 0 step 0 position 1 has `q_margin` 0.5: negative or above `q_max`"),
+    ("q_max: c, q_entropy: h", "0,0,0,1,0.9,nan\n", r"position 0 has `q_entropy` nan: NaN or negative"),
+])
+def test_a_table_value_the_reader_refuses_is_refused_at_the_import(tmp_path, cols, rows, match):
+    """Values each within its own column's range but impossible beside another of the row's (the
+    reader's within-row checks) are said at the import, naming the source's request, step and
+    position, not at every later read of the written run."""
+    (tmp_path / "t.csv").write_text("req,it,pos,ok,c,h\n" + rows)
+    (tmp_path / "m.yaml").write_text(f"rows: drafts\ncolumns: {{request: req, step: it, position: pos, label: ok, {cols}}}\n")
+    with pytest.raises(ImportFormatError, match=match):
+        import_trace("table", tmp_path / "t.csv", tmp_path / "run", mapping=tmp_path / "m.yaml")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_table_step_emitting_more_than_it_accepted_is_refused_at_the_import(tmp_path):
+    (tmp_path / "t.csv").write_text("r,s,d,a,e\n7,0,4,4,5\n7,1,4,1,4\n")
+    (tmp_path / "m.yaml").write_text("rows: steps\ncolumns: {request: r, step: s, drafted: d, accepted: a, emitted: e}\n")
+    with pytest.raises(ImportFormatError, match=r"request 7 step 1 has `emitted` 4: above `accepted` \+ 1"):
+        import_trace("table", tmp_path / "t.csv", tmp_path / "run", mapping=tmp_path / "m.yaml")
+
+
+def test_an_import_the_checks_pass_reads_back(tmp_path):
+    """The same table with values that agree imports and is read whole (every check of the reader)."""
+    (tmp_path / "t.csv").write_text("req,it,pos,ok,c,h\n0,0,0,1,0.9,0.4\n0,0,1,0,0.2,1.7\n")
+    (tmp_path / "m.yaml").write_text("rows: drafts\ncolumns: {request: req, step: it, position: pos, label: ok, "
+                                     "q_max: c, q_entropy: h}\n")
+    import_trace("table", tmp_path / "t.csv", tmp_path / "run", mapping=tmp_path / "m.yaml")
+    assert open_run(tmp_path / "run", deep=True).scan("drafts").collect().height == 2

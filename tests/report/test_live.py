@@ -76,6 +76,10 @@ def test_each_live_run_beside_the_replays_point_for_its_policy(runs):
         per = [sum(g["emitted"]) / (sum(ms[t] for t in g["step"]) / 1e3)
                for g in steps.partition_by("request", as_dict=False)]
         assert r["live_interactivity"] == pytest.approx(float(np.mean(per)), rel=1e-6)
+        # while requests wait (before the last admission) every slot is full; from it the batch drains
+        last = sched.filter(sched["admitted"] > 0)["tick"].max()
+        assert r["waiting_mean_batch"] == pytest.approx(float(sched.filter(sched["tick"] < last)["batch_size"].mean()))
+        assert r["waiting_mean_batch"] == 3.0 and r["mean_batch"] < 3.0
     # the same point twice: a median and range over the rounds
     k3 = next(p for p in sim["live"]["points"] if p["policy"] == "fixed K=3")
     assert k3["rounds"] == 2 and k3["ratio"]["min"] == k3["ratio"]["max"] == pytest.approx(rows[0]["ratio"])

@@ -200,7 +200,7 @@ def _profile_costs(cfg, config: Path, out_dir: Path, batches: str | None, *, ove
 
     context = collection_context(cfg, config, pair.tokenizer)
     table = profile_pair(pair.target, pair.draft, k=cfg.k, batches=parse_batches(batches),
-                         progress=None if quiet else lambda b: _say(f"profiled batch {b}"),
+                         progress=None if quiet else lambda what: _say(f"profiled {what}"),
                          verify_tokens=None if cfg.tree is None else cfg.tree.size() + 1, context=context)
     ident = pair.identity()
     write_costs(table, out_dir, {"models": {**{k: v["path"] for k, v in ident.items() if isinstance(v, dict) and "path" in v},

@@ -5,7 +5,10 @@ of requests (a hidden-state head: the fusion of the target's taps and a catch-up
 slots for the first draft, then one-slot forwards, as the engine drafts);
 ``verify_rows_ms[rows][tokens a row]``: one target forward over that many rows of new tokens. The
 table holds the cost model fitted to the repeats (:mod:`svt.collect.cost_fit`). Each figure is the median of timed repeats after a discarded warm-up, over a
-KV cache holding ``context`` tokens per row (cropped back after every repeat).
+KV cache holding ``context`` tokens per row (cropped back after every repeat). The repeats are
+taken in interleaved passes, every cell once a pass in a fresh order (:func:`_interleaved`), so a
+machine whose speed drifts while it is profiled moves every cell alike; how much it drifted is kept
+(``measurement.drift``).
 
 How sure the table is goes with it (``CostTable.measurement``): each entry's spread over its repeats
 (interquartile range / median), the machine's load against the cores available before and after, the
@@ -215,56 +218,123 @@ def measurement_block(repeats: int, spreads: dict[str, dict], falls: dict[str, l
             **({"fit": fit, "raw_notes": notes} if fit is not None else {})}
 
 
-@torch.inference_mode()
-def _draft_runs(draft, b: int, k: int, repeats: int, context: int, device) -> np.ndarray:
-    """Cumulative ms after each of ``k`` drafts at batch ``b``, one row per repeat (after a warm-up)."""
-    from svt.collect.block_draft import is_block
+class _DraftCell:
+    """One batch size's drafts: each sample is the cumulative ms after each of ``k`` drafts (a
+    hidden-state or block drafter drafts as the engine does; a draft model runs ``k`` one-token
+    forwards), over its own cache of ``context`` slots, cropped back after every sample."""
 
-    head = is_head(draft)
-    run = _forward(draft)
-    cache = _prefill_head(draft, b, context, device) if head else _prefill(draft, b, context, device)
-    tok = torch.full((b, 1), 11, device=device)
-    runs = []
-    timer = _block_draft_times if is_block(draft) else _head_draft_times
-    for rep in range(repeats + 1):  # the first is a warm-up
-        _sync(device)
-        times = timer(draft, cache, b, k, context, device) if head else []
+    @torch.inference_mode()
+    def __init__(self, draft, b: int, k: int, context: int, device):
+        from svt.collect.block_draft import is_block
+
+        self.draft, self.b, self.k, self.context, self.device = draft, b, k, context, device
+        self.head = is_head(draft)
+        self.run = _forward(draft)
+        self.cache = _prefill_head(draft, b, context, device) if self.head else _prefill(draft, b, context, device)
+        self.tok = torch.full((b, 1), 11, device=device)
+        self.timer = _block_draft_times if is_block(draft) else _head_draft_times
+
+    @torch.inference_mode()
+    def sample(self) -> list[float]:
+        _sync(self.device)
+        times = self.timer(self.draft, self.cache, self.b, self.k, self.context, self.device) if self.head else []
         t0 = time.perf_counter()
-        for _ in range(0 if head else k):
-            run(input_ids=tok, use_cache=True, **{cache_kwarg(draft): cache})
-            _sync(device)
+        for _ in range(0 if self.head else self.k):
+            self.run(input_ids=self.tok, use_cache=True, **{cache_kwarg(self.draft): self.cache})
+            _sync(self.device)
             times.append((time.perf_counter() - t0) * 1e3)
-        _reset(cache, context)
-        if rep:
-            runs.append(times)
-    return np.array(runs)
+        _reset(self.cache, self.context)
+        return times
 
 
-@torch.inference_mode()
-def _verify_runs(target, b: int, widths, repeats: int, context: int, device) -> dict[int, list[float]]:
-    """For each number of tokens a row in ``widths``: ``repeats`` samples (ms) of one target forward
-    over ``b`` rows, each the mean of enough forwards to last ``SAMPLE_MS`` (counted at the warm-up)."""
-    cache = _prefill(target, b, context, device)
-    run = _forward(target)
-    out = {}
-    for m in widths:
-        ids = torch.full((b, m), 11, device=device)
-        samples, inner = [], 1
-        for rep in range(repeats + 1):
-            t = 0.0
-            for _ in range(inner):
-                _sync(device)
-                t0 = time.perf_counter()
-                run(input_ids=ids, use_cache=True, **{cache_kwarg(target): cache})
-                _sync(device)
-                t += time.perf_counter() - t0
-                _reset(cache, context)
-            if rep:
-                samples.append(t * 1e3 / inner)
-            else:  # from the warm-up: enough forwards per sample that one lasts SAMPLE_MS
-                inner = min(MAX_INNER, max(1, math.ceil(SAMPLE_MS / max(t * 1e3, 1e-3))))
-        out[m] = samples
-    return out
+class _VerifyCell:
+    """One target forward over ``b`` rows of ``m`` new tokens: each sample is the mean ms of enough
+    forwards to last ``SAMPLE_MS`` (counted at the first sample, the warm-up), over a cache of
+    ``context`` slots a row shared by the cells of one batch size and cropped back after each."""
+
+    def __init__(self, target, b: int, m: int, cache, context: int, device):
+        self.target, self.cache, self.context, self.device = target, cache, context, device
+        self.run = _forward(target)
+        self.ids = torch.full((b, m), 11, device=device)
+        self.inner = None
+
+    @torch.inference_mode()
+    def sample(self) -> float:
+        t = 0.0
+        for _ in range(self.inner or 1):
+            _sync(self.device)
+            t0 = time.perf_counter()
+            self.run(input_ids=self.ids, use_cache=True, **{cache_kwarg(self.target): self.cache})
+            _sync(self.device)
+            t += time.perf_counter() - t0
+            _reset(self.cache, self.context)
+        if self.inner is None:  # the warm-up: enough forwards per sample that one lasts SAMPLE_MS
+            self.inner = min(MAX_INNER, max(1, math.ceil(SAMPLE_MS / max(t * 1e3, 1e-3))))
+            return t * 1e3
+        return t * 1e3 / self.inner
+
+
+def _interleaved(cells: list, repeats: int, seed: int) -> tuple[list[list], list[float]]:
+    """``repeats`` samples of every cell after one warm-up each, taken in passes: each pass samples
+    every cell once, in a fresh seeded order. A machine whose speed drifts while it is profiled
+    (measured on a quiet 2-core VM: one fixed forward's median moved 6.1-12.3 ms within 150 s)
+    then slows every cell alike, so the cells' relative costs, on which the replay's decisions
+    rest, hold still; measured cell after cell, a slow stretch lands on a few cells and bends the
+    table. Returns each cell's samples and each pass's wall-clock (ms): the drift itself."""
+    for cell in cells:
+        cell.sample()  # warm-up (a verify cell also sets its forwards a sample)
+    rng = np.random.default_rng(seed)
+    out: list[list] = [[] for _ in cells]
+    passes = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for i in rng.permutation(len(cells)):
+            out[i].append(cells[i].sample())
+        passes.append((time.perf_counter() - t0) * 1e3)
+    return out, passes
+
+
+#: a pass's wall-clock moving more than this share around the passes' median: said in the table's
+#: notes (the cells are interleaved, so the drift moves the whole table, not its shape)
+DRIFT_NOTE = 0.2
+
+
+def drift_record(passes: list[float]) -> dict:
+    """How the machine's speed moved while it was profiled: each interleaved pass times every cell
+    once, so a pass's wall-clock over the passes' median is the machine's speed at that moment."""
+    a = np.asarray(passes, dtype=np.float64)
+    med = float(np.median(a)) if a.size else 0.0
+    rel = a / med if med > 0 else np.ones_like(a)
+    return {"passes": int(a.size), "pass_ms_median": round(med, 3),
+            "slowest": round(float(rel.max(initial=1.0)), 3), "fastest": round(float(rel.min(initial=1.0)), 3),
+            "range": round(float(rel.max(initial=1.0) - rel.min(initial=1.0)), 3)}
+
+
+def drift_note(d: dict) -> str:
+    return (f"the machine's speed moved while it was profiled: interleaved passes over every cell took "
+            f"{d['fastest']:.2f}-{d['slowest']:.2f}x their median ({d['passes']} passes); the cells moved together, "
+            "so the table's shape holds, but its level is this profile's average: a replay's absolute tokens/s "
+            "is only as steady as the machine")
+
+
+def _measure(target, draft, draft_batches, verify_cells: dict[int, list[int]], k: int, repeats: int, context: int,
+             device, seed: int = 0) -> tuple[dict[int, np.ndarray], dict[tuple[int, int], list[float]], list[float]]:
+    """Draft times at each of ``draft_batches`` (one row of cumulative ms per repeat) and verify
+    samples at each (batch, tokens a row) of ``verify_cells``, every cell interleaved with every
+    other (:func:`_interleaved`); with each pass's wall-clock."""
+    cells, keys = [], []
+    for b in draft_batches:
+        cells.append(_DraftCell(draft, b, k, context, device))
+        keys.append(("draft", b))
+    for b, widths in verify_cells.items():
+        cache = _prefill(target, b, context, device)
+        for m in widths:
+            cells.append(_VerifyCell(target, b, m, cache, context, device))
+            keys.append(("verify", (b, m)))
+    samples, passes = _interleaved(cells, repeats, seed)
+    draft_raw = {key: np.array(s) for (what, key), s in zip(keys, samples, strict=True) if what == "draft"}
+    verify_raw = {key: list(s) for (what, key), s in zip(keys, samples, strict=True) if what == "verify"}
+    return draft_raw, verify_raw, passes
 
 
 def _uncertain_cells(draft_fit: dict, verify_fit: dict, record: dict) -> tuple[list[int], dict[int, list[int]]]:
@@ -314,26 +384,23 @@ def profile_pair(target, draft, *, k: int, batches=DEFAULT_BATCHES, context: int
     device = next(target.parameters()).device
     before = machine_load()
     widths = range(1, (verify_tokens or k + 1) + 1)
-    draft_raw: dict[int, np.ndarray] = {}  # every repeat, for the cost model
-    verify_raw: dict[tuple[int, int], list[float]] = {}
-    for b in batches:
-        draft_raw[b] = _draft_runs(draft, b, k, repeats, context, device)
-        for m, samples in _verify_runs(target, b, widths, repeats, context, device).items():
-            verify_raw[(b, m)] = samples
-        if progress is not None:
-            progress(b)
+    # every repeat, for the cost model
+    draft_raw, verify_raw, passes = _measure(target, draft, list(batches), {b: list(widths) for b in batches}, k,
+                                             repeats, context, device)
+    if progress is not None:
+        progress(f"{len(draft_raw) + len(verify_raw)} cells, {repeats} interleaved passes")
     remeasured = []
-    for _ in range(EXTRA_ROUNDS):
+    for rnd in range(EXTRA_ROUNDS):
         again_d, again_v = _uncertain_cells(*fit_costs(draft_raw, verify_raw, replicates=0))
         off = len(again_d) * k + sum(len(ms) for ms in again_v.values())
         if not off or off > (len(draft_raw) * k + len(verify_raw)) / 2:
             break  # nothing to redo, or most of the grid: the machine, not a stretch of it (flagged below)
         remeasured.append({"draft": again_d, "verify": {b: list(ms) for b, ms in again_v.items()}})
-        for b in again_d:
-            draft_raw[b] = np.concatenate([draft_raw[b], _draft_runs(draft, b, k, repeats, context, device)])
-        for b, ms in again_v.items():
-            for m, samples in _verify_runs(target, b, ms, repeats, context, device).items():
-                verify_raw[(b, m)] += samples
+        more_d, more_v, _ = _measure(target, draft, again_d, again_v, k, repeats, context, device, seed=rnd + 1)
+        for b, runs in more_d.items():
+            draft_raw[b] = np.concatenate([draft_raw[b], runs])
+        for key, samples in more_v.items():
+            verify_raw[key] += samples
     spread = {"draft": {b: _spread(r[:, -1]) for b, r in draft_raw.items()},
               "verify": {key: _spread(s) for key, s in verify_raw.items()}}
     falls = {"draft": falls_with_batch({b: float(np.median(r[:, -1])) for b, r in draft_raw.items()}, spread["draft"]),
@@ -343,8 +410,13 @@ def profile_pair(target, draft, *, k: int, batches=DEFAULT_BATCHES, context: int
     draft_fit, verify_fit, record = fit_costs(draft_raw, verify_raw)
     record["remeasured"] = remeasured
     step, step_record = step_overheads(target, draft, k, batches, context)
+    if progress is not None:
+        progress("the engine's steps")
     block = measurement_block(repeats, spread, falls, before, machine_load(), fit=record)
     block["step"] = step_record
+    block["drift"] = drift_record(passes)
+    if block["drift"]["range"] > DRIFT_NOTE:
+        block["raw_notes"] = [*block.get("raw_notes", []), drift_note(block["drift"])]
     return CostTable("measured", "autoregressive",
                      f"measured on {device} with context {context}, {repeats} repeats a cell (more where the fit "
                      f"was uncertain), fitted: {record['model']} (raw medians under measurement.fit); step_ms: "

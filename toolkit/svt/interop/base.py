@@ -190,6 +190,29 @@ def check_tables(imported: Imported, where: str) -> None:
         r = bad.row(0, named=True)
         raise fail(where, f"request {_name(imported, r['request'])} step {r['step']} has {r['_why']}.")
     _check_timings_and_probabilities(imported, where)
+    _check_within_rows(imported, where)
+
+
+def _check_within_rows(imported: Imported, where: str) -> None:
+    """The reader's within-row checks (:func:`svt.traces.derived.row_checks`: an entropy below
+    -ln q_max, say a normalised entropy mapped to ``q_entropy``; a margin above ``q_max``; a step
+    emitting more than its accepted drafts + 1), said now with the source's request and step,
+    instead of at every later read of the written run."""
+    from svt.traces.derived import row_checks
+
+    for table, frame in (("drafts", imported.drafts), ("steps", imported.steps)):
+        checks = [("q_entropy", pl.col("q_entropy").is_nan() | (pl.col("q_entropy") < 0), "NaN or negative")] \
+            if table == "drafts" else []
+        for col, bad, what in [*checks, *row_checks(table)]:
+            if not set(bad.meta.root_names()) <= set(frame.columns):
+                continue
+            x = frame.filter(bad.fill_null(False))
+            if x.height:
+                r = x.row(0, named=True)
+                at = f" position {r['position']}" if "position" in r else ""
+                v = f"{r[col]:.6g}" if isinstance(r[col], float) else repr(r[col])
+                raise fail(where, f"request {_name(imported, r['request'])} step {r['step']}{at} has `{col}` {v}: "
+                                  f"{what}.")
 
 
 MAX_STEP_MS = 1e7  # ~3 hours for one draft or verify pass: beyond it a time is a unit or parse error

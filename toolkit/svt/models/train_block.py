@@ -266,16 +266,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=None, help="window tokens to train on (default 2,000,000)")
     ap.add_argument("--scale", type=float, default=1.0, help="multiply the token budget (smoke tests)")
+    ap.add_argument("--anchors", type=int, default=BlockTraining.anchors, help="anchor blocks a training window")
     args = ap.parse_args(argv)
-    if args.threads < 1 or not 0 < args.scale <= 1 or (args.tokens is not None and args.tokens < 1):
-        ap.error("--threads and --tokens must be >= 1 and --scale in (0, 1].")
+    if args.threads < 1 or not 0 < args.scale <= 1 or (args.tokens is not None and args.tokens < 1) or args.anchors < 1:
+        ap.error("--threads, --tokens and --anchors must be >= 1 and --scale in (0, 1].")
     torch.set_num_threads(args.threads)
     from svt.models.loading import load_causal_lm, load_tokenizer, weights_hash
     from svt.models.train_tiny import EOS, read_corpus, training_stream
 
-    cfg = BlockTraining(tokens=args.tokens or BlockTraining.tokens)
+    cfg = BlockTraining(tokens=args.tokens or BlockTraining.tokens, anchors=args.anchors)
     if args.scale != 1.0:
-        cfg = BlockTraining(tokens=max(cfg.batch * cfg.context, int(cfg.tokens * args.scale)),
+        cfg = BlockTraining(tokens=max(cfg.batch * cfg.context, int(cfg.tokens * args.scale)), anchors=args.anchors,
                             generated_sequences=max(2, int(cfg.generated_sequences * args.scale)), eval_every=5, warmup=2)
     hf_tok = load_tokenizer(args.target)
     tok = hf_tok.backend_tokenizer

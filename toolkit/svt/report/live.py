@@ -91,12 +91,18 @@ def read_live(path: str, fits: list[str], fit_names: list[str]) -> dict:
         pl.len().alias("steps")).row(0, named=True)
     cfg = meta.get("config") or {}
     kind = (meta.get("schedule") or {}).get("kind", "static")
+    # while requests wait (a continuous run, the steps before its last admission: each had a request
+    # left to admit once its slots were filled): the steady state the replay models; from the last
+    # admission on the batch drains as the last requests finish
+    last = sched.filter(pl.col("admitted") > 0)["tick"].max() if kind == "continuous" else None
+    before = None if last is None else sched.filter(pl.col("tick") < last)["batch_size"]
+    waiting = float(before.mean()) if before is not None and before.len() else None
     return {
         "run": str(path), "policy": live_policy(meta, path, fits, fit_names), "k": int(meta["k"]),
         "batch_size": int(cfg.get("batch_size", 0)), "schedule": (meta.get("schedule") or {}).get("kind", "static"),
         "device": meta.get("device"), "decode_s": s["step"] / 1e3, "prefill_s": s["prefill"] / 1e3,
         "forwards_s": s["fwd"] / 1e3, "tokens": int(s["tokens"]), "engine_steps": int(s["steps"]),
-        "mean_batch": float(s["mean_batch"]),
+        "mean_batch": float(s["mean_batch"]), "waiting_mean_batch": waiting,
         "live_tokens_per_s": s["tokens"] / (s["step"] / 1e3) if s["step"] > 0 else None,
         "live_tokens_per_step": s["tokens"] / s["rows"],
         "live_interactivity": _interactivity(run, sched, kind, int(cfg.get("batch_size", 1))),
@@ -174,7 +180,7 @@ def compare_live(lives: list[dict], points: list[dict], costs) -> dict:
                        "live_tokens_per_s": stat("live_tokens_per_s"), "replay_tokens_per_s": stat("replay_tokens_per_s"),
                        "table_vs_steps": stat("table_vs_steps"), "table_vs_forwards": stat("table_vs_forwards"),
                        "step_vs_forwards": stat("step_vs_forwards"),
-                       "mean_batch": stat("mean_batch")})
+                       "mean_batch": stat("mean_batch"), "waiting_mean_batch": stat("waiting_mean_batch")})
     return {"runs": rows, "points": rounds,
             "note": "decode tokens/s: tokens emitted over the engine steps' wall-clock (prefill, loading and "
                     "writing excluded; prefill reported apart). ratio = replay / live. table / steps: the cost "

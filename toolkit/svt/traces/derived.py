@@ -37,7 +37,7 @@ _REL, _ABS = 1e-5, 1e-7
 
 
 def _above(a: str, b: str) -> pl.Expr:
-    return (pl.col(a) > pl.col(b) * (1 + _REL) + _ABS).sum()
+    return pl.col(a) > pl.col(b) * (1 + _REL) + _ABS
 
 
 _ENTROPY_WHAT = ("below -ln `q_max` (a distribution whose largest probability is q has entropy at least "
@@ -47,15 +47,15 @@ _ENTROPY_WHAT = ("below -ln `q_max` (a distribution whose largest probability is
 def _entropy_below_bound() -> pl.Expr:
     """Rows whose entropy is below -ln q_max, beyond float32 rounding of both."""
     bound = -pl.col("q_max").cast(pl.Float64).log()
-    return (pl.col("q_entropy").cast(pl.Float64) < bound * (1 - 1e-4) - 1e-4).sum()
+    return pl.col("q_entropy").cast(pl.Float64) < bound * (1 - 1e-4) - 1e-4
 
 
 def row_checks(table: str) -> list[tuple[str, pl.Expr, str]]:
-    """(column, count of rows breaking it, what is wrong) for the within-row checks of ``table``."""
+    """(column, true on a row breaking it, what is wrong) for the within-row checks of ``table``."""
     if table == "drafts":
         return [("q_sampled", _above("q_sampled", "q_max"), "above `q_max` (the largest probability of its distribution)"),
                 ("q_entropy", _entropy_below_bound(), _ENTROPY_WHAT),
-                ("q_margin", _above("q_margin", "q_max") + (pl.col("q_margin") < 0).sum(),
+                ("q_margin", _above("q_margin", "q_max") | (pl.col("q_margin") < 0),
                  "negative or above `q_max` (a margin is `q_max` minus the second largest probability)"),
                 ("p_sampled", _above("p_sampled", "p_max"), "above `p_max` (the largest probability of its distribution)")]
     if table == "tree_drafts":
@@ -64,11 +64,11 @@ def row_checks(table: str) -> list[tuple[str, pl.Expr, str]]:
                 ("path_prob", _above("path_prob", "q_token"), "above `q_token` (a path's probability is the product "
                                                               "of its nodes' `q_token`)")]
     if table == "steps":
-        return [("accepted", (pl.col("accepted") > pl.col("kept")).sum(), "above `kept` (a trimmed draft is never accepted)"),
-                ("kept", (pl.col("kept") > pl.col("drafted")).sum(), "above `drafted`"),
-                ("emitted", (pl.col("emitted") > pl.col("accepted") + 1).sum(),
+        return [("accepted", pl.col("accepted") > pl.col("kept"), "above `kept` (a trimmed draft is never accepted)"),
+                ("kept", pl.col("kept") > pl.col("drafted"), "above `drafted`"),
+                ("emitted", pl.col("emitted") > pl.col("accepted") + 1,
                  "above `accepted` + 1 (a step emits its accepted drafts and one token of the target's)"),
-                ("explored", (pl.col("explored") & (pl.col("kept") != pl.col("drafted"))).sum(),
+                ("explored", pl.col("explored") & (pl.col("kept") != pl.col("drafted")),
                  "true where `kept` < `drafted`: an explored step verifies every draft")]
     return []
 

@@ -181,7 +181,7 @@ def check_shard_values(path: Path, spec: TableSchema, lacks: frozenset[str] = fr
     names = lf.collect_schema().names()
     checks = common_checks(spec, names, lacks) + table_checks(spec.name, names, lacks)
     derived = {f"derived:{col}": what for col, _, what in row_checks(spec.name)}
-    checks += [expr.alias(f"derived:{col}") for col, expr, _ in row_checks(spec.name)]
+    checks += [expr.sum().alias(f"derived:{col}") for col, expr, _ in row_checks(spec.name)]
     row = lf.select(checks).collect().row(0, named=True)
     if spec.name in ("tree_drafts", "cache_trees") and not any(row.values()):
         row = tree_structure(lf, ("request", "step") if spec.name == "tree_drafts" else ("request", "decode_pos"))

@@ -96,13 +96,15 @@ def _live_lines(live: dict | None) -> list[str]:
     def f(v, d=2):
         return "—" if v is None else f"{v:,.{d}f}"
 
-    rows = [[r["run"], r["policy"], str(r["batch_size"]), r["schedule"], f(r["mean_batch"]), f(r["live_tokens_per_s"], 0),
+    rows = [[r["run"], r["policy"], str(r["batch_size"]), r["schedule"], f(r["mean_batch"]),
+             f(r.get("waiting_mean_batch")), f(r["live_tokens_per_s"], 0),
              f(r["replay_tokens_per_s"], 0), f(r["ratio"]), f(r["live_tokens_per_step"], 3),
              f(r["replay_tokens_per_step"], 3), f(r["table_vs_steps"]), f(r["table_vs_forwards"]),
              f(r["step_vs_forwards"]), f(r["prefill_s"])] for r in live["runs"]]
     lines = ["### How close is the replay? Live runs of the same policies\n",
              live["note"] + "\n",
-             md_table(["live run", "policy", "B", "schedule", "mean batch", "live tok/s", "replay tok/s",
+             md_table(["live run", "policy", "B", "schedule", "mean batch", "while requests wait", "live tok/s",
+                       "replay tok/s",
                        "replay / live", "live tok/step", "replay tok/step", "table / steps", "table / forwards",
                        "step / forwards", "prefill s"], rows), ""]
     notes = [f"- `{r['run']}`: {r['schedule_note']}" for r in live["runs"] if r.get("schedule_note")]
