@@ -87,8 +87,34 @@ def outputs_agreeing(run_dir) -> None:
     emitted = steps.group_by("request").agg(pl.col("emitted").cast(pl.Int64).sum().alias("_e"))
     for part in sorted((run_dir / "requests").glob("part-*.parquet")):
         r = pl.read_parquet(part)
+        # an output cut short ends as if by a stop token (`length` is an output of max_new_tokens)
         r.join(emitted, on="request", how="left", maintain_order="left").with_columns(
-            pl.col("output_ids").list.head(pl.col("_e").fill_null(0))).drop("_e").write_parquet(part)
+            pl.col("output_ids").list.head(pl.col("_e").fill_null(0)),
+            pl.when(pl.col("_e").fill_null(0) < pl.col("output_ids").list.len()).then(pl.lit("stop"))
+            .otherwise(pl.col("finish_reason")).alias("finish_reason")).drop("_e").write_parquet(part)
+
+
+def schedule_agreeing(run_dir) -> None:
+    """The ``schedule`` table's rows and tokens a tick recomputed from the steps (a test that
+    fabricates steps keeps the engine's log agreeing, as the reader checks it tick by tick). Call
+    before :func:`reseal`."""
+    import json
+
+    import polars as pl
+
+    if not (run_dir / "schedule").is_dir():
+        return
+    meta = json.loads((run_dir / "run.json").read_text())
+    steps = pl.read_parquet(sorted((run_dir / "steps").glob("part-*.parquet")))
+    continuous = (meta.get("schedule") or {}).get("kind") == "continuous"
+    size = meta["config"]["batch_size"]
+    for part in sorted((run_dir / "schedule").glob("part-*.parquet")):
+        sched = pl.read_parquet(part)
+        own = steps if continuous else steps.filter(pl.col("request") // size == int(part.stem.split("-")[1]))
+        per = own.group_by(pl.col("step").alias("tick")).agg(pl.len().alias("_n"), pl.col("emitted").sum().alias("_e"))
+        sched.join(per, on="tick", how="left", maintain_order="left").with_columns(
+            pl.col("_n").fill_null(0).cast(sched["batch_size"].dtype).alias("batch_size"),
+            pl.col("_e").fill_null(0).cast(sched["emitted"].dtype).alias("emitted")).drop("_n", "_e").write_parquet(part)
 
 
 def steps_agreeing(drafts, steps):

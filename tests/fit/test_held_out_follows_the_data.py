@@ -242,9 +242,10 @@ def test_an_export_that_would_come_back_with_other_labels_is_refused(small_run, 
                        .otherwise(pl.col("label")).alias("label"))
     d.write_parquet(f)
     steps_agreeing(d, pl.read_parquet(s)).write_parquet(s)  # that step verified nothing (live AV trimmed it all)
-    from ..conftest import outputs_agreeing
+    from ..conftest import outputs_agreeing, schedule_agreeing
 
     outputs_agreeing(run)
+    schedule_agreeing(run)
     reseal(run)
     with pytest.raises(DataError, match="would come back with"):
         export("vllm-steps", run, tmp_path / "out.jsonl")

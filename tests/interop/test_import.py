@@ -493,3 +493,28 @@ def test_an_import_the_checks_pass_reads_back(tmp_path):
                                      "q_max: c, q_entropy: h}\n")
     import_trace("table", tmp_path / "t.csv", tmp_path / "run", mapping=tmp_path / "m.yaml")
     assert open_run(tmp_path / "run", deep=True).scan("drafts").collect().height == 2
+
+
+def test_the_second_probes_import_inputs_are_one_message_each(tmp_path):
+    """Found by a hostile probe: a mapping whose `rows` is a list, a JSON Lines id that is a list,
+    two ids of the file that are one number, an empty workload cell (the error named the staging
+    folder) and a step of batch size 0; each now one message naming the file's row or column."""
+    def imp(name, text, mapping, ext="csv"):
+        f = tmp_path / f"{name}.{ext}"
+        f.write_text(text)
+        (tmp_path / f"{name}.yaml").write_text(mapping)
+        return import_trace("table", f, tmp_path / f"run-{name}", mapping=tmp_path / f"{name}.yaml")
+
+    chain = "columns: {request: r, step: s, position: p, label: l}\n"
+    with pytest.raises(ConfigError, match=r"`rows` must be drafts or steps, but got \['drafts'\]"):
+        imp("listrows", "r,s,p,l\n0,0,0,1\n", "rows: [drafts]\n" + chain)
+    with pytest.raises(ImportFormatError, match=r"listid.jsonl row \d+: `r` \(svt's `request`\) holds List\(Int64\) values \(\[0\]\)"):
+        imp("listid", '{"r":[0],"s":0,"p":0,"l":1}\n{"r":[0],"s":1,"p":0,"l":1}\n', "rows: drafts\n" + chain, "jsonl")
+    with pytest.raises(ImportFormatError, match=r"holds '007' and '7', two requests"):
+        imp("ids", '{"r":"007","s":0,"p":0,"l":1}\n{"r":"7","s":0,"p":0,"l":0}\n', "rows: drafts\n" + chain, "jsonl")
+    with pytest.raises(ImportFormatError, match=r"wl.csv row 2 \(line 3\): `w` \(the workload column\) is empty"):
+        imp("wl", "r,s,p,l,w\n0,0,0,1,qa\n1,0,0,1,\n", "rows: drafts\n" + chain + "workload: w\n")
+    with pytest.raises(ImportFormatError, match=r"request 7 step 1 has batch_size 0"):
+        imp("bs", "r,s,d,a,b\n7,0,4,4,1\n7,1,4,1,0\n",
+            "rows: steps\ncolumns: {request: r, step: s, drafted: d, accepted: a, batch_size: b}\n")
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("run-")]

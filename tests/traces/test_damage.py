@@ -90,7 +90,7 @@ def test_named_damage_cases(sealed, tmp_path_factory):
     meta["k"] = meta["config"]["k"] = 4
     meta["shards"] = "x"
     (run / "run.json").write_text(json.dumps(meta))
-    with pytest.raises(SchemaError, match="`shards` must be a mapping"):
+    with pytest.raises(SchemaError, match="`shards` is .x.: expected a mapping"):
         open_run(run)
 
 

@@ -87,10 +87,12 @@ def test_an_output_inside_the_source_run_and_a_run_without_labels_are_refused(sm
         for p in parts:
             pl.read_parquet(p).with_columns(change).write_parquet(p)
         record_shards(meta, table, parts)
-    from tests.conftest import outputs_agreeing
+    from tests.conftest import outputs_agreeing, schedule_agreeing
 
     outputs_agreeing(empty)
+    schedule_agreeing(empty)
     record_shards(meta, "requests", sorted((empty / "requests").glob("part-*.parquet")))
+    record_shards(meta, "schedule", sorted((empty / "schedule").glob("part-*.parquet")))
     write_meta(empty, meta)
     r = _run(empty, tmp_path / "out", "--labelled", "100")
     assert r.returncode == 2 and "no labelled drafts" in r.stderr and "Traceback" not in r.stderr

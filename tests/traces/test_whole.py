@@ -147,3 +147,141 @@ def test_a_request_repeated_in_another_shard_is_refused_on_the_cluster_too(greed
     for read in (open_run, lambda r: read_run(r, InProcess())):
         with pytest.raises(SchemaError, match="held twice"):
             read(bad)
+
+
+# the second hostile probe's edits (each accepted before, most moving a reported number)
+def _without(f, request):
+    return f.filter(pl.col("request") != request) if "request" in f.columns else f
+
+
+PROBE_CASES = [
+    # a request's steps and drafts all gone while its output stays (acceptance 0.607 -> 0.733)
+    ({t: (lambda f: _without(f, 0)) for t in ("steps", "drafts", "hidden", "dists")}, "no step rows"),
+    # a requests row held twice (the realism figure moved)
+    ({"requests": lambda f: pl.concat([f, f.head(1)])}, "holds request"),
+    # an engine tick logged twice
+    ({"schedule": lambda f: pl.concat([f, f.head(1)])}, "an engine tick held more than once"),
+    # an infinite entropy (no upper bound stopped it; the entropy AUC moved)
+    ({"drafts": lambda f: f.with_columns(pl.when(pl.int_range(pl.len()) == 0).then(float("inf"))
+                                         .otherwise(pl.col("q_entropy")).cast(pl.Float32).alias("q_entropy"))},
+     "`q_entropy` has 1 bad value(s)"),
+    # a step time that is no time
+    ({"steps": lambda f: f.with_columns(pl.when(pl.int_range(pl.len()) == 0).then(float("nan"))
+                                        .otherwise(pl.col("draft_ms")).cast(pl.Float32).alias("draft_ms"))},
+     "`draft_ms` has 1 bad value(s)"),
+    # a request's steps renumbered consistently (drafts and steps alike), far from the engine's ticks
+    ({t: (lambda f: f.with_columns(pl.when(pl.col("request") == 0).then(pl.col("step") + 100)
+                                   .otherwise(pl.col("step")).cast(f["step"].dtype).alias("step")))
+      for t in ("steps", "drafts", "hidden", "dists")}, "steps not numbered from 0"),
+]
+
+
+@pytest.mark.parametrize("edits,words", PROBE_CASES, ids=[w for _, w in PROBE_CASES])
+def test_the_probes_impossible_runs_are_refused_on_one_machine_and_on_the_cluster(small_run, tmp_path, edits, words):
+    _refused_everywhere(_edited(small_run, tmp_path, edits), words)
+
+
+def test_steps_renumbered_in_a_continuous_run_are_refused_against_its_ticks(dspark_run, tmp_path):
+    """A continuous run's steps are its engine ticks: renumbered consistently they hold no gap, and
+    only the schedule says they are not the ticks the engine ran."""
+    shift = {t: (lambda f: f.with_columns(pl.when(pl.col("request") == 0).then(pl.col("step") + 1000)
+                                          .otherwise(pl.col("step")).cast(f["step"].dtype).alias("step")))
+             for t in ("steps", "drafts", "hidden", "dists")}
+    _refused_everywhere(_edited(dspark_run, tmp_path, shift), "steps logged at a tick the schedule table does not hold")
+
+
+def _last_step_cut(run, tmp_path):
+    """A request that ran to max_new_tokens loses its last step (drafts and steps), its output cut
+    by what that step emitted and the schedule made to agree: every table adds up, but the output
+    ended by `length` is shorter than max_new_tokens."""
+    from tests.conftest import outputs_agreeing, schedule_agreeing
+
+    bad = tmp_path / "cut"
+    shutil.copytree(run, bad)
+    req = pl.read_parquet(bad / "requests" / "*.parquet")
+    r = req.filter(pl.col("finish_reason") == "length")["request"][0]
+    last = pl.read_parquet(bad / "steps" / "*.parquet").filter(pl.col("request") == r)["step"].max()
+    for t in ("steps", "drafts", "hidden", "dists"):
+        for shard in sorted((bad / t).glob("*.parquet")):
+            f = pl.read_parquet(shard)
+            f.filter(~((pl.col("request") == r) & (pl.col("step") == last))).write_parquet(shard)
+    outputs_agreeing(bad)
+    for shard in sorted((bad / "requests").glob("*.parquet")):  # (it says "stop"; an editor keeps `length`)
+        f = pl.read_parquet(shard)
+        f.with_columns(pl.when(pl.col("request") == r).then(pl.lit("length")).otherwise(pl.col("finish_reason"))
+                       .alias("finish_reason")).write_parquet(shard)
+    schedule_agreeing(bad)
+    reseal(bad)
+    return bad
+
+
+def test_an_output_ended_by_length_short_of_max_new_tokens_is_refused(small_run, tmp_path):
+    _refused_everywhere(_last_step_cut(small_run, tmp_path), "other than max_new_tokens (48) tokens long")
+
+
+def test_a_step_cut_short_before_the_requests_end_is_refused(small_run, tmp_path):
+    """A mid-request step that accepted drafts but emitted fewer than accepted + 1 (its output and the
+    schedule cut to agree): only a request's end cuts a step short."""
+    from tests.conftest import outputs_agreeing, schedule_agreeing
+
+    bad = tmp_path / "short"
+    shutil.copytree(small_run, bad)
+    steps = pl.read_parquet(bad / "steps" / "*.parquet").filter(pl.col("request") == 0)
+    at = steps.filter((pl.col("accepted") >= 1) & (pl.col("step") < steps["step"].max()))["step"].min()
+    for shard in sorted((bad / "steps").glob("*.parquet")):
+        f = pl.read_parquet(shard)
+        hit = (pl.col("request") == 0) & (pl.col("step") == at)
+        f.with_columns(pl.when(hit).then(pl.col("emitted") - 1).otherwise(pl.col("emitted"))
+                       .cast(f["emitted"].dtype).alias("emitted")).write_parquet(shard)
+    outputs_agreeing(bad)
+    for shard in sorted((bad / "requests").glob("*.parquet")):
+        f = pl.read_parquet(shard)
+        f.with_columns(pl.when(pl.col("request") == 0).then(pl.lit("stop")).otherwise(pl.col("finish_reason"))
+                       .alias("finish_reason")).write_parquet(shard)
+    schedule_agreeing(bad)
+    reseal(bad)
+    _refused_everywhere(bad, "emitting other than its accepted drafts + 1")
+
+
+META_CASES = [
+    (lambda m: m["counts"].__setitem__("steps", str(m["counts"]["steps"])), "counts.steps is '"),
+    (lambda m: m["counts"].__setitem__("drafts", float(m["counts"]["drafts"])), "counts.drafts is "),
+    (lambda m: m.__setitem__("batches", 2.0), "`batches` is 2.0"),
+    (lambda m: m["config"].__setitem__("batch_size", "9"), "`config.batch_size` is '9'"),
+    (lambda m: m.__setitem__("config", "x"), "`config` is 'x': expected a mapping"),
+    (lambda m: m.__setitem__("schedule", 5), "`schedule` is 5: expected a mapping"),
+    (lambda m: m["shards"].__setitem__("drafts", [1, 2]), "`shards.drafts` is [1, 2]"),
+    (lambda m: m["shards"]["drafts"].__setitem__(next(iter(m["shards"]["drafts"])), None), "expected a record"),
+    (lambda m: next(iter(m["shards"]["drafts"].values())).__setitem__("rows", "135"), "rows` is '135'"),
+    (lambda m: m.__setitem__("status", "done"), "`status` is 'done'"),
+]
+
+
+@pytest.mark.parametrize("edit,words", META_CASES, ids=[w for _, w in META_CASES])
+def test_run_json_entries_of_the_wrong_type_are_one_message(small_run, tmp_path, edit, words):
+    """A count that is a string used to switch its check off; a record that is no mapping, a config
+    that is a string, crashed deep inside a report."""
+    import json
+
+    bad = tmp_path / "meta"
+    shutil.copytree(small_run, bad)
+    meta = json.loads((bad / "run.json").read_text())
+    edit(meta)
+    (bad / "run.json").write_text(json.dumps(meta))
+    with pytest.raises(SchemaError, match=None) as err:
+        open_run(bad, deep=False)
+    assert words in str(err.value), err.value
+
+
+def test_a_run_json_without_status_is_still_counted(small_run, tmp_path):
+    """Deleting `status` switched the counts check off while the run read as complete."""
+    import json
+
+    bad = tmp_path / "nostatus"
+    shutil.copytree(small_run, bad)
+    meta = json.loads((bad / "run.json").read_text())
+    del meta["status"]
+    meta["counts"]["steps"] = 1
+    (bad / "run.json").write_text(json.dumps(meta))
+    with pytest.raises(SchemaError, match="run.json counts 1 rows of `steps`"):
+        open_run(bad, deep=False)

@@ -88,7 +88,7 @@ class RunCheck:
     def finish(self, got: dict) -> dict:
         """The checks across shards, from every name's :func:`check_unit` result (``got``: name ->
         result); the run's data identity."""
-        from svt.traces.derived import check_derived
+        from svt.traces.derived import check_derived, check_run_whole
         from svt.traces.identity import Identity
         from svt.traces.io import check_top_position
 
@@ -102,6 +102,8 @@ class RunCheck:
         stepped = [r for g in got.values() for r in g.get("stepped", [])]
         if not self.args[4] or any(g["problem"] for g in got.values()) or len(set(stepped)) != len(stepped):
             check_derived(self.run)
+        else:  # the checks only whole tables can make (check_derived makes them too)
+            check_run_whole(self.run)
         identity = Identity(self.args[5])
         for name in sorted(got):
             identity.merge(got[name]["identity"])

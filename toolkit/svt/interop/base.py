@@ -168,6 +168,12 @@ def check_tables(imported: Imported, where: str) -> None:
     if d.height and d["label"].null_count() == d.height:
         raise fail(where, "no draft was verified (every label empty): nothing to study.")
     step = ["request", "step"]
+    if "batch_size" in imported.steps.columns:
+        few = imported.steps.filter(pl.col("batch_size") < 1).sort(step)
+        if few.height:
+            r = few.row(0, named=True)
+            raise fail(where, f"request {_name(imported, r['request'])} step {r['step']} has batch_size "
+                              f"{r['batch_size']}: a step decodes at least its own row.")
     twice = imported.steps.filter(pl.struct(step).is_duplicated()).sort(step)
     if twice.height:
         r = twice.row(0, named=True)

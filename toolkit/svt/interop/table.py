@@ -49,6 +49,11 @@ class Table(Importer):
         for ours, theirs in columns.items():
             want = spec.columns[ours]
             col = f[theirs]
+            if col.dtype.is_nested():  # a list or a record in a cell: no value of svt's column
+                i = int(np.flatnonzero(col.is_not_null().to_numpy())[0]) if col.is_not_null().any() else 0
+                v = col[i].to_list() if isinstance(col[i], pl.Series) else col[i]
+                raise fail(row_where(path, f["_row"][i]), f"`{theirs}` (svt's `{ours}`) holds {col.dtype} values "
+                                                          f"({v!r}): {_expected(ours, spec)}.")
             if col.dtype == pl.Boolean and want.is_integer():
                 col = col.cast(pl.Int8)
             cast = col.cast(want, strict=False)
@@ -69,7 +74,18 @@ class Table(Importer):
                 i = int(np.flatnonzero(bad.to_numpy())[0])
                 raise fail(row_where(path, f["_row"][i]), f"`{theirs}` (svt's `{ours}`) is {col[i]!r}: "
                                                           f"{_expected(ours, spec)}.")
+            if ours == "request" and not col.dtype.is_integer():  # "007" and "7": two ids of the file, one of svt's
+                pairs = pl.DataFrame({"src": col.cast(pl.String), "id": cast}).unique()
+                clash = pairs.filter(pl.col("id").is_duplicated()).sort("id", "src")
+                if clash.height:
+                    raise fail(str(path), f"`{theirs}` holds {clash['src'][0]!r} and {clash['src'][1]!r}, two requests "
+                                          f"that are both request {clash['id'][0]} as a number: give each request "
+                                          "one id.")
             out[ours] = cast
+        if workload and f[workload].is_null().any():
+            i = int(np.flatnonzero(f[workload].is_null().to_numpy())[0])
+            raise fail(row_where(path, f["_row"][i]), f"`{workload}` (the workload column) is empty: every row "
+                                                      "needs its workload.")
         frame = pl.DataFrame(out).with_columns(
             (f[workload].cast(pl.String) if workload else pl.lit(path.stem)).alias("workload"))
         split = frame.group_by("request").agg(pl.col("workload").n_unique().alias("n"), pl.col("workload").unique())
@@ -117,7 +133,7 @@ def _check_mapping(mapping: dict | None) -> tuple[str, dict[str, str], str | Non
     if unknown:
         raise ConfigError(f"--mapping: unknown key(s) {', '.join(unknown)} (keys: rows, columns, workload).")
     rows = mapping.get("rows")
-    if rows not in NEEDS:
+    if not isinstance(rows, str) or rows not in NEEDS:
         raise ConfigError(f"--mapping: `rows` must be drafts or steps, but got {rows!r}.")
     columns = mapping.get("columns")
     if not isinstance(columns, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in columns.items()):

@@ -27,7 +27,7 @@ def run_summary(path: str | Path, *, deep: bool = True) -> dict:
         pl.len().alias("steps"), pl.col("accepted").sum().alias("accepted")
     ).collect().row(0, named=True)
     r = run.scan("requests").select(pl.len()).collect().item()
-    sampling = run.meta.get("sampling", {})
+    sampling = run.meta.get("sampling") or {}
     return {
         "status": "complete" if run.complete else
                   f"INCOMPLETE ({run.meta.get('status')}: interrupted; resume it with svt collect --resume)",

@@ -29,7 +29,7 @@ from pathlib import Path
 import polars as pl
 
 from svt.errors import SchemaError
-from svt.traces.whole import schedule_problem, steps_problem
+from svt.traces.whole import run_problem, schedule_problem, steps_problem
 
 # float32 values computed from one distribution: a bound may be met exactly, never passed by more
 # than rounding
@@ -191,6 +191,9 @@ def _workload_of(drafts: pl.LazyFrame, requests: pl.LazyFrame, table: str) -> st
     bad = d.join(r, on="request", how="left").filter(pl.col("_rw").is_null() | (pl.col("_rw") != pl.col("workload")))
     row = bad.select(pl.len(), pl.col("request").first(), pl.col("workload").first(), pl.col("_rw").first()).collect().row(0)
     if row[0]:
+        if row[3] is None:
+            return (f"the {table} and requests tables disagree: request {row[1]} has {table} rows but no row in the "
+                    f"requests table ({row[0]} such (request, workload) pairs)")
         return (f"the {table} and requests tables disagree: request {row[1]} is workload {row[2]!r} in {table} and "
                 f"{row[3]!r} in requests ({row[0]} such (request, workload) pairs)")
     return None
@@ -217,6 +220,14 @@ def check_derived(run) -> None:
         found = steps_problem(meta, run.scan("steps"), run.scan("requests") if run.has("requests") else None)
     if not found and run.has("schedule"):
         found = schedule_problem(meta, run.scan("schedule"))
+    if found:
+        raise SchemaError(f"{Path(run.path)}: {found}.")
+    check_run_whole(run)
+
+
+def check_run_whole(run) -> None:
+    """:func:`svt.traces.whole.run_problem` as an error naming the run (one machine and cluster)."""
+    found = run_problem(run)
     if found:
         raise SchemaError(f"{Path(run.path)}: {found}.")
 

@@ -77,7 +77,50 @@ def read_meta(run_dir: Path) -> dict[str, Any]:
         raise SchemaError(
             f"{path}: expected `schema_version` {SCHEMA_VERSION}, but got {version!r}."
         )
+    problem = meta_problem(meta)
+    if problem:
+        raise SchemaError(f"{path}: {problem}.")
     return meta
+
+
+# run.json entries that are mappings when present (null: not recorded)
+META_MAPPINGS = ("config", "sampling", "counts", "schedule", "shards", "models", "av", "hvd", "tree", "import",
+                 "workloads", "workload_reading", "environment")
+
+
+def _whole(v, least: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= least
+
+
+def meta_problem(meta: dict) -> str | None:
+    """run.json's entries of the wrong type (a hand edit, or damage), said before any is read: a
+    count that is a string would otherwise switch its check off, a config that is a string would
+    fail deep inside a report."""
+    for key in META_MAPPINGS:
+        if meta.get(key) is not None and not isinstance(meta[key], dict):
+            return f"`{key}` is {meta[key]!r}: expected a mapping (a JSON object)"
+    if meta.get("status") is not None and meta["status"] not in ("running", "complete"):
+        return f"`status` is {meta['status']!r}: expected 'running' or 'complete'"
+    sched = meta.get("schedule") or {}
+    if sched.get("kind", "static") not in ("static", "continuous"):
+        return f"`schedule.kind` is {sched['kind']!r}: expected 'static' or 'continuous'"
+    cfg = meta.get("config") or {}
+    for where, key, least in ((sched, "slots", 1), (cfg, "batch_size", 1), (cfg, "max_new_tokens", 1),
+                              (meta, "k", 0), (meta, "batches", 0)):
+        if where.get(key) is not None and not _whole(where[key], least):
+            name = ("schedule." if where is sched else "config." if where is cfg else "") + key
+            return f"`{name}` is {where[key]!r}: expected a whole number of at least {least}"
+    for table, recs in (meta.get("shards") or {}).items():
+        if not isinstance(recs, dict):
+            return f"`shards.{table}` is {recs!r}: expected a mapping of shard name -> record"
+        for name, rec in recs.items():
+            if not isinstance(rec, dict):
+                return f"`shards.{table}.{name}` is {rec!r}: expected a record (rows, sha256)"
+            if rec.get("rows") is not None and not _whole(rec["rows"], 0):
+                return f"`shards.{table}.{name}.rows` is {rec['rows']!r}: expected a whole number"
+            if rec.get("sha256") is not None and not isinstance(rec["sha256"], str):
+                return f"`shards.{table}.{name}.sha256` is {rec['sha256']!r}: expected a hex string"
+    return None
 
 
 def remove_partial(path: Path, tries: int = 50) -> None:

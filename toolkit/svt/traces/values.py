@@ -62,8 +62,7 @@ def common_checks(spec: TableSchema, names: list[str], lacks: frozenset[str]) ->
 
 
 def _drafts(names: list[str], lacks: frozenset[str]) -> Checks:
-    checks = _labels(("label",)) + _negative(("position",))
-    checks.append((pl.col("q_entropy").is_nan() | (pl.col("q_entropy") < 0)).sum().alias("nonneg:q_entropy"))
+    checks = _labels(("label",)) + _negative(("position",)) + _not_finite_or_negative(("q_entropy",))
     for col in ("p_sampled", "p_max", "accept_prob", "accept_prob_expected"):  # null: trimmed before verifying
         if col not in lacks:
             checks.append((pl.col(col).is_null() & pl.col("label").is_not_null()).sum().alias(f"pnull:{col}"))
@@ -79,7 +78,7 @@ def _cache_trees(names: list[str], lacks: frozenset[str]) -> Checks:
 def _tree_drafts(names: list[str], lacks: frozenset[str]) -> Checks:
     return (_labels(("label", "match")) + _negative(("depth", "rank", "node"))
             + [(pl.col("parent") >= pl.col("node")).sum().alias("tree:parent"),
-               (pl.col("q_entropy").is_nan() | (pl.col("q_entropy") < 0)).sum().alias("nonneg:q_entropy")])
+               *_not_finite_or_negative(("q_entropy",))])
 
 
 def _schedule(names: list[str], lacks: frozenset[str]) -> Checks:
@@ -102,8 +101,15 @@ def _cache_drafts(names: list[str], lacks: frozenset[str]) -> Checks:
     return checks + _not_finite_or_negative(("score", "lookup_ms", "hist_yield_mean", "hist_yield_max"))
 
 
+def _steps(names: list[str], lacks: frozenset[str]) -> Checks:
+    checks = _not_finite_or_negative(tuple(c for c in ("draft_ms", "verify_ms") if c in names and c not in lacks))
+    if "batch_size" in names and "batch_size" not in lacks:
+        checks.append((pl.col("batch_size") < 1).sum().alias("sched:batch_size"))
+    return checks
+
+
 TABLE_CHECKS: dict[str, Callable[[list[str], frozenset[str]], Checks]] = {
-    "drafts": _drafts, "cache_trees": _cache_trees, "tree_drafts": _tree_drafts, "schedule": _schedule,
+    "drafts": _drafts, "steps": _steps, "cache_trees": _cache_trees, "tree_drafts": _tree_drafts, "schedule": _schedule,
     "cache_drafts": _cache_drafts,
 }
 
