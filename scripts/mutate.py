@@ -1637,8 +1637,8 @@ MUTANTS = [
       "            if not isinstance(rec, dict):\n", "            if False:\n", ("tests/traces/test_whole.py",)),
     M("steps-times-unchecked", "probe 2", "traces/values.py", '    "drafts": _drafts, "steps": _steps,', '    "drafts": _drafts,', ("tests/traces/test_whole.py",)),
     M("entropy-infinite-passes", "probe 2", "traces/values.py",
-      '    checks = _labels(("label",)) + _negative(("position",)) + _not_finite_or_negative(("q_entropy",))',
-      '    checks = _labels(("label",)) + _negative(("position", "q_entropy"))', ("tests/traces/test_whole.py",)),
+      '    checks = (_labels(("label",)) + _negative(("position",)) + _not_finite_or_negative(("q_entropy",))',
+      '    checks = (_labels(("label",)) + _negative(("position", "q_entropy"))', ("tests/traces/test_whole.py",)),
     M("import-batch-size-0-passes", "probe 2", "interop/base.py",
       '        few = imported.steps.filter(pl.col("batch_size") < 1).sort(step)',
       '        few = imported.steps.filter(pl.col("batch_size") < 0).sort(step)', ("tests/interop/test_import.py",)),
@@ -1648,6 +1648,14 @@ MUTANTS = [
       "                if clash.height:\n", "                if False:\n", ("tests/interop/test_import.py",)),
     M("import-nested-cells-cast", "probe 2", "interop/table.py",
       "            if col.dtype.is_nested():", "            if False:", ("tests/interop/test_import.py",)),
+    M("finish-reason-unchecked", "probe 2", "traces/whole.py",
+      "        checks.append((pl.col(\"_out\").is_not_null() & ~pl.col(\"_fin\").is_in(list(FINISH_REASONS)).fill_null(False),",
+      "        checks.append((pl.lit(False),", ("tests/traces/test_whole.py",)),
+    M("negative-token-list-passes", "probe 2", "traces/values.py",
+      '            ids = pl.col(c).list.min() if c.endswith("_ids") else pl.col(c)',
+      '            ids = pl.col(c).list.max() if c.endswith("_ids") else pl.col(c)', ("tests/traces/test_whole.py",)),
+    M("negative-draft-token-passes", "probe 2", "traces/values.py",
+      '              + _tokens(("token",), names, lacks))\n', '              )\n', ("tests/traces/test_whole.py",)),
 ]
 
 

@@ -173,6 +173,17 @@ PROBE_CASES = [
     ({t: (lambda f: f.with_columns(pl.when(pl.col("request") == 0).then(pl.col("step") + 100)
                                    .otherwise(pl.col("step")).cast(f["step"].dtype).alias("step")))
       for t in ("steps", "drafts", "hidden", "dists")}, "steps not numbered from 0"),
+    # an output ended by a reason svt's engine never writes
+    ({"requests": lambda f: f.with_columns(pl.when(pl.int_range(pl.len()) == 0).then(pl.lit("banana"))
+                                           .otherwise(pl.col("finish_reason")).alias("finish_reason"))},
+     "a finish_reason other than stop or length"),
+    # token ids below 0: in an output (its length kept), and in a draft
+    ({"requests": lambda f: f.with_columns(pl.when(pl.int_range(pl.len()) == 0)
+                                           .then(pl.concat_list(pl.lit(-7, pl.Int32), pl.col("output_ids").list.slice(1)))
+                                           .otherwise(pl.col("output_ids")).alias("output_ids"))},
+     "`output_ids` has 1 bad value(s)"),
+    ({"drafts": lambda f: f.with_columns(pl.when(pl.int_range(pl.len()) == 0).then(-7).otherwise(pl.col("token"))
+                                         .cast(pl.Int32).alias("token"))}, "`token` has 1 bad value(s)"),
 ]
 
 

@@ -27,6 +27,7 @@ BAD_VALUE = {
     "sched": "a value no engine step has (a batch below 1 row, fewer verified positions than rows, a "
              "negative count)",
     "pnull": "nulls on verified drafts (null is for drafts live AV trimmed before the target saw them)",
+    "token": "a negative token id (a vocabulary's ids start at 0)",
 }
 
 Checks = list[pl.Expr]
@@ -38,6 +39,16 @@ def _negative(cols: tuple[str, ...]) -> Checks:
 
 def _not_finite_or_negative(cols: tuple[str, ...], kind: str = "nonneg") -> Checks:
     return [(~pl.col(c).is_finite() | (pl.col(c) < 0)).sum().alias(f"{kind}:{c}") for c in cols]
+
+
+def _tokens(cols: tuple[str, ...], names: list[str], lacks: frozenset[str]) -> Checks:
+    """Token ids (a column of ids, or of lists of ids) that are negative."""
+    out = []
+    for c in cols:
+        if c in names and c not in lacks:
+            ids = pl.col(c).list.min() if c.endswith("_ids") else pl.col(c)
+            out.append((ids < 0).sum().alias(f"token:{c}"))
+    return out
 
 
 def _labels(cols: tuple[str, ...]) -> Checks:
@@ -62,7 +73,8 @@ def common_checks(spec: TableSchema, names: list[str], lacks: frozenset[str]) ->
 
 
 def _drafts(names: list[str], lacks: frozenset[str]) -> Checks:
-    checks = _labels(("label",)) + _negative(("position",)) + _not_finite_or_negative(("q_entropy",))
+    checks = (_labels(("label",)) + _negative(("position",)) + _not_finite_or_negative(("q_entropy",))
+              + _tokens(("token",), names, lacks))
     for col in ("p_sampled", "p_max", "accept_prob", "accept_prob_expected"):  # null: trimmed before verifying
         if col not in lacks:
             checks.append((pl.col(col).is_null() & pl.col("label").is_not_null()).sum().alias(f"pnull:{col}"))
@@ -72,13 +84,13 @@ def _drafts(names: list[str], lacks: frozenset[str]) -> Checks:
 def _cache_trees(names: list[str], lacks: frozenset[str]) -> Checks:
     return (_labels(("label",)) + _negative(("depth", "node", "decode_pos", "match_len"))
             + [(pl.col("node") <= pl.col("parent")).sum().alias("tree:parent")]
-            + _not_finite_or_negative(("score", "lookup_ms")))
+            + _not_finite_or_negative(("score", "lookup_ms")) + _tokens(("token",), names, lacks))
 
 
 def _tree_drafts(names: list[str], lacks: frozenset[str]) -> Checks:
     return (_labels(("label", "match")) + _negative(("depth", "rank", "node"))
             + [(pl.col("parent") >= pl.col("node")).sum().alias("tree:parent"),
-               *_not_finite_or_negative(("q_entropy",))])
+               *_not_finite_or_negative(("q_entropy",)), *_tokens(("token",), names, lacks)])
 
 
 def _schedule(names: list[str], lacks: frozenset[str]) -> Checks:
@@ -98,7 +110,16 @@ def _cache_drafts(names: list[str], lacks: frozenset[str]) -> Checks:
               .sum().alias("yield:oracle_accepted")]
     checks += _negative(("model_accepted", "match_len", "decode_pos", "context_len", "prev_draft_len",
                          "prev_match_len"))
-    return checks + _not_finite_or_negative(("score", "lookup_ms", "hist_yield_mean", "hist_yield_max"))
+    return (checks + _not_finite_or_negative(("score", "lookup_ms", "hist_yield_mean", "hist_yield_max"))
+            + _tokens(("draft_ids",), names, lacks))
+
+
+def _requests(names: list[str], lacks: frozenset[str]) -> Checks:
+    return _tokens(("prompt_ids", "output_ids"), names, lacks)
+
+
+def _dists(names: list[str], lacks: frozenset[str]) -> Checks:
+    return _tokens(("token", "q_top_ids", "p_top_ids"), names, lacks)
 
 
 def _steps(names: list[str], lacks: frozenset[str]) -> Checks:
@@ -110,7 +131,7 @@ def _steps(names: list[str], lacks: frozenset[str]) -> Checks:
 
 TABLE_CHECKS: dict[str, Callable[[list[str], frozenset[str]], Checks]] = {
     "drafts": _drafts, "steps": _steps, "cache_trees": _cache_trees, "tree_drafts": _tree_drafts, "schedule": _schedule,
-    "cache_drafts": _cache_drafts,
+    "cache_drafts": _cache_drafts, "requests": _requests, "dists": _dists,
 }
 
 

@@ -13,7 +13,8 @@ Each table can pass its own checks while the run they make is impossible. What i
   numbered without gaps (from 0 in a static batch, engine ticks in a continuous one, where a
   request decodes at every tick from its admission to its end) and its emitted tokens adding up to
   its output's length (the engine appends to an output only what its steps emit), every request
-  having steps, and an output ended by ``length`` as long as ``max_new_tokens``. An import keeps
+  having steps, every output ended by ``stop`` or ``length``, and an output ended by ``length`` as
+  long as ``max_new_tokens``. An import keeps
   its source's steps;
 - **the run as a whole** (:func:`run_problem`, on one machine and on the cluster alike): one
   requests row per request; in a run with an engine ``schedule`` table, one row per tick, and each
@@ -30,6 +31,8 @@ import polars as pl
 
 from svt.errors import SchemaError
 
+# how svt's engine ends an output: a stop token, or max_new_tokens
+FINISH_REASONS = ("stop", "length")
 # run.json `counts` entries that are row counts of a table
 COUNTED = ("requests", "steps", "drafts", "cache_drafts", "cache_trees", "tree_drafts")
 
@@ -109,10 +112,12 @@ def steps_problem(meta: dict, steps: pl.LazyFrame, requests: pl.LazyFrame | None
             pl.col("_n").fill_null(0), pl.col("_emitted").fill_null(0))
         checks.append((pl.col("_out").is_not_null() & (pl.col("_emitted") != pl.col("_out")),
                        "emitted tokens that do not add up to the request's output length"))
+        j = j.join(requests.select("request", pl.col("finish_reason").alias("_fin")), on="request", how="left")
+        # svt's engine ends an output at a stop token or at max_new_tokens, and says which
+        checks.append((pl.col("_out").is_not_null() & ~pl.col("_fin").is_in(list(FINISH_REASONS)).fill_null(False),
+                       f"a finish_reason other than {' or '.join(FINISH_REASONS)}"))
         top = cfg.get("max_new_tokens")
         if _int(top) and top >= 1 and not meta.get("hvd"):
-            ended = requests.select("request", pl.col("finish_reason").alias("_fin"))
-            j = j.join(ended, on="request", how="left")
             checks.append(((pl.col("_fin") == "length") & (pl.col("_out") != top),
                            f"an output ended by `length` other than max_new_tokens ({top}) tokens long"))
     counts = j.select([c.fill_null(False).sum().alias(str(i)) for i, (c, _) in enumerate(checks)]).collect().row(0)
