@@ -358,3 +358,33 @@ def test_an_order_rewritten_in_place_is_no_shared_hit(monkeypatch):
         want = ordered.score_tables(s, y, pos, probability=False)
         assert got["overall"]["auc"] == want["overall"]["auc"]
         assert got["curves"]["roc"] == want["curves"]["roc"]
+
+
+def test_the_unordered_pass_beside_the_sort_gives_the_same_table(monkeypatch):
+    """A large score scored from the main thread runs its unordered pass on a second thread, beside
+    the sort and the ordered pass: the same sums, weights and soft labels included."""
+    import threading
+
+    rng = np.random.default_rng(7)
+    s, y, pos = _data(3000, 7, "float64")
+    soft = {"t": rng.random(s.size).astype(np.float32)}
+    w = rng.integers(0, 3, s.size).astype(np.float64)
+    seen = []
+    real = ordered._score_sums
+
+    def spy(*args, **kwargs):
+        seen.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ordered, "_score_sums", spy)
+    alone = [score_tables(s, y, pos, probability=True, soft=soft), score_tables(s, y, pos, probability=True, weights=w)]
+    assert not any(n.startswith("svt-sums") for n in seen)
+    monkeypatch.setattr(ordered, "BESIDE", 1000)
+    beside = [score_tables(s, y, pos, probability=True, soft=soft), score_tables(s, y, pos, probability=True, weights=w)]
+    assert sum(n.startswith("svt-sums") for n in seen) == 2
+    for a, b in zip(alone, beside, strict=True):
+        a.pop("_key", None), b.pop("_key", None)
+        assert repr(a) == repr(b)
+    # a weighted table is the table of the rows repeated by their weights
+    rep = np.repeat(np.arange(s.size), w.astype(int))
+    _check_scope(beside[1]["overall"], y[rep], s[rep])

@@ -26,6 +26,10 @@ label, position and soft labels are packed in one record, so reading rows in sco
 one memory access per row. Extra memory
 is the keys (8 bytes per row), the records, and one chunk's temporaries.
 
+The unordered pass of a probability runs on a second thread beside the sort and the ordered pass
+where a core is free: beyond `LARGE`, and from `BESIDE` rows when the score is scored from the main
+thread (the feature table's pool threads already keep both cores busy).
+
 Beyond `LARGE` (features scored one at a time, so the second core is free) the walks over an order
 run on two threads: the float32 keys, the rank checks and the dense-rank rewrite one half each
 (the rewrite cut where a segment opens), and the ordered pass up from the lowest rank to a group
@@ -40,6 +44,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import threading
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -50,6 +55,7 @@ from svt.metrics.specs import names
 
 CHUNK = 1 << 22  # rows per chunk of either pass
 LARGE = 1 << 25  # rows beyond which sorts work in place (memory before speed)
+BESIDE = 1 << 20  # rows from which a score scored on the main thread runs its unordered pass beside the sort
 DENSE_LIMIT = 4  # a chunk's [group, position] count table when its cells are under 4x its rows
 COMPILED = True  # the ordered pass as one compiled walk (False: the numpy pass, the reference)
 NOT_PROBABILITY = "not a probability: log-loss, ECE and Brier need a fitted predictor (svt fit)"
@@ -551,23 +557,25 @@ def score_tables(s: np.ndarray, y: np.ndarray, position: np.ndarray, *, probabil
     k = int(pos.max()) + 1 if n else 1
     if chunk is None:  # a chunk's [groups, positions, 2] count table stays near 2**23 cells
         chunk = max(1 << 16, (1 << 22) // k)
-    if key is None:
-        key = order_keys(s)
     if packed is None:
         packed = pack_rows(y, pos, soft)
     if weights is not None:  # a resample: the hard-label scopes only
         soft, shared, roc_points = {}, None, 0
-    base = _label_sums(y, pos, soft, ("label sums", id(packed), k, n_bins, tuple(soft)), k, n_bins, chunk, shared,
-                       weights)
-    # the unordered pass of a probability needs no order: beyond LARGE (one feature at a time) it
-    # runs on a second thread beside the ordered pass (both compiled loops release the GIL); the
-    # ordered pass takes its scope totals from the label sums (the same counts)
+    # the unordered pass of a probability needs no order: it runs on a second thread beside the sort
+    # and the ordered pass (the compiled loops release the GIL) where a core is free: beyond LARGE
+    # (one feature at a time), or a large score scored from the main thread (the feature table's
+    # pool threads already keep both cores busy); the ordered pass takes its scope totals from the
+    # label sums (the same counts)
     unordered = None
-    if probability and n > LARGE:
+    if probability and (n > LARGE or (n >= BESIDE and threading.current_thread() is threading.main_thread())):
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="svt-sums")
         unordered = pool.submit(_score_sums, s, y, pos, soft, k, n_bins, chunk, weights, packed)
         pool.shutdown(wait=False)
-    elif probability:
+    if key is None:
+        key = order_keys(s)
+    base = _label_sums(y, pos, soft, ("label sums", id(packed), k, n_bins, tuple(soft)), k, n_bins, chunk, shared,
+                       weights)
+    if probability and unordered is None:
         unordered = _score_sums(s, y, pos, soft, k, n_bins, chunk, weights, packed)
     # a score that is no probability needs only the order's counts (AUCs, ROC points): the same key
     # (a strictly increasing transform of an earlier score) gives the same ordered pass

@@ -107,6 +107,9 @@ def segment_start(key, s, by_s, i):
     return key.size
 
 
+SMALL = 64  # a segment out of order up to this many rows is sorted by insertion
+
+
 @njit(cache=True, nogil=True)
 def dense_ranks(key, s, by_s):
     """Rewrite ``key`` in place as ``dense rank << 32 | row`` of ``s``, sorted by (``s``, row), the
@@ -147,7 +150,17 @@ def dense_ranks(key, s, by_s):
         if m > cap:
             rank, last = _sort_segment(key, s, i, j, rank, last)
         else:
-            if not ordered:  # (s, row) order: rows ascending, then a stable sort by s
+            if not ordered and m <= SMALL:  # (s, row) order by insertion, in place: no array made
+                for t in range(1, m):
+                    r, v = rows[t], vals[t]
+                    u = t - 1
+                    while u >= 0 and (vals[u] > v or (vals[u] == v and rows[u] > r)):
+                        rows[u + 1] = rows[u]
+                        vals[u + 1] = vals[u]
+                        u -= 1
+                    rows[u + 1] = r
+                    vals[u + 1] = v
+            elif not ordered:  # (s, row) order: rows ascending, then a stable sort by s
                 o1 = np.argsort(rows[:m], kind="mergesort")
                 vs = vals[:m][o1]
                 o2 = np.argsort(vs, kind="mergesort")
