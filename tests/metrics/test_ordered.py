@@ -360,13 +360,16 @@ def test_an_order_rewritten_in_place_is_no_shared_hit(monkeypatch):
         assert got["curves"]["roc"] == want["curves"]["roc"]
 
 
-def test_the_unordered_pass_beside_the_sort_gives_the_same_table(monkeypatch):
+@pytest.mark.parametrize("kind", ["float64", "merged"])
+def test_the_unordered_pass_beside_the_sort_gives_the_same_table(kind, monkeypatch):
     """A large score scored from the main thread runs its unordered pass on a second thread, beside
-    the sort and the ordered pass: the same sums, weights and soft labels included."""
+    the sort and the ordered pass, and its exact walks (keys, rank checks, dense ranks) in two
+    halves: the same table, weights and soft labels included, and float64 scores that float32
+    rounding merges into groups cut by the halves."""
     import threading
 
     rng = np.random.default_rng(7)
-    s, y, pos = _data(3000, 7, "float64")
+    s, y, pos = _data(3000, 7, kind)
     soft = {"t": rng.random(s.size).astype(np.float32)}
     w = rng.integers(0, 3, s.size).astype(np.float64)
     seen = []
@@ -383,8 +386,10 @@ def test_the_unordered_pass_beside_the_sort_gives_the_same_table(monkeypatch):
     beside = [score_tables(s, y, pos, probability=True, soft=soft), score_tables(s, y, pos, probability=True, weights=w)]
     assert sum(n.startswith("svt-sums") for n in seen) == 2
     for a, b in zip(alone, beside, strict=True):
-        a.pop("_key", None), b.pop("_key", None)
+        ka, kb = a.pop("_key", None), b.pop("_key", None)
         assert repr(a) == repr(b)
+        assert ka is None or np.array_equal(ka, kb)
     # a weighted table is the table of the rows repeated by their weights
     rep = np.repeat(np.arange(s.size), w.astype(int))
     _check_scope(beside[1]["overall"], y[rep], s[rep])
+    _check_scope(beside[0]["overall"], y, s)

@@ -30,9 +30,9 @@ The unordered pass of a probability runs on a second thread beside the sort and 
 where a core is free: beyond `LARGE`, and from `BESIDE` rows when the score is scored from the main
 thread (the feature table's pool threads already keep both cores busy).
 
-Beyond `LARGE` (features scored one at a time, so the second core is free) the walks over an order
-run on two threads: the float32 keys, the rank checks and the dense-rank rewrite one half each
-(the rewrite cut where a segment opens), and the ordered pass up from the lowest rank to a group
+Under the same rule the exact walks over an order run on two threads: the float32 keys, the rank
+checks and the dense-rank rewrite one half each (the rewrite cut where a segment opens). Beyond
+`LARGE` only (features scored one at a time, so the second core is free), the ordered pass runs up from the lowest rank to a group
 boundary near the middle and down from the highest (`_scan_in_halves`; its AUC sums are turned
 around exactly, the soft-label ones to rounding).
 
@@ -43,6 +43,7 @@ labelled drafts of each class.
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import threading
 import weakref
@@ -89,12 +90,20 @@ def _pair_pool() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=2, thread_name_prefix="svt-halves")
 
 
+def _two_cores(n: int) -> bool:
+    """Whether a walk over ``n`` rows may take a second thread: beyond :data:`LARGE` (features scored
+    one at a time), or from :data:`BESIDE` rows when scored from the main thread (the feature
+    table's pool threads already keep both cores busy)."""
+    return n > LARGE or (n >= BESIDE and (os.cpu_count() or 1) > 1
+                         and threading.current_thread() is threading.main_thread())
+
+
 def _in_halves(fn, n: int, cut: int | None = None) -> list:
-    """``fn(lo, hi)`` over rows ``0:n``: beyond :data:`LARGE` rows (features scored one at a time) on
-    two threads, rows ``0:cut`` and ``cut:n`` (``cut``: ``n // 2`` by default; the compiled walks
+    """``fn(lo, hi)`` over rows ``0:n``: where :func:`_two_cores` allows (beyond :data:`LARGE` rows, or a
+    large score scored from the main thread) on two threads, rows ``0:cut`` and ``cut:n`` (``cut``: ``n // 2`` by default; the compiled walks
     release the GIL); else once, over all rows. The results in that order."""
     cut = n // 2 if cut is None else cut
-    if n <= LARGE or not 0 < cut < n:
+    if not _two_cores(n) or not 0 < cut < n:
         return [fn(0, n)]
     return list(_pair_pool().map(lambda ab: fn(*ab), ((0, cut), (cut, n))))
 
@@ -177,7 +186,7 @@ def _ranks_from_order(key: np.ndarray, s: np.ndarray, check_only: bool = False, 
         if check_only:
             return all(_in_halves(lambda a, b: bool(sorts(key[max(a - 1, 0):b], s)), key.size))
         # cut where a segment opens: the second half's ranks start one past the first half's last
-        cut = int(segment_start(key, s, sorted_by_s, key.size // 2)) if key.size > LARGE else key.size
+        cut = int(segment_start(key, s, sorted_by_s, key.size // 2)) if _two_cores(key.size) else key.size
         last = _in_halves(lambda a, b: int(dense_ranks(key[a:b], s, sorted_by_s)), key.size, cut)
         if len(last) == 2:
             key[cut:] += np.uint64(last[0] + 1) << np.uint64(32)
@@ -567,7 +576,7 @@ def score_tables(s: np.ndarray, y: np.ndarray, position: np.ndarray, *, probabil
     # pool threads already keep both cores busy); the ordered pass takes its scope totals from the
     # label sums (the same counts)
     unordered = None
-    if probability and (n > LARGE or (n >= BESIDE and threading.current_thread() is threading.main_thread())):
+    if probability and _two_cores(n):
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="svt-sums")
         unordered = pool.submit(_score_sums, s, y, pos, soft, k, n_bins, chunk, weights, packed)
         pool.shutdown(wait=False)

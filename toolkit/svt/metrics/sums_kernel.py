@@ -45,12 +45,12 @@ def score_sums(s, words, soft32, soft_cols, weights, use_weights, k, n_bins, eps
         wt = weights[r] if use_weights else 1.0
         cell = min(int(x * n_bins), n_bins - 1)
         c = min(max(x, eps), 1.0 - eps)
+        # a 0/1 label picks one term: one logarithm a row, of c or of 1 - c (selected, no branch; 1 - c
+        # as scikit-learn's log_loss takes it), the same with or without soft labels
+        ll = -np.log(y * c + (1.0 - y) * (1.0 - c))
         if m_soft:  # soft labels weigh both terms
             lp = np.log(c)
             l1p = np.log1p(-c)
-            ll = -(y * lp + (1.0 - y) * l1p)
-        else:  # a 0/1 label picks one term: one logarithm a row, of c or of 1 - c (selected, no branch)
-            ll = -np.log(y * c + (1.0 - y) * (1.0 - c))  # 1 - c as scikit-learn's log_loss takes it
         sums[p, 0] += wt
         sums[p, 1] += wt * y
         _add(sums, comp, p, 2, wt * x)
