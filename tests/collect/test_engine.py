@@ -234,3 +234,26 @@ def test_each_step_times_the_forwards_it_ran(tiny_pair, monkeypatch):
     # across steps or prefills grows the extra step after step, which moves the median far past the bound)
     outside = np.median(slowed["step_ms"] - slowed["forward_ms"]), np.median(fast["step_ms"] - fast["forward_ms"])
     assert abs(outside[0] - outside[1]) < SLOW
+
+
+def test_each_step_logs_the_cache_width_its_verify_attended(tiny_pair):
+    """``verify_slots`` is the target cache's width at the verify forward: a static batch that never
+    compacts starts at the longest prompt (all but its last token, which is the first step's y) and
+    every step appends K + 1 slots to every row, whoever finished; with compaction on, the width
+    falls back whenever the holes are dropped, and never under a row's live tokens."""
+    tok = tiny_pair.tokenizer
+    prompts = _ids(tok, PROMPTS[:3])
+    K = 3
+
+    def sched(compact):
+        log = run_batch(tiny_pair.target, tiny_pair.draft, prompts, SamplingParams(1.0, 1.0, K, 40), eos_id=None,
+                        pad_id=tok.pad_token_id, generator=torch.Generator().manual_seed(0), compact=compact)
+        return {c: np.concatenate(v) for c, v in log.schedule.items()}
+
+    s = sched(False)
+    start = max(len(p) for p in prompts) - 1
+    assert s["verify_slots"].tolist() == [start + (t + 1) * (K + 1) for t in range(len(s["tick"]))]
+    c = sched(True)
+    assert (np.diff(c["verify_slots"]) < 0).any()  # compacted at least once in 40 tokens
+    assert (c["verify_slots"] <= start + np.arange(1, len(c["tick"]) + 1) * (K + 1)).all()
+    assert (c["verify_slots"] * c["batch_size"] >= c["verify_tokens"]).all()

@@ -80,6 +80,8 @@ def test_each_live_run_beside_the_replays_point_for_its_policy(runs):
         last = sched.filter(sched["admitted"] > 0)["tick"].max()
         assert r["waiting_mean_batch"] == pytest.approx(float(sched.filter(sched["tick"] < last)["batch_size"].mean()))
         assert r["waiting_mean_batch"] == 3.0 and r["mean_batch"] < 3.0
+        # the context its verify forwards attended: the mean cache width over its steps
+        assert r["cache_width"] == pytest.approx(float(sched["verify_slots"].mean()))
     # the same point twice: a median and range over the rounds
     k3 = next(p for p in sim["live"]["points"] if p["policy"] == "fixed K=3")
     assert k3["rounds"] == 2 and k3["ratio"]["min"] == k3["ratio"]["max"] == pytest.approx(rows[0]["ratio"])

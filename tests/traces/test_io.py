@@ -175,3 +175,15 @@ def test_a_steps_forward_time_beyond_the_step_is_an_error(tmp_path):
     write_shard(path, "schedule", 0, sched.with_columns(pl.Series("forward_ms", [3.0, 4.0])))
     with pytest.raises(SchemaError, match="column `forward_ms` has 1 bad value"):
         open_run(path)
+
+
+def test_a_cache_narrower_than_the_verified_positions_is_an_error(tmp_path):
+    path = _make_run(tmp_path / "r")
+    sched = pl.DataFrame({"tick": [0, 1], "batch_size": [2, 2], "admitted": [2, 0], "prefill_ms": [1.0, 0.0],
+                          "draft_ms": [1.0, 1.0], "verify_ms": [2.0, 2.0], "step_ms": [3.5, 3.5], "draft_passes": [3, 3],
+                          "verify_tokens": [8, 8], "emitted": [2, 3], "verify_slots": [40, 44]})
+    write_shard(path, "schedule", 0, sched)
+    open_run(path)
+    write_shard(path, "schedule", 0, sched.with_columns(pl.Series("verify_slots", [40, 3], dtype=pl.Int32)))
+    with pytest.raises(SchemaError, match="column `verify_slots` has 1 bad value"):
+        open_run(path)

@@ -476,6 +476,7 @@ def run_batch(
         W = x.shape[1] + 1 if av is None else int(kept.max()) + 1
         fmask = (torch.arange(W, device=device)[None, :] <= kept[:, None]).long()
         to = rows.tc.forward(torch.cat([rows.pending[:, None], x[:, : W - 1]], 1), fmask, hidden=head)
+        verify_slots = rows.tc.mask.shape[1]  # the cache width its attention read, padding and holes included
         p = process_probs(to.logits, params.temperature, params.top_p)  # [nb, W, V]
         label_ok = None
         if stopper is not None:
@@ -505,6 +506,7 @@ def run_batch(
                 step_ms=np.array([(t3 - t0) * 1e3], np.float32),
                 forward_ms=np.array([(rows.tc.forward_s + rows.dc.forward_s - f0) * 1e3], np.float32), draft_passes=np.array([x.shape[1]], np.int16),
                 verify_tokens=np.array([int(fmask.numel())], np.int32),
+                verify_slots=np.array([verify_slots], np.int32),
                 emitted=np.array([int(emitted.sum())], np.int32))
         tick += 1
         if on_step is not None:

@@ -415,6 +415,7 @@ def profile_pair(target, draft, *, k: int, batches=DEFAULT_BATCHES, context: int
     block = measurement_block(repeats, spread, falls, before, machine_load(), fit=record)
     block["step"] = step_record
     block["drift"] = drift_record(passes)
+    block["context"] = int(context)  # slots a row's cache held in every cell (svt.report.live shows it)
     if block["drift"]["range"] > DRIFT_NOTE:
         block["raw_notes"] = [*block.get("raw_notes", []), drift_note(block["drift"])]
     return CostTable("measured", "autoregressive",

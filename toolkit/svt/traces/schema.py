@@ -221,7 +221,9 @@ SCHEDULE = TableSchema(
     },
     required=False,
     # the time inside the step's model forwards (its work outside them: step_ms - forward_ms)
-    optional={"forward_ms": pl.Float32()},
+    # ``verify_slots``: the target cache's width at the verify forward (this step's tokens, padding
+    # and not-yet-compacted holes included): the context every row's attention read
+    optional={"forward_ms": pl.Float32(), "verify_slots": pl.Int32()},
 )
 
 TABLES: dict[str, TableSchema] = {t.name: t for t in (DRAFTS, STEPS, REQUESTS, HIDDEN, DISTS, CACHE_DRAFTS,

@@ -101,6 +101,9 @@ def _schedule(names: list[str], lacks: frozenset[str]) -> Checks:
     if "forward_ms" in names:  # the time inside a step's forwards: within the step
         checks.append((~pl.col("forward_ms").is_finite() | (pl.col("forward_ms") < 0)
                        | (pl.col("forward_ms") > pl.col("step_ms"))).sum().alias("sched:forward_ms"))
+    if "verify_slots" in names:  # the cache a row attended holds at least the positions it verified
+        checks.append((pl.col("verify_slots") * pl.col("batch_size") < pl.col("verify_tokens"))
+                      .sum().alias("sched:verify_slots"))
     return checks
 
 

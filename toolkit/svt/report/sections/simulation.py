@@ -100,13 +100,13 @@ def _live_lines(live: dict | None) -> list[str]:
              f(r.get("waiting_mean_batch")), f(r["live_tokens_per_s"], 0),
              f(r["replay_tokens_per_s"], 0), f(r["ratio"]), f(r["live_tokens_per_step"], 3),
              f(r["replay_tokens_per_step"], 3), f(r["table_vs_steps"]), f(r["table_vs_forwards"]),
-             f(r["step_vs_forwards"]), f(r["prefill_s"])] for r in live["runs"]]
+             f(r["step_vs_forwards"]), f(r.get("cache_width"), 0), f(r["prefill_s"])] for r in live["runs"]]
     lines = ["### How close is the replay? Live runs of the same policies\n",
              live["note"] + "\n",
              md_table(["live run", "policy", "B", "schedule", "mean batch", "while requests wait", "live tok/s",
                        "replay tok/s",
                        "replay / live", "live tok/step", "replay tok/step", "table / steps", "table / forwards",
-                       "step / forwards", "prefill s"], rows), ""]
+                       "step / forwards", "cache width", "prefill s"], rows), ""]
     notes = [f"- `{r['run']}`: {r['schedule_note']}" for r in live["runs"] if r.get("schedule_note")]
     if notes:
         lines += [*notes, ""]
