@@ -157,7 +157,7 @@ def _fake_profile(monkeypatch, slow):
 
     monkeypatch.setattr(profile, "_measure", measure)
     monkeypatch.setattr(profile, "machine_load", lambda: {"load_1min": 0.0, "cores": 2, "threads": 2})
-    monkeypatch.setattr(profile, "step_overheads", lambda *a: ({}, {}))  # real engine steps: test_profile.py
+    monkeypatch.setattr(profile, "step_overheads", lambda *a, **kw: ({}, {}, None))  # real engine steps: test_profile.py
     target = type("T", (), {"parameters": lambda self: iter([__import__("torch").zeros(1)])})()
     table = profile.profile_pair(target, object(), k=K, batches=BATCHES)
     return table, calls
@@ -218,7 +218,7 @@ def _drifting_profile(monkeypatch, order=None):
     monkeypatch.setattr(profile, "_prefill", lambda *a: None)
     monkeypatch.setattr(profile.time, "perf_counter", lambda: clock["now"])
     monkeypatch.setattr(profile, "machine_load", lambda: {"load_1min": 0.0, "cores": 2, "threads": 2})
-    monkeypatch.setattr(profile, "step_overheads", lambda *a: ({}, {}))
+    monkeypatch.setattr(profile, "step_overheads", lambda *a, **kw: ({}, {}, None))
     if order is not None:
         monkeypatch.setattr(profile, "_interleaved", order)
     target = type("T", (), {"parameters": lambda self: iter([__import__("torch").zeros(1)])})()

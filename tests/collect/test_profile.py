@@ -154,7 +154,7 @@ def test_a_short_verify_forward_is_timed_over_enough_forwards_to_outlast_the_sch
             return self.now
 
     monkeypatch.setattr(prof, "time", Clock())
-    monkeypatch.setattr(prof, "step_overheads", lambda *a: ({}, {}))  # engine steps, timed apart
+    monkeypatch.setattr(prof, "step_overheads", lambda *a, **kw: ({}, {}, None))  # engine steps, timed apart
     calls = []
     real = type(tiny_pair.target).__call__
 
@@ -224,3 +224,31 @@ def test_the_spread_is_over_the_repeats_of_one_cell(tiny_pair, monkeypatch, nois
         assert any("draft times' interquartile range" in w for w in m["raw_notes"])
         assert any("verify times' interquartile range" in w for w in m["raw_notes"])
         assert any("misses a measured cell" in w for w in m["warnings"])
+
+
+def test_a_collections_profile_times_its_cells_at_the_width_the_engine_will_attend(tiny_pair, monkeypatch):
+    """Given the collection's prompts, each batch size's cells hold the target cache width the
+    engine's verify forwards will attend on them (padding to the longest, holes until compaction;
+    svt.collect.cache_width), from the accepted counts of the engine steps it timed: wider at
+    batch 4 than at batch 1, and above the mean prompt plus half the new tokens."""
+    import svt.collect.profile as prof
+    from svt.collect.cache_width import mean_width
+
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(10, tiny_pair.tokenizer.vocab_size, n).tolist() for n in (60, 8, 30, 55, 12, 40, 20, 50)]
+    prefilled = []
+    real = prof._prefill
+    monkeypatch.setattr(prof, "_prefill", lambda model, b, ctx, dev: prefilled.append((model is tiny_pair.target, b, ctx))
+                        or real(model, b, ctx, dev))
+    table = prof.profile_pair(tiny_pair.target, tiny_pair.draft, k=2, batches=(1, 4), repeats=1, prompts=prompts,
+                              max_new_tokens=24, context=999)
+    m = table.measurement
+    counts = np.array(m["step"]["accepted_counts"])
+    assert counts.sum() > 0 and counts.size == 3
+    lengths = [len(p) for p in prompts]
+    want = {b: round(mean_width(lengths, b, 2, 24, counts)) - 3 for b in (1, 4)}
+    assert m["context"] == want
+    assert want[4] > want[1] > np.mean(lengths) - 1
+    # the verify cells' caches (the target's) and the draft model's cells were prefilled at those widths
+    assert {(True, b, want[b]) for b in (1, 4)} <= set(prefilled)
+    assert {(False, b, want[b]) for b in (1, 4)} <= set(prefilled) and not any(c == 999 for *_, c in prefilled)

@@ -196,12 +196,15 @@ def _profile_costs(cfg, config: Path, out_dir: Path, batches: str | None, *, ove
     check_costs_out(out_dir, overwrite=overwrite)  # before the minutes of profiling
     pair = load_pair(resolve_path(cfg.target, config), resolve_path(cfg.draft, config),
                      device=cfg.device, dtype=cfg.dtype)
-    from svt.collect.profile import collection_context
+    from svt.collect.profile import collection_context, collection_prompts
 
-    context = collection_context(cfg, config, pair.tokenizer)
+    prompts = collection_prompts(cfg, config, pair.tokenizer)
     table = profile_pair(pair.target, pair.draft, k=cfg.k, batches=parse_batches(batches),
                          progress=None if quiet else lambda what: _say(f"profiled {what}"),
-                         verify_tokens=None if cfg.tree is None else cfg.tree.size() + 1, context=context)
+                         verify_tokens=None if cfg.tree is None else cfg.tree.size() + 1,
+                         context=collection_context(prompts, cfg.max_new_tokens),
+                         prompts=(prompts or None) if cfg.tree is None else None,  # trees: one request at a time
+                         max_new_tokens=cfg.max_new_tokens)
     ident = pair.identity()
     write_costs(table, out_dir, {"models": {**{k: v["path"] for k, v in ident.items() if isinstance(v, dict) and "path" in v},
                                             "weights": {k: v["weights_sha256_16"] for k, v in ident.items()

@@ -317,19 +317,20 @@ def drift_note(d: dict) -> str:
             "is only as steady as the machine")
 
 
-def _measure(target, draft, draft_batches, verify_cells: dict[int, list[int]], k: int, repeats: int, context: int,
-             device, seed: int = 0) -> tuple[dict[int, np.ndarray], dict[tuple[int, int], list[float]], list[float]]:
+def _measure(target, draft, draft_batches, verify_cells: dict[int, list[int]], k: int, repeats: int,
+             contexts: dict[int, int], device, seed: int = 0) -> tuple[dict[int, np.ndarray], dict[tuple[int, int], list[float]], list[float]]:
     """Draft times at each of ``draft_batches`` (one row of cumulative ms per repeat) and verify
     samples at each (batch, tokens a row) of ``verify_cells``, every cell interleaved with every
-    other (:func:`_interleaved`); with each pass's wall-clock."""
+    other (:func:`_interleaved`); with each pass's wall-clock. A batch size's cells hold
+    ``contexts[b]`` slots a row."""
     cells, keys = [], []
     for b in draft_batches:
-        cells.append(_DraftCell(draft, b, k, context, device))
+        cells.append(_DraftCell(draft, b, k, contexts[b], device))
         keys.append(("draft", b))
     for b, widths in verify_cells.items():
-        cache = _prefill(target, b, context, device)
+        cache = _prefill(target, b, contexts[b], device)
         for m in widths:
-            cells.append(_VerifyCell(target, b, m, cache, context, device))
+            cells.append(_VerifyCell(target, b, m, cache, contexts[b], device))
             keys.append(("verify", (b, m)))
     samples, passes = _interleaved(cells, repeats, seed)
     draft_raw = {key: np.array(s) for (what, key), s in zip(keys, samples, strict=True) if what == "draft"}
@@ -355,38 +356,56 @@ def _uncertain_cells(draft_fit: dict, verify_fit: dict, record: dict) -> tuple[l
     return draft, {b: ms for b, ms in verify.items() if ms}
 
 
-@torch.inference_mode()
-def collection_context(cfg, config_path, tokenizer) -> int:
-    """The context the config's requests decode at on average: the mean prompt length (as encoded
-    for the collection) plus half of ``max_new_tokens`` (the middle of the decode). Forwards cost
-    more the longer the cache they attend to, so a table profiled at another context mis-prices the
-    collection's steps."""
+def collection_prompts(cfg, config_path, tokenizer) -> list[list[int]]:
+    """The config's requests' prompts, encoded as the collection encodes them (token ids)."""
     from svt.collect.encode import encode_workloads, head_fits
     from svt.collect.workloads import load_workloads
 
     keep = head_fits(tokenizer, cfg.max_prompt_tokens, cfg.max_new_tokens) if cfg.on_long_head == "skip" else None
     workloads = load_workloads(cfg.workloads, cfg.requests, config_path, turns=cfg.turns, repeat=cfg.repeat, keep=keep)
     encoded = encode_workloads(workloads, tokenizer, cfg.max_prompt_tokens, cfg.max_new_tokens, cfg.on_long_head)
-    if not encoded:
+    return [list(e.prompt_ids) for e in encoded]
+
+
+def collection_context(prompts: list[list[int]], max_new_tokens: int) -> int:
+    """The context the requests decode at on average: the mean prompt length plus half of
+    ``max_new_tokens`` (the middle of the decode); 128 with no prompts. Forwards cost more the
+    longer the cache they attend to; the engine attends more than this (padding, holes), which
+    :func:`profile_pair` measures when given the prompts."""
+    if not prompts:
         return 128
-    return int(round(np.mean([len(e.prompt_ids) for e in encoded]) + cfg.max_new_tokens / 2))
+    return int(round(np.mean([len(p) for p in prompts]) + max_new_tokens / 2))
 
 
 def profile_pair(target, draft, *, k: int, batches=DEFAULT_BATCHES, context: int = 128,
-                 repeats: int = REPEATS, progress=None, verify_tokens: int | None = None) -> CostTable:
+                 repeats: int = REPEATS, progress=None, verify_tokens: int | None = None,
+                 prompts: list[list[int]] | None = None, max_new_tokens: int = 0) -> CostTable:
     """The pair's cost table (see the module), with how sure it is in ``measurement``. Verification
     is timed for 1 to ``verify_tokens`` tokens a row (default ``k + 1``; a tree config passes its
     size + 1: a tree of n nodes is verified in one forward over n + 1 tokens a row). Cells the fit
     does not pin down (:func:`_uncertain_cells`) are measured again, ``repeats`` more each time, up
-    to ``EXTRA_ROUNDS`` times; the fit is judged after, on every repeat."""
+    to ``EXTRA_ROUNDS`` times; the fit is judged after, on every repeat.
+
+    The context the cells attend: with ``prompts`` (the collection's own, encoded, decoding
+    ``max_new_tokens`` each), the engine's steps timed first for ``step_ms`` decode some of them and
+    count how many drafts each row accepted at k = ``k``; each batch size's cells then hold the width
+    the engine's target cache will have at its verify forwards when it decodes those prompts through
+    that many slots (:func:`svt.collect.cache_width.mean_width`, less the step's own tokens): rows
+    padded to the longest, admitted requests padded to the batch, rejected drafts' holes until a
+    compaction. Without, every cell holds ``context`` slots."""
     from svt.collect.cost_fit import fit_costs
 
     device = next(target.parameters()).device
     before = machine_load()
     widths = range(1, (verify_tokens or k + 1) + 1)
+    step, step_record, accepted = step_overheads(target, draft, k, batches, context, prompts=prompts)
+    if progress is not None:
+        progress("the engine's steps")
+    contexts = engine_contexts(target, prompts, batches, k, max_new_tokens, accepted) if prompts \
+        else {b: int(context) for b in batches}
     # every repeat, for the cost model
     draft_raw, verify_raw, passes = _measure(target, draft, list(batches), {b: list(widths) for b in batches}, k,
-                                             repeats, context, device)
+                                             repeats, contexts, device)
     if progress is not None:
         progress(f"{len(draft_raw) + len(verify_raw)} cells, {repeats} interleaved passes")
     remeasured = []
@@ -396,7 +415,7 @@ def profile_pair(target, draft, *, k: int, batches=DEFAULT_BATCHES, context: int
         if not off or off > (len(draft_raw) * k + len(verify_raw)) / 2:
             break  # nothing to redo, or most of the grid: the machine, not a stretch of it (flagged below)
         remeasured.append({"draft": again_d, "verify": {b: list(ms) for b, ms in again_v.items()}})
-        more_d, more_v, _ = _measure(target, draft, again_d, again_v, k, repeats, context, device, seed=rnd + 1)
+        more_d, more_v, _ = _measure(target, draft, again_d, again_v, k, repeats, contexts, device, seed=rnd + 1)
         for b, runs in more_d.items():
             draft_raw[b] = np.concatenate([draft_raw[b], runs])
         for key, samples in more_v.items():
@@ -409,20 +428,38 @@ def profile_pair(target, draft, *, k: int, batches=DEFAULT_BATCHES, context: int
                                                   {b: spread["verify"][(b, m)] for b in batches})]}
     draft_fit, verify_fit, record = fit_costs(draft_raw, verify_raw)
     record["remeasured"] = remeasured
-    step, step_record = step_overheads(target, draft, k, batches, context)
-    if progress is not None:
-        progress("the engine's steps")
     block = measurement_block(repeats, spread, falls, before, machine_load(), fit=record)
     block["step"] = step_record
     block["drift"] = drift_record(passes)
-    block["context"] = int(context)  # slots a row's cache held in every cell (svt.report.live shows it)
+    # slots a row's cache held in each batch size's cells (svt.report.live shows them)
+    block["context"] = {int(b): int(c) for b, c in contexts.items()}
     if block["drift"]["range"] > DRIFT_NOTE:
         block["raw_notes"] = [*block.get("raw_notes", []), drift_note(block["drift"])]
+    where = (f"at the cache width the engine attends at each batch ({_contexts_text(contexts)} slots)" if prompts
+             else f"with context {context}")
     return CostTable("measured", "autoregressive",
-                     f"measured on {device} with context {context}, {repeats} repeats a cell (more where the fit "
+                     f"measured on {device} {where}, {repeats} repeats a cell (more where the fit "
                      f"was uncertain), fitted: {record['model']} (raw medians under measurement.fit); step_ms: "
                      "the engine's per-step work outside its forwards, timed on real engine steps",
                      draft_fit, {}, measurement=block, verify_rows_ms=verify_fit, step_ms=step)
+
+
+def _contexts_text(contexts: dict[int, int]) -> str:
+    return ", ".join(f"B = {b}: {c}" for b, c in sorted(contexts.items()))
+
+
+def engine_contexts(target, prompts: list[list[int]], batches, k: int, max_new_tokens: int,
+                    accepted: np.ndarray) -> dict[int, int]:
+    """Each batch size's cell context: the mean width of the target cache at the engine's verify
+    forwards when it decodes ``prompts`` through that many slots (continuous batching, each row
+    accepting as often as ``accepted`` counts), less the step's own ``k + 1`` tokens."""
+    from svt.collect.cache_width import mean_width
+    from svt.collect.kv_cache import GrowingLayer, growing_cache
+
+    compacts = all(isinstance(layer, GrowingLayer) for layer in growing_cache(target.config).layers)
+    lengths = [len(p) for p in prompts]
+    return {b: max(1, int(round(mean_width(lengths, b, k, max_new_tokens, accepted, compacts=compacts))) - (k + 1))
+            for b in batches}
 
 
 #: tokens each row decodes in a (batch, k) cell of ``step_ms`` (after one warm-up decode): enough
@@ -430,18 +467,21 @@ def profile_pair(target, draft, *, k: int, batches=DEFAULT_BATCHES, context: int
 OVERHEAD_TOKENS = 64
 
 
-def step_overheads(target, draft, k: int, batches, context: int) -> tuple[dict, dict]:
+def step_overheads(target, draft, k: int, batches, context: int, *,
+                   prompts: list[list[int]] | None = None) -> tuple[dict, dict, np.ndarray]:
     """``step_ms[batch][k]`` for k in {0, 1, K}: what a real engine step costs beyond its model
-    forwards, the **mean** over the steps of svt's batched engine decoding random prompts around
-    ``context`` tokens (T = 1) of the step's wall-clock minus the time inside its own forwards (timed
-    in the same step, the device synchronised around each). It holds the work the forward cells do
+    forwards, the **mean** over the steps of svt's batched engine decoding ``OVERHEAD_TOKENS`` a row
+    in one batch (T = 1) of the step's wall-clock minus the time inside its own forwards (timed in
+    the same step, the device synchronised around each). It holds the work the forward cells do
     not time: probabilities and sampling, the acceptance test, logging, cache bookkeeping, and the
     engine's periodic work (compacting the caches, growing their buffers), which a median would
     leave out though every run pays it (measured on the demo pair at batch 16: mean steps 1.5x the
     median). Measured within the step, not as the step minus the table's forward cells: that
     difference of two separately timed figures moved from 1.1 to 7.3 ms at batch 8, K = 3, across
     three profiles in a row on a quiet machine, where this one holds still. Batches above 16 are
-    timed at the largest only. Returns the table and its raw means."""
+    timed at the largest only. The rows are ``prompts`` (the collection's, drawn with a fixed seed)
+    or, without, random prompts around ``context`` tokens. Returns the table, its raw means, and how
+    often a row accepted 0..``k`` drafts at k = ``k`` over every step timed (at k = 0: one count)."""
     from svt.collect.engine import SamplingParams, run_batch
 
     device = next(target.parameters()).device
@@ -451,13 +491,18 @@ def step_overheads(target, draft, k: int, batches, context: int) -> tuple[dict, 
     table: dict[int, dict[int, float]] = {}
     raw: dict[str, dict[str, float]] = {}
     forwards: dict[str, dict[str, float]] = {}
+    accepted = np.zeros(k + 1, dtype=np.int64)
+    pick = np.random.default_rng(7)
     for b in timed:
-        prompts = torch.randint(10, vocab, (b, max(context - OVERHEAD_TOKENS // 2, 2)), generator=g).tolist()
+        if prompts:
+            rows = [prompts[i] for i in pick.choice(len(prompts), b, replace=len(prompts) < b)]
+        else:
+            rows = torch.randint(10, vocab, (b, max(context - OVERHEAD_TOKENS // 2, 2)), generator=g).tolist()
         table[b], raw[str(b)], forwards[str(b)] = {}, {}, {}
         for kk in sorted({0, min(1, k), k}):
-            run_batch(target, draft, [p[-8:] for p in prompts], SamplingParams(1.0, 1.0, kk, 3), eos_id=None, pad_id=0,
+            run_batch(target, draft, [p[-8:] for p in rows], SamplingParams(1.0, 1.0, kk, 3), eos_id=None, pad_id=0,
                       generator=torch.Generator(device=device).manual_seed(0))  # warm-up
-            log = run_batch(target, draft, prompts, SamplingParams(1.0, 1.0, kk, OVERHEAD_TOKENS), eos_id=None,
+            log = run_batch(target, draft, rows, SamplingParams(1.0, 1.0, kk, OVERHEAD_TOKENS), eos_id=None,
                             pad_id=0, generator=torch.Generator(device=device).manual_seed(1), sync_forwards=True)
             sched = {c: np.concatenate(v) for c, v in log.schedule.items()}
             full = sched["batch_size"] == b
@@ -466,6 +511,10 @@ def step_overheads(target, draft, k: int, batches, context: int) -> tuple[dict, 
             table[b][kk] = max(step - fwd, 0.0)
             raw[str(b)][str(kk)] = round(step, 4)
             forwards[str(b)][str(kk)] = round(fwd, 4)
-    return table, {"what": "mean engine step around the profile's context (random prompts, T = 1) minus the "
-                           "time inside its own model forwards", "tokens_a_row": OVERHEAD_TOKENS, "batches": timed,
-                   "step_means_ms": raw, "forward_means_ms": forwards}
+            if kk == k:
+                got = np.concatenate(log.steps["accepted"]).astype(np.int64)
+                accepted += np.bincount(got, minlength=k + 1)[: k + 1]
+    rows_are = "the collection's prompts" if prompts else "random prompts around the profile's context"
+    return table, {"what": f"mean engine step on {rows_are} (T = 1) minus the time inside its own model forwards",
+                   "tokens_a_row": OVERHEAD_TOKENS, "batches": timed, "step_means_ms": raw,
+                   "forward_means_ms": forwards, "accepted_counts": accepted.tolist()}, accepted

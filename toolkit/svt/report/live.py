@@ -18,9 +18,10 @@ from its ``schedule`` table (one row per engine step):
   ``forward_ms``; the draft and verify phases for runs logged before it) and
   ``step / forwards`` (the engine's work outside its forwards);
 - **the cache width** its verify forwards attended (mean ``verify_slots``: each row is padded to the
-  longest row and keeps masked holes until a compaction), beside the context the cost table was
-  profiled at: a forward attending more slots costs more than the table's cell (measured on the demo
-  pair, batch 16, 4 tokens a row: 9.4 ms at 507 slots against 8.7 ms at 418).
+  longest row and keeps masked holes until a compaction), beside the context the cost table's
+  cells held (a profile of a collection's config holds, at each batch size, the width the engine
+  attended on its prompts): a forward attending more slots costs more (measured on the demo pair,
+  batch 16, 4 tokens a row: 9.4 ms at 507 slots against 8.7 ms at 418).
 
 Several live runs of the same policy and batch size (rounds) get their median and range.
 """
@@ -195,4 +196,11 @@ def compare_live(lives: list[dict], points: list[dict], costs) -> dict:
                     "its forward cells alone over the forwards as timed; step / forwards: whole steps over "
                     "their forwards (the engine's work outside them). cache width: the mean slots a row's verify "
                     "forward attended (padding to the longest row and holes included)"
-                    + (f"; the cost table was profiled at {context} slots." if context else ".")}
+                    + (f"; the cost table's cells held {_context_text(context)} slots." if context else ".")}
+
+
+def _context_text(context) -> str:
+    """A profile's context: one figure (older tables), or one per batch size (the engine's width)."""
+    if isinstance(context, dict):
+        return ", ".join(f"{c} at B = {b}" for b, c in sorted(context.items(), key=lambda kv: int(kv[0])))
+    return str(context)

@@ -1,0 +1,51 @@
+import numpy as np
+import pytest
+import torch
+
+from svt.collect.cache_width import engine_widths, mean_width
+from svt.collect.engine import SamplingParams, run_batch
+
+
+def _engine(tiny_pair, prompts, slots, k, tokens, seed=0):
+    log = run_batch(tiny_pair.target, tiny_pair.draft, prompts, SamplingParams(1.0, 1.0, k, tokens), eos_id=None,
+                    pad_id=tiny_pair.tokenizer.pad_token_id, generator=torch.Generator().manual_seed(seed), slots=slots)
+    sched = {c: np.concatenate(v) for c, v in log.schedule.items()}
+    steps = {c: np.concatenate(v) for c, v in log.steps.items()}
+    acc = {(int(r), int(t)): int(a) for r, t, a in zip(steps["request"], steps["step"], steps["accepted"], strict=True)}
+    return sched, acc
+
+
+@pytest.mark.parametrize("k,slots,lengths", [(3, 2, (40, 7, 90, 3, 25, 60, 12)), (1, 3, (40, 7, 90, 3, 25, 60, 12)),
+                                             (0, 2, (40, 7, 90, 3, 25, 60, 12)), (3, 2, (300, 260, 280))])
+def test_the_replayed_bookkeeping_is_the_engines_width_step_for_step(tiny_pair, k, slots, lengths):
+    """Fed the run's own accepted counts, the replay gives the engine's batch size and verify width
+    at every step: padding to the longest prompt, joining padded to the batch, K + 1 slots a step,
+    compaction of the holes (which this run reaches: the widths fall; on the long prompts, past 256
+    slots, the share of the width decides when, not the 64-slot floor)."""
+    tok = tiny_pair.tokenizer
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(10, tok.vocab_size, n).tolist() for n in lengths]
+    sched, acc = _engine(tiny_pair, prompts, slots, k, 70)
+    b, w = engine_widths([len(p) for p in prompts], slots, k, 70,
+                         lambda req, t: np.array([acc[(int(r), t)] for r in req]))
+    assert b.tolist() == sched["batch_size"].tolist()
+    assert w.tolist() == sched["verify_slots"].tolist()
+    assert (np.diff(w) < 0).any()  # compacted (or a new, narrower batch after a drain)
+
+
+def test_the_mean_width_grows_with_the_batch_and_with_rejections():
+    lengths = [380, 80, 384, 200, 384, 300, 120, 384] * 4
+    all_accepted = [0, 0, 0, 1]
+    none_accepted = [1, 0, 0, 0]
+    one = mean_width(lengths, 1, 3, 96, all_accepted)
+    # batch 1, every draft accepted: no holes, no padding: the mean prompt + the mean progress
+    assert one == pytest.approx(np.mean(lengths) - 1 + 4 * (1 + 24) / 2, rel=0.02)
+    assert mean_width(lengths, 8, 3, 96, all_accepted) > one + 50  # padded to the longest of 8
+    assert mean_width(lengths, 8, 3, 96, none_accepted) > mean_width(lengths, 8, 3, 96, all_accepted)
+
+
+def test_bad_inputs_are_refused():
+    with pytest.raises(ValueError, match="at least 1 token"):
+        engine_widths([], 2, 3, 10, lambda r, t: np.zeros(r.size))
+    with pytest.raises(ValueError, match="no accepted counts"):
+        mean_width([5, 6], 2, 3, 10, [0, 0, 0, 0])
