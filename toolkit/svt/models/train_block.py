@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--work", type=Path, default=None, help="default build/tiny/KIND-TARGETHASH")
     ap.add_argument("--kind", choices=sorted(LAYOUTS), required=True)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--tokens", type=int, default=None, help="window tokens to train on (default 2,000,000)")
+    ap.add_argument("--tokens", type=int, default=None, help="window tokens to train on (default 2,500,000)")
     ap.add_argument("--scale", type=float, default=1.0, help="multiply the token budget (smoke tests)")
     ap.add_argument("--anchors", type=int, default=BlockTraining.anchors, help="anchor blocks a training window")
     args = ap.parse_args(argv)
