@@ -1513,6 +1513,10 @@ MUTANTS = [
       ("tests/collect/test_profile.py",)),
     M("engine-context-with-step-tokens", "replay charges the engine", "collect/profile.py",
       "compacts=compacts))) - (k + 1))", "compacts=compacts))))", ("tests/collect/test_profile.py",)),
+    M("lean-4d-mask-ignored", "collector speed", "models/lean.py",
+      "mask = attention_mask.to(h.dtype) if attention_mask.dim() == 4 else",
+      "mask = additive_mask(torch.ones((B, S), dtype=torch.long, device=dev), T, h.dtype) "
+      "if attention_mask.dim() == 4 else", ("tests/models/test_lean.py", "tests/collect/test_tree_decode.py")),
     M("step-overhead-minus-table", "replay charges the engine", "collect/profile.py",
       "            table[b][kk] = max(step - fwd, 0.0)", "            table[b][kk] = max(step - 0.5 * fwd, 0.0)",
       ("tests/collect/test_profile.py",)),

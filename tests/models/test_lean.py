@@ -146,3 +146,42 @@ def test_an_argument_it_does_not_take_is_refused_not_ignored(tiny_pair):
     lean = lean_forward(tiny_pair.draft)
     with pytest.raises(TypeError, match="logits_to_keep"):
         lean(input_ids=torch.tensor([[5, 6]]), cache=growing_cache(tiny_pair.draft.config), logits_to_keep=1)
+
+
+def test_a_callers_4d_mask_gives_transformers_numbers(tiny_pair):
+    """A draft tree's forward passes its own additive mask ``[1, 1, T, S]`` (each node sees the
+    prompt and its ancestors, not its siblings): the lean forward uses it as transformers does,
+    logits and hidden states equal to 1e-6 in float32 (svt.collect.tree_decode runs its trees so)."""
+    from svt.collect.kv_cache import cache_kwarg, growing_cache
+
+    model = tiny_pair.target
+    rng = np.random.default_rng(0)
+    prompt = torch.from_numpy(rng.integers(3, model.config.vocab_size, (1, 12)))
+    tree = torch.from_numpy(rng.integers(3, model.config.vocab_size, (1, 4)))
+    # nodes 0, 1 children of the last prompt token; 2 child of 0; 3 child of 1
+    parents = [-1, -1, 0, 1]
+    allow = np.zeros((4, 16), dtype=bool)
+    allow[:, :12] = True
+    for i, par in enumerate(parents):
+        allow[i, 12 + i] = True
+        while par >= 0:
+            allow[i, 12 + par] = True
+            par = parents[par]
+    mask = torch.full(allow.shape, torch.finfo(torch.float32).min)
+    mask[torch.from_numpy(allow)] = 0.0
+    pos = torch.tensor([[12, 12, 13, 13]])
+    outs = []
+    for run in (lean_forward(model), model):
+        cache = growing_cache(model.config)
+        run(input_ids=prompt, use_cache=True, **{cache_kwarg(model): cache})
+        outs.append(run(input_ids=tree, attention_mask=mask[None, None], position_ids=pos, use_cache=True,
+                        output_hidden_states=True, **{cache_kwarg(model): cache}))
+    assert isinstance(lean_forward(model), LeanLlama)
+    assert torch.allclose(outs[0].logits, outs[1].logits, atol=1e-6, rtol=0)
+    for a, b in zip(outs[0].hidden_states, outs[1].hidden_states, strict=True):
+        assert torch.allclose(a, b, atol=1e-6, rtol=0)
+    # and the mask matters: node 3 (a grandchild through node 1) differs from a causal forward's
+    cache = growing_cache(model.config)
+    lean_forward(model)(input_ids=prompt, use_cache=True, cache=cache)
+    causal = lean_forward(model)(input_ids=tree, position_ids=pos, use_cache=True, cache=cache)
+    assert not torch.allclose(causal.logits[0, 3], outs[0].logits[0, 3], atol=1e-3)

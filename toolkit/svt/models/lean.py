@@ -14,7 +14,8 @@ matmuls, no fused copy of the weights: a model's memory is not doubled), the rot
 the model's own ``rotary_emb`` (its ``inv_freq`` and scaling), the cache's ``update``, grouped
 heads repeated as ``repeat_kv`` does, ``scaled_dot_product_attention`` with the boolean mask as SDPA itself turns it into an additive one, and the
 model's scale, the output projection, the SiLU-gated MLP, the final norm and the LM head. The mask
-is causal over cache slots and the 2D padding mask, and each query also sees its own slot: a slot
+is causal over cache slots and the 2D padding mask (or a caller's own 4D additive mask, as a draft
+tree's, used as given), and each query also sees its own slot: a slot
 every row masks (a hole the engine will never unmask) then attends to itself instead of to nothing,
 so its keys and values stay finite; no real query ever sees it. ``hidden_states``, when asked for,
 is transformers' tuple: the embeddings, each layer's input after the first, and the final norm's
@@ -104,7 +105,9 @@ class LeanLlama:
             position_ids = (past + torch.arange(T, device=dev))[None].expand(B, -1)
         h = F.embedding(input_ids, self.embed)
         cos, sin = self._rotary(position_ids, h.dtype)
-        mask = additive_mask(attention_mask, T, h.dtype)
+        # a caller's own additive mask ``[B, 1, T, S]`` (draft trees: each node sees its ancestors) is
+        # used as given, as transformers does with a 4D mask
+        mask = attention_mask.to(h.dtype) if attention_mask.dim() == 4 else additive_mask(attention_mask, T, h.dtype)
         states = [h] if output_hidden_states else None
         for i, (norm1, attn, norm2, mlp) in enumerate(self.layers):
             h = h + self._attention(_rms(norm1, h), attn, cos, sin, mask, cache, i)
