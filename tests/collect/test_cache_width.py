@@ -5,8 +5,17 @@ import torch
 from svt.collect.cache_width import engine_widths, mean_width
 from svt.collect.engine import SamplingParams, run_batch
 
+STATIC = 3
+
 
 def _engine(tiny_pair, prompts, slots, k, tokens, seed=0):
+    if slots == "static":  # the collector's static schedule: each `STATIC` prompts alone, drained
+        logs = [_engine(tiny_pair, prompts[i : i + STATIC], None, k, tokens, seed) for i in range(0, len(prompts), STATIC)]
+        acc, tick = {}, 0
+        for i, (sched, a) in enumerate(logs):  # one engine after another: ticks continue, requests offset
+            acc.update({(r + i * STATIC, t + tick): v for (r, t), v in a.items()})
+            tick += len(sched["tick"])
+        return {c: np.concatenate([sched[c] for sched, _ in logs]) for c in logs[0][0]}, acc
     log = run_batch(tiny_pair.target, tiny_pair.draft, prompts, SamplingParams(1.0, 1.0, k, tokens), eos_id=None,
                     pad_id=tiny_pair.tokenizer.pad_token_id, generator=torch.Generator().manual_seed(seed), slots=slots)
     sched = {c: np.concatenate(v) for c, v in log.schedule.items()}
@@ -15,22 +24,31 @@ def _engine(tiny_pair, prompts, slots, k, tokens, seed=0):
     return sched, acc
 
 
-@pytest.mark.parametrize("k,slots,lengths", [(3, 2, (40, 7, 90, 3, 25, 60, 12)), (1, 3, (40, 7, 90, 3, 25, 60, 12)),
-                                             (0, 2, (40, 7, 90, 3, 25, 60, 12)), (3, 2, (300, 260, 280))])
+@pytest.mark.parametrize("k,slots,lengths", [(3, 2, (40, 7, 90, 3, 25, 60, 12)), (1, 3, (40, 1, 90, 3, 25, 60, 1)),
+                                             (0, 2, (40, 7, 90, 3, 25, 60, 12)), (3, 2, (300, 260, 280)),
+                                             (3, "static", (40, 7, 90, 1, 25, 60, 12)), (2, None, (70, 1, 30))])
 def test_the_replayed_bookkeeping_is_the_engines_width_step_for_step(tiny_pair, k, slots, lengths):
     """Fed the run's own accepted counts, the replay gives the engine's batch size and verify width
     at every step: padding to the longest prompt, joining padded to the batch, K + 1 slots a step,
-    compaction of the holes (which this run reaches: the widths fall; on the long prompts, past 256
-    slots, the share of the width decides when, not the 64-slot floor)."""
+    compaction of the holes (which each run with drafts reaches; on the long prompts, past 256 slots, the share
+    of the width decides when, not the 64-slot floor); one-token prompts (a padded slot, none live);
+    the collector's static batches and one batch of every prompt (``slots=None``)."""
     tok = tiny_pair.tokenizer
     rng = np.random.default_rng(0)
     prompts = [rng.integers(10, tok.vocab_size, n).tolist() for n in lengths]
     sched, acc = _engine(tiny_pair, prompts, slots, k, 70)
-    b, w = engine_widths([len(p) for p in prompts], slots, k, 70,
-                         lambda req, t: np.array([acc[(int(r), t)] for r in req]))
+    lengths = [len(p) for p in prompts]
+
+    def replay(compacts=True):
+        return engine_widths(lengths, STATIC if slots == "static" else slots, k, 70,
+                             lambda req, t: np.array([acc[(int(r), t)] for r in req]), compacts=compacts,
+                             static=slots == "static")
+
+    b, w = replay()
     assert b.tolist() == sched["batch_size"].tolist()
     assert w.tolist() == sched["verify_slots"].tolist()
-    assert (np.diff(w) < 0).any()  # compacted (or a new, narrower batch after a drain)
+    if k:  # rejected drafts left holes and the run compacted them: its widths differ from no compaction's
+        assert w.tolist() != replay(compacts=False)[1].tolist()
 
 
 def test_the_mean_width_grows_with_the_batch_and_with_rejections():

@@ -252,3 +252,44 @@ def test_a_collections_profile_times_its_cells_at_the_width_the_engine_will_atte
     # the verify cells' caches (the target's) and the draft model's cells were prefilled at those widths
     assert {(True, b, want[b]) for b in (1, 4)} <= set(prefilled)
     assert {(False, b, want[b]) for b in (1, 4)} <= set(prefilled) and not any(c == 999 for *_, c in prefilled)
+
+
+def test_the_profile_replays_the_collections_schedule_and_samples_as_it_does(tiny_pair, monkeypatch):
+    """profile_pair hands the collection's schedule (static batches or continuous) to the width
+    replay and its temperature and top-p to the engine steps it times (stopped right after)."""
+    import svt.collect.profile as prof
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def steps(*a, **kw):
+        seen["sampling"] = (kw["temperature"], kw["top_p"])
+        return {}, {}, np.array([1, 2, 3])
+
+    def contexts(target, prompts, batches, k, max_new, accepted, static=False):
+        seen["static"] = static
+        raise Stop
+
+    monkeypatch.setattr(prof, "step_overheads", steps)
+    monkeypatch.setattr(prof, "engine_contexts", contexts)
+    for static, temperature, top_p in ((True, 0.0, 1.0), (False, 0.7, 0.9)):
+        with pytest.raises(Stop):
+            prof.profile_pair(tiny_pair.target, tiny_pair.draft, k=2, batches=(1,), prompts=[[5, 6, 7]],
+                              max_new_tokens=4, static=static, temperature=temperature, top_p=top_p)
+        assert seen == {"static": static, "sampling": (temperature, top_p)}
+
+
+def test_static_batches_attend_another_width_than_continuous_ones(tiny_pair):
+    from svt.collect.cache_width import mean_width
+    from svt.collect.profile import engine_contexts
+
+    prompts = [[5] * n for n in (300, 20, 250, 30, 280, 10, 40, 200)]
+    counts = np.array([5, 3, 2])
+    for static in (False, True):
+        got = engine_contexts(tiny_pair.target, prompts, (2, 4), 2, 64, counts, static=static)
+        assert got == {b: round(mean_width([len(p) for p in prompts], b, 2, 64, counts, static=static)) - 3
+                       for b in (2, 4)}
+    assert engine_contexts(tiny_pair.target, prompts, (4,), 2, 64, counts, static=True) != \
+        engine_contexts(tiny_pair.target, prompts, (4,), 2, 64, counts)

@@ -204,7 +204,8 @@ def _profile_costs(cfg, config: Path, out_dir: Path, batches: str | None, *, ove
                          verify_tokens=None if cfg.tree is None else cfg.tree.size() + 1,
                          context=collection_context(prompts, cfg.max_new_tokens),
                          prompts=(prompts or None) if cfg.tree is None else None,  # trees: one request at a time
-                         max_new_tokens=cfg.max_new_tokens)
+                         max_new_tokens=cfg.max_new_tokens, static=cfg.schedule == "static",
+                         temperature=cfg.temperature, top_p=cfg.top_p)
     ident = pair.identity()
     write_costs(table, out_dir, {"models": {**{k: v["path"] for k, v in ident.items() if isinstance(v, dict) and "path" in v},
                                             "weights": {k: v["weights_sha256_16"] for k, v in ident.items()

@@ -10,11 +10,12 @@ attended 509 slots where the mean row held 418; a verify forward cost 7.5 % more
 
 The width depends only on the schedule's bookkeeping: prompt lengths, the slots, K, the tokens a
 request decodes and how many drafts each row accepts at each step. :func:`engine_widths` replays
-that bookkeeping exactly as :func:`svt.collect.engine.run_batch` does it (fixed K, no end-of-text
-stops); fed a run's own accepted counts it gives that run's ``verify_slots`` step for step (tested),
-and fed accepted counts drawn from a measured distribution it gives the width a collection of those
-prompts will attend, at any batch size, in milliseconds. :func:`profile_pair` times the cost cells
-at that width.
+that bookkeeping exactly as :func:`svt.collect.engine.run_batch` does it (fixed K, no live AV
+trimming, no end-of-text stops; continuous batching or the collector's static batches). Fed a
+run's own accepted counts it gives that run's ``verify_slots`` step for step (tested). Fed accepted
+counts drawn from a measured distribution it gives the width a collection of those prompts will
+attend, at any batch size, in milliseconds. :func:`svt.collect.profile.profile_pair` times the cost
+cells at that width.
 """
 
 from __future__ import annotations
@@ -30,24 +31,26 @@ from svt.collect.engine import COMPACT_MIN_HOLES, COMPACT_SHARE
 Accepted = Callable[[np.ndarray, int], np.ndarray]
 
 
-def engine_widths(prompt_lengths, slots: int, k: int, max_new_tokens: int, accepted: Accepted,
-                  compacts: bool = True) -> tuple[np.ndarray, np.ndarray]:
+def engine_widths(prompt_lengths, slots: int | None, k: int, max_new_tokens: int, accepted: Accepted,
+                  compacts: bool = True, static: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Each engine step's batch size and the target cache's width at its verify forward (the
     schedule table's ``batch_size`` and ``verify_slots``) for prompts of ``prompt_lengths`` (in
-    admission order) decoding ``max_new_tokens`` each through ``slots`` rows, continuous batching,
-    ``k`` drafts a step (0: plain decoding). ``compacts=False``: a cache that cannot compact
-    (sliding-window layers)."""
+    admission order) decoding ``max_new_tokens`` each through ``slots`` rows (None: all at once),
+    ``k`` drafts a step (0: plain decoding): continuous batching, or with ``static`` the collector's
+    static batches (each ``slots`` prompts run alone until the last finishes). ``compacts=False``: a
+    cache that cannot compact (sliding-window layers)."""
     lengths = np.asarray(prompt_lengths, dtype=np.int64)
     if lengths.size == 0 or (lengths < 1).any():
         raise ValueError("prompt lengths must be at least 1 token, and there must be one")
-    n, slots = lengths.size, max(1, int(slots))
+    n = lengths.size
+    slots = n if slots is None else max(1, int(slots))
     rows = np.zeros(0, dtype=np.int64)  # the requests decoding
     live = np.zeros(0, dtype=np.int64)  # their live slots
     out = np.zeros(0, dtype=np.int64)  # their tokens emitted
     width = admitted = tick = 0
     batch, widths = [], []
     while admitted < n or rows.size:
-        new = min(slots - rows.size, n - admitted)
+        new = min(slots - rows.size, n - admitted) if not (static and rows.size) else 0
         if new > 0:  # prefill: prompt[:-1] left-padded to the group's longest; joined padded to the batch
             group = lengths[admitted : admitted + new]
             w = max(int(group.max()) - 1, 1)
@@ -73,10 +76,12 @@ def engine_widths(prompt_lengths, slots: int, k: int, max_new_tokens: int, accep
 
 
 def mean_width(prompt_lengths, slots: int, k: int, max_new_tokens: int, accept_counts: np.ndarray,
-               rounds: int = 5, seed: int = 0, compacts: bool = True) -> float:
-    """The mean width the verify forwards attend at full batch (every step when the prompts never
-    fill the slots), each row's accepted count drawn from ``accept_counts`` (how often 0..k drafts
-    were accepted in measured steps), averaged over ``rounds`` seeded draws."""
+               rounds: int = 5, seed: int = 0, compacts: bool = True, static: bool = False) -> float:
+    """The mean width the verify forwards attend at full batch (``slots`` rows, or every prompt
+    when there are fewer), each row's accepted count drawn from ``accept_counts`` (how often 0..k
+    drafts were accepted in measured steps), averaged over ``rounds`` seeded draws. Rows run to
+    ``max_new_tokens`` (no end-of-text stop) and verify every draft (no live AV trimming): a run
+    that stops early or trims attends less."""
     counts = np.asarray(accept_counts, dtype=np.float64)[: k + 1]
     if counts.sum() <= 0:
         raise ValueError("no accepted counts to draw from")
@@ -85,7 +90,8 @@ def mean_width(prompt_lengths, slots: int, k: int, max_new_tokens: int, accept_c
     for r in range(rounds):
         rng = np.random.default_rng(seed + r)
         b, w = engine_widths(prompt_lengths, slots, k, max_new_tokens,
-                             lambda req, _t, rng=rng: rng.choice(p.size, size=req.size, p=p), compacts=compacts)
+                             lambda req, _t, rng=rng: rng.choice(p.size, size=req.size, p=p), compacts=compacts,
+                             static=static)
         full = b == min(slots, len(prompt_lengths))
         means.append(float(w[full].mean()))
     return float(np.mean(means))

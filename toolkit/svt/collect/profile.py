@@ -379,7 +379,8 @@ def collection_context(prompts: list[list[int]], max_new_tokens: int) -> int:
 
 def profile_pair(target, draft, *, k: int, batches=DEFAULT_BATCHES, context: int = 128,
                  repeats: int = REPEATS, progress=None, verify_tokens: int | None = None,
-                 prompts: list[list[int]] | None = None, max_new_tokens: int = 0) -> CostTable:
+                 prompts: list[list[int]] | None = None, max_new_tokens: int = 0, static: bool = False,
+                 temperature: float = 1.0, top_p: float = 1.0) -> CostTable:
     """The pair's cost table (see the module), with how sure it is in ``measurement``. Verification
     is timed for 1 to ``verify_tokens`` tokens a row (default ``k + 1``; a tree config passes its
     size + 1: a tree of n nodes is verified in one forward over n + 1 tokens a row). Cells the fit
@@ -391,17 +392,21 @@ def profile_pair(target, draft, *, k: int, batches=DEFAULT_BATCHES, context: int
     count how many drafts each row accepted at k = ``k``; each batch size's cells then hold the width
     the engine's target cache will have at its verify forwards when it decodes those prompts through
     that many slots (:func:`svt.collect.cache_width.mean_width`, less the step's own tokens): rows
-    padded to the longest, admitted requests padded to the batch, rejected drafts' holes until a
-    compaction. Without, every cell holds ``context`` slots."""
+    padded to the longest, admitted requests padded to the batch (``static``: the collector's static
+    batches, no joins), rejected drafts' holes until a compaction. Rows are taken to decode to
+    ``max_new_tokens`` and verify every draft: a collection that stops early or trims with live AV
+    attends less. Without prompts, every cell holds ``context`` slots. The engine steps sample at
+    ``temperature`` and ``top_p`` (the collection's)."""
     from svt.collect.cost_fit import fit_costs
 
     device = next(target.parameters()).device
     before = machine_load()
     widths = range(1, (verify_tokens or k + 1) + 1)
-    step, step_record, accepted = step_overheads(target, draft, k, batches, context, prompts=prompts)
+    step, step_record, accepted = step_overheads(target, draft, k, batches, context, prompts=prompts,
+                                                 temperature=temperature, top_p=top_p)
     if progress is not None:
         progress("the engine's steps")
-    contexts = engine_contexts(target, prompts, batches, k, max_new_tokens, accepted) if prompts \
+    contexts = engine_contexts(target, prompts, batches, k, max_new_tokens, accepted, static) if prompts \
         else {b: int(context) for b in batches}
     # every repeat, for the cost model
     draft_raw, verify_raw, passes = _measure(target, draft, list(batches), {b: list(widths) for b in batches}, k,
@@ -449,16 +454,18 @@ def _contexts_text(contexts: dict[int, int]) -> str:
 
 
 def engine_contexts(target, prompts: list[list[int]], batches, k: int, max_new_tokens: int,
-                    accepted: np.ndarray) -> dict[int, int]:
+                    accepted: np.ndarray, static: bool = False) -> dict[int, int]:
     """Each batch size's cell context: the mean width of the target cache at the engine's verify
-    forwards when it decodes ``prompts`` through that many slots (continuous batching, each row
-    accepting as often as ``accepted`` counts), less the step's own ``k + 1`` tokens."""
+    forwards when it decodes ``prompts`` through that many slots (continuous batching, or static
+    batches with ``static``; each row accepting as often as ``accepted`` counts), less the step's
+    own ``k + 1`` tokens."""
     from svt.collect.cache_width import mean_width
     from svt.collect.kv_cache import GrowingLayer, growing_cache
 
     compacts = all(isinstance(layer, GrowingLayer) for layer in growing_cache(target.config).layers)
     lengths = [len(p) for p in prompts]
-    return {b: max(1, int(round(mean_width(lengths, b, k, max_new_tokens, accepted, compacts=compacts))) - (k + 1))
+    return {b: max(1, int(round(mean_width(lengths, b, k, max_new_tokens, accepted, compacts=compacts,
+                                           static=static))) - (k + 1))
             for b in batches}
 
 
@@ -467,11 +474,11 @@ def engine_contexts(target, prompts: list[list[int]], batches, k: int, max_new_t
 OVERHEAD_TOKENS = 64
 
 
-def step_overheads(target, draft, k: int, batches, context: int, *,
-                   prompts: list[list[int]] | None = None) -> tuple[dict, dict, np.ndarray]:
+def step_overheads(target, draft, k: int, batches, context: int, *, prompts: list[list[int]] | None = None,
+                   temperature: float = 1.0, top_p: float = 1.0) -> tuple[dict, dict, np.ndarray]:
     """``step_ms[batch][k]`` for k in {0, 1, K}: what a real engine step costs beyond its model
     forwards, the **mean** over the steps of svt's batched engine decoding ``OVERHEAD_TOKENS`` a row
-    in one batch (T = 1) of the step's wall-clock minus the time inside its own forwards (timed in
+    in one batch (at ``temperature`` and ``top_p``: the collection's; T = 1 by default) of the step's wall-clock minus the time inside its own forwards (timed in
     the same step, the device synchronised around each). It holds the work the forward cells do
     not time: probabilities and sampling, the acceptance test, logging, cache bookkeeping, and the
     engine's periodic work (compacting the caches, growing their buffers), which a median would
@@ -502,7 +509,7 @@ def step_overheads(target, draft, k: int, batches, context: int, *,
         for kk in sorted({0, min(1, k), k}):
             run_batch(target, draft, [p[-8:] for p in rows], SamplingParams(1.0, 1.0, kk, 3), eos_id=None, pad_id=0,
                       generator=torch.Generator(device=device).manual_seed(0))  # warm-up
-            log = run_batch(target, draft, rows, SamplingParams(1.0, 1.0, kk, OVERHEAD_TOKENS), eos_id=None,
+            log = run_batch(target, draft, rows, SamplingParams(temperature, top_p, kk, OVERHEAD_TOKENS), eos_id=None,
                             pad_id=0, generator=torch.Generator(device=device).manual_seed(1), sync_forwards=True)
             sched = {c: np.concatenate(v) for c, v in log.schedule.items()}
             full = sched["batch_size"] == b
@@ -515,6 +522,7 @@ def step_overheads(target, draft, k: int, batches, context: int, *,
                 got = np.concatenate(log.steps["accepted"]).astype(np.int64)
                 accepted += np.bincount(got, minlength=k + 1)[: k + 1]
     rows_are = "the collection's prompts" if prompts else "random prompts around the profile's context"
-    return table, {"what": f"mean engine step on {rows_are} (T = 1) minus the time inside its own model forwards",
+    return table, {"what": f"mean engine step on {rows_are} (T = {temperature:g}, top-p {top_p:g}) minus the "
+                           "time inside its own model forwards",
                    "tokens_a_row": OVERHEAD_TOKENS, "batches": timed, "step_means_ms": raw,
                    "forward_means_ms": forwards, "accepted_counts": accepted.tolist()}, accepted
