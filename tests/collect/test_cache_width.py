@@ -67,3 +67,21 @@ def test_bad_inputs_are_refused():
         engine_widths([], 2, 3, 10, lambda r, t: np.zeros(r.size))
     with pytest.raises(ValueError, match="no accepted counts"):
         mean_width([5, 6], 2, 3, 10, [0, 0, 0, 0])
+
+
+def test_a_long_replay_takes_fewer_rounds_and_then_the_first_prompts(monkeypatch):
+    """Long outputs or many prompts: one seeded round once a round holds STEPS_A_ROUND steps, and past
+    MAX_STEPS the first prompts, in order, that fill them (the estimate within a few % of the whole)."""
+    import svt.collect.cache_width as cw
+
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(77, 385, 192).tolist()
+    counts = [270, 188, 105, 100, 80, 263]  # 2,333 / 1,006 drafts accepted a step: 3.32 tokens a step
+    monkeypatch.setattr(cw, "STEPS_A_ROUND", 5_000)
+    monkeypatch.setattr(cw, "MAX_STEPS", 25_000)
+    # 192 prompts x 1,024 tokens at batch 1: 59,236 steps -> one round over the first 192 x 25,000 / 59,236
+    got = mean_width(lengths, 1, 5, 1024, counts)
+    assert got == mean_width(lengths[:81], 1, 5, 1024, counts, rounds=1)
+    monkeypatch.setattr(cw, "STEPS_A_ROUND", 10**9)
+    monkeypatch.setattr(cw, "MAX_STEPS", 10**9)
+    assert got == pytest.approx(mean_width(lengths, 1, 5, 1024, counts), rel=0.03)

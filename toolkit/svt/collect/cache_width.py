@@ -26,6 +26,12 @@ import numpy as np
 
 from svt.collect.engine import COMPACT_MIN_HOLES, COMPACT_SHARE
 
+#: engine steps :func:`mean_width` averages over, about: fewer seeded rounds when one round is
+#: longer (a round of 5,000 steps takes about 0.1 s here) ...
+STEPS_A_ROUND = 5_000
+#: ... and at most this many steps in its one round (the first prompts that fill them)
+MAX_STEPS = 25_000
+
 #: ``accepted(requests, tick)``: the drafts each of these requests (indices into the prompts)
 #: accepts at engine step ``tick``
 Accepted = Callable[[np.ndarray, int], np.ndarray]
@@ -86,6 +92,15 @@ def mean_width(prompt_lengths, slots: int, k: int, max_new_tokens: int, accept_c
     if counts.sum() <= 0:
         raise ValueError("no accepted counts to draw from")
     p = counts / counts.sum()
+    # a long replay needs fewer seeded rounds (each averages thousands of steps); past MAX_STEPS
+    # steps a round it keeps the first prompts, in order, that fill them (at least four batches'
+    # worth): the time stays bounded for long outputs and many prompts
+    per_step = float(p @ np.arange(p.size)) + 1.0
+    n, cap = len(prompt_lengths), max(int(max_new_tokens), 1)
+    steps = n * cap / (max(1, int(slots)) * per_step)
+    rounds = int(np.clip(round(rounds * STEPS_A_ROUND / max(steps, 1.0)), 1, rounds))
+    if steps > MAX_STEPS:
+        prompt_lengths = list(prompt_lengths)[: max(4 * int(slots), 16, int(n * MAX_STEPS / steps))]
     means = []
     for r in range(rounds):
         rng = np.random.default_rng(seed + r)
