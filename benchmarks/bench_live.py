@@ -96,8 +96,16 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     ks = [int(x) for x in args.ks.split(",")]
     batches = [int(x) for x in args.batches.split(",")]
-    args.work.mkdir(parents=True, exist_ok=True)
+    bad = [v for v in args.variant if "=" not in v or not v.split("=", 1)[0].isidentifier()]
+    names = [v.split("=", 1)[0] for v in args.variant]
+    if bad or len(set(names)) != len(names):
+        ap.error(f"--variant takes NAME=PYTHONPATH with distinct names (PYTHONPATH may be empty: this checkout); "
+                 f"got {', '.join(bad) or ', '.join(args.variant)}")
+    missing = [v for v in args.variant if v.split("=", 1)[1] and not Path(v.split("=", 1)[1]).is_dir()]
+    if missing:
+        ap.error(f"--variant: no such directory: {', '.join(missing)}")
     variants = tuple((v.split("=", 1)[0], v.split("=", 1)[1] or None) for v in args.variant) or (("", None),)
+    args.work.mkdir(parents=True, exist_ok=True)
     rows = []
     for i in range(args.rounds):
         rows += one_round(i, ks, batches, args.requests, args.tokens, args.work, args.av, tuple(args.set), variants)
