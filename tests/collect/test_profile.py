@@ -223,7 +223,9 @@ def test_the_spread_is_over_the_repeats_of_one_cell(tiny_pair, monkeypatch, nois
         assert not m["reliable"] and m["max_spread"]["draft"] > 0.4 and m["max_spread"]["verify"] > 0.25, m
         assert any("draft times' interquartile range" in w for w in m["raw_notes"])
         assert any("verify times' interquartile range" in w for w in m["raw_notes"])
-        assert any("misses a measured cell" in w for w in m["warnings"])
+        # which of the fit's two checks fires depends on where the noise lands (the engine's steps
+        # read the same clock first): either says the times defeat the model
+        assert any("misses a measured cell" in w or "95 % interval reaches" in w for w in m["warnings"]), m["warnings"]
 
 
 def test_a_collections_profile_times_its_cells_at_the_width_the_engine_will_attend(tiny_pair, monkeypatch):

@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy import stats
 
-from svt.collect.sampling import draft_features, process_probs, verify
+from svt.collect.sampling import draft_features, process_probs, sample_tokens, verify
 
 ALPHA = 1e-4  # fixed seeds make each test deterministic; a real bug gives p-values ~ 0
 
@@ -195,3 +195,40 @@ def test_trimming_keeps_every_emitted_position_on_p(kept):
         assert chi2_pvalue(second.numpy(), wrong.numpy()) < 1e-6
     else:
         assert not reached.any()
+
+
+def test_the_inverse_cdf_sampler_draws_each_row_from_its_own_law():
+    """``sample_tokens`` against the rows' laws: zeros inside and at both ends (never drawn), a row
+    that is not normalised (its own mass, not 1), a peaked row, all in one batch."""
+    rows = torch.tensor([[0.0, 0.2, 0.0, 0.5, 0.3, 0.0],
+                         [2.0, 0.0, 1.0, 0.5, 0.0, 0.5],  # mass 4
+                         [0.0, 0.0, 0.0, 1e-3, 0.999, 0.0]])
+    n = 200_000
+    x = sample_tokens(rows.repeat(n, 1), torch.Generator().manual_seed(11)).view(n, 3)
+    assert x.dtype == torch.long and x.shape == (n, 3)
+    for r in range(3):
+        assert chi2_pvalue(x[:, r].numpy(), rows[r].numpy()) > ALPHA
+    # it has power: the second row read as if it summed to 1 is rejected
+    wrong = rows[1].clone()
+    wrong[0] = 3.0
+    assert chi2_pvalue(x[:, 1].numpy(), wrong.numpy()) < 1e-12
+
+
+@pytest.mark.parametrize("u", [0.0, 1.0 - 2.0**-53])
+def test_the_inverse_cdf_sampler_at_the_ends_of_u(monkeypatch, u):
+    """u at its extremes (rand's 0 and its largest float below 1) still lands on a token of positive
+    probability: the first interval is closed on the left, the mass is never reached."""
+    real = torch.rand
+    monkeypatch.setattr(torch, "rand", lambda *a, **k: torch.full_like(real(*a, **k), u))
+    probs = torch.tensor([[0.0, 0.3, 0.7, 0.0], [0.0, 0.1 + 0.2, 0.0, 0.0], [0.5, 0.25, 0.125, 0.125]])
+    got = sample_tokens(probs, None).tolist()
+    assert got == ([1, 1, 0] if u == 0.0 else [2, 1, 3])
+
+
+def test_the_inverse_cdf_keeps_a_token_of_one_in_a_billion(monkeypatch):
+    """The cumulative mass is float64: a token of probability 1e-9 beside 0.5 keeps its interval
+    (in float32, 0.5 + 1e-9 rounds to 0.5 and the token could never be drawn)."""
+    real = torch.rand
+    monkeypatch.setattr(torch, "rand", lambda *a, **k: torch.full_like(real(*a, **k), 0.5 + 4e-10))
+    probs = torch.tensor([[0.5, 1e-9, 0.5]])
+    assert sample_tokens(probs, None).tolist() == [1]

@@ -51,10 +51,19 @@ class Step:
         self.lengths = np.ones(nb, dtype=np.int64)
         self.surv = np.ones(nb)
         self.conf: list[np.ndarray] = []
+        self.stats: list[dict[str, torch.Tensor]] = []  # q_stats of each drafted position, [nb] each
 
     def _confidence(self, i: int, q: torch.Tensor) -> np.ndarray:
-        feats = {k: v.float().cpu().numpy()[:, None] for k, v in q_stats(q).items()}
+        self.stats.append(q_stats(q))
+        feats = {k: v.float().cpu().numpy()[:, None] for k, v in self.stats[-1].items()}
         return np.asarray(self.policy.av.confidence(feats, np.full((self.nb, 1), i)), dtype=np.float64)[:, 0]
+
+    def step_stats(self, q: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``q_stats(q)`` of the step's drafts ``q`` ``[nb, L, V]`` ([nb, L] each), from the
+        positions already scored (the last one scored here when no decision asked for it)."""
+        if len(self.conf) < q.shape[1]:
+            self.conf.append(self._confidence(q.shape[1] - 1, q[:, -1]))
+        return {k: torch.stack([s[k] for s in self.stats], 1) for k in self.stats[0]}
 
     def go_on(self, i: int, q: torch.Tensor) -> bool:
         """After drafting position ``i`` (its distributions ``q`` [nb, V]): which rows draft i + 1;
@@ -72,9 +81,8 @@ class Step:
         """After the step: the confidences of every drafted position join the means, and how many
         rows went on past each position the sharing at this batch size."""
         p = self.policy
-        L = q.shape[1]
-        if len(self.conf) < L:  # the last drafted position's confidence (no decision was asked)
-            self.conf.append(self._confidence(L - 1, q[:, L - 1]))
+        if len(self.conf) < q.shape[1]:  # the last drafted position's confidence (no decision was asked)
+            self.step_stats(q)
         if p.sum is None:
             p.sum, p.count = np.zeros(self.K), np.zeros(self.K)
         for j, c in enumerate(self.conf):

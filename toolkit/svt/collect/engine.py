@@ -468,9 +468,10 @@ def run_batch(
         t1 = time.perf_counter()
         kept = torch.full((nb,), K, dtype=torch.long, device=device)
         drafted = None if stopper is None else torch.from_numpy(stopper.lengths).to(device)
-        explored = True
+        explored, stats = True, None
         if av is not None:  # the budget is decided on q alone, before the target runs
-            kept, explored = _live_av(av, q, nb, K, generator, drafted, conf)
+            stats = q_stats(q) if stopper is None else stopper.step_stats(q)  # logged too, not recomputed
+            kept, explored = _live_av(av, stats, nb, K, generator, drafted, conf)
         # verify with one target forward over [y, x_0, ..., x_{kept-1}] (p_0..p_kept), each row's
         # trimmed drafts never computed: rows padded (masked) to the longest kept row
         W = x.shape[1] + 1 if av is None else int(kept.max()) + 1
@@ -495,7 +496,7 @@ def run_batch(
         _advance_caches(rows, x, acc, next_token, K, pad_id,
                         taps_of(to, draft.cfg.aux_layer_ids) if head else None)
         emitted, done = _log_step(out, n_out, rows, row_ids, [request_ids[r] for r in row_ids], tick, params,
-                                  (q, p, x, hid, label_ok, acc, kept, drafted, conf), eos_id=eos_id, log=log, av=av,
+                                  (q, p, x, hid, label_ok, acc, kept, drafted, conf, stats), eos_id=eos_id, log=log, av=av,
                                   generator=generator, times=((t1 - t0) * 1e3, (t2 - t1) * 1e3), explored=explored)
         rows.end_step(done, device, compact)
         sync_device(device)
@@ -521,7 +522,7 @@ def _log_step(out: BatchLog, n_out, rows: _Rows, row_ids, req_ids, tick: int, pa
     """Emit one step's tokens and log its rows (two device-to-host transfers); returns the tokens
     each row emitted and which rows finished. A row's drafts are logged up to its drafted length
     (AV+length: ``drafted``; else every drafted position)."""
-    q, p, x, hid, label_ok, acc, kept, drafted, conf = step
+    q, p, x, hid, label_ok, acc, kept, drafted, conf, stats = step
     L, nb = x.shape[1], row_ids.size
     ar = torch.arange(L, device=x.device)[None, :]
     verified = ar < kept[:, None]  # trimmed drafts carry no label (null)
@@ -537,7 +538,7 @@ def _log_step(out: BatchLog, n_out, rows: _Rows, row_ids, req_ids, tick: int, pa
     if L > 0:
         nan = float("nan")
         pk = torch.cat([p[:, : p.shape[1] - 1], p.new_full((nb, L + 1 - p.shape[1], p.shape[2]), nan)], 1)
-        feats = draft_features(q, pk, x)
+        feats = draft_features(q, pk, x, stats)
         if params.greedy:  # acceptance is argmax agreement: the soft labels are the 0/1 outcome
             ok = torch.cat([label_ok.float(), label_ok.new_zeros((nb, L - label_ok.shape[1])).float()], 1)
             feats["accept_prob"] = ok
@@ -610,30 +611,31 @@ def _log_steps(out: BatchLog, req, step_no: int, drafted, acc_np, kept_np, emitt
     )
 
 
-def _live_av(av: LiveAV, q: torch.Tensor, nb: int, K: int, generator, drafted=None,
+def _live_av(av: LiveAV, stats: dict[str, torch.Tensor], nb: int, K: int, generator, drafted=None,
              head_conf=None) -> tuple[torch.Tensor, bool]:
-    """Drafts kept per row by the AV budget rule (all those drafted on an exploration step).
+    """Drafts kept per row by the AV budget rule (all those drafted on an exploration step), scored
+    on ``stats`` (``q_stats`` of the step's drafts, [nb, L] each).
     ``drafted`` [nb]: AV+length's lengths (None: K each); the budget chooses among them, their
     confidences 0 past each row's length, as the replay's AV+length does. ``head_conf`` [nb, L]: the
     drafter's confidence head (the ``confidence`` feature's column), when it has one."""
     from svt.simulate.av import av_keep
 
-    L = q.shape[1]
-    explore = av.explore > 0 and float(torch.rand((), generator=generator, device=q.device)) < av.explore
-    feats = {k: v.float().cpu().numpy() for k, v in q_stats(q).items()}
+    L, device = stats["q_max"].shape[1], stats["q_max"].device
+    explore = av.explore > 0 and float(torch.rand((), generator=generator, device=device)) < av.explore
+    feats = {k: v.float().cpu().numpy() for k, v in stats.items()}
     if head_conf is not None:
         feats["confidence"] = head_conf.float().cpu().numpy()
     # always scored, so an online estimator sees the confidences in force at drafting time
     conf = np.asarray(av.confidence(feats, np.tile(np.arange(L), (nb, 1))), dtype=np.float64)
     lengths = np.full(nb, K) if drafted is None else drafted.cpu().numpy()
     if explore or (av.warming_up is not None and av.warming_up()):
-        return torch.from_numpy(np.minimum(lengths, L)).to(q.device), True
+        return torch.from_numpy(np.minimum(lengths, L)).to(device), True
     if drafted is None:
-        return torch.from_numpy(av_keep(conf, av.costs, av.rule)).to(q.device), False
+        return torch.from_numpy(av_keep(conf, av.costs, av.rule)).to(device), False
     full = np.zeros((nb, K))
     full[:, :L] = np.where(np.arange(L)[None, :] < lengths[:, None], conf, 0.0)
     kept = np.minimum(av_keep(full, av.costs, av.rule), lengths)
-    return torch.from_numpy(kept).to(q.device), False
+    return torch.from_numpy(kept).to(device), False
 
 
 def _log_dists(out: BatchLog, q, p, x, req, step_no, log: LogOptions, generator, verified) -> None:

@@ -89,7 +89,7 @@ def _block_draft_times(model, cache, batch: int, k: int, context: int, device) -
     over them and the block (the first draft), then each slot's LM head (and DSpark's Markov and
     confidence heads) and its sample, in order: drafting k costs one pass and k small steps."""
     from svt.collect.block_draft import block_ids
-    from svt.collect.sampling import process_probs
+    from svt.collect.sampling import process_probs, sample_tokens
 
     dt = next(model.parameters()).dtype
     n_ctx, bs = k + 1, model.cfg.block_size
@@ -107,7 +107,7 @@ def _block_draft_times(model, cache, batch: int, k: int, context: int, device) -
     for i in range(min(k, h.shape[1])):
         q = process_probs(model.slot_logits(h[:, i], prev), 1.0, 1.0)
         model.confidence(h[:, i], prev)
-        prev = torch.multinomial(q, 1).squeeze(-1)
+        prev = sample_tokens(q, None)
         _sync(device)
         times.append((time.perf_counter() - t0) * 1e3)
     return times

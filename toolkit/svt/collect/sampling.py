@@ -43,11 +43,27 @@ class StepResult:
     label_ok: torch.Tensor  # [B, K] bool: draft i accepted (only meaningful for i <= accepted)
 
 
+def sample_tokens(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row of ``probs`` ``[..., V]`` (non-negative, positive mass, not necessarily
+    normalised), drawn exactly by the inverse CDF: u = r * mass with r uniform on [0, 1), the token
+    whose interval [c_{i-1}, c_i) of the cumulative mass c holds u. The cumulative sum is taken in
+    float64 (float32 on a device without it), so a token keeps its own interval down to ~1e-16 of the
+    mass. A token of zero probability has an empty interval and is never drawn; u never reaches the
+    mass (r <= 1 - 2^-53 puts r * mass more than half an ulp below it, so it rounds below), so the
+    index stays below V. Same law as ``torch.multinomial(probs, 1)``, which on CPU costs 13-28x
+    more (0.37 against 0.028 ms for 8 rows of 2,048 tokens, 2.6 against 0.09 ms for 64 rows): the
+    engine draws 4-5 times a step."""
+    wide = torch.float32 if probs.device.type == "mps" else torch.float64
+    c = probs.to(wide).cumsum(-1)
+    u = torch.rand(c.shape[:-1] + (1,), generator=generator, device=probs.device, dtype=wide) * c[..., -1:]
+    return torch.searchsorted(c, u, right=True).squeeze(-1)
+
+
 def draft_token(q: torch.Tensor, greedy: bool, generator: torch.Generator | None) -> torch.Tensor:
     """Sample one token per row from q ``[B, V]`` (argmax when greedy)."""
     if greedy:
         return q.argmax(-1)
-    return torch.multinomial(q, 1, generator=generator).squeeze(-1)
+    return sample_tokens(q, generator)
 
 
 def verify(
@@ -91,7 +107,7 @@ def verify(
         mass = residual.sum(-1, keepdim=True)
         # A rejection implies p(x) < q(x), so the residual has positive mass; guard float round-off.
         residual = torch.where(mass > 0, residual / mass.clamp_min(1e-30), p_at)
-        next_token = torch.multinomial(residual, 1, generator=generator).squeeze(-1)
+        next_token = sample_tokens(residual, generator)
     return StepResult(accepted=accepted, next_token=next_token, label_ok=ok)
 
 
@@ -107,14 +123,16 @@ def q_stats(q: torch.Tensor, log_q: torch.Tensor | None = None) -> dict[str, tor
             "q_entropy": (q * log_q).sum(-1).neg().clamp_min(0)}
 
 
-def draft_features(q: torch.Tensor, p: torch.Tensor, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Per-draft features of ``q`` ``[B, K, V]`` and ``p`` ``[B, K, V]`` at ``tokens`` ``[B, K]``.
+def draft_features(q: torch.Tensor, p: torch.Tensor, tokens: torch.Tensor,
+                   stats: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """Per-draft features of ``q`` ``[B, K, V]`` and ``p`` ``[B, K, V]`` at ``tokens`` ``[B, K]``;
+    ``stats``: ``q_stats(q)`` when the caller already has it (live AV scored the drafts on it).
 
     ``accept_prob`` = min(1, p(x)/q(x)) is the drawn token's exact acceptance probability;
     ``accept_prob_expected`` = sum_v min(p, q) = 1 - TV(p, q) is the acceptance probability before
     x is drawn (a lossless soft label).
     """
-    stats = q_stats(q)
+    stats = q_stats(q) if stats is None else stats
     q_sampled = q.gather(-1, tokens[..., None]).squeeze(-1)
     p_sampled = p.gather(-1, tokens[..., None]).squeeze(-1)
     return {
@@ -145,5 +163,5 @@ def trim(p: torch.Tensor, accepted: torch.Tensor, next_token: torch.Tensor, kept
     stop = accepted >= kept
     acc = torch.minimum(accepted, kept)
     at_kept = p[torch.arange(B, device=p.device), kept.clamp(max=K)]
-    own = at_kept.argmax(-1) if greedy else torch.multinomial(at_kept, 1, generator=generator).squeeze(-1)
+    own = at_kept.argmax(-1) if greedy else sample_tokens(at_kept, generator)
     return acc, torch.where(stop & (kept < K), own, next_token)
