@@ -295,3 +295,41 @@ def test_static_batches_attend_another_width_than_continuous_ones(tiny_pair):
                        for b in (2, 4)}
     assert engine_contexts(tiny_pair.target, prompts, (4,), 2, 64, counts, static=True) != \
         engine_contexts(tiny_pair.target, prompts, (4,), 2, 64, counts)
+
+
+@pytest.mark.parametrize("which", ["target", "eagle3", "dspark"])
+def test_the_cells_caches_are_filled_as_a_prefill_shapes_them(tiny_pair, models_dir, which):
+    """The cells' caches are random keys and values, not a forward over random tokens: every layer
+    holds what a real prefill of (batch, context) would, in shape and dtype, and the next forward
+    reads them as ``context`` slots (its positions continue from there)."""
+    import torch
+
+    import svt.collect.profile as prof
+    from svt.collect.kv_cache import cache_kwarg, growing_cache
+    from svt.models import load_pair
+
+    b, ctx, dev = 3, 37, torch.device("cpu")
+    if which == "target":
+        model = tiny_pair.target
+        real = growing_cache(model.config)
+        ids = torch.randint(10, 100, (b, ctx))
+        with torch.inference_mode():
+            prof._forward(model)(input_ids=ids, use_cache=True, **{cache_kwarg(model): real})
+        got = prof._prefill(model, b, ctx, dev)
+    else:
+        head = load_pair(models_dir / "target", models_dir / which, device="cpu", dtype="float32").draft
+        real = growing_cache(head.config)
+        feat = torch.randn((b, ctx, head.cfg.hidden_size))
+        with torch.inference_mode():
+            head(torch.randint(10, 100, (b, ctx)), feat, torch.ones((b, ctx), dtype=torch.long),
+                 torch.arange(ctx)[None].expand(b, -1), real)
+        got = prof._prefill_head(head, b, ctx, dev)
+    assert len(got.layers) == len(real.layers) and got.get_seq_length() == ctx
+    for mine, theirs in zip(got.layers, real.layers, strict=True):
+        assert mine.keys.shape == theirs.keys.shape and mine.values.shape == theirs.values.shape
+        assert mine.keys.dtype == theirs.keys.dtype and torch.isfinite(mine.keys).all()
+        assert mine.keys.std() > 0.5  # random, not left empty
+    if which == "target":  # a verify cell's forward on top: logits for its tokens, the cache grown by them
+        cell = prof._VerifyCell(tiny_pair.target, b, 4, got, ctx, dev)
+        cell.sample()
+        assert got.get_seq_length() == ctx  # cropped back after the sample
