@@ -206,3 +206,28 @@ def test_a_run_whose_rows_all_stop_short_of_k_is_read_only_under_av_length(tmp_p
     check_top_position(tmp_path, {**meta, "av": {"fit": "f.json", "length": True}}, 1)
     with pytest.raises(SchemaError, match="drafts reach position 3"):
         check_top_position(tmp_path, {**meta, "av": {"fit": "f.json", "length": True}}, 3)
+
+
+def test_an_online_estimator_learns_under_av_length_when_rows_stop_short(tiny_pair):
+    """The online estimator scores each step's drafted positions (L < K when every row stopped
+    early) and gets the step's labels widened to K: it learns from the drafted ones (this raised
+    an IndexError before: 12 scores against 16 labels)."""
+    from svt.fit.irls_online import OnlineOptions
+    from svt.fit.live import OnlineLive
+
+    tok = tiny_pair.tokenizer
+    prompts = _ids(tok, PROMPTS)
+    K = 4
+    online = OnlineLive(OnlineOptions(feature="q_max", cycle_steps=2, damping=50), K)
+    av = LiveAV(online.confidence, COSTS, 0.0, online.observe, online.warming_up, length=True)
+    log = run_batch(tiny_pair.target, tiny_pair.draft, prompts, SamplingParams(0.0, 1.0, K, 30), eos_id=None,
+                    pad_id=tok.pad_token_id, generator=torch.Generator().manual_seed(0), av=av)
+    for ids, got in zip(prompts, log.outputs, strict=True):
+        assert got == _plain_greedy(tiny_pair.target, ids, 30)
+    sched = {k: np.concatenate(v) for k, v in log.schedule.items()}
+    assert (sched["draft_passes"] < K).any()  # steps where every row stopped short of K
+    assert online.refits >= 3 and online.est.path_[-1]["rows"] > 0
+    steps = {k: np.concatenate(v) for k, v in log.steps.items()}
+    labelled = int(np.minimum(steps["accepted"] + 1, steps["kept"]).sum())  # verified drafts carry a label
+    fed = sum(r["rows"] for r in online.est.path_)
+    assert 0 < fed <= labelled

@@ -41,7 +41,12 @@ class OnlineLive:
         """The labels of the step just verified; they reach the estimator ``label_delay`` steps
         later (a refit at a cycle's end lacks the labels still in flight)."""
         x, pos, p = self._last
-        y = labels.ravel()
+        # the step's drafts as last scored (``pos`` [rows * L]); an AV+length step drafts L <= K
+        # positions while its labels come widened to the run's K (-1 past what was drafted)
+        width = pos.size // max(labels.shape[0], 1)
+        if pos.size != labels.shape[0] * width or labels.shape[1] < width:
+            raise ValueError(f"Expected the labels of the {pos.size} drafts last scored, but got {labels.shape}.")
+        y = labels[:, :width].ravel()
         m = y >= 0
         self._inflight.append((x[m], pos[m], y[m].astype(np.float64), p[m]))
         self.steps += 1
