@@ -19,8 +19,10 @@ lane() {  # lane CPU_LIST THREADS CMD
 }
 a_cpus=$(IFS=,; echo "${cpus[*]:0:half}")
 b_cpus=$(IFS=,; echo "${cpus[*]:half}")
+set -m  # each lane in its own process group: an interrupt stops both lanes, not only this script
 lane "$a_cpus" "$half" "$1" & a=$!
 lane "$b_cpus" "$(( n - half ))" "$2" & b=$!
+trap 'kill -TERM -- -"$a" -"$b" 2>/dev/null; wait; exit 143' INT TERM
 wait "$a"; sa=$?
 wait "$b"; sb=$?
 if (( sa || sb )); then

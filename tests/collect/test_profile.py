@@ -333,3 +333,26 @@ def test_the_cells_caches_are_filled_as_a_prefill_shapes_them(tiny_pair, models_
         cell = prof._VerifyCell(tiny_pair.target, b, 4, got, ctx, dev)
         cell.sample()
         assert got.get_seq_length() == ctx  # cropped back after the sample
+
+
+def test_a_layer_holding_more_than_keys_and_values_is_prefilled_by_a_real_forward(tiny_pair, monkeypatch):
+    """A cache layer without plain keys and values (a shared layer's keys=None, an indexed or
+    linear-attention layer) cannot be filled at random: the profile then runs the real prefill."""
+    import torch
+    from transformers.cache_utils import DynamicLayer
+
+    import svt.collect.profile as prof
+    from svt.collect.kv_cache import growing_cache
+
+    class Shared(DynamicLayer):  # keys=None, as transformers' layers for shared KV
+        pass
+
+    probe = growing_cache(tiny_pair.target.config)
+    probe.layers[1] = Shared()
+    assert prof._random_like(probe, growing_cache(tiny_pair.target.config), 2, 9, torch.device("cpu")) is None
+    forwards = []
+    real = prof._forward
+    monkeypatch.setattr(prof, "_random_like", lambda *a: None)
+    monkeypatch.setattr(prof, "_forward", lambda m: (lambda **kw: forwards.append(kw["input_ids"].shape) or real(m)(**kw)))
+    cache = prof._prefill(tiny_pair.target, 2, 9, torch.device("cpu"))
+    assert cache.get_seq_length() == 9 and forwards[-1] == (2, 9)

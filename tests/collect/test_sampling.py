@@ -232,3 +232,12 @@ def test_the_inverse_cdf_keeps_a_token_of_one_in_a_billion(monkeypatch):
     monkeypatch.setattr(torch, "rand", lambda *a, **k: torch.full_like(real(*a, **k), 0.5 + 4e-10))
     probs = torch.tensor([[0.5, 1e-9, 0.5]])
     assert sample_tokens(probs, None).tolist() == [1]
+
+
+@pytest.mark.parametrize("bad", [[float("nan"), 0.5, 0.5], [0.0, 0.0, 0.0], [float("inf"), 1.0, 0.0]])
+def test_a_row_without_a_finite_positive_mass_is_an_error_not_a_token(bad):
+    """NaN, zero or infinite mass (a forward that overflowed): torch.multinomial raised; the inverse
+    CDF would return index V, a token outside the vocabulary, so it raises too."""
+    probs = torch.tensor([[0.2, 0.3, 0.5], bad])
+    with pytest.raises(ValueError, match="finite positive mass"):
+        sample_tokens(probs, torch.Generator().manual_seed(0))

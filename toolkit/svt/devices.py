@@ -7,6 +7,7 @@ import os
 
 import torch
 
+from svt.cores import available_cores  # noqa: F401  (re-exported)
 from svt.errors import ModelLoadError
 
 
@@ -19,15 +20,6 @@ def resolve_device(device: str) -> torch.device:
     if device not in ("cpu",) and not device.startswith("cuda"):
         raise ModelLoadError(f"Expected `device` to be auto, cpu or cuda[:N], but got {device!r}.")
     return torch.device(device)
-
-
-def available_cores() -> int:
-    """The cores this process may run on (its CPU affinity: a container's or a job's share), not
-    the machine's count."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # no affinity on this platform
-        return os.cpu_count() or 1
 
 
 def set_threads(threads: int | None = None) -> int:

@@ -61,21 +61,32 @@ def _prefill(model, batch: int, context: int, device):
     from svt.collect.kv_cache import growing_cache
 
     probe = growing_cache(model.config)
-    one = torch.full((1, 1), 11, device=device)
-    _forward(model)(input_ids=one, use_cache=True, **{cache_kwarg(model): probe})
-    return _random_like(probe, growing_cache(model.config), batch, context, device)
+    _forward(model)(input_ids=torch.full((1, 1), 11, device=device), use_cache=True, **{cache_kwarg(model): probe})
+    cache = _random_like(probe, growing_cache(model.config), batch, context, device)
+    if cache is None:  # layers whose state is more than keys and values: a real forward fills them
+        cache = growing_cache(model.config)
+        ids = torch.randint(10, model.config.vocab_size, (batch, context), device=device,
+                            generator=torch.Generator(device=device).manual_seed(0))
+        _forward(model)(input_ids=ids, use_cache=True, **{cache_kwarg(model): cache})
+    return cache
 
 
 @torch.inference_mode()
 def _prefill_head(head, batch: int, context: int, device):
-    """A hidden-state head's cache holding ``context`` slots a row of random keys and values."""
+    """A hidden-state head's cache holding ``context`` slots a row (random keys and values, as
+    :func:`_random_like` says)."""
     from svt.collect.kv_cache import growing_cache
 
-    probe = growing_cache(head.config)
-    feat = torch.zeros((1, 1, head.cfg.hidden_size), device=device, dtype=next(head.parameters()).dtype)
-    head(torch.full((1, 1), 11, device=device), feat, torch.ones((1, 1), dtype=torch.long, device=device),
-         torch.zeros((1, 1), dtype=torch.long, device=device), probe)
-    return _random_like(probe, growing_cache(head.config), batch, context, device)
+    def run(cache, b: int, n: int):
+        g = torch.Generator(device=device).manual_seed(0)
+        feat = torch.randn((b, n, head.cfg.hidden_size), device=device, generator=g, dtype=next(head.parameters()).dtype)
+        head(torch.randint(10, head.cfg.vocab_size, (b, n), device=device, generator=g), feat,
+             torch.ones((b, n), dtype=torch.long, device=device), torch.arange(n, device=device)[None].expand(b, -1), cache)
+        return cache
+
+    probe = run(growing_cache(head.config), 1, 1)
+    cache = _random_like(probe, growing_cache(head.config), batch, context, device)
+    return cache if cache is not None else run(growing_cache(head.config), batch, context)
 
 
 def _random_like(probe, cache, batch: int, context: int, device):
@@ -83,7 +94,15 @@ def _random_like(probe, cache, batch: int, context: int, device):
     values, each layer in the head count, head size and dtype a one-slot forward wrote into
     ``probe``, in place of a forward over ``context`` random tokens: a forward's time depends on
     the cache's shape, not its contents, and those prefills (up to 64 rows x 570 slots on the demo
-    config) were a quarter of a profile's time."""
+    config) were a quarter of a profile's time. None when a layer holds more than keys and values
+    (or none: shared or indexed layers, linear-attention state), which only a forward fills."""
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+    from svt.collect.kv_cache import GrowingLayer
+
+    plain = (GrowingLayer, DynamicLayer, DynamicSlidingWindowLayer)
+    if not all(type(layer) in plain and isinstance(layer.keys, torch.Tensor) for layer in probe.layers):
+        return None
     g = torch.Generator(device=device).manual_seed(0)
     for i, layer in enumerate(probe.layers):
         k, v = layer.keys, layer.values

@@ -47,16 +47,23 @@ def sample_tokens(probs: torch.Tensor, generator: torch.Generator | None) -> tor
     """One token per row of ``probs`` ``[..., V]`` (non-negative, positive mass, not necessarily
     normalised), drawn exactly by the inverse CDF: u = r * mass with r uniform on [0, 1), the token
     whose interval [c_{i-1}, c_i) of the cumulative mass c holds u. The cumulative sum is taken in
-    float64 (float32 on a device without it), so a token keeps its own interval down to ~1e-16 of the
-    mass. A token of zero probability has an empty interval and is never drawn; u never reaches the
-    mass (r <= 1 - 2^-53 puts r * mass more than half an ulp below it, so it rounds below), so the
-    index stays below V. Same law as ``torch.multinomial(probs, 1)``, which on CPU costs 13-28x
-    more (0.37 against 0.028 ms for 8 rows of 2,048 tokens, 2.6 against 0.09 ms for 64 rows): the
-    engine draws 4-5 times a step."""
-    wide = torch.float32 if probs.device.type == "mps" else torch.float64
-    c = probs.to(wide).cumsum(-1)
-    u = torch.rand(c.shape[:-1] + (1,), generator=generator, device=probs.device, dtype=wide) * c[..., -1:]
-    return torch.searchsorted(c, u, right=True).squeeze(-1)
+    float64, so a token keeps its own interval down to ~1e-16 of the mass; a token of zero
+    probability gets an empty interval (c held at its predecessor: a GPU's parallel scan could
+    otherwise lift it by an ulp) and is never drawn. u never reaches the mass (r <= 1 - 2^-53 puts
+    r * mass more than half an ulp below any mass the engine passes, all far above float64's
+    subnormals), so the index stays below V; a row without a finite positive mass (NaN or infinite
+    logits) is an error, not a token. Same law as ``torch.multinomial(probs, 1)``, which on CPU
+    costs 13-28x more (0.37 against 0.028 ms for 8 rows of 2,048 tokens, 2.6 against 0.09 ms for 64
+    rows): the engine draws 4-5 times a step."""
+    c = probs.double().cumsum(-1)
+    c = torch.where(probs > 0, c, 0.0).cummax(-1).values
+    mass = c[..., -1:]
+    u = torch.rand(mass.shape, generator=generator, device=probs.device, dtype=torch.float64) * mass
+    idx = torch.searchsorted(c, u, right=True).squeeze(-1)
+    if bool((idx >= probs.shape[-1]).any()):
+        raise ValueError("Cannot sample from a distribution without a finite positive mass (NaN or infinite "
+                         "logits): the model's forward overflowed or was fed invalid values.")
+    return idx
 
 
 def draft_token(q: torch.Tensor, greedy: bool, generator: torch.Generator | None) -> torch.Tensor:

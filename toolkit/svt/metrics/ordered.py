@@ -43,7 +43,6 @@ labelled drafts of each class.
 from __future__ import annotations
 
 import functools
-import os
 import sys
 import threading
 import weakref
@@ -51,6 +50,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
+from svt.cores import available_cores
 from svt.metrics.calibration import LOG_EPS
 from svt.metrics.specs import names
 
@@ -94,7 +94,7 @@ def _two_cores(n: int) -> bool:
     """Whether a walk over ``n`` rows may take a second thread: beyond :data:`LARGE` (features scored
     one at a time), or from :data:`BESIDE` rows when scored from the main thread (the feature
     table's pool threads already keep both cores busy)."""
-    return n > LARGE or (n >= BESIDE and (os.cpu_count() or 1) > 1
+    return n > LARGE or (n >= BESIDE and available_cores() > 1
                          and threading.current_thread() is threading.main_thread())
 
 

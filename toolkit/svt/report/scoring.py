@@ -5,7 +5,6 @@ and its calibration) and the Adaptive Verification replay."""
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from svt.cores import available_cores
 from svt.errors import DataError
 from svt.features import DEFAULT_FEATURES, Feature, feature_values
 from svt.metrics import ordered
@@ -270,7 +270,7 @@ def features_table(labelled: pl.LazyFrame | pl.DataFrame, feats: list[Feature], 
     # numpy releases the GIL in sorts and array arithmetic: features run on a small thread pool, a
     # family per task: the features that look monotone in one another run one after the other, so
     # each reuses the order (and, when it ranks the same, the ordered pass) of the one before
-    workers = 1 if large else min(4, os.cpu_count() or 1)
+    workers = 1 if large else min(4, available_cores())
     families = _monotone_families(feats, cache["_scores"] if not large else _head_scores(labelled, feats))
     # large: a feature that starts a family cannot reuse the kept order (its sample already
     # descends along it), which is freed before the feature's scores are read
