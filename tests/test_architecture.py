@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1] / "toolkit"
 # cli/pair -> report/plots -> vllm_plugin -> simulate/fit/collect -> features/metrics/models/trees -> traces/config
 # -> the base (errors, fileio, signals, the version).
 LAYERS = {
-    "svt": 0, "errors": 0, "fileio": 0, "signals": 0, "devices": 0,
+    "svt": 0, "errors": 0, "fileio": 0, "signals": 0, "devices": 0, "cores": 0,
     "traces": 1, "config": 1,
     "features": 2, "metrics": 2, "models": 2, "trees": 2,
     "simulate": 3, "fit": 3, "collect": 3,
