@@ -1555,6 +1555,8 @@ MUTANTS = [
       "    if not all(type(layer) in plain or True for layer in probe.layers):", ("tests/collect/test_profile.py",)),
     M("cores-machine-count", "fast loops", "cores.py",
       "        return len(os.sched_getaffinity(0))", "        return os.cpu_count() or 1", ("tests/test_cores.py",)),
+    M("rows-clone-shares-cache", "fast loops", "collect/engine.py",
+      "        new.cache = copy.deepcopy(self.cache)\n", "", ("tests/collect/test_engine_start.py",)),
     M("optional-column-dropped-on-write", "block drafters", "traces/io.py",
       "    frame = frame.select([pl.col(c).cast(t) for c, t in spec.present(frame.columns).items()])",
       "    frame = frame.select([pl.col(c).cast(t) for c, t in spec.columns.items()])",

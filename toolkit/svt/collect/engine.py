@@ -170,6 +170,21 @@ class _Cache:
         self.live = self.live + new_mask.sum(1)
         return out
 
+    def clone(self) -> _Cache:
+        """A copy with its own cache, mask and live counts (the same model): decoding it leaves
+        this one as it was."""
+        import copy
+
+        from svt.collect.kv_cache import GrowingLayer
+
+        new = copy.copy(self)
+        new.cache = copy.deepcopy(self.cache)
+        for layer in new.cache.layers:
+            if isinstance(layer, GrowingLayer) and getattr(layer, "_kbuf", None) is not None:
+                layer._set_views()
+        new.mask, new.live, new.forward_s = self.mask.clone(), self.live.clone(), 0.0
+        return new
+
     def restrict_last(self, keep_mask: torch.Tensor) -> None:
         """Mask out, among the last ``keep_mask.shape[1]`` slots, those where ``keep_mask`` is 0."""
         n_new = keep_mask.shape[1]
@@ -244,6 +259,18 @@ class _Rows:
     active: torch.Tensor
     # a hidden-state head's next catch-up slots (svt.collect.head_draft); None for a draft model
     catch: object = None
+
+    def clone(self, use_draft: bool = True) -> _Rows:
+        """A copy to decode from (a cost profile times several K on one prefill); ``use_draft=False``
+        leaves the drafter's cache empty, as ``prefill_rows(..., use_draft=False)`` does."""
+        B, device = self.active.numel(), self.active.device
+        if use_draft:
+            dc, catch = self.dc.clone(), None if self.catch is None else self.catch.select(torch.arange(B, device=device))
+        else:
+            dc, catch = _Cache(self.dc.model, B, device), None
+            dc.mask = torch.zeros((B, 0), dtype=torch.long, device=device)
+        return _Rows(self.tc.clone(), dc, self.pending.clone(), self.unseen.clone(), self.has_unseen.clone(),
+                     self.active.clone(), catch)
 
     def end_step(self, done: np.ndarray, device, compact: bool) -> None:
         """Finished rows leave; then both caches compact if their holes are many."""
@@ -407,6 +434,7 @@ def run_batch(
     on_finish=None,
     first_tick: int = 0,
     sync_forwards: bool = False,
+    start: _Rows | None = None,
 ) -> BatchLog:
     """Speculative sampling for a list of prompts until every request has finished; log everything.
 
@@ -426,6 +454,8 @@ def run_batch(
     it decoded in (so ``step`` orders every request's steps in time). Each step's ``forward_ms`` is the
     time inside its model forwards; ``sync_forwards`` waits for the device around each (a GPU's
     forwards are otherwise queued, not run, when the clock reads: a cost profile's steps set it).
+    ``start``: every prompt already prefilled (``prefill_rows``, or a ``_Rows.clone`` of it), for one
+    static batch (``slots=None``); the run decodes from it, its first step's prefill time is 0.
 
     Long because one step's timed phases (admission, draft, verify, acceptance) and its order of
     random draws, which resumed and static runs reproduce bit for bit, read best in one place.
@@ -433,6 +463,9 @@ def run_batch(
     log = log or LogOptions()
     device = next(target.parameters()).device
     N, K, greedy = len(prompts), params.k, params.greedy
+    if start is not None and (slots is not None or start.active.numel() != N):
+        raise ValueError(f"Expected `start` to hold all {N} prompts of one static batch, but it holds "
+                         f"{start.active.numel()} (slots={slots}).")
     if av is not None and av.length and av.lengths is None:
         from svt.collect.draft_length import LengthPolicy
 
@@ -450,7 +483,8 @@ def run_batch(
         t_in = time.perf_counter()
         n_new = min(width - (0 if rows is None else rows.active.numel()), N - admitted)
         if n_new > 0:  # prefill the next prompts into the free slots
-            new = prefill_rows(target, draft, prompts[admitted : admitted + n_new], pad_id, device, admitted, K > 0)
+            new = start if start is not None else prefill_rows(target, draft, prompts[admitted : admitted + n_new],
+                                                               pad_id, device, admitted, K > 0)
             if rows is None or not rows.active.numel():
                 rows = new
             else:

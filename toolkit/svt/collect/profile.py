@@ -518,7 +518,7 @@ def step_overheads(target, draft, k: int, batches, context: int, *, prompts: lis
     timed at the largest only. The rows are ``prompts`` (the collection's, drawn with a fixed seed)
     or, without, random prompts around ``context`` tokens. Returns the table, its raw means, and how
     often a row accepted 0..``k`` drafts at k = ``k`` over every step timed (at k = 0: one count)."""
-    from svt.collect.engine import SamplingParams, run_batch
+    from svt.collect.engine import SamplingParams, prefill_rows, run_batch
 
     device = next(target.parameters()).device
     g = torch.Generator().manual_seed(7)
@@ -535,11 +535,16 @@ def step_overheads(target, draft, k: int, batches, context: int, *, prompts: lis
         else:
             rows = torch.randint(10, vocab, (b, max(context - OVERHEAD_TOKENS // 2, 2)), generator=g).tolist()
         table[b], raw[str(b)], forwards[str(b)] = {}, {}, {}
+        # the rows' prompts prefilled once, each k decoding from its own copy (the prefill is outside
+        # every step's time; at batch 64 it was half of this table's)
+        with torch.inference_mode():
+            shared = prefill_rows(target, draft, rows, 0, device, 0, k > 0)
         for kk in sorted({0, min(1, k), k}):
             run_batch(target, draft, [p[-8:] for p in rows], SamplingParams(1.0, 1.0, kk, 3), eos_id=None, pad_id=0,
                       generator=torch.Generator(device=device).manual_seed(0))  # warm-up
             log = run_batch(target, draft, rows, SamplingParams(temperature, top_p, kk, OVERHEAD_TOKENS), eos_id=None,
-                            pad_id=0, generator=torch.Generator(device=device).manual_seed(1), sync_forwards=True)
+                            pad_id=0, generator=torch.Generator(device=device).manual_seed(1), sync_forwards=True,
+                            start=shared.clone(use_draft=kk > 0))
             sched = {c: np.concatenate(v) for c, v in log.schedule.items()}
             full = sched["batch_size"] == b
             step = float(np.mean(sched["step_ms"][full]))
