@@ -1540,7 +1540,7 @@ MUTANTS = [
     M("sampler-float32-cumsum", "fast loops", "collect/sampling.py",
       "    c = probs.double().cumsum(-1)", "    c = probs.float().cumsum(-1)", ("tests/collect/test_sampling.py",)),
     M("sampler-invalid-mass-drawn", "fast loops", "collect/sampling.py",
-      "    if bool((idx >= probs.shape[-1]).any()):", "    if False:", ("tests/collect/test_sampling.py",)),
+      "    elif bool((idx >= probs.shape[-1]).any()):", "    elif False:", ("tests/collect/test_sampling.py",)),
     M("random-cache-probe-width", "fast loops", "collect/profile.py",
       "        cache.update(torch.randn((batch, k.shape[1], context, k.shape[-1])",
       "        cache.update(torch.randn((batch, k.shape[1], k.shape[2], k.shape[-1])",
