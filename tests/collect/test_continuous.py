@@ -103,3 +103,46 @@ def test_continuous_emitted_pairs_follow_the_target_exactly(pair, k):  # noqa: F
     assert _chi2(counts, joint) > 1e-4
     fake = np.random.default_rng(1).multinomial(N, _shifted(joint, 0.015).ravel())
     assert _chi2(fake, joint) < 1e-4
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_rows_finished_while_prompts_wait_leave_in_the_admissions_copy(tiny_pair, monkeypatch, k):
+    """A row that finishes while prompts wait is not dropped at the end of its step (a copy of every
+    layer's whole cache, once per finishing request, inside the decode steps): it leaves in the
+    merge that admits the next prompt into its slot. Only once no prompt waits do rows leave on
+    their own; the outputs stay the target's greedy decoding (rows cut by eos at different steps)."""
+    from svt.collect import engine
+
+    events = []
+    real_drop, real_merge, real_prefill = engine._Rows.drop, engine._Rows.merge, engine.prefill_rows
+
+    def drop(self, done, device):
+        events.append(("drop", int(done.sum())))
+        return real_drop(self, done, device)
+
+    def merge(self, new):
+        events.append(("merge", 0 if self.gone is None else int(self.gone.sum())))
+        return real_merge(self, new)
+
+    def prefill(*args, **kwargs):
+        events.append(("admit", len(args[2])))
+        return real_prefill(*args, **kwargs)
+
+    monkeypatch.setattr(engine._Rows, "drop", drop)
+    monkeypatch.setattr(engine._Rows, "merge", merge)
+    monkeypatch.setattr(engine, "prefill_rows", prefill)
+    tok = tiny_pair.tokenizer
+    prompts = _ids(tok, MORE)
+    full = [_plain_greedy(tiny_pair.target, p, 30) for p in prompts]
+    eos = full[0][7]
+    log = run_batch(tiny_pair.target, tiny_pair.draft, prompts, SamplingParams(0.0, 1.0, k, 30), eos_id=eos,
+                    pad_id=tok.pad_token_id, generator=torch.Generator().manual_seed(0), slots=3)
+    for got, ref in zip(log.outputs, full, strict=True):
+        assert got == (ref[: ref.index(eos) + 1] if eos in ref else ref)
+    last_admit = max(i for i, e in enumerate(events) if e[0] == "admit")
+    assert not [e for e in events[:last_admit] if e[0] == "drop"], events
+    assert sum(n for e, n in events if e == "admit") == len(prompts)
+    assert sum(n for e, n in events if e == "merge") > 0, events  # finished rows left in an admission's merge
+    sched = _cat(log.schedule)
+    waiting = np.cumsum(sched["admitted"]) < len(prompts)
+    assert (sched["batch_size"][waiting] == 3).all()

@@ -186,3 +186,37 @@ def test_the_cache_goes_by_the_keyword_the_models_forward_takes():
         c = _Cache(m, 1, torch.device("cpu"))
         c.forward(torch.zeros((1, 2), dtype=torch.long), torch.ones((1, 2), dtype=torch.long))
         assert m.seen[0] is c.cache and "cache" not in m.seen[1] and "past_key_values" not in m.seen[1]
+
+
+def _layer_with(rows: int, slots: int, seed: int) -> GrowingLayer:
+    g = torch.Generator().manual_seed(seed)
+    layer = GrowingLayer()
+    if slots:
+        for n in (slots // 2, slots - slots // 2):  # two updates, so the buffer has spare room past its slots
+            if n:
+                layer.update(torch.randn((rows, 2, n, 4), generator=g), torch.randn((rows, 2, n, 4), generator=g))
+    return layer
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 5), slots=st.integers(0, 9), new_rows=st.integers(1, 3), new_slots=st.integers(1, 12),
+       seed=st.integers(0, 1000), data=st.data())
+def test_merge_of_the_rows_kept_equals_a_select_then_a_merge(rows, slots, new_rows, new_slots, seed, data):
+    """Continuous batching drops finished rows in the same copy that admits the new ones: the result
+    is, slot for slot, a ``batch_select_indices`` of the rows kept followed by the merge (left
+    padding on the narrower side, zeros in it), whatever the widths and rows kept."""
+    keep = torch.tensor(sorted(data.draw(st.sets(st.integers(0, rows - 1), max_size=rows))), dtype=torch.long)
+    width = max(slots, new_slots)
+    pads = (width - slots, width - new_slots)
+    a, b = _layer_with(rows, slots, seed), _layer_with(rows, slots, seed)
+    other = _layer_with(new_rows, new_slots, seed + 1)
+    if slots:
+        a.batch_select_indices(keep)
+    a.merge(other, pads, (keep.numel(), new_rows))
+    b.merge(other, pads, (keep.numel(), new_rows), keep)
+    assert a.get_seq_length() == b.get_seq_length() == width
+    assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+    assert b.keys.shape[0] == keep.numel() + new_rows
+    assert not b.keys[: keep.numel(), :, : pads[0]].any() and not b.keys[keep.numel():, :, : pads[1]].any()
+    b.update(torch.ones((keep.numel() + new_rows, 2, 1, 4)), torch.ones((keep.numel() + new_rows, 2, 1, 4)))
+    assert b.get_seq_length() == width + 1  # room to grow: the merged buffer takes the next step's slots

@@ -226,19 +226,22 @@ class _Cache:
         self.mask = self.mask.index_select(0, rows)
         self.live = self.live.index_select(0, rows)
 
-    def merge(self, other: _Cache) -> None:
-        """Append ``other``'s rows (requests just prefilled) below this batch's: the narrower of the
-        two is left-padded with masked slots to the wider width (as after a prefill), so every row
-        keeps its slots, its live count and so its RoPE positions."""
+    def merge(self, other: _Cache, keep: torch.Tensor | None = None) -> None:
+        """Append ``other``'s rows (requests just prefilled) below this batch's rows ``keep`` (all when
+        None): the narrower of the two is left-padded with masked slots to the wider width (as after
+        a prefill), so every row keeps its slots, its live count and so its RoPE positions."""
         from svt.collect.kv_cache import merge_caches
 
-        width = max(self.mask.shape[1], other.mask.shape[1])
-        merge_caches(self.cache, other.cache, (width - self.mask.shape[1], width - other.mask.shape[1]),
-                     (self.mask.shape[0], other.mask.shape[0]))
+        mask, live = self.mask, self.live
+        if keep is not None:
+            mask, live = mask.index_select(0, keep), live.index_select(0, keep)
+        width = max(mask.shape[1], other.mask.shape[1])
+        merge_caches(self.cache, other.cache, (width - mask.shape[1], width - other.mask.shape[1]),
+                     (mask.shape[0], other.mask.shape[0]), keep)
         pad = torch.nn.functional.pad
-        self.mask = torch.cat([pad(self.mask, (width - self.mask.shape[1], 0)),
+        self.mask = torch.cat([pad(mask, (width - mask.shape[1], 0)),
                                pad(other.mask, (width - other.mask.shape[1], 0))], 0)
-        self.live = torch.cat([self.live, other.live])
+        self.live = torch.cat([live, other.live])
 
 
 def sync_device(device) -> None:
@@ -259,6 +262,8 @@ class _Rows:
     active: torch.Tensor
     # a hidden-state head's next catch-up slots (svt.collect.head_draft); None for a draft model
     catch: object = None
+    # rows finished whose leaving waits for the next admission (``end_step(defer=True)``): a bool per row
+    gone: np.ndarray | None = None
 
     def clone(self, use_draft: bool = True) -> _Rows:
         """A copy to decode from (a cost profile times several K on one prefill); ``use_draft=False``
@@ -272,13 +277,30 @@ class _Rows:
         return _Rows(self.tc.clone(), dc, self.pending.clone(), self.unseen.clone(), self.has_unseen.clone(),
                      self.active.clone(), catch)
 
-    def end_step(self, done: np.ndarray, device, compact: bool) -> None:
-        """Finished rows leave; then both caches compact if their holes are many."""
+    def end_step(self, done: np.ndarray, device, compact: bool, defer: bool = False) -> None:
+        """Finished rows leave; then both caches compact if their holes are many. ``defer``: requests
+        are waiting to take the finished rows' slots, so the rows leave in the same copy of the caches
+        that admits them (:meth:`merge`), not in one of their own now (an index_select of every layer's
+        whole cache, once per finishing request, was most of a continuous run's work outside its
+        forwards at batch 8 and 16); the caches compact at the next step's end."""
+        if done.any() and defer:
+            self.gone = done if self.gone is None else self.gone | done
+            return
         if done.any():
             self.drop(done, device)
         if compact:
             self.tc.compact()
             self.dc.compact()
+
+    def live_rows(self) -> int:
+        """The rows still decoding (the batch's rows less those finished and waiting to leave)."""
+        return self.active.numel() - (0 if self.gone is None else int(self.gone.sum()))
+
+    def leave(self, device) -> None:
+        """The finished rows whose leaving was deferred leave now, in copies of their own."""
+        if self.gone is not None:
+            gone, self.gone = self.gone, None
+            self.drop(gone, device)
 
     def drop(self, done: np.ndarray, device) -> None:
         """Finished rows leave the batch (and both caches)."""
@@ -291,11 +313,21 @@ class _Rows:
         self.dc.select(keep)
 
     def merge(self, new: _Rows) -> None:
-        """Rows just prefilled join the batch (continuous batching), below the rows decoding."""
+        """Rows just prefilled join the batch (continuous batching), below the rows decoding; rows
+        finished and waiting to leave (``gone``) leave in the same copy of each cache: the batch is
+        the rows kept, in their order, then the new ones, as a drop then a merge would leave it."""
         from svt.collect.head_draft import merge_catch_up
 
-        self.tc.merge(new.tc)
-        self.dc.merge(new.dc)
+        keep = None
+        if self.gone is not None:
+            keep = torch.from_numpy(np.flatnonzero(~self.gone)).to(self.active.device)
+            self.gone = None
+            self.active = self.active.index_select(0, keep)
+            self.pending, self.unseen, self.has_unseen = self.pending[keep], self.unseen[keep], self.has_unseen[keep]
+            if self.catch is not None:
+                self.catch = self.catch.select(keep)
+        self.tc.merge(new.tc, keep)
+        self.dc.merge(new.dc, keep)
         self.pending = torch.cat([self.pending, new.pending])
         self.unseen = torch.cat([self.unseen, new.unseen])
         self.has_unseen = torch.cat([self.has_unseen, new.has_unseen])
@@ -481,11 +513,13 @@ def run_batch(
     while admitted < N or (rows is not None and rows.active.numel()):
         sync_device(device)
         t_in = time.perf_counter()
-        n_new = min(width - (0 if rows is None else rows.active.numel()), N - admitted)
+        n_new = min(width - (0 if rows is None else rows.live_rows()), N - admitted)
+        if n_new <= 0 and rows is not None:
+            rows.leave(device)
         if n_new > 0:  # prefill the next prompts into the free slots
             new = start if start is not None else prefill_rows(target, draft, prompts[admitted : admitted + n_new],
                                                                pad_id, device, admitted, K > 0)
-            if rows is None or not rows.active.numel():
+            if rows is None or not rows.live_rows():
                 rows = new
             else:
                 _merge(rows, new)
@@ -532,7 +566,7 @@ def run_batch(
         emitted, done = _log_step(out, n_out, rows, row_ids, [request_ids[r] for r in row_ids], tick, params,
                                   (q, p, x, hid, label_ok, acc, kept, drafted, conf, stats), eos_id=eos_id, log=log, av=av,
                                   generator=generator, times=((t1 - t0) * 1e3, (t2 - t1) * 1e3), explored=explored)
-        rows.end_step(done, device, compact)
+        rows.end_step(done, device, compact, defer=slots is not None and admitted < N)
         sync_device(device)
         t3 = time.perf_counter()
         out.add(out.schedule, tick=np.array([tick], np.int32), batch_size=np.array([nb], np.int16),

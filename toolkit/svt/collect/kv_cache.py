@@ -110,30 +110,30 @@ class GrowingLayer(DynamicLayer):
         self._length = W
         self._set_views()
 
-    def merge(self, other: GrowingLayer, pads: tuple[int, int], rows: tuple[int, int]) -> None:
-        """This layer's rows then ``other``'s, each left-padded with ``pads`` zero slots (see
-        ``merge_caches``); the buffer keeps room to grow."""
+    def merge(self, other: GrowingLayer, pads: tuple[int, int], rows: tuple[int, int],
+              keep: torch.Tensor | None = None) -> None:
+        """This layer's rows ``keep`` (all when None) then ``other``'s, each left-padded with ``pads``
+        zero slots (see ``merge_caches``), written once into a new buffer that keeps room to grow."""
         have = [layer for layer in (self, other) if layer.is_initialized and layer._kbuf is not None]
         if not have:
             return
         ref = have[0]._kbuf
-        parts = []
-        for layer, pad, n in ((self, pads[0], rows[0]), (other, pads[1], rows[1])):
-            shape = (n, ref.shape[1], pad + layer.get_seq_length(), ref.shape[-1])
-            k, v = ref.new_zeros(shape), ref.new_zeros(shape)
-            if layer.get_seq_length():
-                k[..., pad:, :] = layer.keys
-                v[..., pad:, :] = layer.values
-            parts.append((k, v))
-        keys, values = torch.cat([parts[0][0], parts[1][0]]), torch.cat([parts[0][1], parts[1][1]])
+        width = max(pads[0] + self.get_seq_length(), pads[1] + other.get_seq_length())
+        shape = (rows[0] + rows[1], ref.shape[1], width + self.initial_room, ref.shape[-1])
+        kbuf, vbuf = ref.new_empty(shape), ref.new_empty(shape)
+        at = 0
+        for layer, pad, n, sel in ((self, pads[0], rows[0], keep), (other, pads[1], rows[1], None)):
+            for buf, src in ((kbuf, layer.keys if layer.get_seq_length() else None),
+                             (vbuf, layer.values if layer.get_seq_length() else None)):
+                buf[at : at + n, :, :pad].zero_()
+                if src is not None:
+                    buf[at : at + n, :, pad:width] = src if sel is None else src.index_select(0, sel)
+                else:
+                    buf[at : at + n, :, pad:width].zero_()
+            at += n
         if not self.is_initialized:
-            self.lazy_initialization(keys, values)
-        self._kbuf = self._vbuf = None
-        self._length = 0
-        self._room_for(keys, values, keys.shape[-2])
-        width = keys.shape[-2]
-        self._kbuf[..., :width, :] = keys
-        self._vbuf[..., :width, :] = values
+            self.lazy_initialization(kbuf[..., :0, :], vbuf[..., :0, :])
+        self._kbuf, self._vbuf = kbuf, vbuf
         self._length = width
         self._set_views()
 
@@ -155,18 +155,20 @@ class MergeError(RuntimeError):
     """Two batches' caches cannot be joined (a layer type that does not hold every slot)."""
 
 
-def merge_caches(cache: DynamicCache, other: DynamicCache, pads: tuple[int, int], rows: tuple[int, int]) -> None:
-    """Append ``other``'s rows to ``cache``, layer by layer, in place: each side's slots are
-    left-padded with ``pads`` zero slots (masked by the caller) to one width. ``rows``: each side's
-    batch size (a layer that never ran, e.g. a head's cache right after the prefill, has no slots).
-    Only ``GrowingLayer``s can be joined: a sliding-window layer has dropped slots."""
+def merge_caches(cache: DynamicCache, other: DynamicCache, pads: tuple[int, int], rows: tuple[int, int],
+                 keep: torch.Tensor | None = None) -> None:
+    """Append ``other``'s rows to ``cache``'s rows ``keep`` (all when None; the rest leave),
+    layer by layer, in place: each side's slots are left-padded with ``pads`` zero slots (masked by
+    the caller) to one width. ``rows``: each side's batch size after ``keep`` (a layer that never
+    ran, e.g. a head's cache right after the prefill, has no slots). Only ``GrowingLayer``s can be
+    joined: a sliding-window layer has dropped slots."""
     if len(cache.layers) != len(other.layers):
         raise MergeError(f"caches of {len(cache.layers)} and {len(other.layers)} layers")
     for la, lb in zip(cache.layers, other.layers, strict=True):
         if not (isinstance(la, GrowingLayer) and isinstance(lb, GrowingLayer)):
             raise MergeError(f"a {type(la if not isinstance(la, GrowingLayer) else lb).__name__} layer keeps only "
                              "part of its slots")
-        la.merge(lb, pads, rows)
+        la.merge(lb, pads, rows, keep)
 
 
 def growing_cache(config) -> DynamicCache:
