@@ -28,10 +28,12 @@ $(VENV)/.svt-kernels: $(VENV)/.svt-installed $(KERNEL_SOURCES)
 
 # the suite without the end-to-end tests (marked slow: the README tour, the GPU dry run, the
 # notebooks that collect, two shard processes); `make test-slow` runs those, .ci/run both
-# one process: pytest-xdist (-n auto) was measured slower on 2 cores (each worker builds its own session
-# fixtures, and torch already uses both cores); on a larger machine `$(PY) -m pytest -n auto ...` works
+# one pytest-xdist worker a core (at most 4), each pinned to its own core by tests/conftest.py before
+# torch and OpenMP start (unpinned, two workers of two threads each were slower than one process);
+# TEST_WORKERS=1 runs it in one worker
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
 test: setup
-	$(PY) -m pytest -m "not slow and not vllm"
+	$(PY) -m pytest -m "not slow and not vllm" -n $(TEST_WORKERS)
 
 test-slow: setup
 	$(PY) -m pytest -m "slow and not vllm"

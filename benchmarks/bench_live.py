@@ -124,7 +124,7 @@ def main(argv=None) -> dict:
                     return {"median": float(np.median(v)), "min": float(v.min()), "max": float(v.max())}
 
                 points.append({"policy": policy, "batch": b, "variant": name, "rounds": len(rs), **{key: st(key) for key in (
-                    "ratio", "replay_tokens_per_s", "live_tokens_per_s", "table_vs_steps", "table_vs_forwards", "step_vs_forwards",
+                    "ratio", "ratio_at_run_speed", "replay_tokens_per_s", "live_tokens_per_s", "table_vs_steps", "table_vs_forwards", "step_vs_forwards",
                     "mean_batch", "waiting_mean_batch", "live_tokens_per_step", "replay_tokens_per_step")
                     if all(r.get(key) is not None for r in rs)}})
     result = {"config": {"rounds": args.rounds, "ks": ks, "batches": batches, "requests": args.requests,
@@ -135,11 +135,12 @@ def main(argv=None) -> dict:
     def f(s, d=2):
         return f"{s['median']:,.{d}f} [{s['min']:,.{d}f}-{s['max']:,.{d}f}]"
 
-    lines = ["| policy, B | replay / live | replay tok/s | live tok/s | table / steps | table / forwards | step / forwards | "
-             "mean batch | while requests wait | tok/step live | tok/step replay |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| policy, B | replay / live | at the run's speed | replay tok/s | live tok/s | table / steps | table / forwards | step / forwards | "
+             "mean batch | while requests wait | tok/step live | tok/step replay |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for p in points:
         tag = f" [{p['variant']}]" if p["variant"] else ""
-        lines.append(f"| {p['policy']}, B = {p['batch']}{tag} | {f(p['ratio'])} | {f(p['replay_tokens_per_s'], 0)} | "
+        lines.append(f"| {p['policy']}, B = {p['batch']}{tag} | {f(p['ratio'])} | "
+                     f"{f(p['ratio_at_run_speed']) if 'ratio_at_run_speed' in p else '—'} | {f(p['replay_tokens_per_s'], 0)} | "
                      f"{f(p['live_tokens_per_s'], 0)} | {f(p['table_vs_steps'])} | {f(p['table_vs_forwards'])} | "
                      f"{f(p['step_vs_forwards'])} | "
                      f"{f(p['mean_batch'])} | {f(p['waiting_mean_batch']) if 'waiting_mean_batch' in p else '—'} | "

@@ -2,14 +2,28 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-# under pytest-xdist (make test: one worker per core) each worker keeps to one core: two workers of
-# two threads each oversubscribe a 2-core machine, and torch's spinning threads then slow every step
+# under pytest-xdist (`make test`: one worker per core) each worker is pinned to its own share of the
+# cores, before torch (and the OpenMP runtime it loads) is imported: OpenMP sizes its thread team by
+# the cores it may run on when it starts, and a team of two spinning on one core made scikit-learn's
+# gradient boosting take minutes instead of a second. Two workers of two threads each on a 2-core
+# machine also oversubscribe it: torch's spinning threads then slow every step.
 WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-torch.set_num_threads(max(1, (os.cpu_count() or 2) // WORKERS))
+if WORKERS > 1 and hasattr(os, "sched_setaffinity"):
+    _cores = sorted(os.sched_getaffinity(0))
+    _worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").lstrip("gw") or 0)
+    if len(_cores) >= WORKERS:
+        _share = len(_cores) // WORKERS
+        _mine = _cores[(_worker % WORKERS) * _share:(_worker % WORKERS + 1) * _share]
+        os.sched_setaffinity(0, _mine)
+        for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "POLARS_MAX_THREADS"):
+            os.environ[_var] = str(len(_mine))
+
+import torch  # noqa: E402  (after the pinning above)
+
+torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)))
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = Path(os.environ.get("SVT_TEST_MODELS", ROOT / "data" / "models"))

@@ -70,6 +70,9 @@ def test_each_live_run_beside_the_replays_point_for_its_policy(runs):
         fwd = float(sched["forward_ms"].sum()) / 1e3  # the time inside the steps' model forwards
         assert r["step_vs_forwards"] == pytest.approx(sched["step_ms"].sum() / 1e3 / fwd, rel=1e-6)
         assert r["step_vs_forwards"] >= 1.0  # a step holds its forwards
+        # at the run's speed: the table's forward cells brought to this run's own forwards (this model
+        # table has no step_ms, so the whole price scales): the ratio times price over forwards
+        assert r["ratio_at_run_speed"] == pytest.approx(r["ratio"] * priced / fwd, rel=1e-6)
         # interactivity: each request's tokens over the engine steps it decoded in, averaged
         steps = open_run(r["run"]).scan("steps").collect()
         ms = dict(zip(sched["tick"].to_list(), sched["step_ms"].to_list(), strict=True))
@@ -160,3 +163,31 @@ def test_a_damaged_schedule_table_is_refused_not_timed(runs, tmp_path):
         reseal(bad)
         with pytest.raises(err, match=match):
             evaluate([runs / "k3"], EvaluateOptions(features=["q_max"], costs=str(COSTS), live=[str(bad)]))
+
+
+def test_the_ratio_at_the_runs_speed_rescales_the_forward_cells_and_keeps_the_engines_work():
+    """A table pricing each step 3 ms, 0.5 of it the engine's work outside the forwards (step_ms);
+    the run's forwards took 3 ms a step where the table's forward cells say 2.5: at the run's speed
+    the forward cells become the run's 6 ms over the two steps, step_ms stays 1 ms, so the replay's
+    time is 7/6 of the table's and the ratio 6/7 of the raw one."""
+    from svt.report.live import compare_live
+
+    class Costs:
+        def draft(self, b, k):
+            return 1.0
+
+        def verify(self, t, rows):
+            return 2.0
+
+        def step_overhead(self, b, k):
+            return 0.5
+
+    live = {"run": "r", "policy": "fixed K=1", "batch_size": 1, "live_tokens_per_s": 100.0, "forwards_s": 0.006,
+            "decode_s": 0.01, "mean_batch": 1.0, "waiting_mean_batch": 1.0, "_steps": np.array([[1, 2, 1], [1, 2, 1]])}
+    out = compare_live([live], [{"policy": "fixed K=1", "concurrency": 1, "throughput": 120.0, "tokens_per_step": 2.0}],
+                       Costs())
+    r = out["runs"][0]
+    assert r["ratio"] == pytest.approx(1.2)
+    assert r["table_s"] == pytest.approx(0.006) and r["table_vs_forwards"] == pytest.approx(0.005 / 0.006)
+    assert r["ratio_at_run_speed"] == pytest.approx(1.2 * 6 / 7)
+    assert out["points"][0]["ratio_at_run_speed"]["median"] == pytest.approx(1.2 * 6 / 7)

@@ -17,6 +17,10 @@ from its ``schedule`` table (one row per engine step):
   ``table / forwards`` (its forward cells alone over the time inside the steps' model forwards,
   ``forward_ms``; the draft and verify phases for runs logged before it) and
   ``step / forwards`` (the engine's work outside its forwards);
+- **the ratio at the run's speed**: the ratio with the table's forward cells rescaled by the run's
+  own forwards (``forwards / table's price of them``, one factor a run), its ``step_ms`` kept: on a
+  host whose speed drifts between the profile and the run (measured on a 2-core VM: 2x within
+  minutes), this separates the host's drift from what the replay's model gets wrong;
 - **the cache width** its verify forwards attended (mean ``verify_slots``: each row is padded to the
   longest row and keeps masked holes until a compaction), beside the context the cost table's
   cells held (a profile of a collection's config holds, at each batch size, the width the engine
@@ -168,9 +172,14 @@ def compare_live(lives: list[dict], points: list[dict], costs) -> dict:
         measured = live["live_tokens_per_s"]
         fwd = live["forwards_s"] or None
         thr = point["throughput"]
+        ratio = float(thr) / measured if measured and thr is not None else None
         rows.append({**live, "replay_tokens_per_s": None if thr is None else float(thr),
                      "replay_tokens_per_step": None if thr is None else float(point["tokens_per_step"]),
-                     "ratio": float(thr) / measured if measured and thr is not None else None,
+                     "ratio": ratio,
+                     # the table's forward cells brought to the speed the host ran this run's forwards at
+                     # (priced_fwd -> fwd), its step_ms kept: what is left is the model's, not the host's
+                     "ratio_at_run_speed": ratio * priced / (fwd + priced - priced_fwd)
+                     if ratio is not None and fwd else None,
                      "table_s": priced, "table_vs_steps": priced / live["decode_s"] if live["decode_s"] else None,
                      "table_vs_forwards": priced_fwd / fwd if fwd else None,
                      "step_vs_forwards": live["decode_s"] / fwd if fwd else None})
@@ -184,6 +193,7 @@ def compare_live(lives: list[dict], points: list[dict], costs) -> dict:
             return None if not v.size else {"median": float(np.median(v)), "min": float(v.min()),
                                             "max": float(v.max())}
         rounds.append({"policy": policy, "batch_size": b, "rounds": len(rs), "ratio": stat("ratio"),
+                       "ratio_at_run_speed": stat("ratio_at_run_speed"),
                        "live_tokens_per_s": stat("live_tokens_per_s"), "replay_tokens_per_s": stat("replay_tokens_per_s"),
                        "table_vs_steps": stat("table_vs_steps"), "table_vs_forwards": stat("table_vs_forwards"),
                        "step_vs_forwards": stat("step_vs_forwards"),
@@ -191,7 +201,11 @@ def compare_live(lives: list[dict], points: list[dict], costs) -> dict:
     context = (getattr(costs, "measurement", None) or {}).get("context")
     return {"runs": rows, "points": rounds, "profiled_context": context,
             "note": "decode tokens/s: tokens emitted over the engine steps' wall-clock (prefill, loading and "
-                    "writing excluded; prefill reported apart). ratio = replay / live. table / steps: the cost "
+                    "writing excluded; prefill reported apart). ratio = replay / live; at the run's speed: the same "
+                    "ratio with the table's forward cells rescaled to this run's own forwards as timed (the "
+                    "host's speed while it ran; the table's step_ms kept), so what is left is the replay's model "
+                    "(schedule, acceptance, the engine's work outside its forwards), not the host's drift "
+                    "between profile and run. table / steps: the cost "
                     "table's whole price of the live run's own steps over their wall-clock; table / forwards: "
                     "its forward cells alone over the forwards as timed; step / forwards: whole steps over "
                     "their forwards (the engine's work outside them). cache width: the mean slots a row's verify "

@@ -98,14 +98,15 @@ def _live_lines(live: dict | None) -> list[str]:
 
     rows = [[r["run"], r["policy"], str(r["batch_size"]), r["schedule"], f(r["mean_batch"]),
              f(r.get("waiting_mean_batch")), f(r["live_tokens_per_s"], 0),
-             f(r["replay_tokens_per_s"], 0), f(r["ratio"]), f(r["live_tokens_per_step"], 3),
+             f(r["replay_tokens_per_s"], 0), f(r["ratio"]), f(r.get("ratio_at_run_speed")), f(r["live_tokens_per_step"], 3),
              f(r["replay_tokens_per_step"], 3), f(r["table_vs_steps"]), f(r["table_vs_forwards"]),
              f(r["step_vs_forwards"]), f(r.get("cache_width"), 0), f(r["prefill_s"])] for r in live["runs"]]
     lines = ["### How close is the replay? Live runs of the same policies\n",
              live["note"] + "\n",
              md_table(["live run", "policy", "B", "schedule", "mean batch", "while requests wait", "live tok/s",
                        "replay tok/s",
-                       "replay / live", "live tok/step", "replay tok/step", "table / steps", "table / forwards",
+                       "replay / live", "at the run's speed", "live tok/step", "replay tok/step", "table / steps",
+                       "table / forwards",
                        "step / forwards", "cache width", "prefill s"], rows), ""]
     notes = [f"- `{r['run']}`: {r['schedule_note']}" for r in live["runs"] if r.get("schedule_note")]
     if notes:
@@ -116,9 +117,10 @@ def _live_lines(live: dict | None) -> list[str]:
             return "—" if st is None else f"{st['median']:,.{d}f} [{st['min']:,.{d}f}-{st['max']:,.{d}f}]"
 
         lines += ["Rounds of one point: median [range].\n",
-                  md_table(["policy", "B", "rounds", "replay / live", "live tok/s", "replay tok/s", "table / steps",
-                            "step / forwards"],
+                  md_table(["policy", "B", "rounds", "replay / live", "at the run's speed", "live tok/s", "replay tok/s",
+                            "table / steps", "step / forwards"],
                            [[p["policy"], str(p["batch_size"]), str(p["rounds"]), rng(p["ratio"]),
+                             rng(p.get("ratio_at_run_speed")),
                              rng(p["live_tokens_per_s"], 0), rng(p["replay_tokens_per_s"], 0),
                              rng(p["table_vs_steps"]), rng(p["step_vs_forwards"])] for p in multi]), ""]
     return lines
