@@ -11,19 +11,26 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # gradient boosting take minutes instead of a second. Two workers of two threads each on a 2-core
 # machine also oversubscribe it: torch's spinning threads then slow every step.
 WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-if WORKERS > 1 and hasattr(os, "sched_setaffinity"):
-    _cores = sorted(os.sched_getaffinity(0))
-    _worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").lstrip("gw") or 0)
-    if len(_cores) >= WORKERS:
-        _share = len(_cores) // WORKERS
-        _mine = _cores[(_worker % WORKERS) * _share:(_worker % WORKERS + 1) * _share]
-        os.sched_setaffinity(0, _mine)
-        for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "POLARS_MAX_THREADS"):
-            os.environ[_var] = str(len(_mine))
+THREADS = max(1, (os.cpu_count() or 2) // WORKERS)
+if WORKERS > 1:
+    try:
+        _cores = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no affinity on this platform
+        _cores = []
+    _worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").lstrip("gw") or 0) % WORKERS
+    _share = len(_cores) // WORKERS
+    if _share:
+        try:
+            os.sched_setaffinity(0, _cores[_worker * _share:(_worker + 1) * _share])
+        except OSError:  # a sandbox that refuses it: the workers share the cores, a thread each
+            _share = 1
+    THREADS = max(1, _share)
+    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "POLARS_MAX_THREADS"):
+        os.environ[_var] = str(THREADS)  # the workers' own pools, sized to their cores (a user's setting too)
 
 import torch  # noqa: E402  (after the pinning above)
 
-torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)))
+torch.set_num_threads(THREADS)
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = Path(os.environ.get("SVT_TEST_MODELS", ROOT / "data" / "models"))

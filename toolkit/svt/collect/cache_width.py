@@ -72,14 +72,15 @@ def engine_widths(prompt_lengths, slots: int | None, k: int, max_new_tokens: int
         live = live + acc + 1
         out = out + acc + 1
         stay = out < max_new_tokens
-        # rows finishing while prompts wait leave in the next admission's merge, and the caches
-        # compact at the end of a step where none did (engine ``end_step(defer=...)``)
-        deferred = not static and admitted < n and not stay.all()
+        # rows finishing while prompts wait leave in the next admission's merge (engine
+        # ``end_step(defer=...)``): the step's compaction still counts their slots
+        top = int(live.max()) if not static and admitted < n else 0
         rows, live, out = rows[stay], live[stay], out[stay]
-        if compacts and rows.size and not deferred:
-            holes = width - int(live.max())
+        if compacts and rows.size:
+            top = max(top, int(live.max()))
+            holes = width - top
             if holes >= COMPACT_MIN_HOLES and holes >= COMPACT_SHARE * width:
-                width = int(live.max())
+                width = top
         tick += 1
     return np.asarray(batch, dtype=np.int64), np.asarray(widths, dtype=np.int64)
 

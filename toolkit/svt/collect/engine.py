@@ -282,11 +282,11 @@ class _Rows:
         are waiting to take the finished rows' slots, so the rows leave in the same copy of the caches
         that admits them (:meth:`merge`), not in one of their own now (an index_select of every layer's
         whole cache, once per finishing request, was most of a continuous run's work outside its
-        forwards at batch 8 and 16); the caches compact at the next step's end."""
+        forwards at batch 8 and 16); the caches compact as on any step, the finished rows' slots
+        still among the rows'."""
         if done.any() and defer:
             self.gone = done if self.gone is None else self.gone | done
-            return
-        if done.any():
+        elif done.any():
             self.drop(done, device)
         if compact:
             self.tc.compact()

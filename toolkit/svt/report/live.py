@@ -20,7 +20,8 @@ from its ``schedule`` table (one row per engine step):
 - **the ratio at the run's speed**: the ratio with the table's forward cells rescaled by the run's
   own forwards (``forwards / table's price of them``, one factor a run), its ``step_ms`` kept: on a
   host whose speed drifts between the profile and the run (measured on a 2-core VM: 2x within
-  minutes), this separates the host's drift from what the replay's model gets wrong;
+  minutes), this separates the host's drift from what the replay's model gets wrong (none for runs
+  logged before ``forward_ms``, whose draft and verify phases hold sampling and acceptance too);
 - **the cache width** its verify forwards attended (mean ``verify_slots``: each row is padded to the
   longest row and keeps masked holes until a compaction), beside the context the cost table's
   cells held (a profile of a collection's config holds, at each batch size, the width the engine
@@ -112,7 +113,8 @@ def read_live(path: str, fits: list[str], fit_names: list[str]) -> dict:
         "run": str(path), "policy": live_policy(meta, path, fits, fit_names), "k": int(meta["k"]),
         "batch_size": int(cfg.get("batch_size", 0)), "schedule": (meta.get("schedule") or {}).get("kind", "static"),
         "device": meta.get("device"), "decode_s": s["step"] / 1e3, "prefill_s": s["prefill"] / 1e3,
-        "forwards_s": s["fwd"] / 1e3, "tokens": int(s["tokens"]), "engine_steps": int(s["steps"]),
+        "forwards_s": s["fwd"] / 1e3, "forwards_timed": "forward_ms" in sched.columns,
+        "tokens": int(s["tokens"]), "engine_steps": int(s["steps"]),
         "mean_batch": float(s["mean_batch"]), "waiting_mean_batch": waiting, "cache_width": width,
         "live_tokens_per_s": s["tokens"] / (s["step"] / 1e3) if s["step"] > 0 else None,
         "live_tokens_per_step": s["tokens"] / s["rows"],
@@ -179,7 +181,7 @@ def compare_live(lives: list[dict], points: list[dict], costs) -> dict:
                      # the table's forward cells brought to the speed the host ran this run's forwards at
                      # (priced_fwd -> fwd), its step_ms kept: what is left is the model's, not the host's
                      "ratio_at_run_speed": ratio * priced / (fwd + priced - priced_fwd)
-                     if ratio is not None and fwd else None,
+                     if ratio is not None and fwd and live.get("forwards_timed", True) else None,
                      "table_s": priced, "table_vs_steps": priced / live["decode_s"] if live["decode_s"] else None,
                      "table_vs_forwards": priced_fwd / fwd if fwd else None,
                      "step_vs_forwards": live["decode_s"] / fwd if fwd else None})
