@@ -304,13 +304,18 @@ class _Rows:
 
     def drop(self, done: np.ndarray, device) -> None:
         """Finished rows leave the batch (and both caches)."""
+        keep = self._keep_rows(done, device)
+        self.tc.select(keep)
+        self.dc.select(keep)
+
+    def _keep_rows(self, done: np.ndarray, device) -> torch.Tensor:
+        """The per-row state of the rows not ``done`` (the caches are the caller's); their indices."""
         keep = torch.from_numpy(np.flatnonzero(~done)).to(device)
         self.active = self.active.index_select(0, keep)
         self.pending, self.unseen, self.has_unseen = self.pending[keep], self.unseen[keep], self.has_unseen[keep]
         if self.catch is not None:
             self.catch = self.catch.select(keep)
-        self.tc.select(keep)
-        self.dc.select(keep)
+        return keep
 
     def merge(self, new: _Rows) -> None:
         """Rows just prefilled join the batch (continuous batching), below the rows decoding; rows
@@ -320,12 +325,7 @@ class _Rows:
 
         keep = None
         if self.gone is not None:
-            keep = torch.from_numpy(np.flatnonzero(~self.gone)).to(self.active.device)
-            self.gone = None
-            self.active = self.active.index_select(0, keep)
-            self.pending, self.unseen, self.has_unseen = self.pending[keep], self.unseen[keep], self.has_unseen[keep]
-            if self.catch is not None:
-                self.catch = self.catch.select(keep)
+            keep, self.gone = self._keep_rows(self.gone, self.active.device), None
         self.tc.merge(new.tc, keep)
         self.dc.merge(new.dc, keep)
         self.pending = torch.cat([self.pending, new.pending])
