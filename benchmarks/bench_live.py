@@ -125,7 +125,7 @@ def main(argv=None) -> dict:
 
                 points.append({"policy": policy, "batch": b, "variant": name, "rounds": len(rs), **{key: st(key) for key in (
                     "ratio", "ratio_at_run_speed", "replay_tokens_per_s", "live_tokens_per_s", "table_vs_steps", "table_vs_forwards", "step_vs_forwards",
-                    "mean_batch", "waiting_mean_batch", "live_tokens_per_step", "replay_tokens_per_step")
+                    "mean_batch", "waiting_mean_batch", "replay_mean_batch", "live_tokens_per_step", "replay_tokens_per_step")
                     if all(r.get(key) is not None for r in rs)}})
     result = {"config": {"rounds": args.rounds, "ks": ks, "batches": batches, "requests": args.requests,
                          "max_new_tokens": args.tokens}, "points": points, "runs": rows}
@@ -136,7 +136,8 @@ def main(argv=None) -> dict:
         return f"{s['median']:,.{d}f} [{s['min']:,.{d}f}-{s['max']:,.{d}f}]"
 
     lines = ["| policy, B | replay / live | at the run's speed | replay tok/s | live tok/s | table / steps | table / forwards | step / forwards | "
-             "mean batch | while requests wait | tok/step live | tok/step replay |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "mean batch | while requests wait | replay mean batch | tok/step live | tok/step replay |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for p in points:
         tag = f" [{p['variant']}]" if p["variant"] else ""
         lines.append(f"| {p['policy']}, B = {p['batch']}{tag} | {f(p['ratio'])} | "
@@ -144,6 +145,7 @@ def main(argv=None) -> dict:
                      f"{f(p['live_tokens_per_s'], 0)} | {f(p['table_vs_steps'])} | {f(p['table_vs_forwards'])} | "
                      f"{f(p['step_vs_forwards'])} | "
                      f"{f(p['mean_batch'])} | {f(p['waiting_mean_batch']) if 'waiting_mean_batch' in p else '—'} | "
+                     f"{f(p['replay_mean_batch']) if 'replay_mean_batch' in p else '—'} | "
                      f"{f(p['live_tokens_per_step'], 3)} | {f(p['replay_tokens_per_step'], 3)} |")
     md = "\n".join(lines)
     args.out.with_suffix(".md").write_text(md + "\n")

@@ -6,6 +6,7 @@ import json
 import shutil
 
 import numpy as np
+import polars as pl
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -90,6 +91,15 @@ def test_each_live_run_beside_the_replays_point_for_its_policy(runs):
     assert k3["rounds"] == 2 and k3["ratio"]["min"] == k3["ratio"]["max"] == pytest.approx(rows[0]["ratio"])
     # the rows of a plain-decoding run emit one token per step
     assert rows[1]["live_tokens_per_step"] == 1.0
+    # the replay's occupancy is each policy's own: on the trace's run, its schedule as the engine ran it
+    assert rows[0]["replay_mean_batch"] == pytest.approx(rows[0]["mean_batch"], rel=1e-12)
+    assert rows[1]["replay_mean_batch"] == by[("fixed K=0", 3)]["mean_batch"]
+    # plain decoding runs one step per token of each request's output: where both runs' requests
+    # generated the same lengths, its replayed schedule is the live one, step for step
+    lengths = [open_run(runs / x).scan("requests").sort("request").select(pl.col("output_ids").list.len()).collect()
+               .to_series().to_list() for x in ("k3", "k0")]
+    assert lengths[0] == lengths[1]
+    assert rows[1]["replay_mean_batch"] == pytest.approx(rows[1]["mean_batch"], rel=1e-12)
 
 
 def test_runs_the_live_comparison_cannot_use_are_refused(runs, tmp_path, models_dir):

@@ -11,6 +11,7 @@ from svt.simulate import StepTrace, replay
 from svt.simulate.av import resample_requests, step_groups
 from svt.simulate.cost_files import load_costs
 from svt.simulate.costs import CostTable
+from svt.simulate.steps import policy_trace
 
 COSTS = Path(__file__).resolve().parents[2] / "configs" / "costs"
 
@@ -81,10 +82,14 @@ def test_a_padded_engine_pays_for_its_longest_kept_row():
     for verification in ("packed", "padded"):
         trace.verification = verification
         pts[verification] = {p["policy"]: p for p in replay(trace, costs, concurrency=(4,), compiled=False)}
-    groups = step_groups(trace, 4)
+    tokens = np.zeros(trace.a.size)  # AV on the trace's steps: the request-steps it runs itself
+    for rows in step_groups(trace, 4):
+        tokens[rows] = np.minimum(trace.a[rows], av_keep(trace.confidence["p"][rows], costs, "convex")) + 1
+    own = policy_trace(trace, tokens)
+    groups = step_groups(own, 4)
     ms = {"packed": 0.0, "padded": 0.0}
     for rows in groups:
-        kept = av_keep(trace.confidence["p"][rows], costs, "convex")
+        kept = av_keep(own.confidence["p"][rows], costs, "convex")
         n = len(rows)
         ms["packed"] += costs.draft(n, 4) + float(costs.verify(n + kept.sum(), rows=n))
         ms["padded"] += costs.draft(n, 4) + float(costs.verify(n * (1 + kept.max()), rows=n))

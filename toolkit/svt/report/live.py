@@ -177,6 +177,8 @@ def compare_live(lives: list[dict], points: list[dict], costs) -> dict:
         ratio = float(thr) / measured if measured and thr is not None else None
         rows.append({**live, "replay_tokens_per_s": None if thr is None else float(thr),
                      "replay_tokens_per_step": None if thr is None else float(point["tokens_per_step"]),
+                     # the replay's occupancy on the policy's own request-steps (None: a point without it)
+                     "replay_mean_batch": None if point.get("mean_batch") is None else float(point["mean_batch"]),
                      "ratio": ratio,
                      # the table's forward cells brought to the speed the host ran this run's forwards at
                      # (priced_fwd -> fwd), its step_ms kept: what is left is the model's, not the host's
@@ -199,7 +201,8 @@ def compare_live(lives: list[dict], points: list[dict], costs) -> dict:
                        "live_tokens_per_s": stat("live_tokens_per_s"), "replay_tokens_per_s": stat("replay_tokens_per_s"),
                        "table_vs_steps": stat("table_vs_steps"), "table_vs_forwards": stat("table_vs_forwards"),
                        "step_vs_forwards": stat("step_vs_forwards"),
-                       "mean_batch": stat("mean_batch"), "waiting_mean_batch": stat("waiting_mean_batch")})
+                       "mean_batch": stat("mean_batch"), "waiting_mean_batch": stat("waiting_mean_batch"),
+                       "replay_mean_batch": stat("replay_mean_batch")})
     context = (getattr(costs, "measurement", None) or {}).get("context")
     return {"runs": rows, "points": rounds, "profiled_context": context,
             "note": "decode tokens/s: tokens emitted over the engine steps' wall-clock (prefill, loading and "

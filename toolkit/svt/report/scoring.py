@@ -394,9 +394,28 @@ def _live_run(path: str, opts: EvaluateOptions, feats: list[Feature]) -> dict | 
                     "replay applies the same predictor and costs to the complete trace"}
 
 
-def simulation(drafts: pl.DataFrame, feats: list[Feature], opts: EvaluateOptions, metas: list[dict] | None = None) -> dict:
+def request_outputs(runs: list) -> pl.DataFrame | None:
+    """How many tokens each request of the runs generated (``_run``, ``request``, ``tokens``), from
+    the requests tables' outputs: the length every policy's replay of a request emits. None when a
+    run records no outputs (an imported trace): the replay then counts the trace's tokens."""
+    parts = []
+    for i, path in enumerate(runs):
+        run = open_run(path, deep=False, tables=["requests"])
+        if not run.has("requests"):
+            return None
+        lens = run.scan("requests").select("request", pl.col("output_ids").list.len().cast(pl.Int64).alias("tokens"))
+        part = lens.collect()
+        if part.height == 0 or part["tokens"].null_count() or (part["tokens"] < 1).all():
+            return None
+        parts.append(part.with_columns(pl.lit(i).alias("_run")))
+    return pl.concat(parts) if parts else None
+
+
+def simulation(drafts: pl.DataFrame, feats: list[Feature], opts: EvaluateOptions, metas: list[dict] | None = None,
+               outputs: pl.DataFrame | None = None) -> dict:
     """AV replay with every lossless probability score as a predictor, on the requests all of them
-    may be scored on (held-out requests when an offline fit is among them)."""
+    may be scored on (held-out requests when an offline fit is among them). ``outputs``
+    (:func:`request_outputs`): each request's generated tokens, what each policy's replay emits."""
     from svt.simulate import build_trace, load_costs, replay, run_schedule, run_verification
 
     costs = load_costs(opts.costs)
@@ -410,7 +429,8 @@ def simulation(drafts: pl.DataFrame, feats: list[Feature], opts: EvaluateOptions
         raise DataError("No request is scored by every predictor: nothing to simulate.")
     schedule, verification = run_schedule(metas or []), run_verification(metas or [])
     trace = build_trace(frame, {f.name: f"_p{i}" for i, f in enumerate(preds)}, schedule=schedule,
-                        verification=verification)
+                        verification=verification,
+                        outputs=None if outputs is None else outputs.with_columns(pl.col("_run").cast(frame.schema["_run"])))
     costs.check_covers(trace.k, f"{opts.costs}: ")
     concurrency = tuple(opts.concurrency)
     from svt.report.live import compare_live, read_live

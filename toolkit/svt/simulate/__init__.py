@@ -26,10 +26,13 @@ def run_verification(metas: list[dict]) -> str:
 
 
 def build_trace(drafts: pl.DataFrame, confidences: dict[str, str], keys=("_run", "request"),
-                schedule: str = "static", verification: str = "packed") -> StepTrace:
+                schedule: str = "static", verification: str = "packed",
+                outputs: pl.DataFrame | None = None) -> StepTrace:
     """Request-steps from a drafts frame: accepted runs from the labels and, per predictor, the K
     confidences (a column of ``drafts`` per name). Steps with fewer than K drafts get confidence 0
-    for the missing positions. ``schedule``: how the replay batches the requests (``StepTrace``)."""
+    for the missing positions. ``schedule``: how the replay batches the requests (``StepTrace``).
+    ``outputs`` (``keys`` and ``tokens``): how many tokens each request generated, the budget every
+    policy's replay of it emits; a request of the drafts it lacks, or one of no tokens, is refused."""
     k = int(drafts["position"].max()) + 1
     cols = list(confidences.values())
     per = (drafts.sort([*keys, "step", "position"])
@@ -50,8 +53,18 @@ def build_trace(drafts: pl.DataFrame, confidences: dict[str, str], keys=("_run",
         if not np.isfinite(m).all():
             raise DataError(f"Predictor {name!r} has missing confidences in the simulated rows.")
         conf[name] = m
+    budget = None
+    if outputs is not None:
+        ids = (per.select(*keys).with_columns(pl.Series("_r", req)).unique(subset="_r")
+               .join(outputs.select(*keys, "tokens"), on=list(keys), how="left").sort("_r"))
+        bad = ids.filter(pl.col("tokens").is_null() | (pl.col("tokens") < 1))
+        if bad.height:
+            raise DataError(f"{bad.height} request(s) of the drafts have no generated tokens recorded (first: "
+                            f"{dict(zip(keys, bad.row(0)[:len(keys)], strict=True))}): the run's requests table "
+                            "does not match its drafts.")
+        budget = ids["tokens"].to_numpy().astype(np.float64)
     return StepTrace(req.astype(np.int64), per["step"].to_numpy().astype(np.int64),
-                     per["a"].to_numpy().astype(np.int64), k, conf, schedule, verification)
+                     per["a"].to_numpy().astype(np.int64), k, conf, schedule, verification, budget)
 
 
 __all__ = ["CONCURRENCY", "CostTable", "StepTrace", "build_trace", "load_costs", "mark_pareto", "replay",

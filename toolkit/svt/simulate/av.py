@@ -11,10 +11,20 @@ accepted run a (from the labels). Per step, for B' active requests:
   survivals fall along a request);
 - ``oracle``: knows a, and chooses per step the draft length k and the number b of accepted drafts
   to verify that maximise the run's total throughput (Dinkelbach's method over each step's
-  options): an upper bound on the throughput of every policy here.
+  options) on the trace's own request-steps: an upper bound on the per-step choices of every
+  policy here (on one set of steps its options include each policy's choice at no more cost). It
+  is not a bound on the schedule: a policy that runs more, fuller steps than the trace's (below)
+  is priced at that occupancy, which the oracle's steps keep as the trace had it.
 
-A request emits min(a, kept) + 1 tokens per step. The replay ignores the feedback of trimming on
-later states (the trace's steps are fixed); a live-AV collection measures that gap.
+A request emits min(a, kept) + 1 tokens per step. Each policy runs its own number of steps per
+request: as many of the request's trace steps (in order, taken again from the first when they run
+out) as it needs to emit the tokens the request emitted in the trace, its last step emitting only
+what is still needed. The batches at B are formed on those steps, so a policy that emits fewer
+tokens a step (plain decoding) keeps its batches fuller than the trace's policy did (the engine's
+occupancy; ``steps.policy_rows``). The step counts of AV and AV+length come from the
+policy run once on the trace's own steps (their tokens depend on the batch). The replay ignores
+the feedback of trimming on later states (the trace's steps are fixed); a live-AV collection
+measures that gap.
 """
 
 from __future__ import annotations
@@ -24,7 +34,10 @@ import numpy as np
 from svt.simulate.costs import CostTable
 from svt.simulate.steps import (  # noqa: F401  (re-exported)
     StepTrace,
+    capped,
     convex_minorant,
+    policy_trace,
+    request_tokens,
     step_groups,
     verified_tokens,
     verify_curve,
@@ -64,25 +77,38 @@ def av_keep(conf: np.ndarray, costs: CostTable, rule: str = "convex", k_max: int
     return kept.reshape(n, K).sum(1)
 
 
-def _accumulate(groups, trace, per_step):
-    """Totals from per-step (tokens per request, step time) choices."""
+def _accumulate(groups, trace, per_step, budget=None):
+    """Totals from per-step (tokens per request, step time) choices; with ``budget`` (tokens per
+    request), a request's last step emits only what it still needed (:func:`steps.capped`)."""
     n_req = int(trace.request.max()) + 1 if trace.request.size else 0
     tok_req = np.zeros(n_req)
     time_req = np.zeros(n_req)
     total_tok = total_time = 0.0
     for rows in groups:
         tokens, ms = per_step(rows)
+        if budget is not None:
+            tokens = np.clip(budget[trace.request[rows]] - tok_req[trace.request[rows]], 0.0, tokens)
         tok_req[trace.request[rows]] += tokens
         time_req[trace.request[rows]] += ms
         total_tok += tokens.sum()
         total_time += ms
     active = time_req > 0
+    rows_total = sum(len(g) for g in groups)
     return {
-        "tokens_per_step": total_tok / sum(len(g) for g in groups),
+        "tokens_per_step": total_tok / rows_total,
         "step_ms": total_time / len(groups),
+        "mean_batch": rows_total / len(groups),
         "throughput": total_tok / (total_time / 1e3),
         "interactivity": float(np.mean(tok_req[active] / (time_req[active] / 1e3))),
     }
+
+
+def _row_tokens(groups, trace, per_step) -> np.ndarray:
+    """Tokens each trace row emits under a policy run on ``groups``."""
+    out = np.zeros(trace.request.size)
+    for rows in groups:
+        out[rows] = per_step(rows)[0]
+    return out
 
 
 def _fixed(k: int, trace, costs):
@@ -128,12 +154,15 @@ def draft_lengths(conf: np.ndarray, costs: CostTable, next_conf: np.ndarray,
     return lengths
 
 
-def _av_length(name: str, trace, costs):
+def _av_length(name: str, trace, costs, next_conf=None):
     """Draft-length policy + AV: each request drafts its causal length, the batch pays the longest,
     then the lossless budget rule chooses what to verify among the drafted positions. How many
-    requests share each extra pass is learned from the previous steps (per batch size)."""
+    requests share each extra pass is learned from the previous steps (per batch size).
+    ``next_conf``: the predictor's mean confidence at each position (a constant; default this
+    trace's)."""
     conf = trace.confidence[name]
-    next_conf = conf.mean(0)  # the predictor's mean confidence at each position (a constant)
+    if next_conf is None:
+        next_conf = conf.mean(0)
     sharing: dict[int, np.ndarray] = {}
 
     def per_step(rows):
@@ -218,19 +247,36 @@ def replay(trace: StepTrace, costs: CostTable, *, concurrency=CONCURRENCY, engin
     return points
 
 
+def _policy_makers(trace: StepTrace, costs: CostTable, engine_rule: bool) -> dict:
+    """Each policy as ``make(trace, groups) -> per_step`` (a fresh one per run: AV+length learns
+    as it goes), in the replay's order."""
+    makers = {f"fixed K={k}": (lambda tr, g, k=k: _fixed(k, tr, costs)) for k in range(trace.k + 1)}
+    makers.update({f"AV {name}": (lambda tr, g, name=name: _av(name, tr, costs)) for name in trace.confidence})
+    if engine_rule:
+        makers.update({f"AV {name} [engine rule]": (lambda tr, g, name=name: _av(name, tr, costs, "engine"))
+                       for name in trace.confidence})
+    means = {name: c.mean(0) for name, c in trace.confidence.items()}  # the whole trace's, on every schedule
+    makers.update({f"AV+length {name}": (lambda tr, g, name=name: _av_length(name, tr, costs, means[name]))
+                   for name in trace.confidence})
+    makers["oracle"] = lambda tr, g: _oracle(g, tr, costs)
+    return makers
+
+
 def _replay_reference(trace: StepTrace, costs: CostTable, concurrency, engine_rule: bool) -> list[dict]:
+    """Per concurrency and policy: the policy run on the trace's steps gives each row's tokens; those
+    lay out the request-steps the policy itself runs (``steps.policy_trace``: as many steps per
+    request as it needs for the request's tokens), and the policy is replayed on their batches."""
     points = []
+    budget = request_tokens(trace)
+    makers = _policy_makers(trace, costs, engine_rule)
+    oracle = makers.pop("oracle")
     for B in concurrency:
         groups = step_groups(trace, B)
-        policies = {f"fixed K={k}": _fixed(k, trace, costs) for k in range(trace.k + 1)}
-        policies.update({f"AV {name}": _av(name, trace, costs) for name in trace.confidence})
-        if engine_rule:
-            policies.update({f"AV {name} [engine rule]": _av(name, trace, costs, "engine")
-                             for name in trace.confidence})
-        policies.update({f"AV+length {name}": _av_length(name, trace, costs) for name in trace.confidence})
-        policies["oracle"] = _oracle(groups, trace, costs)
-        for name, per_step in policies.items():
-            points.append({"policy": name, "concurrency": B, **_accumulate(groups, trace, per_step)})
+        for name, make in makers.items():
+            own = policy_trace(trace, _row_tokens(groups, trace, make(trace, groups)))
+            tr, g = (trace, groups) if own is None else (own, step_groups(own, B))
+            points.append({"policy": name, "concurrency": B, **_accumulate(g, tr, make(tr, g), budget)})
+        points.append({"policy": "oracle", "concurrency": B, **_accumulate(groups, trace, oracle(trace, groups))})
     return points
 
 
@@ -247,8 +293,10 @@ def resample_requests(trace: StepTrace, rng: np.random.Generator) -> StepTrace:
     pick = rng.integers(0, reqs.size, reqs.size)
     rows = np.concatenate([order[starts[i]:starts[i] + counts[i]] for i in pick]) if reqs.size else order
     new_req = np.repeat(np.arange(pick.size), counts[pick])
+    budget = None if trace.budget is None else np.asarray(trace.budget)[reqs[pick]]
     return StepTrace(new_req, trace.step[rows], trace.a[rows], trace.k,
-                     {name: c[rows] for name, c in trace.confidence.items()}, trace.schedule, trace.verification)
+                     {name: c[rows] for name, c in trace.confidence.items()}, trace.schedule, trace.verification,
+                     budget)
 
 
 def replay_intervals(trace: StepTrace, costs: CostTable, points: list[dict], *, n: int = REPLAY_BOOTSTRAP,

@@ -15,7 +15,14 @@ import numpy as np
 
 from svt.simulate import replay_kernel as rk
 from svt.simulate.costs import CostTable
-from svt.simulate.steps import StepTrace, step_groups, verify_curve
+from svt.simulate.steps import (
+    StepTrace,
+    capped,
+    policy_rows,
+    request_tokens,
+    step_order,
+    verify_curve,
+)
 
 ORACLE_ITERS = 50  # as av.oracle_choices
 
@@ -27,14 +34,13 @@ class _Layout:
     n: np.ndarray  # [G] rows per step
     request: np.ndarray  # [R] request of each laid-out row
     a: np.ndarray  # [R] accepted run of each laid-out row
+    source: np.ndarray  # [R] the row of the replayed trace each laid-out row copies (its confidences)
 
 
-def _layout(trace: StepTrace, B: int) -> _Layout:
-    groups = step_groups(trace, B)
-    n = np.array([g.size for g in groups], dtype=np.int64)
-    rows = np.concatenate(groups)
-    starts = np.concatenate([[0], np.cumsum(n)]).astype(np.int64)
-    return _Layout(rows, starts, n, trace.request[rows], trace.a[rows].astype(np.int64))
+def _layout(trace: StepTrace, B: int, source: np.ndarray | None = None) -> _Layout:
+    rows, starts = step_order(trace, B)
+    return _Layout(rows, starts, np.diff(starts), trace.request[rows], trace.a[rows].astype(np.int64),
+                   rows if source is None else source[rows])
 
 
 @dataclass
@@ -75,56 +81,98 @@ def _point(policy: str, B: int, lay: _Layout, tokens: np.ndarray, ms: np.ndarray
     return {"policy": policy, "concurrency": B,
             "tokens_per_step": total_tok / lay.rows.size,
             "step_ms": total_time / lay.n.size,
+            "mean_batch": lay.rows.size / lay.n.size,
             "throughput": total_tok / (total_time / 1e3),
             "interactivity": float(np.mean(tok_req[active] / (time_req[active] / 1e3)))}
 
 
-def replay_points(trace: StepTrace, costs: CostTable, B: int, engine_rule: bool) -> list[dict]:
-    """The points of ``av.replay`` at concurrency ``B``, in its order (pareto not yet marked)."""
-    lay = _layout(trace, B)
+def _policies(trace: StepTrace, lay0: _Layout, tab: _Tables, engine_rule: bool) -> dict:
+    """Each policy of ``av.replay`` as ``fn(lay) -> (tokens per laid-out row, ms per step)`` on
+    request-steps of ``trace`` laid out as ``lay``, in the replay's order."""
     K = trace.k
-    n_max = int(lay.n.max())
-    tab = _tables(costs, n_max, K)
-    n_req = int(trace.request.max()) + 1
-    sizes = lay.n
-    points = []
-    for k in range(K + 1):  # fixed K=k
-        tokens = (np.minimum(lay.a, k) + 1).astype(np.float64)
-        ms = tab.draft[sizes, k] + tab.verify[sizes, sizes + sizes * k]
-        points.append(_point(f"fixed K={k}", B, lay, tokens, ms, n_req))
-
-    # each predictor's confidences in step order, gathered once for its three policies
-    gathered = {name: np.ascontiguousarray(c[lay.rows], dtype=np.float64) for name, c in trace.confidence.items()}
     draft_k = tab.draft[:, K].copy()
+    means = {name: c.mean(0).astype(np.float64) for name, c in trace.confidence.items()}  # the whole trace's
+    shared: dict[str, np.ndarray] = {}  # on the trace's own steps, one gather for a predictor's three policies
 
-    def budget(name: str, curves) -> tuple[np.ndarray, np.ndarray]:
-        kept = np.zeros(lay.rows.size, dtype=np.int64)
-        rk.av_kept(gathered[name], lay.starts, curves[0], curves[1], draft_k, kept)
-        tokens = (np.minimum(lay.a, kept) + 1).astype(np.float64)
-        return tokens, tab.draft[sizes, K] + tab.verify[sizes, _verified(sizes, kept, lay, trace.verification)]
+    def conf(lay: _Layout, name: str) -> np.ndarray:
+        if lay is not lay0:  # a policy's own steps: laid out for that policy alone
+            return np.ascontiguousarray(trace.confidence[name][lay.source], dtype=np.float64)
+        if name not in shared:
+            shared[name] = np.ascontiguousarray(trace.confidence[name][lay.source], dtype=np.float64)
+        return shared[name]
+
+    def fixed(k: int):
+        def fn(lay):
+            tokens = (np.minimum(lay.a, k) + 1).astype(np.float64)
+            return tokens, tab.draft[lay.n, k] + tab.verify[lay.n, lay.n + lay.n * k]
+        return fn
+
+    def budget(name: str, curves):
+        def fn(lay):
+            kept = np.zeros(lay.rows.size, dtype=np.int64)
+            rk.av_kept(conf(lay, name), lay.starts, curves[0], curves[1], draft_k, kept)
+            tokens = (np.minimum(lay.a, kept) + 1).astype(np.float64)
+            return tokens, tab.draft[lay.n, K] + tab.verify[lay.n, _verified(lay.n, kept, lay, trace.verification)]
+        return fn
+
+    def av_length(name: str):
+        def fn(lay):
+            c = conf(lay, name)
+            lengths = np.zeros(lay.rows.size, dtype=np.int64)
+            rk.draft_lengths_all(c, lay.starts, means[name], tab.convex[0], tab.convex[1], tab.draft, lengths)
+            kept = np.zeros(lay.rows.size, dtype=np.int64)
+            rk.av_length_kept(c, lay.starts, lengths, tab.convex[0], tab.convex[1], draft_k, kept)
+            tokens = (np.minimum(lay.a, kept) + 1).astype(np.float64)
+            longest = np.maximum.reduceat(lengths, lay.starts[:-1])
+            return tokens, tab.draft[lay.n, longest] + tab.verify[lay.n, _verified(lay.n, kept, lay, trace.verification)]
+        return fn
+
+    def oracle(lay):
+        tokens = np.zeros(lay.rows.size)
+        ms = np.zeros(lay.n.size)
+        rk.oracle_steps(lay.a, lay.starts, tab.draft, tab.verify, K, ORACLE_ITERS, tokens, ms)
+        return tokens, ms
 
     names = list(trace.confidence)
-    for name in names:
-        points.append(_point(f"AV {name}", B, lay, *budget(name, tab.convex), n_req))
+    fns = {f"fixed K={k}": fixed(k) for k in range(K + 1)}
+    fns.update({f"AV {name}": budget(name, tab.convex) for name in names})
     if engine_rule:
-        for name in names:
-            points.append(_point(f"AV {name} [engine rule]", B, lay, *budget(name, tab.raw), n_req))
-    for name in names:
-        conf = gathered[name]
-        lengths = np.zeros(lay.rows.size, dtype=np.int64)
-        rk.draft_lengths_all(conf, lay.starts, trace.confidence[name].mean(0).astype(np.float64), tab.convex[0],
-                             tab.convex[1], tab.draft, lengths)
-        kept = np.zeros(lay.rows.size, dtype=np.int64)
-        rk.av_length_kept(conf, lay.starts, lengths, tab.convex[0], tab.convex[1], draft_k, kept)
-        tokens = (np.minimum(lay.a, kept) + 1).astype(np.float64)
-        longest = np.maximum.reduceat(lengths, lay.starts[:-1])
-        ms = tab.draft[sizes, longest] + tab.verify[sizes, _verified(sizes, kept, lay, trace.verification)]
-        points.append(_point(f"AV+length {name}", B, lay, tokens, ms, n_req))
-    tokens = np.zeros(lay.rows.size)
-    ms = np.zeros(sizes.size)
-    rk.oracle_steps(lay.a, lay.starts, tab.draft, tab.verify, K, ORACLE_ITERS, tokens, ms)
-    points.append(_point("oracle", B, lay, tokens, ms, n_req))
+        fns.update({f"AV {name} [engine rule]": budget(name, tab.raw) for name in names})
+    fns.update({f"AV+length {name}": av_length(name) for name in names})
+    fns["oracle"] = oracle
+    return fns
+
+
+def replay_points(trace: StepTrace, costs: CostTable, B: int, engine_rule: bool) -> list[dict]:
+    """The points of ``av.replay`` at concurrency ``B``, in its order (pareto not yet marked): each
+    policy run on the trace's steps, then on the request-steps it runs itself
+    (``steps.policy_trace``), its requests' tokens held to what they emitted in the trace."""
+    lay0 = _layout(trace, B)
+    n_req = int(trace.request.max()) + 1
+    n_max = min(B, int(np.unique(trace.request).size))  # no step holds more rows, on any policy's steps
+    tab = _tables(costs, n_max, trace.k)
+    budget = request_tokens(trace)
+    points = []
+    fns = _policies(trace, lay0, tab, engine_rule)
+    oracle = fns.pop("oracle")
+    for name, fn in fns.items():
+        tokens, ms = fn(lay0)
+        row_tokens = np.empty(trace.request.size)
+        row_tokens[lay0.rows] = tokens
+        rows, step = policy_rows(trace, row_tokens)
+        lay = lay0
+        if not _same_rows(rows, trace):  # the policy runs its own request-steps: lay those out
+            own = StepTrace(trace.request[rows], step, trace.a[rows], trace.k, {}, trace.schedule, trace.verification)
+            lay = _layout(own, B, rows)
+            tokens, ms = fn(lay)
+        points.append(_point(name, B, lay, capped(lay.request, tokens, budget), ms, n_req))
+    points.append(_point("oracle", B, lay0, *oracle(lay0), n_req))  # on the trace's own steps
     return points
+
+
+def _same_rows(rows: np.ndarray, trace: StepTrace) -> bool:
+    """Whether ``policy_rows`` took every row of the trace once (the trace policy's own steps)."""
+    return rows.size == trace.request.size and bool(np.array_equal(np.sort(rows), np.arange(rows.size)))
 
 
 def _verified(sizes: np.ndarray, kept: np.ndarray, lay: _Layout, verification: str) -> np.ndarray:

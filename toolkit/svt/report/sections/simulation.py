@@ -22,7 +22,9 @@ class Simulation(Section):
         from svt.traces.io import read_meta
 
         metas = [read_meta(Path(i["path"])) for i in ctx.infos if i.get("path")]
-        return {"simulation": simulation(ctx.drafts, ctx.feats, ctx.opts, metas)}
+        from svt.report.scoring import request_outputs
+
+        return {"simulation": simulation(ctx.drafts, ctx.feats, ctx.opts, metas, request_outputs(ctx.runs))}
 
     def markdown(self, report: dict) -> list[str]:
         sim = report.get("simulation")
@@ -97,13 +99,14 @@ def _live_lines(live: dict | None) -> list[str]:
         return "—" if v is None else f"{v:,.{d}f}"
 
     rows = [[r["run"], r["policy"], str(r["batch_size"]), r["schedule"], f(r["mean_batch"]),
-             f(r.get("waiting_mean_batch")), f(r["live_tokens_per_s"], 0),
+             f(r.get("waiting_mean_batch")), f(r.get("replay_mean_batch")), f(r["live_tokens_per_s"], 0),
              f(r["replay_tokens_per_s"], 0), f(r["ratio"]), f(r.get("ratio_at_run_speed")), f(r["live_tokens_per_step"], 3),
              f(r["replay_tokens_per_step"], 3), f(r["table_vs_steps"]), f(r["table_vs_forwards"]),
              f(r["step_vs_forwards"]), f(r.get("cache_width"), 0), f(r["prefill_s"])] for r in live["runs"]]
     lines = ["### How close is the replay? Live runs of the same policies\n",
              live["note"] + "\n",
-             md_table(["live run", "policy", "B", "schedule", "mean batch", "while requests wait", "live tok/s",
+             md_table(["live run", "policy", "B", "schedule", "mean batch", "while requests wait", "replay mean batch",
+                       "live tok/s",
                        "replay tok/s",
                        "replay / live", "at the run's speed", "live tok/step", "replay tok/step", "table / steps",
                        "table / forwards",
