@@ -129,3 +129,29 @@ def test_the_outputs_length_is_the_budget_where_the_run_recorded_it():
         assert [draw.budget[r] for r in range(2)] == [5.0 if (draw.request == r).sum() == 2 else 2.0 for r in range(2)]
     with pytest.raises(DataError, match="no generated tokens"):
         build_trace(drafts, {"p": "c"}, outputs=outputs.filter(pl.col("request") == 0))
+
+
+def test_the_oracle_bounds_a_policy_whose_own_steps_fill_the_batches_better():
+    """Drafting costs far more than it saves, so the oracle decodes one token a step; on the K = 3
+    trace's steps (requests of 6 and 24 steps) the slots drain, where plain decoding's own steps
+    (24 a request) keep all 4 full. The oracle is taken on every policy's steps: still a bound."""
+    req, step, a = [], [], []
+    for r in range(8):
+        n, acc = (6, 3) if r % 2 == 0 else (24, 0)  # 24 tokens each
+        req += [r] * n
+        step += list(range(n))
+        a += [acc] * n
+    trace = StepTrace(np.array(req), np.array(step), np.array(a), 3, {"p": np.full((len(req), 3), 0.5)}, "continuous")
+    draft = {b: {k: 100.0 * k for k in range(1, 4)} for b in (1, 64)}
+    costs = CostTable("measured", "autoregressive", "flat", draft, {t: 10.0 + 0.01 * t for t in (1, 4, 16, 64)})
+    from svt.simulate.av import oracle_choices
+
+    groups = step_groups(trace, 4)
+    opts, picks = oracle_choices(groups, trace, costs)
+    on_trace = 1e3 * sum(o[0][p] for o, p in zip(opts, picks, strict=True)) / sum(o[1][p] for o, p in zip(opts, picks, strict=True))
+    for compiled in (True, False):
+        pts = {p["policy"]: p for p in replay(trace, costs, concurrency=(4,), compiled=compiled)}
+        k0 = pts["fixed K=0"]
+        assert k0["mean_batch"] == 4.0 and k0["throughput"] == pytest.approx(192 / (48 * 10.04 / 1e3))
+        assert on_trace < 0.8 * k0["throughput"]  # the trace's own steps alone would not bound it
+        assert pts["oracle"]["throughput"] >= max(p["throughput"] for p in pts.values()) * (1 - 1e-12)

@@ -11,10 +11,11 @@ accepted run a (from the labels). Per step, for B' active requests:
   survivals fall along a request);
 - ``oracle``: knows a, and chooses per step the draft length k and the number b of accepted drafts
   to verify that maximise the run's total throughput (Dinkelbach's method over each step's
-  options) on the trace's own request-steps: an upper bound on the per-step choices of every
-  policy here (on one set of steps its options include each policy's choice at no more cost). It
-  is not a bound on the schedule: a policy that runs more, fuller steps than the trace's (below)
-  is priced at that occupancy, which the oracle's steps keep as the trace had it.
+  options), on the request-steps of each policy (below) with its tokens not held to the
+  request's length, the best of them: an upper bound on the throughput of every policy here (on one
+  set of steps its options include each policy's choice at no more cost, and a policy's tokens
+  held to its requests' lengths are no more than its tokens unheld). The tokens past a request's
+  end make it a bound, not a schedule an engine could run.
 
 A request emits min(a, kept) + 1 tokens per step. Each policy runs its own number of steps per
 request: as many of the request's trace steps (in order, taken again from the first when they run
@@ -272,11 +273,19 @@ def _replay_reference(trace: StepTrace, costs: CostTable, concurrency, engine_ru
     oracle = makers.pop("oracle")
     for B in concurrency:
         groups = step_groups(trace, B)
+        layouts = [(trace, groups)]  # every set of steps a policy ran on
         for name, make in makers.items():
             own = policy_trace(trace, _row_tokens(groups, trace, make(trace, groups)))
             tr, g = (trace, groups) if own is None else (own, step_groups(own, B))
+            if own is not None:
+                layouts.append((tr, g))
             points.append({"policy": name, "concurrency": B, **_accumulate(g, tr, make(tr, g), budget)})
-        points.append({"policy": "oracle", "concurrency": B, **_accumulate(groups, trace, oracle(trace, groups))})
+        best = None
+        for tr, g in layouts:  # the oracle on each policy's steps, its tokens uncapped: the best bounds them all
+            p = {"policy": "oracle", "concurrency": B, **_accumulate(g, tr, oracle(tr, g))}
+            if best is None or p["throughput"] > best["throughput"]:
+                best = p
+        points.append(best)
     return points
 
 
