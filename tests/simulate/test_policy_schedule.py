@@ -127,8 +127,10 @@ def test_the_outputs_length_is_the_budget_where_the_run_recorded_it():
     for seed in range(4):  # each drawn request keeps its own budget (request 0 has two steps, 1 one)
         draw = resample_requests(trace, np.random.default_rng(seed))
         assert [draw.budget[r] for r in range(2)] == [5.0 if (draw.request == r).sum() == 2 else 2.0 for r in range(2)]
-    with pytest.raises(DataError, match="no generated tokens"):
+    with pytest.raises(DataError, match="no decoded tokens"):
         build_trace(drafts, {"p": "c"}, outputs=outputs.filter(pl.col("request") == 0))
+    with pytest.raises(DataError, match="two output lengths"):
+        build_trace(drafts, {"p": "c"}, outputs=pl.concat([outputs, outputs.head(1)]))
 
 
 def test_the_oracle_bounds_a_policy_whose_own_steps_fill_the_batches_better():
@@ -155,3 +157,17 @@ def test_the_oracle_bounds_a_policy_whose_own_steps_fill_the_batches_better():
         assert k0["mean_batch"] == 4.0 and k0["throughput"] == pytest.approx(192 / (48 * 10.04 / 1e3))
         assert on_trace < 0.8 * k0["throughput"]  # the trace's own steps alone would not bound it
         assert pts["oracle"]["throughput"] >= max(p["throughput"] for p in pts.values()) * (1 - 1e-12)
+
+
+def test_a_trace_with_gaps_in_its_step_numbers_is_batched_as_every_policys_own_steps():
+    """A censored run keeps only its explored steps: with their numbers' gaps a static batch would
+    pair the trace's own steps apart (mean batch 1), while every other policy's steps, numbered
+    densely, pair up (2). The replay numbers each request's steps densely first."""
+    req, a = np.array([0, 0, 1, 1]), np.array([2, 2, 2, 2])
+    conf = {"p": np.full((4, 2), 0.5)}
+    gappy = StepTrace(req, np.array([0, 10, 5, 15]), a, 2, conf, "static")
+    dense = StepTrace(req, np.array([0, 1, 0, 1]), a, 2, conf, "static")
+    for compiled in (True, False):
+        got = replay(gappy, linear_costs(), concurrency=(2,), compiled=compiled)
+        assert got == replay(dense, linear_costs(), concurrency=(2,), compiled=compiled)
+        assert {p["policy"]: p["mean_batch"] for p in got}["fixed K=2"] == 2.0

@@ -60,14 +60,21 @@ def _assert_same(trace, costs, concurrency=(1, 2, 3, 8, 64)):
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 10**6), n_req=st.integers(1, 30), K=st.integers(1, 6), ties=st.booleans(),
        table=st.sampled_from(["bumpy", "bumpy-parallel", "h100", "surface", "surface-step"]),
-       schedule=st.sampled_from(["static", "continuous"]), verification=st.sampled_from(["packed", "padded"]))
-def test_compiled_replay_equals_the_reference(seed, n_req, K, ties, table, schedule, verification):
+       schedule=st.sampled_from(["static", "continuous"]), verification=st.sampled_from(["packed", "padded"]),
+       gaps=st.booleans(), budget=st.sampled_from([None, "short", "long"]))
+def test_compiled_replay_equals_the_reference(seed, n_req, K, ties, table, schedule, verification, gaps, budget):
     costs = {"bumpy": bumpy_costs(), "bumpy-parallel": bumpy_costs("parallel"), "surface": surface_costs(),
              "surface-step": surface_costs(), "h100": load_costs(COSTS / "h100-llama8b-eagle.yaml")}[table]
     if table == "surface-step":  # the engine's per-step work, charged with the drafts (k = 0 too)
         costs.step_ms = {1: {0: 0.2, 6: 0.9}, 16: {0: 0.6, 6: 2.5}}
-    trace = random_trace(np.random.default_rng(seed), n_req, K, ties)
+    rng = np.random.default_rng(seed)
+    trace = random_trace(rng, n_req, K, ties)
     trace.schedule, trace.verification = schedule, verification
+    if gaps:  # a censored run's explored steps: numbers with gaps
+        trace.step = trace.step * 3 + rng.integers(0, 3, trace.step.size)
+    if budget:  # decoded lengths from the run's steps: a last step cut short, or undrafted steps
+        own = np.bincount(trace.request, weights=trace.a + 1)
+        trace.budget = np.maximum(1.0, own - rng.integers(0, K + 1, own.size)) if budget == "short" else own + rng.integers(0, 40, own.size)
     _assert_same(trace, costs)
 
 

@@ -395,17 +395,19 @@ def _live_run(path: str, opts: EvaluateOptions, feats: list[Feature]) -> dict | 
 
 
 def request_outputs(runs: list) -> pl.DataFrame | None:
-    """How many tokens each request of the runs generated (``_run``, ``request``, ``tokens``), from
-    the requests tables' outputs: the length every policy's replay of a request emits. None when a
-    run records no outputs (an imported trace): the replay then counts the trace's tokens."""
+    """How many tokens each request of the runs decoded (``_run``, ``request``, ``tokens``): the sum
+    of its engine steps' ``emitted`` in the run's steps table, drafted or not (a vLLM run's output
+    also holds the token its prefill produced, which no step emits). It is the length every
+    policy's replay of the request runs to. None when a run has no steps table (an imported trace):
+    the replay then counts the trace's tokens."""
     parts = []
     for i, path in enumerate(runs):
-        run = open_run(path, deep=False, tables=["requests"])
-        if not run.has("requests"):
+        run = open_run(path, deep=False, tables=["steps"])
+        if not run.has("steps"):
             return None
-        lens = run.scan("requests").select("request", pl.col("output_ids").list.len().cast(pl.Int64).alias("tokens"))
-        part = lens.collect()
-        if part.height == 0 or part["tokens"].null_count() or (part["tokens"] < 1).all():
+        part = (run.scan("steps").group_by("request").agg(pl.col("emitted").cast(pl.Int64).sum().alias("tokens"))
+                .collect())
+        if part.height == 0:
             return None
         parts.append(part.with_columns(pl.lit(i).alias("_run")))
     return pl.concat(parts) if parts else None

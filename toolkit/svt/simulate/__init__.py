@@ -31,8 +31,9 @@ def build_trace(drafts: pl.DataFrame, confidences: dict[str, str], keys=("_run",
     """Request-steps from a drafts frame: accepted runs from the labels and, per predictor, the K
     confidences (a column of ``drafts`` per name). Steps with fewer than K drafts get confidence 0
     for the missing positions. ``schedule``: how the replay batches the requests (``StepTrace``).
-    ``outputs`` (``keys`` and ``tokens``): how many tokens each request generated, the budget every
-    policy's replay of it emits; a request of the drafts it lacks, or one of no tokens, is refused."""
+    ``outputs`` (``keys`` and ``tokens``): how many tokens each request decoded, the length every
+    policy's replay of it runs to; a request of the drafts it lacks, or one of no tokens, is
+    refused, and so is a request it names twice."""
     k = int(drafts["position"].max()) + 1
     cols = list(confidences.values())
     per = (drafts.sort([*keys, "step", "position"])
@@ -55,12 +56,14 @@ def build_trace(drafts: pl.DataFrame, confidences: dict[str, str], keys=("_run",
         conf[name] = m
     budget = None
     if outputs is not None:
+        if outputs.select(*keys).is_duplicated().any():
+            raise DataError("The runs' steps give one request two output lengths: a damaged or merged steps table.")
         ids = (per.select(*keys).with_columns(pl.Series("_r", req)).unique(subset="_r")
                .join(outputs.select(*keys, "tokens"), on=list(keys), how="left").sort("_r"))
         bad = ids.filter(pl.col("tokens").is_null() | (pl.col("tokens") < 1))
         if bad.height:
-            raise DataError(f"{bad.height} request(s) of the drafts have no generated tokens recorded (first: "
-                            f"{dict(zip(keys, bad.row(0)[:len(keys)], strict=True))}): the run's requests table "
+            raise DataError(f"{bad.height} request(s) of the drafts have no decoded tokens recorded (first: "
+                            f"{dict(zip(keys, bad.row(0)[:len(keys)], strict=True))}): the run's steps table "
                             "does not match its drafts.")
         budget = ids["tokens"].to_numpy().astype(np.float64)
     return StepTrace(req.astype(np.int64), per["step"].to_numpy().astype(np.int64),

@@ -23,7 +23,11 @@ out) as it needs to emit the tokens the request emitted in the trace, its last s
 what is still needed. The batches at B are formed on those steps, so a policy that emits fewer
 tokens a step (plain decoding) keeps its batches fuller than the trace's policy did (the engine's
 occupancy; ``steps.policy_rows``). The step counts of AV and AV+length come from the
-policy run once on the trace's own steps (their tokens depend on the batch). The replay ignores
+policy run once on the trace's own steps (their tokens depend on the batch): on their own batches
+they choose again, so a request can end a little short of its length or pay for a step past it
+(each point's ``output_share``, the tokens emitted over the requests' decoded tokens, says how
+much: 1 for a fixed K; 0.997-1 for AV on the demo). Each request's steps are numbered 0, 1, ...
+first (``steps.dense_steps``): a censored run's explored steps keep no gaps. The replay ignores
 the feedback of trimming on later states (the trace's steps are fixed); a live-AV collection
 measures that gap.
 """
@@ -37,6 +41,7 @@ from svt.simulate.steps import (  # noqa: F401  (re-exported)
     StepTrace,
     capped,
     convex_minorant,
+    dense_steps,
     policy_trace,
     request_tokens,
     step_groups,
@@ -78,9 +83,11 @@ def av_keep(conf: np.ndarray, costs: CostTable, rule: str = "convex", k_max: int
     return kept.reshape(n, K).sum(1)
 
 
-def _accumulate(groups, trace, per_step, budget=None):
+def _accumulate(groups, trace, per_step, budget=None, need=None):
     """Totals from per-step (tokens per request, step time) choices; with ``budget`` (tokens per
-    request), a request's last step emits only what it still needed (:func:`steps.capped`)."""
+    request), a request's last step emits only what it still needed (:func:`steps.capped`).
+    ``output_share``: the tokens emitted over ``need``, the requests' decoded tokens (1 for a fixed
+    K; AV's own steps can end a request short or leave it paying for steps past its end)."""
     n_req = int(trace.request.max()) + 1 if trace.request.size else 0
     tok_req = np.zeros(n_req)
     time_req = np.zeros(n_req)
@@ -99,6 +106,7 @@ def _accumulate(groups, trace, per_step, budget=None):
         "tokens_per_step": total_tok / rows_total,
         "step_ms": total_time / len(groups),
         "mean_batch": rows_total / len(groups),
+        "output_share": float(total_tok / need) if need else None,
         "throughput": total_tok / (total_time / 1e3),
         "interactivity": float(np.mean(tok_req[active] / (time_req[active] / 1e3))),
     }
@@ -234,6 +242,7 @@ def replay(trace: StepTrace, costs: CostTable, *, concurrency=CONCURRENCY, engin
     (:mod:`svt.simulate.replay_kernel`), the same numbers bit for bit as the per-step numpy
     definitions above (``compiled=False``, the reference). The kernels compute in float64: a trace
     with other confidences (``build_trace`` makes float64 ones) takes the reference."""
+    trace = dense_steps(trace)  # each request's steps 0, 1, ...: as every policy's own steps are numbered
     if compiled and trace.request.size and all(c.dtype == np.float64 for c in trace.confidence.values()):
         from svt.simulate.replay_compiled import replay_points
 
@@ -269,6 +278,7 @@ def _replay_reference(trace: StepTrace, costs: CostTable, concurrency, engine_ru
     request as it needs for the request's tokens), and the policy is replayed on their batches."""
     points = []
     budget = request_tokens(trace)
+    need = float(budget.sum())
     makers = _policy_makers(trace, costs, engine_rule)
     oracle = makers.pop("oracle")
     for B in concurrency:
@@ -279,10 +289,10 @@ def _replay_reference(trace: StepTrace, costs: CostTable, concurrency, engine_ru
             tr, g = (trace, groups) if own is None else (own, step_groups(own, B))
             if own is not None:
                 layouts.append((tr, g))
-            points.append({"policy": name, "concurrency": B, **_accumulate(g, tr, make(tr, g), budget)})
+            points.append({"policy": name, "concurrency": B, **_accumulate(g, tr, make(tr, g), budget, need)})
         best = None
         for tr, g in layouts:  # the oracle on each policy's steps, its tokens uncapped: the best bounds them all
-            p = {"policy": "oracle", "concurrency": B, **_accumulate(g, tr, oracle(tr, g))}
+            p = {"policy": "oracle", "concurrency": B, **_accumulate(g, tr, oracle(tr, g), None, need)}
             if best is None or p["throughput"] > best["throughput"]:
                 best = p
         points.append(best)

@@ -71,7 +71,7 @@ def _tables(costs: CostTable, n_max: int, K: int) -> _Tables:
     return _Tables(draft, verify, _curves(costs, n_max, K, True), _curves(costs, n_max, K, False))
 
 
-def _point(policy: str, B: int, lay: _Layout, tokens: np.ndarray, ms: np.ndarray, n_req: int) -> dict:
+def _point(policy: str, B: int, lay: _Layout, tokens: np.ndarray, ms: np.ndarray, n_req: int, need: float) -> dict:
     """av._accumulate, vectorised: per-request sums add in time order, as the loop does."""
     tok_req = np.bincount(lay.request, weights=tokens, minlength=n_req)
     time_req = np.bincount(lay.request, weights=np.repeat(ms, lay.n), minlength=n_req)
@@ -82,6 +82,7 @@ def _point(policy: str, B: int, lay: _Layout, tokens: np.ndarray, ms: np.ndarray
             "tokens_per_step": total_tok / lay.rows.size,
             "step_ms": total_time / lay.n.size,
             "mean_batch": lay.rows.size / lay.n.size,
+            "output_share": float(total_tok / need) if need else None,
             "throughput": total_tok / (total_time / 1e3),
             "interactivity": float(np.mean(tok_req[active] / (time_req[active] / 1e3)))}
 
@@ -152,6 +153,7 @@ def replay_points(trace: StepTrace, costs: CostTable, B: int, engine_rule: bool)
     n_max = min(B, int(np.unique(trace.request).size))  # no step holds more rows, on any policy's steps
     tab = _tables(costs, n_max, trace.k)
     budget = request_tokens(trace)
+    need = float(budget.sum())
     points = []
     fns = _policies(trace, lay0, tab, engine_rule)
     oracle = fns.pop("oracle")
@@ -167,10 +169,10 @@ def replay_points(trace: StepTrace, costs: CostTable, B: int, engine_rule: bool)
             lay = _layout(own, B, rows)
             layouts.append(lay)
             tokens, ms = fn(lay)
-        points.append(_point(name, B, lay, capped(lay.request, tokens, budget), ms, n_req))
+        points.append(_point(name, B, lay, capped(lay.request, tokens, budget), ms, n_req, need))
     best = None
     for lay in layouts:  # the oracle on each policy's steps, its tokens uncapped: the best bounds them all
-        p = _point("oracle", B, lay, *oracle(lay), n_req)
+        p = _point("oracle", B, lay, *oracle(lay), n_req, need)
         if best is None or p["throughput"] > best["throughput"]:
             best = p
     points.append(best)

@@ -4,7 +4,7 @@ or its greatest convex minorant)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -122,6 +122,22 @@ def verify_curve(costs: CostTable, n: int, width: int, convex: bool) -> np.ndarr
         v = np.asarray(costs.verify(n + np.arange(width + 1), rows=n), dtype=np.float64)
         cache[key] = convex_minorant(v) if convex else v
     return cache[key]
+
+
+def dense_steps(trace: StepTrace) -> StepTrace:
+    """The trace with each request's steps numbered 0, 1, 2, ... in their order. A censored run keeps
+    only its explored steps and a vLLM run may lack some: with their gaps, a static batch would pair
+    the trace's own steps otherwise than the steps every other policy runs (numbered densely)."""
+    if not trace.request.size:
+        return trace
+    order = np.lexsort((trace.step, trace.request))
+    req = trace.request[order]
+    cut = np.flatnonzero(np.r_[True, req[1:] != req[:-1]])
+    rank = np.empty(req.size, dtype=np.int64)
+    rank[order] = np.arange(req.size) - np.repeat(cut, np.diff(np.r_[cut, req.size]))
+    if np.array_equal(rank, trace.step):
+        return trace
+    return replace(trace, step=rank)
 
 
 def request_tokens(trace: StepTrace) -> np.ndarray:
