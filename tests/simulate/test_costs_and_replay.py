@@ -84,8 +84,7 @@ def test_throughput_and_interactivity_by_hand():
 def test_the_oracle_equals_brute_force_on_a_three_step_trace():
     """One request, three steps: every combination of (draft length, drafts verified) per step is
     enumerated; the oracle's choices on those steps give the best total tokens / total time, and the
-    replay's oracle (the best over every policy's own steps) is at least that, and at least every
-    policy."""
+    replay's oracle (on the trace's own steps) is that."""
     # verification is cheap up to 3 tokens and expensive beyond: the best choice is mixed (not
     # "as many tokens as possible", not "plain decoding")
     costs = CostTable("measured", draft_ms={1: {k: 0.5 * k for k in range(1, 4)}},
@@ -110,7 +109,5 @@ def test_the_oracle_equals_brute_force_on_a_three_step_trace():
     on_trace = sum(o[0][p] for o, p in zip(opts, picks, strict=True)) / sum(o[1][p] for o, p in zip(opts, picks, strict=True))
     assert on_trace * 1e3 == pytest.approx(best, rel=1e-12)
     for compiled in (True, False):
-        pts = replay(trace, costs, concurrency=(1,), compiled=compiled)
-        oracle = next(p for p in pts if p["policy"] == "oracle")
-        assert oracle["throughput"] >= best * (1 - 1e-12)
-        assert all(oracle["throughput"] >= p["throughput"] * (1 - 1e-12) for p in pts)
+        oracle = next(p for p in replay(trace, costs, concurrency=(1,), compiled=compiled) if p["policy"] == "oracle")
+        assert oracle["throughput"] == pytest.approx(best, rel=1e-12)

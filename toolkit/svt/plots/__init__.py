@@ -119,7 +119,7 @@ def pareto(report: dict, ax=None):
         style = {"marker": "*", "ms": 9} if pol == "oracle" else ({"marker": "D", "ms": 5} if pol.startswith("AV")
                                                                  else {"marker": "o", "ms": 4})
         ax.plot([p["interactivity"] for p in mine], [p["throughput"] for p in mine], "-" if pol != "oracle" else ":",
-                color=colors[i % len(colors)], lw=1, label=pol + (" (upper bound)" if pol == "oracle" else ""),
+                color=colors[i % len(colors)], lw=1, label=pol + (" (per-step bound)" if pol == "oracle" else ""),
                 **style)
         _whiskers(ax, mine, colors[i % len(colors)])
     front = sorted((p for p in pts if p["pareto"]), key=lambda p: p["interactivity"])

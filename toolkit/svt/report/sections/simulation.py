@@ -37,7 +37,9 @@ class Simulation(Section):
                   *cost_warnings(sim["costs"]), *_beyond_lines(sim),
                   f"{sim['requests']} requests, {sim['request_steps']:,} request-steps, K = {sim['k']}. Policies: "
                   "fixed draft lengths, AV at K with each predictor, and an oracle that knows the accepted "
-                  "runs (an upper bound on throughput). Interactivity = tokens/s per request; throughput = "
+                  "runs (a bound on per-step choices, on the trace's own steps: each other policy runs its own "
+                  "steps, as many as its requests' lengths take, and one that emits fewer tokens a step keeps "
+                  "its batches fuller, so at a large batch it can pass the oracle). Interactivity = tokens/s per request; throughput = "
                   "tokens/s in all; Pareto = no other policy's point is better on both (the oracle is left "
                   "out of that comparison). The replay ignores trimming's feedback "
                   "on later states.\n",
