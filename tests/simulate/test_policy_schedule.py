@@ -175,3 +175,24 @@ def test_a_trace_with_gaps_in_its_step_numbers_is_batched_as_every_policys_own_s
         got = replay(gappy, linear_costs(), concurrency=(2,), compiled=compiled)
         assert got == replay(dense, linear_costs(), concurrency=(2,), compiled=compiled)
         assert {p["policy"]: p["mean_batch"] for p in got}["fixed K=2"] == 2.0
+
+
+def test_the_flip_rate_batches_a_gappy_trace_as_the_replay_does():
+    """The engine rule's flip rate is measured on the replay's batches: a trace whose step numbers
+    have gaps gives the same decisions and flips as the same trace numbered densely."""
+    from svt.simulate.av import flip_rate
+    from svt.simulate.steps import dense_steps
+
+    rng = np.random.default_rng(4)
+    req = np.repeat(np.arange(16), 6)
+    step = np.tile(np.arange(6), 16) * 5 + rng.integers(0, 5, req.size)  # gaps, order kept
+    trace = StepTrace(req, step, rng.integers(0, 4, req.size), 3, {"p": rng.beta(5, 1, size=(req.size, 3))}, "static")
+    dense = dense_steps(trace)
+    assert dense.step.tolist() == np.tile(np.arange(6), 16).tolist()
+    from tests.simulate.test_replay_compiled import bumpy_costs
+
+    costs = bumpy_costs()  # plateaus and steps: the engine rule's decisions move with the batch
+    for compiled in (True, False):
+        got = flip_rate(trace, "p", costs, 4, compiled=compiled)
+        assert got == flip_rate(dense, "p", costs, 4, compiled=compiled)
+        assert got["flips"] > 0

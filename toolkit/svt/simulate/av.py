@@ -489,6 +489,7 @@ def flip_rate(trace: StepTrace, name: str, costs: CostTable, B: int, *, rule: st
     same decisions as this loop over ``av_keep``, ``compiled=False``)."""
     if rule not in RULES:
         raise ValueError(f"Expected `rule` in {RULES}, but got {rule!r}.")
+    trace = dense_steps(trace)  # batched as the replay batches it
     conf = trace.confidence[name]
     groups = step_groups(trace, B)
     rng = np.random.default_rng(seed)
