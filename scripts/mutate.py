@@ -1576,7 +1576,7 @@ MUTANTS = [
       "                     \"ratio_at_run_speed\": ratio * priced / fwd", ("tests/report/test_live.py",)),
     # each policy's own request-steps in the replay (its occupancy, not the trace policy's)
     M("policy-schedule-ignored", "replay charges the engine", "simulate/replay_compiled.py",
-      "        if not _same_rows(rows, trace):  #", "        if False:  #", ("tests/simulate/test_policy_schedule.py",)),
+      "        if not same_rows(rows, trace):  #", "        if False:  #", ("tests/simulate/test_policy_schedule.py",)),
     M("policy-schedule-ignored-reference", "replay charges the engine", "simulate/av.py",
       "            own = policy_trace(trace, _row_tokens(groups, trace, make(trace, groups)))\n",
       "            own = None\n", ("tests/simulate/test_policy_schedule.py",)),

@@ -20,6 +20,7 @@ from svt.simulate.steps import (
     capped,
     policy_rows,
     request_tokens,
+    same_rows,
     step_order,
     verify_curve,
 )
@@ -163,18 +164,13 @@ def replay_points(trace: StepTrace, costs: CostTable, B: int, engine_rule: bool)
         row_tokens[lay0.rows] = tokens
         rows, step = policy_rows(trace, row_tokens)
         lay = lay0
-        if not _same_rows(rows, trace):  # the policy runs its own request-steps: lay those out
+        if not same_rows(rows, trace):  # the policy runs its own request-steps: lay those out
             own = StepTrace(trace.request[rows], step, trace.a[rows], trace.k, {}, trace.schedule, trace.verification)
             lay = _layout(own, B, rows)
             tokens, ms = fn(lay)
         points.append(_point(name, B, lay, capped(lay.request, tokens, budget), ms, n_req, need))
     points.append(_point("oracle", B, lay0, *oracle(lay0), n_req, need))  # on the trace's own steps
     return points
-
-
-def _same_rows(rows: np.ndarray, trace: StepTrace) -> bool:
-    """Whether ``policy_rows`` took every row of the trace once (the trace policy's own steps)."""
-    return rows.size == trace.request.size and bool(np.array_equal(np.sort(rows), np.arange(rows.size)))
 
 
 def _verified(sizes: np.ndarray, kept: np.ndarray, lay: _Layout, verification: str) -> np.ndarray:

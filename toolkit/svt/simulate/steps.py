@@ -187,11 +187,16 @@ def policy_trace(trace: StepTrace, tokens: np.ndarray) -> StepTrace | None:
     are copies under new step numbers, with their accepted runs and confidences. ``None`` when
     the policy runs the trace's own steps (nothing to re-lay)."""
     rows, step = policy_rows(trace, tokens)
-    if rows.size == trace.request.size and np.array_equal(np.sort(rows), np.arange(rows.size)):
-        return None  # every row once: the trace's own steps
+    if same_rows(rows, trace):
+        return None
     return StepTrace(trace.request[rows], step, trace.a[rows], trace.k,
                      {name: c[rows] for name, c in trace.confidence.items()}, trace.schedule, trace.verification,
                      trace.budget)
+
+
+def same_rows(rows: np.ndarray, trace: StepTrace) -> bool:
+    """Whether ``policy_rows`` took every row of the trace once (the trace policy's own steps)."""
+    return rows.size == trace.request.size and bool(np.array_equal(np.sort(rows), np.arange(rows.size)))
 
 
 def capped(request: np.ndarray, tokens: np.ndarray, budget: np.ndarray) -> np.ndarray:
